@@ -1,0 +1,5 @@
+"""Python side of golden: a worker process that runs PyTorch/NumPy references for the Rust runtime.
+
+The Rust runtime starts ``python -m golden_ref.worker`` once per test process (or pool slot) and talks
+to it over stdin/stdout with the framed binary protocol of :mod:`golden_ref.wire`.
+"""

@@ -1,0 +1,193 @@
+"""The framed binary protocol between the Rust runtime and the worker.
+
+One frame::
+
+    u32 LE   length of the rest of the frame
+    4 bytes  magic b"GLD1"
+    u64 LE   request id (a response carries the id of its request)
+    u32 LE   length H of the JSON header, then H bytes of UTF-8 JSON
+    u32 LE   number N of tensors, then N times:
+               u8 dtype code, u8 ndim, ndim x u64 LE dims, u64 LE byte count, raw LE bytes
+
+The JSON header refers to the i-th tensor as ``{"$t": i}``. bf16 travels as its raw 16-bit pattern
+(NumPy has no bf16); bool as one byte per element. The runtime's `wire.rs` is the other half of this
+file: keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+
+MAGIC = b"GLD1"
+# A frame larger than this is refused rather than allocated: a corrupt length must not exhaust memory.
+MAX_FRAME = 1 << 31
+MAX_NDIM = 16
+
+
+class ProtocolError(Exception):
+    """The bytes on the pipe are not a well-formed frame."""
+
+
+# code -> (name, numpy dtype used to hold the raw bytes)
+DTYPES = {
+    1: ("f32", np.dtype("<f4")),
+    2: ("f64", np.dtype("<f8")),
+    3: ("f16", np.dtype("<f2")),
+    4: ("bf16", np.dtype("<u2")),
+    5: ("i64", np.dtype("<i8")),
+    6: ("u32", np.dtype("<u4")),
+    7: ("u8", np.dtype("u1")),
+    8: ("bool", np.dtype("?")),
+    9: ("i32", np.dtype("<i4")),
+    10: ("i16", np.dtype("<i2")),
+}
+CODES = {name: code for code, (name, _) in DTYPES.items()}
+FLOAT_DTYPES = ("f32", "f64", "f16", "bf16")
+
+
+class WireTensor:
+    """A tensor as it travels: a dtype name, and a NumPy array holding its values (bf16 as uint16 bits)."""
+
+    __slots__ = ("dtype", "array")
+
+    def __init__(self, dtype: str, array: np.ndarray):
+        if dtype not in CODES:
+            raise ValueError(f"unknown wire dtype {dtype!r}")
+        self.dtype = dtype
+        self.array = array
+
+    @property
+    def shape(self):
+        return tuple(self.array.shape)
+
+    def __repr__(self):
+        return f"WireTensor({self.dtype}, {list(self.shape)})"
+
+
+def _read_exact(stream, n: int) -> bytes | None:
+    """Read exactly n bytes, or None on a clean EOF before the first byte."""
+    chunks = []
+    remaining = n
+    while remaining:
+        chunk = stream.read(remaining)
+        if not chunk:
+            if remaining == n:
+                return None
+            raise ProtocolError(f"stream ended inside a frame ({n - remaining} of {n} bytes read)")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(stream):
+    """Read one frame: returns (request id, header dict, list of WireTensor), or None at EOF."""
+    head = _read_exact(stream, 4)
+    if head is None:
+        return None
+    (length,) = struct.unpack("<I", head)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes is larger than the limit of {MAX_FRAME}")
+    body = _read_exact(stream, length)
+    if body is None:
+        raise ProtocolError("stream ended after a frame length")
+    return decode_body(body)
+
+
+def decode_body(body: bytes):
+    """Decode the part of a frame after its length prefix."""
+    view = memoryview(body)
+    pos = 0
+
+    def take(n: int) -> memoryview:
+        nonlocal pos
+        if n < 0 or pos + n > len(view):
+            raise ProtocolError(f"frame truncated: needed {n} bytes at offset {pos} of {len(view)}")
+        out = view[pos : pos + n]
+        pos += n
+        return out
+
+    if bytes(take(4)) != MAGIC:
+        raise ProtocolError("bad magic: this is not a golden frame")
+    (request_id,) = struct.unpack("<Q", take(8))
+    (header_len,) = struct.unpack("<I", take(4))
+    try:
+        header = json.loads(bytes(take(header_len)).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"header is not UTF-8 JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("header is not a JSON object")
+    (count,) = struct.unpack("<I", take(4))
+    tensors = []
+    for index in range(count):
+        code, ndim = struct.unpack("<BB", take(2))
+        if code not in DTYPES:
+            raise ProtocolError(f"tensor {index}: unknown dtype code {code}")
+        if ndim > MAX_NDIM:
+            raise ProtocolError(f"tensor {index}: {ndim} dimensions (at most {MAX_NDIM})")
+        dims = struct.unpack(f"<{ndim}Q", take(8 * ndim)) if ndim else ()
+        (nbytes,) = struct.unpack("<Q", take(8))
+        name, np_dtype = DTYPES[code]
+        numel = 1
+        for d in dims:
+            numel *= d
+        if numel * np_dtype.itemsize != nbytes:
+            raise ProtocolError(
+                f"tensor {index}: {nbytes} bytes for shape {list(dims)} of {name} "
+                f"(expected {numel * np_dtype.itemsize})"
+            )
+        raw = take(nbytes)
+        array = np.frombuffer(raw, dtype=np_dtype).reshape(dims)
+        tensors.append(WireTensor(name, array))
+    if pos != len(view):
+        raise ProtocolError(f"{len(view) - pos} trailing bytes after the last tensor")
+    return request_id, header, tensors
+
+
+def encode_frame(request_id: int, header: dict, tensors: list[WireTensor]) -> bytes:
+    """Encode one frame, length prefix included."""
+    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
+    parts = [MAGIC, struct.pack("<QI", request_id, len(header_bytes)), header_bytes]
+    parts.append(struct.pack("<I", len(tensors)))
+    for t in tensors:
+        array = np.ascontiguousarray(t.array, dtype=DTYPES[CODES[t.dtype]][1])
+        parts.append(struct.pack("<BB", CODES[t.dtype], array.ndim))
+        if array.ndim:
+            parts.append(struct.pack(f"<{array.ndim}Q", *array.shape))
+        data = array.tobytes()
+        parts.append(struct.pack("<Q", len(data)))
+        parts.append(data)
+    body = b"".join(parts)
+    return struct.pack("<I", len(body)) + body
+
+
+def write_frame(stream, request_id: int, header: dict, tensors: list[WireTensor]) -> None:
+    stream.write(encode_frame(request_id, header, tensors))
+    stream.flush()
+
+
+class TensorTable:
+    """Collects tensors while a response header is built; `ref` returns the header's {"$t": i}."""
+
+    def __init__(self):
+        self.tensors: list[WireTensor] = []
+
+    def ref(self, tensor: WireTensor) -> dict:
+        self.tensors.append(tensor)
+        return {"$t": len(self.tensors) - 1}
+
+
+def resolve_refs(value, tensors: list[WireTensor]):
+    """Replace every {"$t": i} in a decoded header by the i-th tensor."""
+    if isinstance(value, dict):
+        if set(value) == {"$t"}:
+            index = value["$t"]
+            if not isinstance(index, int) or not 0 <= index < len(tensors):
+                raise ProtocolError(f"header refers to tensor {index!r}, frame has {len(tensors)}")
+            return tensors[index]
+        return {k: resolve_refs(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_refs(v, tensors) for v in value]
+    return value

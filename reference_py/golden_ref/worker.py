@@ -1,0 +1,169 @@
+"""The worker loop: `python -m golden_ref.worker`, one process serving many requests.
+
+Requests and responses are frames of :mod:`golden_ref.wire` on stdin/stdout. Before anything else the
+worker moves the protocol onto a private copy of stdout and points fd 1 at stderr, so a reference that
+prints cannot corrupt a frame. It exits at EOF on stdin, and also when its parent process is gone
+(checked by a watchdog thread, because a reference stuck in a long computation does not read stdin).
+
+Requests (`op` in the JSON header):
+
+* `hello` -> versions of Python, NumPy and (if the backend asked for it) torch
+* `load`  -> resolve a reference (import errors are reported with their traceback)
+* `forward` -> evaluate a reference on one case (see :mod:`golden_ref.evaluate`)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+
+from . import wire
+from .backends import BACKENDS, BackendError, OutputError
+from .evaluate import Case, ReferenceRaised, forward
+from .references import ReferenceError_, resolve
+
+
+class Worker:
+    """State of one worker process: resolved references and backends, cached across requests."""
+
+    def __init__(self):
+        self.references = {}
+        self.backends = {}
+
+    def backend(self, name: str):
+        if name not in BACKENDS:
+            raise BackendError(f"unknown backend `{name}` (golden knows: {', '.join(BACKENDS)})")
+        if name not in self.backends:
+            backend = BACKENDS[name]()
+            backend.check_available()
+            self.backends[name] = backend
+        return self.backends[name]
+
+    def reference(self, path: str, form: str, backend_name: str):
+        key = (path, form, backend_name)
+        if key not in self.references:
+            backend = self.backend(backend_name)
+            obj = resolve(path)
+            if form == "module":
+                if backend_name != "torch":
+                    raise BackendError("the module form needs the torch backend")
+                if not (isinstance(obj, type) and issubclass(obj, backend.torch.nn.Module)):
+                    raise ReferenceError_(
+                        "not_module",
+                        f"`{path}` is used in module form (the port takes a VarBuilder), so it must be "
+                        f"an nn.Module class; it is a {type(obj).__name__}",
+                    )
+            self.references[key] = obj
+        return self.references[key]
+
+    def handle(self, header: dict, tensors: list):
+        op = header.get("op")
+        if op == "hello":
+            import numpy
+
+            info = {"python": sys.version.split()[0], "numpy": numpy.__version__, "pid": os.getpid()}
+            for name in header.get("backends", []):
+                version = self.backend(name).check_available()
+                if version:
+                    info[name] = version
+            return info, []
+        if op == "load":
+            self.reference(header["reference"], header["form"], header["backend"])
+            return {}, []
+        if op == "forward":
+            return self.forward(header, tensors)
+        raise wire.ProtocolError(f"unknown op {op!r}")
+
+    def forward(self, header: dict, tensors: list):
+        args = wire.resolve_refs(header["args"], tensors)
+        if not all(isinstance(a, wire.WireTensor) for a in args):
+            raise wire.ProtocolError("`args` must be a list of tensors")
+        backend = self.backend(header["backend"])
+        obj = self.reference(header["reference"], header["form"], header["backend"])
+        case = Case(
+            obj,
+            header["form"],
+            backend,
+            args,
+            header.get("kwargs", {}),
+            header.get("init", {}),
+            int(header["seed"]),
+            header["dtype"],
+        )
+        result = forward(case, int(header.get("perturbations", 2)))
+        table = wire.TensorTable()
+
+        def named(leaves):
+            if leaves is None:
+                return None
+            return [[name, table.ref(t)] for name, t in leaves]
+
+        response = {key: named(result[key]) for key in ("state_dict", "expected", "precise", "rounding")}
+        response["precise_error"] = result["precise_error"]
+        return response, table.tensors
+
+
+def error_response(error: BaseException) -> dict:
+    """Describe a failure so that the runtime can name the fix."""
+    if isinstance(error, ReferenceError_):
+        return {"kind": error.kind, "message": error.message, "traceback": error.traceback}
+    if isinstance(error, ReferenceRaised):
+        return {"kind": "raised", "message": str(error), "phase": error.phase, "traceback": error.traceback}
+    if isinstance(error, OutputError):
+        return {"kind": "return_type", "message": str(error)}
+    if isinstance(error, BackendError):
+        return {"kind": "backend", "message": str(error)}
+    if isinstance(error, (wire.ProtocolError, KeyError, TypeError, ValueError)):
+        return {"kind": "protocol", "message": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+    return {"kind": "internal", "message": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+
+
+def _watch_parent(parent: int):
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
+def main() -> int:
+    # The protocol gets a private duplicate of stdout; fd 1 then points at stderr so that print()
+    # in a reference (or a C library writing to fd 1) cannot corrupt a frame.
+    proto_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    proto_in = sys.stdin.buffer
+
+    parent = int(os.environ.get("GOLDEN_PARENT_PID", os.getppid()))
+    if os.getppid() != parent:
+        return 0
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+    worker = Worker()
+    while True:
+        try:
+            frame = wire.read_frame(proto_in)
+        except wire.ProtocolError as e:
+            # The stream cannot be resynchronised after a broken frame: say why, then stop.
+            wire.write_frame(proto_out, 0, {"ok": False, "error": error_response(e)}, [])
+            return 2
+        if frame is None:
+            return 0
+        request_id, header, tensors = frame
+        try:
+            body, out_tensors = worker.handle(header, tensors)
+            response = {"ok": True, **body}
+        except BaseException as e:
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            response, out_tensors = {"ok": False, "error": error_response(e)}, []
+        try:
+            wire.write_frame(proto_out, request_id, response, out_tensors)
+        except BrokenPipeError:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""References of golden's example zoo: the PyTorch originals of the Rust ports in `tests/zoo/`."""
+
+from .functional import (  # noqa: F401
+    causal_attention,
+    conv1d,
+    embedding,
+    gelu,
+    gelu_tanh,
+    layer_norm,
+    linear,
+    rms_norm,
+    silu,
+    softmax,
+)
+from .modules import MLP, CausalSelfAttention, TransformerBlock  # noqa: F401
