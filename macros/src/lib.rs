@@ -1,0 +1,36 @@
+//! The `#[golden_layer(...)]` attribute of [golden](https://docs.rs/golden).
+//!
+//! It parses the attribute (`parse.rs`), reads the function's parameters (`signature.rs`) and emits a
+//! `#[cfg(test)] mod <fn_name> { #[test] fn matches_reference() }` that builds a `golden::Layer` and
+//! calls the runtime (`render.rs`). All logic that can live in a normal function lives in the
+//! runtime. The annotated function is emitted unchanged, also when the attribute has errors, so
+//! that the rest of the crate (and the IDE) keeps working.
+
+use proc_macro::TokenStream;
+
+mod parse;
+mod render;
+mod signature;
+
+/// Check a Rust port against its PyTorch reference. See the `golden` crate's README for the options:
+/// `reference`, `backend`, `dims`, `args`, `consts`, `init`, `dtype`/`dtypes`, `tol`, `cases`.
+#[proc_macro_attribute]
+pub fn golden_layer(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item2 = proc_macro2::TokenStream::from(item.clone());
+    let function: syn::ItemFn = match syn::parse(item) {
+        Ok(f) => f,
+        Err(e) => {
+            let mut out = e.to_compile_error();
+            out.extend(item2);
+            return out.into();
+        }
+    };
+    let expanded =
+        syn::parse::<parse::Attr>(attr).and_then(|attr| render::expand(&attr, &function));
+    let mut out = item2;
+    match expanded {
+        Ok(tests) => out.extend(tests),
+        Err(e) => out.extend(e.to_compile_error()),
+    }
+    out.into()
+}

@@ -1,0 +1,418 @@
+//! Parsing `#[golden_layer(...)]` into a plain description that keeps every span for errors.
+
+use proc_macro2::TokenStream;
+use quote::{quote, ToTokens};
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{bracketed, parenthesized, Error, Ident, Lit, LitInt, LitStr, Result, Token};
+
+/// The options in the order the grammar lists them; used in the unknown-option error.
+pub const OPTIONS: &[&str] = &[
+    "reference",
+    "backend",
+    "dims",
+    "args",
+    "consts",
+    "init",
+    "dtype",
+    "dtypes",
+    "tol",
+    "cases",
+];
+
+/// `name = lo..=hi` (or `lo..hi`, or a single size).
+pub struct DimDecl {
+    pub name: Ident,
+    pub lo: usize,
+    pub hi: usize,
+}
+
+/// One axis of a shape.
+pub enum Axis {
+    Sym(Ident),
+    Lit(usize),
+}
+
+/// A bound of `int(lo..hi)`.
+pub enum BoundDecl {
+    Lit(i64),
+    Dim(Ident),
+}
+
+/// `~ DIST`.
+pub enum DistDecl {
+    Normal(f64, f64),
+    Uniform(f64, f64),
+    Int(BoundDecl, BoundDecl),
+    Bool,
+}
+
+/// `name = [axes] ~ dist`.
+pub struct ArgDecl {
+    pub name: Ident,
+    pub shape: Vec<Axis>,
+    pub dist: Option<DistDecl>,
+}
+
+/// A literal value of `consts(...)` / `init(...)`: kept as tokens for the Rust call, and as a
+/// `golden::Value` expression for the reference.
+pub enum ValueDecl {
+    Int(TokenStream),
+    Float(TokenStream),
+    Bool(TokenStream),
+    Str(LitStr),
+    List(Vec<ValueDecl>),
+}
+
+pub struct KeyValue {
+    pub name: Ident,
+    pub value: ValueDecl,
+}
+
+/// The whole attribute.
+#[derive(Default)]
+pub struct Attr {
+    pub reference: Option<LitStr>,
+    pub backend: Option<LitStr>,
+    pub dims: Vec<DimDecl>,
+    pub args: Vec<ArgDecl>,
+    pub consts: Vec<KeyValue>,
+    pub init: Vec<KeyValue>,
+    pub dtypes: Option<(Ident, Vec<Ident>)>,
+    pub tol: Option<(f64, f64)>,
+    pub cases: Option<u32>,
+}
+
+fn comma_list<T>(input: ParseStream, item: fn(ParseStream) -> Result<T>) -> Result<Vec<T>> {
+    let list: Punctuated<T, Token![,]> = Punctuated::parse_terminated_with(input, item)?;
+    Ok(list.into_iter().collect())
+}
+
+fn parse_usize(lit: &LitInt) -> Result<usize> {
+    lit.base10_parse()
+}
+
+/// A signed number: `1`, `-2.5`, `1e-5`.
+fn parse_number(input: ParseStream) -> Result<f64> {
+    let negative = input.parse::<Option<Token![-]>>()?.is_some();
+    let lit: Lit = input.parse()?;
+    let value = match &lit {
+        Lit::Int(i) => i.base10_parse::<f64>()?,
+        Lit::Float(f) => f.base10_parse::<f64>()?,
+        other => return Err(Error::new(other.span(), "expected a number")),
+    };
+    Ok(if negative { -value } else { value })
+}
+
+fn parse_dim(input: ParseStream) -> Result<DimDecl> {
+    let name: Ident = input.parse()?;
+    input.parse::<Token![=]>()?;
+    let lo_lit: LitInt = input
+        .parse()
+        .map_err(|e| Error::new(e.span(), "expected a range of sizes, like `1..=16`"))?;
+    let lo = parse_usize(&lo_lit)?;
+    let hi = if input.peek(Token![..=]) {
+        input.parse::<Token![..=]>()?;
+        parse_usize(&input.parse()?)?
+    } else if input.peek(Token![..]) {
+        input.parse::<Token![..]>()?;
+        let hi_lit: LitInt = input.parse()?;
+        let hi = parse_usize(&hi_lit)?;
+        if hi == 0 || hi - 1 < lo {
+            return Err(Error::new(
+                hi_lit.span(),
+                format!("`{lo}..{hi}` is an empty range"),
+            ));
+        }
+        hi - 1
+    } else {
+        lo
+    };
+    if hi < lo {
+        return Err(Error::new(
+            lo_lit.span(),
+            format!("`{lo}..={hi}` is an empty range"),
+        ));
+    }
+    Ok(DimDecl { name, lo, hi })
+}
+
+fn parse_axis(input: ParseStream) -> Result<Axis> {
+    if input.peek(LitInt) {
+        return Ok(Axis::Lit(parse_usize(&input.parse()?)?));
+    }
+    if input.peek(Ident) {
+        return Ok(Axis::Sym(input.parse()?));
+    }
+    Err(input.error("expected a dim name or a size"))
+}
+
+fn parse_bound(input: ParseStream) -> Result<BoundDecl> {
+    if input.peek(Ident) {
+        return Ok(BoundDecl::Dim(input.parse()?));
+    }
+    let negative = input.parse::<Option<Token![-]>>()?.is_some();
+    let lit: LitInt = input.parse()?;
+    let n: i64 = lit.base10_parse()?;
+    Ok(BoundDecl::Lit(if negative { -n } else { n }))
+}
+
+const DIST_HELP: &str =
+    "expected a distribution: `normal(mean, std)`, `uniform(lo, hi)`, `int(lo..hi)` or `bool`";
+
+fn parse_dist(input: ParseStream) -> Result<DistDecl> {
+    let name: Ident = input.parse().map_err(|e| Error::new(e.span(), DIST_HELP))?;
+    let two_numbers = |input: ParseStream| -> Result<(f64, f64)> {
+        let content;
+        parenthesized!(content in input);
+        let a = parse_number(&content)?;
+        content.parse::<Token![,]>()?;
+        let b = parse_number(&content)?;
+        content.parse::<Option<Token![,]>>()?;
+        if !content.is_empty() {
+            return Err(content.error("expected two numbers"));
+        }
+        Ok((a, b))
+    };
+    match name.to_string().as_str() {
+        "normal" => {
+            let (mean, std) = two_numbers(input).map_err(|e| {
+                Error::new(
+                    e.span(),
+                    "expected `normal(mean, std)`, e.g. `normal(0.0, 1.0)`",
+                )
+            })?;
+            if std < 0.0 {
+                return Err(Error::new(
+                    name.span(),
+                    "the standard deviation must not be negative",
+                ));
+            }
+            Ok(DistDecl::Normal(mean, std))
+        }
+        "uniform" => {
+            let (lo, hi) = two_numbers(input).map_err(|e| {
+                Error::new(
+                    e.span(),
+                    "expected `uniform(lo, hi)`, e.g. `uniform(0.0, 1.0)`",
+                )
+            })?;
+            if hi <= lo {
+                return Err(Error::new(name.span(), "`uniform(lo, hi)` needs lo < hi"));
+            }
+            Ok(DistDecl::Uniform(lo, hi))
+        }
+        "int" => {
+            let content;
+            parenthesized!(content in input);
+            let lo = parse_bound(&content).map_err(|e| {
+                Error::new(e.span(), "expected `int(lo..hi)`, e.g. `int(0..vocab)`")
+            })?;
+            if content.peek(Token![..=]) {
+                return Err(content
+                    .error("`int(...)` takes an exclusive range `lo..hi` (like Python's range)"));
+            }
+            content.parse::<Token![..]>().map_err(|e| {
+                Error::new(e.span(), "expected `int(lo..hi)`, e.g. `int(0..vocab)`")
+            })?;
+            let hi = parse_bound(&content)?;
+            if !content.is_empty() {
+                return Err(content.error("expected `)` after `int(lo..hi`"));
+            }
+            Ok(DistDecl::Int(lo, hi))
+        }
+        "bool" => Ok(DistDecl::Bool),
+        _ => Err(Error::new(name.span(), DIST_HELP)),
+    }
+}
+
+fn parse_arg(input: ParseStream) -> Result<ArgDecl> {
+    let name: Ident = input.parse()?;
+    input.parse::<Token![=]>()?;
+    if !input.peek(syn::token::Bracket) {
+        return Err(input.error("expected a shape in brackets, like `[b, t, 64]`"));
+    }
+    let content;
+    bracketed!(content in input);
+    let shape = comma_list(&content, parse_axis)?;
+    let dist = if input.peek(Token![~]) {
+        input.parse::<Token![~]>()?;
+        Some(parse_dist(input)?)
+    } else {
+        None
+    };
+    Ok(ArgDecl { name, shape, dist })
+}
+
+fn parse_value(input: ParseStream) -> Result<ValueDecl> {
+    if input.peek(syn::token::Bracket) {
+        let content;
+        bracketed!(content in input);
+        return Ok(ValueDecl::List(comma_list(&content, parse_value)?));
+    }
+    let minus = input.parse::<Option<Token![-]>>()?;
+    let lit: Lit = input.parse().map_err(|e| {
+        Error::new(
+            e.span(),
+            "expected a literal: a number, a bool, a string or a list of those",
+        )
+    })?;
+    let tokens = quote!(#minus #lit);
+    match lit {
+        Lit::Int(_) => Ok(ValueDecl::Int(tokens)),
+        Lit::Float(_) => Ok(ValueDecl::Float(tokens)),
+        Lit::Bool(_) if minus.is_none() => Ok(ValueDecl::Bool(tokens)),
+        Lit::Str(s) if minus.is_none() => Ok(ValueDecl::Str(s)),
+        other => Err(Error::new(
+            other.span(),
+            "expected a literal: a number, a bool, a string or a list of those",
+        )),
+    }
+}
+
+fn parse_key_value(input: ParseStream) -> Result<KeyValue> {
+    let name: Ident = input.parse()?;
+    input.parse::<Token![=]>()?;
+    Ok(KeyValue {
+        name,
+        value: parse_value(input)?,
+    })
+}
+
+fn parse_tol(input: ParseStream) -> Result<(f64, f64)> {
+    let mut atol = None;
+    let mut rtol = None;
+    let pairs = comma_list(input, |input| {
+        let key: Ident = input.parse()?;
+        input.parse::<Token![=]>()?;
+        Ok((key, parse_number(input)?))
+    })?;
+    for (key, value) in pairs {
+        let slot = match key.to_string().as_str() {
+            "atol" => &mut atol,
+            "rtol" => &mut rtol,
+            _ => {
+                return Err(Error::new(
+                    key.span(),
+                    "expected `atol = ..` or `rtol = ..`",
+                ))
+            }
+        };
+        if value < 0.0 {
+            return Err(Error::new(key.span(), "a tolerance must not be negative"));
+        }
+        *slot = Some(value);
+    }
+    if atol.is_none() && rtol.is_none() {
+        return Err(input.error("expected `tol(atol = .., rtol = ..)`"));
+    }
+    Ok((atol.unwrap_or(0.0), rtol.unwrap_or(0.0)))
+}
+
+impl Parse for Attr {
+    fn parse(input: ParseStream) -> Result<Self> {
+        let mut attr = Attr::default();
+        let mut errors: Option<Error> = None;
+        let mut seen: Vec<String> = Vec::new();
+        while !input.is_empty() {
+            let key: Ident = input.parse()?;
+            let name = key.to_string();
+            if seen.contains(&name) {
+                return Err(Error::new(key.span(), format!("`{name}` is given twice")));
+            }
+            seen.push(name.clone());
+            let content;
+            match name.as_str() {
+                "reference" | "backend" => {
+                    input.parse::<Token![=]>()?;
+                    let value: LitStr = input.parse()?;
+                    if name == "reference" {
+                        attr.reference = Some(value);
+                    } else {
+                        attr.backend = Some(value);
+                    }
+                }
+                "dims" => {
+                    parenthesized!(content in input);
+                    attr.dims = comma_list(&content, parse_dim)?;
+                }
+                "args" => {
+                    parenthesized!(content in input);
+                    attr.args = comma_list(&content, parse_arg)?;
+                }
+                "consts" => {
+                    parenthesized!(content in input);
+                    attr.consts = comma_list(&content, parse_key_value)?;
+                }
+                "init" => {
+                    parenthesized!(content in input);
+                    attr.init = comma_list(&content, parse_key_value)?;
+                }
+                "dtype" => {
+                    input.parse::<Token![=]>()?;
+                    let dtype: Ident = input.parse()?;
+                    attr.dtypes = Some((key.clone(), vec![dtype]));
+                }
+                "dtypes" => {
+                    input.parse::<Token![=]>()?;
+                    bracketed!(content in input);
+                    let list = comma_list(&content, |i| i.parse::<Ident>())?;
+                    if list.is_empty() {
+                        return Err(Error::new(key.span(), "`dtypes` needs at least one dtype"));
+                    }
+                    attr.dtypes = Some((key.clone(), list));
+                }
+                "tol" => {
+                    parenthesized!(content in input);
+                    attr.tol = Some(parse_tol(&content)?);
+                }
+                "cases" => {
+                    input.parse::<Token![=]>()?;
+                    let lit: LitInt = input.parse()?;
+                    let n: u32 = lit.base10_parse()?;
+                    if n == 0 {
+                        return Err(Error::new(lit.span(), "`cases` must be at least 1"));
+                    }
+                    attr.cases = Some(n);
+                }
+                _ => {
+                    let e = Error::new(
+                        key.span(),
+                        format!(
+                            "unknown option `{name}`; expected one of: {}",
+                            OPTIONS.join(", ")
+                        ),
+                    );
+                    match &mut errors {
+                        Some(all) => all.combine(e),
+                        None => errors = Some(e),
+                    }
+                    // Skip the option's value so that later options are still checked.
+                    while !input.is_empty() && !input.peek(Token![,]) {
+                        input.parse::<proc_macro2::TokenTree>()?;
+                    }
+                }
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        match errors {
+            Some(e) => Err(e),
+            None => Ok(attr),
+        }
+    }
+}
+
+impl ToTokens for Axis {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        tokens.extend(match self {
+            Axis::Sym(s) => {
+                let s = s.to_string();
+                quote!(::golden::DimExpr::Sym(::std::string::String::from(#s)))
+            }
+            Axis::Lit(n) => quote!(::golden::DimExpr::Lit(#n)),
+        })
+    }
+}

@@ -1,0 +1,354 @@
+//! Checking the attribute against the signature and emitting the test module: a `golden::Layer`
+//! built from the attribute, a closure calling the function, and the snapshot assertion (which must
+//! be expanded here, in the user's crate, for insta to file it under the user's test).
+
+use crate::parse::{ArgDecl, Attr, Axis, BoundDecl, DistDecl, KeyValue, ValueDecl};
+use crate::signature::{self, Kind, Param};
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Error, Ident, ItemFn, Result};
+
+/// Collects errors so that the user sees all of them at once.
+#[derive(Default)]
+struct Errors(Option<Error>);
+
+impl Errors {
+    fn push(&mut self, span: Span, msg: impl std::fmt::Display) {
+        let e = Error::new(span, msg);
+        match &mut self.0 {
+            Some(all) => all.combine(e),
+            None => self.0 = Some(e),
+        }
+    }
+    fn finish(self) -> Result<()> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+fn value_expr(v: &ValueDecl) -> TokenStream {
+    match v {
+        ValueDecl::Int(t) => quote!(::golden::Value::Int((#t) as i64)),
+        ValueDecl::Float(t) => quote!(::golden::Value::Float((#t) as f64)),
+        ValueDecl::Bool(t) => quote!(::golden::Value::Bool(#t)),
+        ValueDecl::Str(s) => quote!(::golden::Value::Str(::std::string::String::from(#s))),
+        ValueDecl::List(items) => {
+            let items = items.iter().map(value_expr);
+            quote!(::golden::Value::List(::std::vec![#(#items),*]))
+        }
+    }
+}
+
+/// The value as a Rust expression for the call (a list becomes an array literal).
+fn value_tokens(v: &ValueDecl) -> TokenStream {
+    match v {
+        ValueDecl::Int(t) | ValueDecl::Float(t) | ValueDecl::Bool(t) => t.clone(),
+        ValueDecl::Str(s) => quote!(#s),
+        ValueDecl::List(items) => {
+            let items = items.iter().map(value_tokens);
+            quote!([#(#items),*])
+        }
+    }
+}
+
+fn dist_expr(d: &Option<DistDecl>) -> TokenStream {
+    let bound = |b: &BoundDecl| match b {
+        BoundDecl::Lit(n) => quote!(::golden::Bound::Lit(#n)),
+        BoundDecl::Dim(d) => {
+            let d = d.to_string();
+            quote!(::golden::Bound::Dim(::std::string::String::from(#d)))
+        }
+    };
+    match d {
+        None => quote!(::golden::Dist::Normal {
+            mean: 0.0,
+            std: 1.0
+        }),
+        Some(DistDecl::Normal(mean, std)) => {
+            quote!(::golden::Dist::Normal { mean: #mean, std: #std })
+        }
+        Some(DistDecl::Uniform(lo, hi)) => quote!(::golden::Dist::Uniform { lo: #lo, hi: #hi }),
+        Some(DistDecl::Int(lo, hi)) => {
+            let (lo, hi) = (bound(lo), bound(hi));
+            quote!(::golden::Dist::Int { lo: #lo, hi: #hi })
+        }
+        Some(DistDecl::Bool) => quote!(::golden::Dist::Bool),
+    }
+}
+
+fn check_reference(attr: &Attr, errors: &mut Errors) -> Option<String> {
+    let Some(reference) = &attr.reference else {
+        errors.push(
+            Span::call_site(),
+            "missing `reference = \"package.module.callable\"`: the Python function or nn.Module \
+             class this layer ports",
+        );
+        return None;
+    };
+    let path = reference.value();
+    let parts: Vec<&str> = path.split('.').collect();
+    let valid = parts.len() >= 2
+        && parts.iter().all(|p| {
+            let mut chars = p.chars();
+            chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
+                && chars.all(|c| c.is_alphanumeric() || c == '_')
+        });
+    if !valid {
+        errors.push(
+            reference.span(),
+            format!("`{path}` is not a dotted Python path like `package.module.callable`"),
+        );
+    }
+    Some(path)
+}
+
+fn check_dims_and_args(attr: &Attr, params: &[Param], fn_name: &Ident, errors: &mut Errors) {
+    let dim_names: Vec<String> = attr.dims.iter().map(|d| d.name.to_string()).collect();
+    for (i, d) in attr.dims.iter().enumerate() {
+        if dim_names[..i].contains(&dim_names[i]) {
+            errors.push(d.name.span(), format!("dim `{}` is declared twice", d.name));
+        }
+    }
+    let known = if dim_names.is_empty() {
+        "no dims are declared: add `dims(name = lo..=hi, ...)`".to_string()
+    } else {
+        format!("declared dims: {}", dim_names.join(", "))
+    };
+    let unknown_dim = |ident: &Ident, errors: &mut Errors| {
+        if !dim_names.contains(&ident.to_string()) {
+            errors.push(ident.span(), format!("unknown dim `{ident}` ({known})"));
+        }
+    };
+    for (i, arg) in attr.args.iter().enumerate() {
+        let name = arg.name.to_string();
+        if attr.args[..i].iter().any(|a| a.name == arg.name) {
+            errors.push(
+                arg.name.span(),
+                format!("`{name}` has two shapes in `args(...)`"),
+            );
+        }
+        match params.iter().find(|p| p.name == arg.name) {
+            None => errors.push(
+                arg.name.span(),
+                format!("`args` gives a shape for `{name}`, but `fn {fn_name}` has no parameter `{name}`"),
+            ),
+            Some(p) if !matches!(p.kind, Kind::Tensor { .. }) => errors.push(
+                arg.name.span(),
+                format!("`{name}` is not a tensor parameter (`&Tensor`); give it a value in `consts(...)`"),
+            ),
+            Some(_) => {}
+        }
+        for axis in &arg.shape {
+            if let Axis::Sym(ident) = axis {
+                unknown_dim(ident, errors);
+            }
+        }
+        if let Some(DistDecl::Int(lo, hi)) = &arg.dist {
+            for b in [lo, hi] {
+                if let BoundDecl::Dim(ident) = b {
+                    unknown_dim(ident, errors);
+                }
+            }
+        }
+    }
+}
+
+/// The arguments of the generated call, in signature order; errors for parameters nothing feeds.
+fn call_args(attr: &Attr, params: &[Param], errors: &mut Errors) -> (Vec<TokenStream>, bool) {
+    let mut module_form = false;
+    let mut tensor_index = 0usize;
+    let mut out = Vec::new();
+    for (position, p) in params.iter().enumerate() {
+        let name = p.name.to_string();
+        let span = p.ty.span();
+        let tokens = match p.kind {
+            Kind::Tensor { by_ref } => {
+                if !attr.args.iter().any(|a| a.name == p.name) {
+                    errors.push(
+                        p.name.span(),
+                        format!(
+                            "tensor parameter `{name}` needs a shape: add `{name} = [...]` to `args(...)`"
+                        ),
+                    );
+                }
+                // The tensors are passed in the order of `attr.args`, sorted to signature order below.
+                let i = tensor_index;
+                tensor_index += 1;
+                if by_ref {
+                    quote_spanned!(span=> __golden_inputs.tensor(#i))
+                } else {
+                    quote_spanned!(span=> ::std::clone::Clone::clone(__golden_inputs.tensor(#i)))
+                }
+            }
+            Kind::VarBuilder { by_ref } => {
+                if position != 0 {
+                    errors.push(
+                        span,
+                        "the VarBuilder must be the first parameter (module form)",
+                    );
+                }
+                module_form = true;
+                if by_ref {
+                    quote_spanned!(span=> &__golden_inputs.var_builder())
+                } else {
+                    quote_spanned!(span=> __golden_inputs.var_builder())
+                }
+            }
+            Kind::Value => {
+                let found = attr
+                    .consts
+                    .iter()
+                    .chain(attr.init.iter())
+                    .find(|kv| kv.name == p.name);
+                match found {
+                    Some(kv) => value_tokens(&kv.value),
+                    None => {
+                        errors.push(
+                            p.name.span(),
+                            format!(
+                                "parameter `{name}` needs a value: add `{name} = ...` to `consts(...)`{}, \
+                                 or make it a tensor (`&Tensor`) with a shape in `args(...)`",
+                                if module_form { " or `init(...)`" } else { "" }
+                            ),
+                        );
+                        quote!(::std::unreachable!())
+                    }
+                }
+            }
+        };
+        out.push(tokens);
+    }
+    (out, module_form)
+}
+
+fn dtype_tokens(ident: &Ident, errors: &mut Errors) -> TokenStream {
+    let variant = match ident.to_string().as_str() {
+        "f32" => quote!(F32),
+        "f64" => quote!(F64),
+        "f16" => quote!(F16),
+        "bf16" => quote!(BF16),
+        other => {
+            errors.push(
+                ident.span(),
+                format!("unknown dtype `{other}`; expected f32, f64, f16 or bf16"),
+            );
+            quote!(F32)
+        }
+    };
+    quote!(::golden::__private::candle_core::DType::#variant)
+}
+
+fn key_values(method: &str, kvs: &[KeyValue]) -> Vec<TokenStream> {
+    let method = Ident::new(method, Span::call_site());
+    kvs.iter()
+        .map(|kv| {
+            let name = kv.name.to_string();
+            let value = value_expr(&kv.value);
+            quote!(.#method(#name, #value))
+        })
+        .collect()
+}
+
+/// Check everything and emit the `#[cfg(test)]` module.
+pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
+    let params = signature::params(item)?;
+    let fn_name = &item.sig.ident;
+    let mut errors = Errors::default();
+    let reference = check_reference(attr, &mut errors);
+    check_dims_and_args(attr, &params, fn_name, &mut errors);
+    let (call, module_form) = call_args(attr, &params, &mut errors);
+    if !module_form && !attr.init.is_empty() {
+        errors.push(
+            attr.init[0].name.span(),
+            "`init(...)` configures the reference nn.Module; it needs the module form, whose first \
+             parameter is a `VarBuilder`",
+        );
+    }
+    let backend = match attr.backend.as_ref().map(|b| (b.value(), b.span())) {
+        None => quote!(::golden::Backend::Torch),
+        Some((b, _)) if b == "torch" => quote!(::golden::Backend::Torch),
+        Some((b, _)) if b == "numpy" => quote!(::golden::Backend::Numpy),
+        Some((b, span)) => {
+            errors.push(
+                span,
+                format!("unknown backend `{b}`; expected \"torch\" or \"numpy\""),
+            );
+            quote!(::golden::Backend::Torch)
+        }
+    };
+    if module_form && attr.backend.as_ref().is_some_and(|b| b.value() == "numpy") {
+        errors.push(
+            attr.backend.as_ref().unwrap().span(),
+            "the module form needs the torch backend (its reference is an nn.Module)",
+        );
+    }
+    let dtypes: Vec<TokenStream> = match &attr.dtypes {
+        Some((_, list)) => list.iter().map(|d| dtype_tokens(d, &mut errors)).collect(),
+        None => vec![quote!(::golden::__private::candle_core::DType::F32)],
+    };
+    errors.finish()?;
+
+    // Tensors reach the reference in signature order: sort the declared shapes that way.
+    let mut args: Vec<&ArgDecl> = attr.args.iter().collect();
+    args.sort_by_key(|a| params.iter().position(|p| p.name == a.name));
+    let arg_calls = args.iter().map(|a| {
+        let name = a.name.to_string();
+        let shape = &a.shape;
+        let dist = dist_expr(&a.dist);
+        quote!(.arg(#name, ::std::vec::Vec::<::golden::DimExpr>::from([#(#shape),*]), #dist))
+    });
+    let dim_calls = attr.dims.iter().map(|d| {
+        let (name, lo, hi) = (d.name.to_string(), d.lo, d.hi);
+        quote!(.dim(#name, #lo, #hi))
+    });
+    let consts = key_values("konst", &attr.consts);
+    let init = key_values("init", &attr.init);
+    let constructor = if module_form {
+        quote!(module)
+    } else {
+        quote!(function)
+    };
+    let tol = attr.tol.map(|(atol, rtol)| quote!(.tol(#atol, #rtol)));
+    let cases = attr.cases.map(|n| quote!(.cases(#n)));
+    let name = fn_name.to_string();
+    let reference = reference.unwrap_or_default();
+
+    Ok(quote! {
+        #[cfg(test)]
+        mod #fn_name {
+            #[test]
+            fn matches_reference() {
+                let layer = ::golden::Layer::#constructor(#name, #reference)
+                    .declared_at(::std::file!(), ::std::env!("CARGO_MANIFEST_DIR"), ::std::module_path!())
+                    .backend(#backend)
+                    #(#dim_calls)*
+                    #(#arg_calls)*
+                    #(#consts)*
+                    #(#init)*
+                    .dtypes(&[#(#dtypes),*])
+                    #tol
+                    #cases;
+                let report = ::golden::__private::run_check(
+                    &layer,
+                    &|__golden_inputs: &::golden::PortInputs| {
+                        ::golden::IntoOutputs::into_outputs(super::#fn_name(#(#call),*))
+                    },
+                );
+                match report.snapshot() {
+                    ::std::option::Option::Some(text) => {
+                        let mut settings = ::golden::__private::insta::Settings::clone_current();
+                        settings.set_snapshot_path(::golden::__private::snapshot_dir(
+                            ::std::env!("CARGO_MANIFEST_DIR"),
+                        ));
+                        settings.set_prepend_module_to_snapshot(false);
+                        settings.set_omit_expression(true);
+                        settings.bind(|| {
+                            ::golden::__private::insta::assert_snapshot!(report.snapshot_name(), text);
+                        });
+                    }
+                    ::std::option::Option::None => ::golden::__private::skipped_snapshot(&report),
+                }
+            }
+        }
+    })
+}

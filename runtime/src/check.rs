@@ -1,0 +1,379 @@
+//! Running a check: generate cases with proptest, run the port and the reference on each, compare,
+//! shrink a failure to the smallest case, and collect what the snapshot records.
+
+use crate::compare::{self, Expected, Leaf};
+use crate::env;
+use crate::inputs::{self, CaseParams};
+use crate::layer::{Form, Layer};
+use crate::outputs::{Outputs, PortInputs};
+use crate::params::StateDict;
+use crate::reference::{dtype_name, Live, ReferenceOutputs};
+use crate::report::{CaseFailure, Failure, FailureKind};
+use crate::results;
+use crate::wire::HostTensor;
+use crate::worker::WorkerError;
+use candle_core::{DType, Device};
+use proptest::test_runner::{
+    Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner,
+};
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+/// The port as the runtime calls it: the macro wraps the user's function in one of these.
+pub type Port<'a> = dyn Fn(&PortInputs) -> Result<Outputs, String> + 'a;
+
+/// One passing case, as the snapshot and the results file see it.
+#[derive(Clone, Debug)]
+pub struct CaseRecord {
+    /// The case.
+    pub params: CaseParams,
+    /// Every leaf's comparison.
+    pub leaves: Vec<Leaf>,
+}
+
+/// All cases of one dtype.
+#[derive(Clone, Debug)]
+pub struct DTypeRun {
+    /// The dtype.
+    pub dtype: DType,
+    /// Its cases, in the order they ran.
+    pub cases: Vec<CaseRecord>,
+}
+
+/// A passing check.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The layer that was checked.
+    pub layer: Layer,
+    /// Seed the cases were generated from.
+    pub seed: u64,
+    /// Cases per dtype.
+    pub cases: u32,
+    /// Whether `GOLDEN_SEED`/`GOLDEN_CASES` changed the declared cases (the snapshot, which describes
+    /// the declared ones, is then not asserted).
+    pub overridden: bool,
+    /// How the reference was reached ("live, Python 3.11.7, torch 2.15.0").
+    pub source: String,
+    /// Per dtype, every case.
+    pub runs: Vec<DTypeRun>,
+}
+
+enum Outcome {
+    Pass(CaseRecord),
+    Fail(CaseFailure),
+    /// The worker died or hung: reported as is, not shrunk.
+    Fatal(WorkerError),
+}
+
+/// The seed of a layer's cases: `GOLDEN_SEED` (default 0) mixed with the layer's name, so that
+/// layers of a suite do not all draw the same dims.
+fn layer_seed(base: u64, layer: &Layer) -> u64 {
+    base ^ inputs::fnv1a(layer.name.as_bytes())
+}
+
+/// Run one case: inputs, reference, port, comparison.
+fn run_case(
+    layer: &Layer,
+    dtype: DType,
+    params: &CaseParams,
+    port: &Port<'_>,
+    live: &Live,
+) -> Outcome {
+    let mut failure = CaseFailure::default();
+    let args: Result<Vec<HostTensor>, String> = layer
+        .args
+        .iter()
+        .map(|a| inputs::make_arg(a, params, dtype))
+        .collect();
+    let args = match args {
+        Ok(a) => a,
+        Err(e) => {
+            failure.inputs_error = Some(e);
+            return Outcome::Fail(failure);
+        }
+    };
+    let during = format!("running `{}` on {params}", layer.reference);
+    let reference = match live.forward(layer, dtype, params.seed, &args, &during) {
+        Ok(r) => r,
+        Err(e @ WorkerError::Remote(_)) => {
+            failure.reference_error = Some(e);
+            return Outcome::Fail(failure);
+        }
+        Err(e) => return Outcome::Fatal(e),
+    };
+    run_port(layer, dtype, params, port, &args, &reference)
+}
+
+fn run_port(
+    layer: &Layer,
+    dtype: DType,
+    params: &CaseParams,
+    port: &Port<'_>,
+    args: &[HostTensor],
+    reference: &ReferenceOutputs,
+) -> Outcome {
+    let mut failure = CaseFailure {
+        precise_error: reference.precise_error.clone(),
+        ..CaseFailure::default()
+    };
+    let device = Device::Cpu;
+    let prepared = (|| -> candle_core::Result<_> {
+        let tensors = args
+            .iter()
+            .map(|a| a.to_candle(&device))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let state = match layer.form {
+            Form::Module => Some(StateDict::new(&reference.state_dict, dtype, &device)?),
+            Form::Function => None,
+        };
+        Ok((tensors, state))
+    })();
+    let (tensors, state) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            failure.inputs_error = Some(format!("could not build the port's inputs: {e}"));
+            return Outcome::Fail(failure);
+        }
+    };
+    let port_inputs = PortInputs {
+        tensors,
+        var_builder: state.as_ref().map(StateDict::var_builder),
+    };
+    let result = catch_unwind(AssertUnwindSafe(|| port(&port_inputs)));
+    if let Some(state) = &state {
+        failure.params = state.request_issues();
+    }
+    let outputs = match result {
+        Ok(Ok(outputs)) => outputs,
+        Ok(Err(e)) => {
+            failure.port_error = Some(e);
+            return Outcome::Fail(failure);
+        }
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "(a panic without a message)".into());
+            failure.port_error = Some(msg);
+            failure.port_panicked = true;
+            return Outcome::Fail(failure);
+        }
+    };
+    if let Some(state) = &state {
+        failure.params.extend(state.unused());
+    }
+    let port_host: Result<Vec<(String, HostTensor)>, String> = outputs
+        .0
+        .iter()
+        .map(|(n, t)| {
+            HostTensor::from_candle(t)
+                .map(|h| (n.clone(), h))
+                .map_err(|e| format!("output `{n}`: {e}"))
+        })
+        .collect();
+    let port_host = match port_host {
+        Ok(p) => p,
+        Err(e) => {
+            failure.port_error = Some(e);
+            return Outcome::Fail(failure);
+        }
+    };
+    let expected: Vec<(String, Expected<'_>)> = reference
+        .expected
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.clone(),
+                Expected {
+                    value,
+                    precise: find_leaf(&reference.precise, name),
+                    rounding: find_leaf(&reference.rounding, name),
+                },
+            )
+        })
+        .collect();
+    failure.leaves = compare::compare_all(&port_host, &expected, layer.tol);
+    if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
+        Outcome::Pass(CaseRecord {
+            params: params.clone(),
+            leaves: failure.leaves,
+        })
+    } else {
+        Outcome::Fail(failure)
+    }
+}
+
+fn find_leaf<'a>(set: &'a Option<Vec<(String, HostTensor)>>, name: &str) -> Option<&'a HostTensor> {
+    set.as_ref()?
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, t)| t)
+}
+
+struct Settings {
+    seed: u64,
+    cases: u32,
+    overridden: bool,
+}
+
+fn settings(layer: &Layer) -> Result<Settings, String> {
+    env::mode()?;
+    let seed = env::seed()?;
+    let cases = env::cases()?;
+    Ok(Settings {
+        seed: seed.unwrap_or(0),
+        cases: cases.unwrap_or(layer.cases),
+        overridden: seed.is_some() || cases.is_some(),
+    })
+}
+
+/// Check a port against its reference. `Ok` carries what the snapshot records; `Err` says what
+/// failed, on the smallest failing case.
+pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
+    let started = Instant::now();
+    let result = check_inner(layer, port);
+    results::record(layer, &result, started.elapsed());
+    result
+}
+
+fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
+    let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
+    layer.validate().map_err(config_error)?;
+    let settings = settings(layer).map_err(config_error)?;
+    let live = Live::new(layer).map_err(config_error)?;
+    let info = live
+        .load(layer)
+        .map_err(|e| Failure::new(layer, FailureKind::Setup(e)))?;
+    let versions = ["python", "numpy", "torch"]
+        .iter()
+        .filter_map(|k| {
+            info.get(*k)
+                .and_then(|v| v.as_str())
+                .map(|v| format!("{k} {v}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut runs = Vec::new();
+    for &dtype in &layer.dtypes {
+        runs.push(run_dtype(layer, dtype, port, &live, &settings)?);
+    }
+    Ok(Report {
+        layer: layer.clone(),
+        seed: settings.seed,
+        cases: settings.cases,
+        overridden: settings.overridden,
+        source: format!("live ({versions})"),
+        runs,
+    })
+}
+
+fn run_dtype(
+    layer: &Layer,
+    dtype: DType,
+    port: &Port<'_>,
+    live: &Live,
+    settings: &Settings,
+) -> Result<DTypeRun, Failure> {
+    let config = Config {
+        cases: settings.cases,
+        source_file: layer.source_file,
+        failure_persistence: layer.source_file.map(|_| {
+            Box::new(FileFailurePersistence::SourceParallel(
+                "proptest-regressions",
+            )) as _
+        }),
+        rng_seed: RngSeed::Fixed(layer_seed(settings.seed, layer)),
+        max_shrink_iters: 1024,
+        max_shrink_time: 120_000,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let records = RefCell::new(Vec::new());
+    let first_failure: RefCell<Option<(CaseParams, usize)>> = RefCell::new(None);
+    let fatal: RefCell<Option<(CaseParams, WorkerError)>> = RefCell::new(None);
+    let shrink_steps = RefCell::new(0u32);
+
+    let result = runner.run(&inputs::case_strategy(layer), |params| {
+        if fatal.borrow().is_some() {
+            // The worker died on an earlier case: stop exercising it, let proptest wind down.
+            return Err(TestCaseError::fail("aborted after a worker failure"));
+        }
+        if first_failure.borrow().is_some() {
+            *shrink_steps.borrow_mut() += 1;
+        }
+        match run_case(layer, dtype, &params, port, live) {
+            Outcome::Pass(record) => {
+                records.borrow_mut().push(record);
+                Ok(())
+            }
+            Outcome::Fail(f) => {
+                first_failure
+                    .borrow_mut()
+                    .get_or_insert_with(|| (params.clone(), records.borrow().len()));
+                Err(TestCaseError::fail(f.headline()))
+            }
+            Outcome::Fatal(e) => {
+                *fatal.borrow_mut() = Some((params, e));
+                Err(TestCaseError::fail("worker failure"))
+            }
+        }
+    });
+
+    let failure = |kind, case: CaseParams| {
+        let mut f = Failure::new(layer, kind);
+        f.dtype = Some(dtype_name(dtype));
+        f.case = Some(case);
+        f
+    };
+    match result {
+        Ok(()) => Ok(DTypeRun {
+            dtype,
+            cases: records.into_inner(),
+        }),
+        Err(TestError::Fail(_, minimal)) => {
+            if let Some((case, e)) = fatal.into_inner() {
+                return Err(failure(FailureKind::Worker(e), case));
+            }
+            let (first, passed_before) =
+                first_failure.into_inner().expect("a failing case was seen");
+            let mut f = match run_case(layer, dtype, &minimal, port, live) {
+                Outcome::Fail(c) => failure(FailureKind::Case(Box::new(c)), minimal.clone()),
+                Outcome::Fatal(e) => failure(FailureKind::Worker(e), minimal.clone()),
+                Outcome::Pass(_) => {
+                    // Not reproducible: show the first failure as it happened.
+                    let mut f = match run_case(layer, dtype, &first, port, live) {
+                        Outcome::Fail(c) => failure(FailureKind::Case(Box::new(c)), first.clone()),
+                        Outcome::Fatal(e) => failure(FailureKind::Worker(e), first.clone()),
+                        Outcome::Pass(_) => failure(
+                            FailureKind::Config(
+                                "a case failed and then passed when run again: the port or the \
+                                 reference is not deterministic"
+                                    .into(),
+                            ),
+                            first.clone(),
+                        ),
+                    };
+                    f.notes.push(
+                        "note: the smallest case found by shrinking passed when run again; the \
+                         port or the reference is not deterministic"
+                            .into(),
+                    );
+                    f
+                }
+            };
+            f.shrunk_from = Some((first, shrink_steps.into_inner()));
+            f.passed_before = passed_before as u32;
+            Err(f)
+        }
+        Err(TestError::Abort(reason)) => {
+            let mut f = Failure::new(
+                layer,
+                FailureKind::Config(format!("proptest aborted the run: {reason}")),
+            );
+            f.dtype = Some(dtype_name(dtype));
+            Err(f)
+        }
+    }
+}

@@ -1,0 +1,677 @@
+//! Comparing the port's outputs with the reference's, leaf by leaf.
+//!
+//! Shapes and dtypes first (a shape that is a permutation of the reference's says which axes
+//! moved), then values. An element passes when
+//!
+//! ```text
+//! |port − ref| ≤ atol + rtol·|ref| + ROUNDING_FACTOR · rounding
+//! ```
+//!
+//! where `ref` is the reference in the case dtype, `(rtol, atol)` is torch.testing.assert_close's
+//! default for the dtype, and `rounding` is the error float arithmetic in this dtype is expected to
+//! make *at this element of this computation*: the larger of the reference's own error against its
+//! float64 evaluation and the float64 output's response to nudging every input and parameter by one
+//! unit roundoff (see `reference_py/golden_ref/evaluate.py`). Well-conditioned elements keep
+//! assert_close's tight bound; long reductions at large magnitude (conv, matmul on inputs of ~100)
+//! get the slack that float32 really needs there, and nothing else does. This is OpInfo's "the
+//! reference was less accurate" fallback made per element and always on. An explicit
+//! `tol(atol, rtol)` replaces the whole rule by plain `atol + rtol·|ref|`.
+//!
+//! NaN matches NaN, ±Inf only the same Inf; integer and bool leaves must be equal.
+
+use crate::layer::Tol;
+use crate::wire::{HostTensor, WireDType};
+use std::fmt;
+
+/// How many times the estimated rounding error of an element the port may be off by.
+///
+/// Calibrated on the zoo with 400 cases per layer (README, "How close is close enough"): the
+/// correct ports needed at most 2.9 (`linear` at inputs of ~100: candle's gemm rounds about twice as
+/// much as PyTorch's), so 16 leaves 5× headroom for larger layers; the wrong ports of the
+/// test-suite miss it by orders of magnitude.
+pub const ROUNDING_FACTOR: f64 = 16.0;
+
+/// torch.testing.assert_close's default `(rtol, atol)` for a dtype; exact for integers and bools.
+pub fn assert_close_defaults(dtype: WireDType) -> (f64, f64) {
+    match dtype {
+        WireDType::F16 => (1e-3, 1e-5),
+        WireDType::BF16 => (1.6e-2, 1e-5),
+        WireDType::F32 => (1.3e-6, 1e-5),
+        WireDType::F64 => (1e-7, 1e-7),
+        _ => (0.0, 0.0),
+    }
+}
+
+/// The tolerance applied to one leaf.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rule {
+    /// golden's default: assert_close's bound plus a multiple of the estimated rounding error.
+    Default {
+        /// Absolute part.
+        atol: f64,
+        /// Relative part.
+        rtol: f64,
+        /// Multiple of the rounding estimate (`ROUNDING_FACTOR`); 0 when no estimate exists.
+        factor: f64,
+    },
+    /// An explicit `tol(atol, rtol)`.
+    Explicit(Tol),
+    /// Integers and bools: equal.
+    Exact,
+}
+
+impl Rule {
+    /// The rule for a leaf of this dtype, given the layer's explicit tolerance if any.
+    pub fn for_leaf(dtype: WireDType, explicit: Option<Tol>) -> Rule {
+        if !dtype.is_float() {
+            return Rule::Exact;
+        }
+        if let Some(tol) = explicit {
+            return Rule::Explicit(tol);
+        }
+        let (rtol, atol) = assert_close_defaults(dtype);
+        Rule::Default {
+            atol,
+            rtol,
+            factor: ROUNDING_FACTOR,
+        }
+    }
+
+    fn allowed(&self, reference: f64, rounding: f64) -> f64 {
+        match *self {
+            Rule::Default { atol, rtol, factor } => {
+                atol + rtol * reference.abs() + factor * rounding
+            }
+            Rule::Explicit(Tol { atol, rtol }) => atol + rtol * reference.abs(),
+            Rule::Exact => 0.0,
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rule::Default { atol, rtol, factor } => write!(
+                f,
+                "atol {} + rtol {}·|ref| + {} × rounding estimate",
+                num(*atol),
+                num(*rtol),
+                num(*factor)
+            ),
+            Rule::Explicit(Tol { atol, rtol }) => {
+                write!(
+                    f,
+                    "explicit: atol {} + rtol {}·|ref|",
+                    num(*atol),
+                    num(*rtol)
+                )
+            }
+            Rule::Exact => f.write_str("exact"),
+        }
+    }
+}
+
+/// Format a number the way the reports do: short, with 4 significant digits.
+pub fn num(x: f64) -> String {
+    if x == 0.0 {
+        return "0".into();
+    }
+    if !x.is_finite() {
+        return format!("{x}");
+    }
+    let a = x.abs();
+    if (1e-3..1e5).contains(&a) {
+        let decimals = (3 - a.log10().floor() as i32).max(0) as usize;
+        let s = format!("{x:.decimals$}");
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    } else {
+        let s = format!("{x:.3e}");
+        let (mantissa, exponent) = s.split_once('e').expect("exponent format");
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        format!("{mantissa}e{exponent}")
+    }
+}
+
+/// One element singled out by a report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Element {
+    /// Its multi-index.
+    pub index: Vec<usize>,
+    /// The port's value.
+    pub port: f64,
+    /// The reference's value.
+    pub reference: f64,
+    /// `|port − reference|`.
+    pub diff: f64,
+    /// What the rule allowed there.
+    pub allowed: f64,
+}
+
+impl fmt::Display for Element {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "at {:?}: port {}, reference {} (allowed {})",
+            self.index,
+            num(self.port),
+            num(self.reference),
+            num(self.allowed)
+        )
+    }
+}
+
+/// Statistics of a value comparison.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Values {
+    /// The rule applied.
+    pub rule: Rule,
+    /// Elements compared.
+    pub numel: usize,
+    /// Elements outside the tolerance.
+    pub mismatched: usize,
+    /// Greatest `|port − ref|` over finite pairs, with its element.
+    pub greatest_abs: Option<Element>,
+    /// Greatest `|port − ref| / |ref|`, with its element (infinite where ref is 0).
+    pub greatest_rel: Option<(f64, Element)>,
+    /// The element furthest outside (or closest to) its tolerance.
+    pub worst: Option<Element>,
+    /// Greatest `|port − ref| / allowed`: below 1 everywhere means the leaf passes.
+    pub worst_ratio: f64,
+    /// First element that is NaN or ±Inf on one side but not the same on the other.
+    pub first_nonfinite_mismatch: Option<Element>,
+    /// NaN count in the port / reference.
+    pub nan: (usize, usize),
+    /// ±Inf count in the port / reference.
+    pub inf: (usize, usize),
+    /// Largest rounding estimate in the leaf (None: no float64 evaluation was available).
+    pub rounding_max: Option<f64>,
+    /// The smallest rounding factor for which every finite element would pass (0 when assert_close's
+    /// bound alone suffices): what calibrates [`ROUNDING_FACTOR`].
+    pub factor_needed: f64,
+}
+
+/// What comparing one leaf found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Values were compared (`mismatched == 0` means the leaf passes).
+    Values(Box<Values>),
+    /// The shapes differ.
+    Shape {
+        /// What the shapes suggest.
+        hint: String,
+    },
+    /// Float against integer, or two different float dtypes.
+    DType,
+    /// The reference has this leaf, the port does not.
+    MissingInPort,
+    /// The port has this leaf, the reference does not.
+    MissingInReference,
+}
+
+/// One leaf's comparison.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Leaf {
+    /// `out`, `out.0`, `out.logits`, ...
+    pub name: String,
+    /// Port's shape and dtype (None when missing).
+    pub port: Option<(Vec<usize>, WireDType)>,
+    /// Reference's shape and dtype (None when missing).
+    pub reference: Option<(Vec<usize>, WireDType)>,
+    /// The finding.
+    pub verdict: Verdict,
+}
+
+impl Leaf {
+    /// Whether the leaf matches.
+    pub fn passes(&self) -> bool {
+        matches!(&self.verdict, Verdict::Values(v) if v.mismatched == 0)
+    }
+}
+
+/// The reference's side of one leaf: its output in the case dtype and, when available, the float64
+/// evaluation and the rounding estimate.
+pub struct Expected<'a> {
+    /// Output in the case dtype.
+    pub value: &'a HostTensor,
+    /// Float64 evaluation on the same inputs.
+    pub precise: Option<&'a HostTensor>,
+    /// Response of the float64 output to rounding-sized nudges.
+    pub rounding: Option<&'a HostTensor>,
+}
+
+/// Compare every leaf; leaves only one side has are reported as missing.
+pub fn compare_all(
+    port: &[(String, HostTensor)],
+    reference: &[(String, Expected<'_>)],
+    explicit: Option<Tol>,
+) -> Vec<Leaf> {
+    let mut out = Vec::new();
+    for (name, expected) in reference {
+        let leaf = match port.iter().find(|(n, _)| n == name) {
+            Some((_, actual)) => compare_leaf(name, actual, expected, explicit),
+            None => Leaf {
+                name: name.clone(),
+                port: None,
+                reference: Some((expected.value.shape.clone(), expected.value.dtype)),
+                verdict: Verdict::MissingInPort,
+            },
+        };
+        out.push(leaf);
+    }
+    for (name, actual) in port {
+        if !reference.iter().any(|(n, _)| n == name) {
+            out.push(Leaf {
+                name: name.clone(),
+                port: Some((actual.shape.clone(), actual.dtype)),
+                reference: None,
+                verdict: Verdict::MissingInReference,
+            });
+        }
+    }
+    out
+}
+
+/// Compare one leaf.
+pub fn compare_leaf(
+    name: &str,
+    port: &HostTensor,
+    expected: &Expected<'_>,
+    explicit: Option<Tol>,
+) -> Leaf {
+    let reference = expected.value;
+    let leaf = |verdict| Leaf {
+        name: name.to_string(),
+        port: Some((port.shape.clone(), port.dtype)),
+        reference: Some((reference.shape.clone(), reference.dtype)),
+        verdict,
+    };
+    if port.shape != reference.shape {
+        return leaf(Verdict::Shape {
+            hint: shape_hint(&port.shape, &reference.shape),
+        });
+    }
+    let dtype_clash = port.dtype.is_float() != reference.dtype.is_float()
+        || (port.dtype.is_float() && port.dtype != reference.dtype);
+    if dtype_clash {
+        return leaf(Verdict::DType);
+    }
+    let rule = Rule::for_leaf(reference.dtype, explicit);
+    leaf(Verdict::Values(Box::new(compare_values(
+        port, expected, rule,
+    ))))
+}
+
+fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; shape.len()];
+    for (axis, &size) in shape.iter().enumerate().rev() {
+        if size > 0 {
+            index[axis] = flat % size;
+            flat /= size;
+        }
+    }
+    index
+}
+
+fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Values {
+    let shape = &port.shape;
+    let (a, e) = if rule == Rule::Exact {
+        // Compare integers as integers (i64 beyond 2^53 would lose digits as f64).
+        let (a, e) = (port.to_i64(), expected.value.to_i64());
+        let mismatch = a.iter().zip(&e).filter(|(x, y)| x != y).count();
+        let first = a.iter().zip(&e).position(|(x, y)| x != y);
+        let element = first.map(|i| Element {
+            index: unravel(i, shape),
+            port: a[i] as f64,
+            reference: e[i] as f64,
+            diff: (a[i] as f64 - e[i] as f64).abs(),
+            allowed: 0.0,
+        });
+        return Values {
+            rule,
+            numel: a.len(),
+            mismatched: mismatch,
+            greatest_abs: element.clone(),
+            greatest_rel: None,
+            worst: element,
+            worst_ratio: if mismatch > 0 { f64::INFINITY } else { 0.0 },
+            first_nonfinite_mismatch: None,
+            nan: (0, 0),
+            inf: (0, 0),
+            rounding_max: None,
+            factor_needed: 0.0,
+        };
+    } else {
+        (port.to_f64(), expected.value.to_f64())
+    };
+    let noise = rounding_estimate(&e, expected);
+    let has_estimate = noise.is_some();
+    let noise = noise.unwrap_or_else(|| vec![0.0; a.len()]);
+
+    let mut values = Values {
+        rule,
+        numel: a.len(),
+        mismatched: 0,
+        greatest_abs: None,
+        greatest_rel: None,
+        worst: None,
+        worst_ratio: 0.0,
+        first_nonfinite_mismatch: None,
+        nan: (0, 0),
+        inf: (0, 0),
+        rounding_max: has_estimate.then(|| noise.iter().copied().fold(0.0, f64::max)),
+        factor_needed: 0.0,
+    };
+    for i in 0..a.len() {
+        let (x, r) = (a[i], e[i]);
+        values.nan.0 += x.is_nan() as usize;
+        values.nan.1 += r.is_nan() as usize;
+        values.inf.0 += x.is_infinite() as usize;
+        values.inf.1 += r.is_infinite() as usize;
+        if !x.is_finite() || !r.is_finite() {
+            let same = (x.is_nan() && r.is_nan()) || x == r;
+            if !same {
+                values.mismatched += 1;
+                values.worst_ratio = f64::INFINITY;
+                if values.first_nonfinite_mismatch.is_none() {
+                    values.first_nonfinite_mismatch = Some(Element {
+                        index: unravel(i, shape),
+                        port: x,
+                        reference: r,
+                        diff: f64::INFINITY,
+                        allowed: 0.0,
+                    });
+                }
+            }
+            continue;
+        }
+        let diff = (x - r).abs();
+        let allowed = rule.allowed(r, noise[i]);
+        let excess = diff - rule.allowed(r, 0.0);
+        if excess > 0.0 {
+            let needed = if noise[i] > 0.0 {
+                excess / noise[i]
+            } else {
+                f64::INFINITY
+            };
+            values.factor_needed = values.factor_needed.max(needed);
+        }
+        let element = || Element {
+            index: unravel(i, shape),
+            port: x,
+            reference: r,
+            diff,
+            allowed,
+        };
+        let ratio = if allowed > 0.0 {
+            diff / allowed
+        } else if diff > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        };
+        if ratio > 1.0 {
+            values.mismatched += 1;
+        }
+        if ratio > values.worst_ratio || values.worst.is_none() {
+            values.worst_ratio = values.worst_ratio.max(ratio);
+            values.worst = Some(element());
+        }
+        if values.greatest_abs.as_ref().is_none_or(|g| diff > g.diff) {
+            values.greatest_abs = Some(element());
+        }
+        let rel = if r != 0.0 {
+            diff / r.abs()
+        } else if diff > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        };
+        if values.greatest_rel.as_ref().is_none_or(|(g, _)| rel > *g) {
+            values.greatest_rel = Some((rel, element()));
+        }
+    }
+    if let Rule::Default { atol, rtol, .. } = values.rule {
+        if !has_estimate {
+            values.rule = Rule::Default {
+                atol,
+                rtol,
+                factor: 0.0,
+            };
+        }
+    }
+    values
+}
+
+/// The rounding error float arithmetic in the case dtype is expected to make at each element, from
+/// the reference's float64 evaluation: the larger of the reference's own error (`|ref − precise|`)
+/// and the float64 output's response to rounding-sized nudges, floored at the leaf's RMS of that.
+///
+/// The floor is what makes the estimate usable as a scale. Per element, both quantities are single
+/// samples of a zero-mean error and are sometimes tiny by chance; and the error of a long
+/// accumulation grows faster than its sensitivity to input rounding. Measured on the zoo's `linear`
+/// at inputs of ~100 (12,800 elements): `|port − ref| / estimate` reached 205 per element, 15 with
+/// the floor. The floor only matters where the leaf's typical rounding error exceeds `atol`, i.e.
+/// at large magnitudes; there, a difference below it is below float32's resolution at this scale.
+fn rounding_estimate(reference: &[f64], expected: &Expected<'_>) -> Option<Vec<f64>> {
+    let n = reference.len();
+    let precise = expected
+        .precise
+        .map(HostTensor::to_f64)
+        .filter(|v| v.len() == n);
+    let nudged = expected
+        .rounding
+        .map(HostTensor::to_f64)
+        .filter(|v| v.len() == n);
+    if precise.is_none() && nudged.is_none() {
+        return None;
+    }
+    let finite = |x: f64| if x.is_finite() { x } else { 0.0 };
+    let mut noise: Vec<f64> = (0..n)
+        .map(|i| {
+            let own = precise
+                .as_ref()
+                .map_or(0.0, |h| finite((reference[i] - h[i]).abs()));
+            let response = nudged.as_ref().map_or(0.0, |s| finite(s[i]));
+            own.max(response)
+        })
+        .collect();
+    let rms = (noise.iter().map(|x| x * x).sum::<f64>() / n.max(1) as f64).sqrt();
+    for x in &mut noise {
+        *x = x.max(rms);
+    }
+    Some(noise)
+}
+
+/// What two different shapes suggest.
+pub fn shape_hint(port: &[usize], reference: &[usize]) -> String {
+    let numel = |s: &[usize]| s.iter().product::<usize>();
+    let mut sp = port.to_vec();
+    let mut sr = reference.to_vec();
+    sp.sort_unstable();
+    sr.sort_unstable();
+    if port.len() == reference.len() && sp == sr {
+        let moved: Vec<usize> = (0..port.len())
+            .filter(|&i| port[i] != reference[i])
+            .collect();
+        if moved.len() == 2 {
+            return format!(
+                "the reference's shape with axes {} and {} swapped: a missing `.transpose({}, {})`?",
+                moved[0], moved[1], moved[0], moved[1]
+            );
+        }
+        // Which reference axis each port axis came from (first unused axis of that size).
+        let mut used = vec![false; reference.len()];
+        let order: Vec<usize> = port
+            .iter()
+            .map(|d| {
+                let j = (0..reference.len())
+                    .find(|&j| !used[j] && reference[j] == *d)
+                    .expect("same multiset of sizes");
+                used[j] = true;
+                j
+            })
+            .collect();
+        return format!("a permutation of the reference's axes: a missing `.permute({order:?})`?");
+    }
+    if numel(port) == numel(reference) {
+        return format!(
+            "same number of elements ({}) in another shape: a reshape/view in the wrong order, or a \
+             missing squeeze/unsqueeze?",
+            numel(port)
+        );
+    }
+    format!(
+        "different number of elements ({} in the port, {} in the reference)",
+        numel(port),
+        numel(reference)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize], v: &[f64], dtype: WireDType) -> HostTensor {
+        let f = HostTensor::from_f64(shape.to_vec(), v);
+        match dtype {
+            WireDType::F64 => f,
+            WireDType::F32 => HostTensor {
+                dtype,
+                shape: f.shape.clone(),
+                data: v.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect(),
+            },
+            WireDType::I64 => HostTensor {
+                dtype,
+                shape: f.shape.clone(),
+                data: v.iter().flat_map(|x| (*x as i64).to_le_bytes()).collect(),
+            },
+            _ => unimplemented!(),
+        }
+    }
+
+    fn expected(value: &HostTensor) -> Expected<'_> {
+        Expected {
+            value,
+            precise: None,
+            rounding: None,
+        }
+    }
+
+    #[test]
+    fn torch_example_message_numbers() {
+        // assert_close's doc example: 2 of 3 elements differ, greatest abs diff 2.0 at (1,).
+        let port = t(&[3], &[1.0, 4.0, 5.0], WireDType::F32);
+        let reference = t(&[3], &[1.0, 2.0, 3.0], WireDType::F32);
+        let leaf = compare_leaf("out", &port, &expected(&reference), None);
+        let Verdict::Values(v) = leaf.verdict else {
+            panic!()
+        };
+        assert_eq!(v.mismatched, 2);
+        let g = v.greatest_abs.unwrap();
+        assert_eq!((g.index, g.diff), (vec![1], 2.0));
+        assert_eq!(v.greatest_rel.unwrap().1.index, vec![1]);
+        // No float64 evaluation: the rule is plain assert_close.
+        assert_eq!(
+            v.rule,
+            Rule::Default {
+                atol: 1e-5,
+                rtol: 1.3e-6,
+                factor: 0.0
+            }
+        );
+    }
+
+    #[test]
+    fn rounding_estimate_widens_only_where_it_is_large() {
+        let port = t(&[2], &[1000.001, 1.001], WireDType::F32);
+        let reference = t(&[2], &[1000.0, 1.0], WireDType::F32);
+        let precise = HostTensor::from_f64(vec![2], &[1000.0, 1.0]);
+        let rounding = HostTensor::from_f64(vec![2], &[2e-4, 1e-8]);
+        let e = Expected {
+            value: &reference,
+            precise: Some(&precise),
+            rounding: Some(&rounding),
+        };
+        let Verdict::Values(v) = compare_leaf("out", &port, &e, None).verdict else {
+            panic!()
+        };
+        // Element 0 is 1e-3 off where rounding explains 2e-4: within 16 × that. Element 1 is 1e-3
+        // off too, where its own estimate is 1e-8; the leaf's RMS (1.4e-4) floors it, so it passes.
+        assert_eq!(v.mismatched, 0);
+        assert!(
+            v.factor_needed > 4.0 && v.factor_needed < 8.0,
+            "{}",
+            v.factor_needed
+        );
+        // The same leaf at 10x the error fails on both elements.
+        let far = t(&[2], &[1000.01, 1.01], WireDType::F32);
+        let Verdict::Values(v) = compare_leaf("out", &far, &e, None).verdict else {
+            panic!()
+        };
+        assert_eq!(v.mismatched, 2);
+    }
+
+    #[test]
+    fn nan_matches_nan_and_inf_only_itself() {
+        let port = t(&[3], &[f64::NAN, f64::INFINITY, 1.0], WireDType::F64);
+        let same = t(&[3], &[f64::NAN, f64::INFINITY, 1.0], WireDType::F64);
+        let other = t(&[3], &[0.0, f64::NEG_INFINITY, 1.0], WireDType::F64);
+        let pass = compare_leaf("out", &port, &expected(&same), None);
+        assert!(pass.passes());
+        let Verdict::Values(v) = compare_leaf("out", &port, &expected(&other), None).verdict else {
+            panic!()
+        };
+        assert_eq!(v.mismatched, 2);
+        assert_eq!(v.nan, (1, 0));
+        assert_eq!(v.first_nonfinite_mismatch.unwrap().index, vec![0]);
+    }
+
+    #[test]
+    fn integers_are_exact() {
+        let port = t(&[2], &[3.0, 4.0], WireDType::I64);
+        let reference = t(&[2], &[3.0, 5.0], WireDType::I64);
+        let leaf = compare_leaf(
+            "out",
+            &port,
+            &expected(&reference),
+            Some(Tol {
+                atol: 10.0,
+                rtol: 1.0,
+            }),
+        );
+        assert!(!leaf.passes());
+    }
+
+    #[test]
+    fn shape_hints_name_the_transpose() {
+        assert!(shape_hint(&[2, 7, 5], &[2, 5, 7]).contains("`.transpose(1, 2)`"));
+        assert!(shape_hint(&[7, 5, 2], &[2, 5, 7]).contains("transpose(0, 2)"));
+        assert!(shape_hint(&[5, 7, 2], &[2, 5, 7]).contains("`.permute([1, 2, 0])`"));
+        assert!(shape_hint(&[35, 2], &[2, 5, 7]).contains("reshape"));
+        assert!(shape_hint(&[3], &[4]).contains("different number"));
+    }
+
+    #[test]
+    fn float_against_int_is_a_dtype_problem() {
+        let port = t(&[1], &[1.0], WireDType::F32);
+        let reference = t(&[1], &[1.0], WireDType::I64);
+        assert_eq!(
+            compare_leaf("out", &port, &expected(&reference), None).verdict,
+            Verdict::DType
+        );
+    }
+
+    #[test]
+    fn numbers_print_short() {
+        assert_eq!(num(0.841213), "0.8412");
+        assert_eq!(num(1.3e-6), "1.3e-6");
+        assert_eq!(num(1e-5), "1e-5");
+        assert_eq!(num(-1.527e-4), "-1.527e-4");
+        assert_eq!(num(123.0), "123");
+        assert_eq!(num(0.0), "0");
+    }
+}

@@ -1,0 +1,486 @@
+//! What a check is about: the description of one layer and its reference.
+//!
+//! `#[golden_layer(...)]` parses its attribute into exactly this (see the macro's `render.rs`), and
+//! tests that want to drive the runtime without the macro build the same thing by hand:
+//!
+//! ```no_run
+//! use golden::{Dist, Layer};
+//! let layer = Layer::function("gelu", "zoo_ref.gelu")
+//!     .dim("n", 1, 64)
+//!     .arg("x", ["n"], Dist::normal(0.0, 1.0));
+//! ```
+
+use candle_core::DType;
+use std::fmt;
+
+/// How the reference is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// A Python callable, called with the tensors positionally and the consts as keywords.
+    Function,
+    /// An `nn.Module` class, constructed with `init(...)` under the case seed; the Rust port takes a
+    /// `VarBuilder` serving the module's `state_dict()`.
+    Module,
+}
+
+impl Form {
+    /// The name used on the wire and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Form::Function => "function",
+            Form::Module => "module",
+        }
+    }
+}
+
+/// How tensors reach the reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// As `torch.Tensor` (the default).
+    Torch,
+    /// As `numpy.ndarray` (bf16 arrives as float32; float outputs are cast to the case dtype).
+    Numpy,
+}
+
+impl Backend {
+    /// The name used on the wire and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Torch => "torch",
+            Backend::Numpy => "numpy",
+        }
+    }
+}
+
+/// One axis of an argument's shape: a symbolic dim or a fixed size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DimExpr {
+    /// A dim declared in `dims(...)`, drawn per case.
+    Sym(String),
+    /// A fixed size.
+    Lit(usize),
+}
+
+impl From<&str> for DimExpr {
+    fn from(name: &str) -> Self {
+        DimExpr::Sym(name.to_string())
+    }
+}
+
+impl From<usize> for DimExpr {
+    fn from(size: usize) -> Self {
+        DimExpr::Lit(size)
+    }
+}
+
+impl fmt::Display for DimExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DimExpr::Sym(s) => f.write_str(s),
+            DimExpr::Lit(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// A bound of an `int(lo..hi)` distribution: a number or a dim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bound {
+    /// A fixed number.
+    Lit(i64),
+    /// The value a dim takes in the case.
+    Dim(String),
+}
+
+impl fmt::Display for Bound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bound::Lit(n) => write!(f, "{n}"),
+            Bound::Dim(d) => f.write_str(d),
+        }
+    }
+}
+
+/// How an argument's values are drawn.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Dist {
+    /// Gaussian floats. The only distribution the per-case value styles (zeros, tiny, large, round,
+    /// special values) apply to: `normal` declares "any real number, typically this big".
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation.
+        std: f64,
+    },
+    /// Uniform floats in `[lo, hi)`; a declared domain, so value styles leave it alone.
+    Uniform {
+        /// Lower bound (inclusive).
+        lo: f64,
+        /// Upper bound (exclusive).
+        hi: f64,
+    },
+    /// Uniform integers in `[lo, hi)`, as an i64 tensor.
+    Int {
+        /// Lower bound (inclusive).
+        lo: Bound,
+        /// Upper bound (exclusive).
+        hi: Bound,
+    },
+    /// Booleans (a u8 tensor of 0/1 in candle, `torch.bool` in the reference).
+    Bool,
+}
+
+impl Dist {
+    /// `normal(mean, std)`.
+    pub fn normal(mean: f64, std: f64) -> Self {
+        Dist::Normal { mean, std }
+    }
+    /// `uniform(lo, hi)`.
+    pub fn uniform(lo: f64, hi: f64) -> Self {
+        Dist::Uniform { lo, hi }
+    }
+    /// `int(lo..hi)` (hi exclusive).
+    pub fn int(lo: impl Into<BoundArg>, hi: impl Into<BoundArg>) -> Self {
+        Dist::Int {
+            lo: lo.into().0,
+            hi: hi.into().0,
+        }
+    }
+    /// Whether values of this distribution are floats (and so take the case dtype).
+    pub fn is_float(&self) -> bool {
+        matches!(self, Dist::Normal { .. } | Dist::Uniform { .. })
+    }
+}
+
+impl Default for Dist {
+    fn default() -> Self {
+        Dist::normal(0.0, 1.0)
+    }
+}
+
+impl fmt::Display for Dist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dist::Normal { mean, std } => write!(f, "normal({mean:?}, {std:?})"),
+            Dist::Uniform { lo, hi } => write!(f, "uniform({lo:?}, {hi:?})"),
+            Dist::Int { lo, hi } => write!(f, "int({lo}..{hi})"),
+            Dist::Bool => f.write_str("bool"),
+        }
+    }
+}
+
+/// Helper so that `Dist::int(0, "vocab")` accepts numbers and dim names alike.
+pub struct BoundArg(Bound);
+
+impl From<i64> for BoundArg {
+    fn from(n: i64) -> Self {
+        BoundArg(Bound::Lit(n))
+    }
+}
+
+impl From<&str> for BoundArg {
+    fn from(d: &str) -> Self {
+        BoundArg(Bound::Dim(d.to_string()))
+    }
+}
+
+/// A non-tensor value: a const (Rust argument and Python keyword) or a module constructor keyword.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A bool.
+    Bool(bool),
+    /// A string.
+    Str(String),
+    /// A list (a Rust array literal; a Python list).
+    List(Vec<Value>),
+}
+
+impl Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        match self {
+            Value::Int(n) => serde_json::Value::from(*n),
+            Value::Float(x) => serde_json::Value::from(*x),
+            Value::Bool(b) => serde_json::Value::from(*b),
+            Value::Str(s) => serde_json::Value::from(s.as_str()),
+            Value::List(items) => {
+                serde_json::Value::Array(items.iter().map(Value::to_json).collect())
+            }
+        }
+    }
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Int(n) => write!(f, "{n}"),
+            Value::Float(x) => write!(f, "{x:?}"),
+            Value::Bool(b) => write!(f, "{b}"),
+            Value::Str(s) => write!(f, "{s:?}"),
+            Value::List(items) => {
+                f.write_str("[")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
+macro_rules! value_from {
+    ($($t:ty => $variant:ident as $conv:ty),* $(,)?) => {
+        $(impl From<$t> for Value {
+            fn from(v: $t) -> Self {
+                Value::$variant(v as $conv)
+            }
+        })*
+    };
+}
+value_from!(i32 => Int as i64, i64 => Int as i64, usize => Int as i64, f32 => Float as f64, f64 => Float as f64);
+
+impl From<bool> for Value {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::Str(s.to_string())
+    }
+}
+
+/// A symbolic dim and its inclusive range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DimSpec {
+    /// Its name, used in `args(...)` shapes.
+    pub name: String,
+    /// Smallest value (inclusive).
+    pub lo: usize,
+    /// Largest value (inclusive).
+    pub hi: usize,
+}
+
+/// A tensor parameter: its name, shape and value distribution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArgSpec {
+    /// The Rust parameter's name.
+    pub name: String,
+    /// One entry per axis.
+    pub shape: Vec<DimExpr>,
+    /// How its values are drawn.
+    pub dist: Dist,
+}
+
+/// An explicit tolerance: `|port − reference| ≤ atol + rtol·|reference|`, nothing else.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tol {
+    /// Absolute part.
+    pub atol: f64,
+    /// Relative part.
+    pub rtol: f64,
+}
+
+/// Everything a check needs to know about one layer and its reference.
+#[derive(Clone, Debug)]
+pub struct Layer {
+    /// The Rust function's name (the check's name in reports).
+    pub name: String,
+    /// Dotted Python path of the reference.
+    pub reference: String,
+    /// Function or module form.
+    pub form: Form,
+    /// How tensors reach the reference.
+    pub backend: Backend,
+    /// Symbolic dims, drawn per case.
+    pub dims: Vec<DimSpec>,
+    /// Tensor parameters, in the Rust signature's order (the reference gets them in this order).
+    pub args: Vec<ArgSpec>,
+    /// Non-tensor values given to both sides (Python keywords).
+    pub consts: Vec<(String, Value)>,
+    /// Constructor keywords of the reference module (module form).
+    pub init: Vec<(String, Value)>,
+    /// Float dtypes to check, each with the same cases.
+    pub dtypes: Vec<DType>,
+    /// An explicit tolerance; `None` means golden's default rule (see `compare.rs`).
+    pub tol: Option<Tol>,
+    /// Number of generated cases per dtype (`GOLDEN_CASES` overrides).
+    pub cases: u32,
+    /// Source file of the check, for proptest's regression file (set by the macro from `file!()`).
+    pub source_file: Option<&'static str>,
+    /// Cargo manifest dir of the crate under test (import roots, snapshots, artifacts).
+    pub manifest_dir: Option<&'static str>,
+    /// Module path of the check (names snapshot files).
+    pub module_path: Option<&'static str>,
+}
+
+/// Default number of generated cases.
+pub const DEFAULT_CASES: u32 = 32;
+
+impl Layer {
+    fn new(name: &str, reference: &str, form: Form) -> Self {
+        Layer {
+            name: name.to_string(),
+            reference: reference.to_string(),
+            form,
+            backend: Backend::Torch,
+            dims: Vec::new(),
+            args: Vec::new(),
+            consts: Vec::new(),
+            init: Vec::new(),
+            dtypes: vec![DType::F32],
+            tol: None,
+            cases: DEFAULT_CASES,
+            source_file: None,
+            manifest_dir: None,
+            module_path: None,
+        }
+    }
+
+    /// A layer whose reference is a Python callable.
+    pub fn function(name: &str, reference: &str) -> Self {
+        Self::new(name, reference, Form::Function)
+    }
+
+    /// A layer whose reference is an `nn.Module` class.
+    pub fn module(name: &str, reference: &str) -> Self {
+        Self::new(name, reference, Form::Module)
+    }
+
+    /// Use another backend.
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Declare a dim drawn from `lo..=hi`.
+    pub fn dim(mut self, name: &str, lo: usize, hi: usize) -> Self {
+        self.dims.push(DimSpec {
+            name: name.to_string(),
+            lo,
+            hi,
+        });
+        self
+    }
+
+    /// Declare the next tensor parameter.
+    pub fn arg<D: Into<DimExpr>>(
+        mut self,
+        name: &str,
+        shape: impl IntoIterator<Item = D>,
+        dist: Dist,
+    ) -> Self {
+        self.args.push(ArgSpec {
+            name: name.to_string(),
+            shape: shape.into_iter().map(Into::into).collect(),
+            dist,
+        });
+        self
+    }
+
+    /// A const: a Python keyword (the Rust port gets it as a plain argument).
+    pub fn konst(mut self, name: &str, value: impl Into<Value>) -> Self {
+        self.consts.push((name.to_string(), value.into()));
+        self
+    }
+
+    /// A constructor keyword of the reference module.
+    pub fn init(mut self, name: &str, value: impl Into<Value>) -> Self {
+        self.init.push((name.to_string(), value.into()));
+        self
+    }
+
+    /// Check in these float dtypes.
+    pub fn dtypes(mut self, dtypes: &[DType]) -> Self {
+        self.dtypes = dtypes.to_vec();
+        self
+    }
+
+    /// Replace the default tolerance rule by `atol + rtol·|reference|`.
+    pub fn tol(mut self, atol: f64, rtol: f64) -> Self {
+        self.tol = Some(Tol { atol, rtol });
+        self
+    }
+
+    /// Number of generated cases per dtype.
+    pub fn cases(mut self, cases: u32) -> Self {
+        self.cases = cases;
+        self
+    }
+
+    /// Where the check is declared: proptest then keeps failing seeds beside it, and snapshots and
+    /// import roots are found from the crate's manifest dir. The macro passes `file!()`,
+    /// `env!("CARGO_MANIFEST_DIR")` and `module_path!()`.
+    pub fn declared_at(
+        mut self,
+        source_file: &'static str,
+        manifest_dir: &'static str,
+        module_path: &'static str,
+    ) -> Self {
+        self.source_file = Some(source_file);
+        self.manifest_dir = Some(manifest_dir);
+        self.module_path = Some(module_path);
+        self
+    }
+
+    /// The symbolic description of an argument, e.g. `x [b, t, d] ~ normal(0.0, 1.0)`.
+    pub(crate) fn describe_arg(arg: &ArgSpec) -> String {
+        let shape: Vec<String> = arg.shape.iter().map(ToString::to_string).collect();
+        format!("{} [{}] ~ {}", arg.name, shape.join(", "), arg.dist)
+    }
+
+    /// Check the description for mistakes the macro would have rejected at compile time.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let known = |d: &str| self.dims.iter().any(|s| s.name == d);
+        for dim in &self.dims {
+            if dim.lo > dim.hi {
+                return Err(format!(
+                    "dim `{}` has an empty range {}..={}",
+                    dim.name, dim.lo, dim.hi
+                ));
+            }
+        }
+        for arg in &self.args {
+            for axis in &arg.shape {
+                if let DimExpr::Sym(d) = axis {
+                    if !known(d) {
+                        return Err(format!(
+                            "argument `{}` uses the unknown dim `{d}`",
+                            arg.name
+                        ));
+                    }
+                }
+            }
+            if let Dist::Int { lo, hi } = &arg.dist {
+                for bound in [lo, hi] {
+                    if let Bound::Dim(d) = bound {
+                        if !known(d) {
+                            return Err(format!(
+                                "argument `{}` uses the unknown dim `{d}`",
+                                arg.name
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if self.dtypes.is_empty() {
+            return Err("no dtype to check".into());
+        }
+        for dtype in &self.dtypes {
+            if !dtype.is_float() {
+                return Err(format!("dtype {dtype:?} is not a float dtype"));
+            }
+        }
+        if self.form == Form::Function && !self.init.is_empty() {
+            return Err("`init(...)` is for the module form (a port taking a VarBuilder)".into());
+        }
+        Ok(())
+    }
+}

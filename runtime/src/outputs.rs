@@ -1,0 +1,104 @@
+//! The port's side of a case: the inputs it gets and its outputs, named leaf by leaf.
+//!
+//! Leaves are named like the reference's: a single tensor is `out`, a tuple or `Vec` gives `out.0`,
+//! `out.1`, …, a map gives `out.<key>`.
+
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Display;
+
+/// What the port gets in one case.
+pub struct PortInputs {
+    pub(crate) tensors: Vec<Tensor>,
+    pub(crate) var_builder: Option<VarBuilder<'static>>,
+}
+
+impl PortInputs {
+    /// The i-th tensor parameter (in the Rust signature's order).
+    pub fn tensor(&self, i: usize) -> &Tensor {
+        &self.tensors[i]
+    }
+
+    /// The `VarBuilder` serving the reference module's `state_dict()` (module form).
+    pub fn var_builder(&self) -> VarBuilder<'static> {
+        self.var_builder
+            .clone()
+            .expect("var_builder() is only available in module form")
+    }
+}
+
+/// The port's outputs, named leaf by leaf.
+#[derive(Clone, Debug)]
+pub struct Outputs(pub Vec<(String, Tensor)>);
+
+/// Anything a port may return: a tensor, a tuple of tensors, a `Vec` of tensors, a map from names to
+/// tensors, or a `Result` of one of those.
+pub trait IntoOutputs {
+    /// Name the leaves; `Err` carries the port's own error message.
+    fn into_outputs(self) -> Result<Outputs, String>;
+}
+
+impl IntoOutputs for Tensor {
+    fn into_outputs(self) -> Result<Outputs, String> {
+        Ok(Outputs(vec![("out".into(), self)]))
+    }
+}
+
+impl IntoOutputs for Vec<Tensor> {
+    fn into_outputs(self) -> Result<Outputs, String> {
+        Ok(Outputs(
+            self.into_iter()
+                .enumerate()
+                .map(|(i, t)| (format!("out.{i}"), t))
+                .collect(),
+        ))
+    }
+}
+
+impl<K: Display + Ord> IntoOutputs for BTreeMap<K, Tensor> {
+    fn into_outputs(self) -> Result<Outputs, String> {
+        Ok(Outputs(
+            self.into_iter()
+                .map(|(k, t)| (format!("out.{k}"), t))
+                .collect(),
+        ))
+    }
+}
+
+impl<K: Display + Ord> IntoOutputs for HashMap<K, Tensor> {
+    fn into_outputs(self) -> Result<Outputs, String> {
+        // Sorted, so the order (and hence every report) does not depend on hashing.
+        self.into_iter()
+            .collect::<BTreeMap<K, Tensor>>()
+            .into_outputs()
+    }
+}
+
+impl<T: IntoOutputs, E: Display> IntoOutputs for Result<T, E> {
+    fn into_outputs(self) -> Result<Outputs, String> {
+        match self {
+            Ok(v) => v.into_outputs(),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+macro_rules! tuple_outputs {
+    ($($t:ident $i:tt),+) => {
+        impl IntoOutputs for ($($t,)+) {
+            fn into_outputs(self) -> Result<Outputs, String> {
+                Ok(Outputs(vec![$((format!("out.{}", $i), self.$i)),+]))
+            }
+        }
+    };
+}
+
+// A tuple's elements are all tensors: `(Tensor, Tensor)` and so on.
+type T = Tensor;
+tuple_outputs!(T 0);
+tuple_outputs!(T 0, T 1);
+tuple_outputs!(T 0, T 1, T 2);
+tuple_outputs!(T 0, T 1, T 2, T 3);
+tuple_outputs!(T 0, T 1, T 2, T 3, T 4);
+tuple_outputs!(T 0, T 1, T 2, T 3, T 4, T 5);

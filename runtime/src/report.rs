@@ -1,0 +1,340 @@
+//! What a failing check says: the layer, the case, every failing leaf with its numbers, and the fix
+//! where golden knows it.
+
+use crate::compare::{num, Leaf, Verdict};
+use crate::inputs::CaseParams;
+use crate::params::ParamIssue;
+use crate::worker::WorkerError;
+use std::fmt::{self, Write as _};
+
+/// Why a check failed.
+#[derive(Debug)]
+pub enum FailureKind {
+    /// The layer description or the environment is invalid.
+    Config(String),
+    /// The reference could not be reached before any case ran: interpreter, imports, the callable.
+    Setup(WorkerError),
+    /// A case failed.
+    Case(Box<CaseFailure>),
+    /// The worker died, hung or broke the protocol during a case (not shrunk: each retry would
+    /// restart Python).
+    Worker(WorkerError),
+}
+
+/// Everything that went wrong in one case.
+#[derive(Debug, Default)]
+pub struct CaseFailure {
+    /// Module form: names, shapes and unused entries between port and state_dict.
+    pub params: Vec<ParamIssue>,
+    /// The port returned an error (or panicked: see `port_panicked`).
+    pub port_error: Option<String>,
+    /// Whether `port_error` is a panic message.
+    pub port_panicked: bool,
+    /// The reference raised or returned something that is not a tensor.
+    pub reference_error: Option<WorkerError>,
+    /// Leaf comparisons (all leaves; only failing ones are printed).
+    pub leaves: Vec<Leaf>,
+    /// Why no float64 evaluation was available (the default tolerance then has no rounding term).
+    pub precise_error: Option<String>,
+    /// Inputs could not be generated.
+    pub inputs_error: Option<String>,
+}
+
+impl CaseFailure {
+    /// One line for proptest's own bookkeeping.
+    pub fn headline(&self) -> String {
+        if let Some(p) = self.params.first() {
+            return p.to_string();
+        }
+        if let Some(e) = &self.port_error {
+            return format!("port error: {e}");
+        }
+        if let Some(e) = &self.reference_error {
+            return format!("reference error: {e}");
+        }
+        if let Some(e) = &self.inputs_error {
+            return e.clone();
+        }
+        let failing: Vec<&str> = self
+            .leaves
+            .iter()
+            .filter(|l| !l.passes())
+            .map(|l| l.name.as_str())
+            .collect();
+        format!("mismatch in {}", failing.join(", "))
+    }
+}
+
+/// A failed check.
+#[derive(Debug)]
+pub struct Failure {
+    /// The Rust function.
+    pub layer: String,
+    /// The reference's dotted path.
+    pub reference: String,
+    /// The dtype being checked, once cases ran.
+    pub dtype: Option<&'static str>,
+    /// The (minimal) failing case.
+    pub case: Option<CaseParams>,
+    /// The case first found to fail, when shrinking found a smaller one.
+    pub shrunk_from: Option<(CaseParams, u32)>,
+    /// How many cases passed before the failure.
+    pub passed_before: u32,
+    /// What went wrong.
+    pub kind: FailureKind,
+    /// Extra lines at the end (where artifacts are, how to re-run).
+    pub notes: Vec<String>,
+}
+
+impl Failure {
+    pub(crate) fn new(layer: &crate::Layer, kind: FailureKind) -> Self {
+        Failure {
+            layer: layer.name.clone(),
+            reference: layer.reference.clone(),
+            dtype: None,
+            case: None,
+            shrunk_from: None,
+            passed_before: 0,
+            kind,
+            notes: Vec::new(),
+        }
+    }
+
+    /// The case failure, if a case failed on values or errors.
+    pub fn case_failure(&self) -> Option<&CaseFailure> {
+        match &self.kind {
+            FailureKind::Case(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
+    let WorkerError::Remote(r) = e else {
+        return None;
+    };
+    Some(match r.kind.as_str() {
+        "import" => format!(
+            "fix: make `{reference}` importable: its module must be on an import root \
+             (GOLDEN_REFERENCE_PATH, or `reference_py/` beside Cargo.toml) and import cleanly in \
+             the interpreter golden uses"
+        ),
+        "attribute" | "not_callable" => {
+            format!("fix: `reference = \"{reference}\"` must name a function or an nn.Module class")
+        }
+        "not_module" => "fix: a port that takes a VarBuilder is checked in module form; its \
+                         reference must be an nn.Module class (or drop the VarBuilder parameter)"
+            .into(),
+        "backend" => "fix: install the backend's package into golden's interpreter (`cargo xtask \
+                      setup`), or choose `backend = \"numpy\"`"
+            .into(),
+        "return_type" => "fix: the reference must return a tensor, a tuple/list of tensors or a \
+                          dict of tensors"
+            .into(),
+        "raised" => "the reference raised on this case; if the inputs are outside its domain, \
+                     narrow `args(...)` (e.g. `~ uniform(lo, hi)`) or `dims(...)`"
+            .into(),
+        _ => return None,
+    })
+}
+
+fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
+    let shape = |s: &Option<(Vec<usize>, crate::wire::WireDType)>| match s {
+        Some((shape, dtype)) => format!("{dtype} {shape:?}"),
+        None => "nothing".into(),
+    };
+    match &leaf.verdict {
+        Verdict::Values(v) => {
+            let pct = 100.0 * v.mismatched as f64 / v.numel.max(1) as f64;
+            writeln!(
+                out,
+                "  leaf `{}` ({}): {} / {} elements differ ({pct:.1}%)",
+                leaf.name,
+                shape(&leaf.port),
+                v.mismatched,
+                v.numel
+            )?;
+            if let Some(g) = &v.greatest_abs {
+                writeln!(out, "    greatest absolute difference {} {g}", num(g.diff))?;
+            }
+            if let Some((rel, g)) = &v.greatest_rel {
+                writeln!(out, "    greatest relative difference {} {g}", num(*rel))?;
+            }
+            let shown = |i: &Vec<usize>| {
+                v.greatest_abs.as_ref().is_some_and(|g| &g.index == i)
+                    || v.greatest_rel.as_ref().is_some_and(|(_, g)| &g.index == i)
+            };
+            if let Some(w) = v
+                .worst
+                .as_ref()
+                .filter(|w| !shown(&w.index) && v.worst_ratio > 1.0)
+            {
+                writeln!(
+                    out,
+                    "    furthest outside its tolerance ({}× allowed) {w}",
+                    num(v.worst_ratio)
+                )?;
+            }
+            if let Some(g) = &v.first_nonfinite_mismatch {
+                writeln!(out, "    first NaN/Inf on one side only {g}")?;
+            }
+            writeln!(
+                out,
+                "    NaN: port {}, reference {}; Inf: port {}, reference {}",
+                v.nan.0, v.nan.1, v.inf.0, v.inf.1
+            )?;
+            write!(out, "    tolerance: |port − ref| ≤ {}", v.rule)?;
+            match v.rounding_max {
+                Some(r) => writeln!(out, " (largest rounding estimate here {})", num(r)),
+                None => writeln!(out),
+            }
+        }
+        Verdict::Shape { hint } => writeln!(
+            out,
+            "  leaf `{}`: shape {} but the reference's is {} — {hint}",
+            leaf.name,
+            shape(&leaf.port),
+            shape(&leaf.reference)
+        ),
+        Verdict::DType => writeln!(
+            out,
+            "  leaf `{}`: the port returns {}, the reference {} — convert the output \
+             (`.to_dtype(..)`) to the reference's dtype",
+            leaf.name,
+            shape(&leaf.port),
+            shape(&leaf.reference)
+        ),
+        Verdict::MissingInPort => writeln!(
+            out,
+            "  leaf `{}` ({}): the reference returns it, the port does not",
+            leaf.name,
+            shape(&leaf.reference)
+        ),
+        Verdict::MissingInReference => writeln!(
+            out,
+            "  leaf `{}` ({}): the port returns it, the reference does not",
+            leaf.name,
+            shape(&leaf.port)
+        ),
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = String::new();
+        let dtype = self.dtype.map(|d| format!(" in {d}")).unwrap_or_default();
+        match &self.kind {
+            FailureKind::Config(m) => {
+                writeln!(out, "golden: cannot check `{}`: {m}", self.layer)?;
+            }
+            FailureKind::Setup(e) => {
+                writeln!(
+                    out,
+                    "golden: `{}` could not reach its reference `{}`:\n  {e}",
+                    self.layer, self.reference
+                )?;
+                if let Some(fix) = remote_fix(e, &self.reference) {
+                    writeln!(out, "  {fix}")?;
+                }
+            }
+            FailureKind::Worker(e) => {
+                writeln!(
+                    out,
+                    "golden: `{}`: the reference `{}` failed{dtype}:\n  {e}",
+                    self.layer, self.reference
+                )?;
+            }
+            FailureKind::Case(_) => {
+                writeln!(
+                    out,
+                    "golden: `{}` does not match its reference `{}`{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
+        }
+        if let Some(case) = &self.case {
+            write!(out, "  case: {case}")?;
+            match &self.shrunk_from {
+                Some((from, steps)) if from != case => writeln!(
+                    out,
+                    "\n        (the smallest failing case; shrunk in {steps} steps from {from})"
+                )?,
+                _ => writeln!(out)?,
+            }
+            if self.passed_before > 0 {
+                writeln!(
+                    out,
+                    "  {} cases passed before this one failed",
+                    self.passed_before
+                )?;
+            }
+        }
+        if let FailureKind::Case(c) = &self.kind {
+            if let Some(e) = &c.inputs_error {
+                writeln!(out, "  the inputs could not be generated: {e}")?;
+            }
+            if !c.params.is_empty() {
+                writeln!(
+                    out,
+                    "  the port and the reference module's state_dict disagree:"
+                )?;
+                for p in &c.params {
+                    writeln!(out, "    - {p}")?;
+                }
+            }
+            if let Some(e) = &c.port_error {
+                let what = if c.port_panicked {
+                    "panicked"
+                } else {
+                    "returned an error"
+                };
+                if c.params.is_empty() {
+                    writeln!(out, "  the port {what}: {e}")?;
+                }
+            }
+            if let Some(e) = &c.reference_error {
+                writeln!(out, "  the reference failed on this case:\n  {e}")?;
+                if let Some(fix) = remote_fix(e, &self.reference) {
+                    writeln!(out, "  {fix}")?;
+                }
+            }
+            let failing: Vec<&Leaf> = c.leaves.iter().filter(|l| !l.passes()).collect();
+            if !failing.is_empty() {
+                let passing = c.leaves.len() - failing.len();
+                writeln!(
+                    out,
+                    "  {} of {} output leaves differ{}:",
+                    failing.len(),
+                    c.leaves.len(),
+                    if passing > 0 {
+                        format!(" ({passing} match)")
+                    } else {
+                        String::new()
+                    }
+                )?;
+                for leaf in failing {
+                    write_leaf(&mut out, leaf)?;
+                }
+            }
+            if let Some(e) = &c.precise_error {
+                if !failing_is_empty(c) {
+                    writeln!(
+                        out,
+                        "  note: the reference could not run in float64 ({e}), so the tolerance has \
+                         no rounding term"
+                    )?;
+                }
+            }
+        }
+        for note in &self.notes {
+            writeln!(out, "  {note}")?;
+        }
+        f.write_str(out.trim_end())
+    }
+}
+
+fn failing_is_empty(c: &CaseFailure) -> bool {
+    c.leaves.iter().all(Leaf::passes)
+}
+
+impl std::error::Error for Failure {}

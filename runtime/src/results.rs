@@ -1,0 +1,93 @@
+//! The results file of each check, `target/golden/results/<crate>/<check>.json`.
+//!
+//! Written after every check, passing or failing, so that tools outside the test process (the
+//! quickstart's report, `cargo xtask zoo`) can show what the last run found. Best effort: a
+//! read-only target directory never fails a check.
+
+use crate::check::Report;
+use crate::compare::Verdict;
+use crate::layer::Layer;
+use crate::reference::dtype_name;
+use crate::report::Failure;
+use crate::snapshot::snapshot_name;
+use serde_json::{json, Value as Json};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The folder results are written to for a check's crate.
+pub fn results_dir(layer: &Layer) -> Option<PathBuf> {
+    let krate = layer
+        .module_path
+        .and_then(|m| m.split("::").next())
+        .unwrap_or("unknown");
+    Some(
+        crate::env::target_dir()?
+            .join("golden")
+            .join("results")
+            .join(krate),
+    )
+}
+
+fn leaves_json(report: &Report) -> Vec<Json> {
+    let mut out = Vec::new();
+    for run in &report.runs {
+        let Some(first) = run.cases.first() else {
+            continue;
+        };
+        for (i, leaf) in first.leaves.iter().enumerate() {
+            let mut max_abs = 0.0f64;
+            let mut worst = 0.0f64;
+            let mut needed = 0.0f64;
+            for case in &run.cases {
+                if let Some(Verdict::Values(v)) = case.leaves.get(i).map(|l| &l.verdict) {
+                    if let Some(g) = &v.greatest_abs {
+                        max_abs = max_abs.max(g.diff);
+                    }
+                    worst = worst.max(v.worst_ratio);
+                    needed = needed.max(v.factor_needed);
+                }
+            }
+            out.push(json!({
+                "dtype": dtype_name(run.dtype),
+                "leaf": leaf.name,
+                "max_abs": max_abs,
+                "worst_ratio": worst,
+                "factor_needed": needed,
+            }));
+        }
+    }
+    out
+}
+
+/// Write the results of one check.
+pub fn record(layer: &Layer, result: &Result<Report, Failure>, elapsed: Duration) {
+    let Some(dir) = results_dir(layer) else {
+        return;
+    };
+    let name = snapshot_name(layer.module_path.unwrap_or(&layer.name));
+    let mut doc = json!({
+        "layer": layer.name,
+        "check": name,
+        "reference": layer.reference,
+        "dtypes": layer.dtypes.iter().map(|d| dtype_name(*d)).collect::<Vec<_>>(),
+        "seconds": elapsed.as_secs_f64(),
+    });
+    match result {
+        Ok(report) => {
+            doc["status"] = json!("pass");
+            doc["cases"] = json!(report.cases);
+            doc["source"] = json!(report.source);
+            doc["leaves"] = Json::Array(leaves_json(report));
+        }
+        Err(failure) => {
+            doc["status"] = json!("fail");
+            doc["failure"] = json!(failure.to_string());
+        }
+    }
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let _ = std::fs::write(
+            dir.join(format!("{name}.json")),
+            serde_json::to_vec_pretty(&doc).unwrap_or_default(),
+        );
+    }
+}

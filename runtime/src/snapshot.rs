@@ -1,0 +1,213 @@
+//! The text of a check's insta snapshot.
+//!
+//! It records what a reviewer needs to see change: the reference, the inputs, the tolerance, and
+//! per leaf how far the port is from the reference over all cases — bucketed by decade, so the file
+//! is byte-stable run to run while a ten-fold change in error (or any change of tolerance, shapes
+//! or reference) shows as a diff in the pull request.
+//!
+//! The assertion itself is expanded in the user's crate by the macro (insta attributes a snapshot to
+//! the code that expands `assert_snapshot!`); this module only builds the text.
+
+use crate::check::Report;
+use crate::compare::{num, Leaf, Rule, Verdict};
+use crate::inputs::CaseParams;
+use crate::layer::Layer;
+use crate::reference::dtype_name;
+use std::fmt::Write as _;
+
+/// The decade containing `x`, e.g. `1e-7..1e-6`; `0` for zero.
+pub fn decade(x: f64) -> String {
+    if x == 0.0 {
+        return "0".into();
+    }
+    if !x.is_finite() {
+        return format!("{x}");
+    }
+    let mut e = x.abs().log10().floor() as i32;
+    // log10 is not exact at powers of ten: settle the boundary with an exact comparison.
+    if 10f64.powi(e + 1) <= x.abs() {
+        e += 1;
+    } else if 10f64.powi(e) > x.abs() {
+        e -= 1;
+    }
+    format!("1e{}..1e{}", e, e + 1)
+}
+
+/// The snapshot's name for a check declared in `module_path` (the generated module):
+/// `golden_zoo::activations::gelu` → `activations__gelu`.
+pub fn snapshot_name(module_path: &str) -> String {
+    let mut parts: Vec<&str> = module_path.split("::").collect();
+    if parts.len() > 1 {
+        parts.remove(0);
+    }
+    parts.join("__")
+}
+
+/// The symbolic shape of a leaf across cases: an axis is the dim it always equals, else its size if
+/// constant, else `?`.
+fn symbolic_shape(layer: &Layer, shapes: &[(Vec<usize>, &CaseParams)]) -> String {
+    let Some((first, _)) = shapes.first() else {
+        return "[]".into();
+    };
+    if shapes.iter().any(|(s, _)| s.len() != first.len()) {
+        return "(rank varies)".into();
+    }
+    let axes: Vec<String> = (0..first.len())
+        .map(|axis| {
+            let sym = layer.dims.iter().find(|d| {
+                shapes
+                    .iter()
+                    .all(|(s, case)| case.dim(&d.name) == Some(s[axis]))
+            });
+            match sym {
+                Some(d) => d.name.clone(),
+                None if shapes.iter().all(|(s, _)| s[axis] == first[axis]) => {
+                    first[axis].to_string()
+                }
+                None => "?".into(),
+            }
+        })
+        .collect();
+    format!("[{}]", axes.join(", "))
+}
+
+fn describe_rule(rule: &Rule) -> String {
+    match rule {
+        Rule::Default { atol, rtol, factor } if *factor > 0.0 => format!(
+            "golden default: atol {} + rtol {}·|ref| + {} × rounding estimate",
+            num(*atol),
+            num(*rtol),
+            num(*factor)
+        ),
+        Rule::Default { atol, rtol, .. } => format!(
+            "assert_close default: atol {} + rtol {}·|ref| (no float64 evaluation)",
+            num(*atol),
+            num(*rtol)
+        ),
+        other => other.to_string(),
+    }
+}
+
+impl Report {
+    /// The snapshot's name (see [`snapshot_name`]).
+    pub fn snapshot_name(&self) -> String {
+        snapshot_name(self.layer.module_path.unwrap_or(&self.layer.name))
+    }
+
+    /// The snapshot text; `None` when `GOLDEN_SEED`/`GOLDEN_CASES` changed the cases, since the
+    /// snapshot describes the declared ones.
+    pub fn snapshot(&self) -> Option<String> {
+        if self.overridden {
+            return None;
+        }
+        Some(self.snapshot_text())
+    }
+
+    fn snapshot_text(&self) -> String {
+        let layer = &self.layer;
+        let mut s = String::new();
+        let _ = writeln!(s, "layer: {}", layer.name);
+        let _ = writeln!(
+            s,
+            "reference: {} ({} form, {} backend)",
+            layer.reference,
+            layer.form.as_str(),
+            layer.backend.as_str()
+        );
+        if !layer.dims.is_empty() {
+            let dims: Vec<String> = layer
+                .dims
+                .iter()
+                .map(|d| format!("{} in {}..={}", d.name, d.lo, d.hi))
+                .collect();
+            let _ = writeln!(s, "dims: {}", dims.join(", "));
+        }
+        let _ = writeln!(s, "args:");
+        for arg in &layer.args {
+            let _ = writeln!(s, "  {}", Layer::describe_arg(arg));
+        }
+        for (title, values) in [("consts", &layer.consts), ("init", &layer.init)] {
+            if !values.is_empty() {
+                let v: Vec<String> = values.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                let _ = writeln!(s, "{title}: {}", v.join(", "));
+            }
+        }
+        let _ = writeln!(s, "cases: {} per dtype, seed {}", self.cases, self.seed);
+        for run in &self.runs {
+            let _ = writeln!(s, "{}:", dtype_name(run.dtype));
+            self.write_leaves(&mut s, &run.cases);
+        }
+        s
+    }
+
+    fn write_leaves(&self, s: &mut String, cases: &[crate::check::CaseRecord]) {
+        let Some(first) = cases.first() else {
+            let _ = writeln!(s, "  (no cases)");
+            return;
+        };
+        for (i, leaf) in first.leaves.iter().enumerate() {
+            let all: Vec<&Leaf> = cases.iter().filter_map(|c| c.leaves.get(i)).collect();
+            let shapes: Vec<(Vec<usize>, &CaseParams)> = cases
+                .iter()
+                .filter_map(|c| {
+                    c.leaves
+                        .get(i)
+                        .and_then(|l| l.reference.as_ref().map(|r| (r.0.clone(), &c.params)))
+                })
+                .collect();
+            let dtype = leaf.reference.as_ref().map(|r| r.1.name()).unwrap_or("?");
+            let _ = writeln!(
+                s,
+                "  {} {dtype} {}",
+                leaf.name,
+                symbolic_shape(&self.layer, &shapes)
+            );
+            let values: Vec<&crate::compare::Values> = all
+                .iter()
+                .filter_map(|l| match &l.verdict {
+                    Verdict::Values(v) => Some(&**v),
+                    _ => None,
+                })
+                .collect();
+            let Some(v0) = values.first() else { continue };
+            let _ = writeln!(s, "    tolerance: {}", describe_rule(&v0.rule));
+            if v0.rule == Rule::Exact {
+                let _ = writeln!(s, "    equal in every case");
+                continue;
+            }
+            let max_abs = values
+                .iter()
+                .filter_map(|v| v.greatest_abs.as_ref().map(|g| g.diff))
+                .fold(0.0f64, f64::max);
+            let worst = values.iter().map(|v| v.worst_ratio).fold(0.0f64, f64::max);
+            let _ = writeln!(s, "    max |port - ref|: {}", decade(max_abs));
+            let _ = writeln!(s, "    max error / allowed: {}", decade(worst));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decades_are_exact_at_powers_of_ten() {
+        assert_eq!(decade(1e-6), "1e-6..1e-5");
+        assert_eq!(decade(9.99e-7), "1e-7..1e-6");
+        assert_eq!(decade(1e-3), "1e-3..1e-2");
+        assert_eq!(decade(0.0), "0");
+        // A ten-fold change always moves to another bucket.
+        for x in [1.3e-7, 4.2e-5, 0.7, 55.0] {
+            assert_ne!(decade(x), decade(10.0 * x));
+        }
+    }
+
+    #[test]
+    fn names_drop_the_crate() {
+        assert_eq!(
+            snapshot_name("golden_zoo::activations::gelu"),
+            "activations__gelu"
+        );
+        assert_eq!(snapshot_name("gelu"), "gelu");
+    }
+}
