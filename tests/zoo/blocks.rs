@@ -1,0 +1,137 @@
+//! Module form: candle-nn ports of `nn.Module`s, built from the reference's own `state_dict()`.
+
+use candle_core::{DType, Module, Result, Tensor, D};
+use candle_nn::{linear, LayerNorm, Linear, VarBuilder};
+use golden::golden_layer;
+
+/// Linear → GELU → Linear.
+pub struct Mlp {
+    fc1: Linear,
+    fc2: Linear,
+}
+
+impl Mlp {
+    pub fn new(vb: VarBuilder, d_model: usize, hidden: usize) -> Result<Self> {
+        Ok(Mlp {
+            fc1: linear(d_model, hidden, vb.pp("fc1"))?,
+            fc2: linear(hidden, d_model, vb.pp("fc2"))?,
+        })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.fc2.forward(&self.fc1.forward(x)?.gelu_erf()?)
+    }
+}
+
+#[golden_layer(
+    reference = "zoo_ref.MLP",
+    dims(b = 1..=4, t = 1..=16),
+    args(x = [b, t, 32]),
+    init(d_model = 32, hidden = 64),
+)]
+pub fn mlp(vb: VarBuilder, x: &Tensor, d_model: usize, hidden: usize) -> Result<Tensor> {
+    Mlp::new(vb, d_model, hidden)?.forward(x)
+}
+
+/// `nn.LayerNorm` with the differentiable formula (LayerNorm::forward takes the fused path).
+pub struct Norm(LayerNorm);
+
+impl Norm {
+    pub fn new(vb: VarBuilder, d: usize) -> Result<Self> {
+        Ok(Norm(candle_nn::layer_norm(d, 1e-5, vb)?))
+    }
+}
+
+impl Module for Norm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centered = x.broadcast_sub(&mean)?;
+        let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = centered.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
+        let bias = self.0.bias().expect("nn.LayerNorm has a bias");
+        normed.broadcast_mul(self.0.weight())?.broadcast_add(bias)
+    }
+}
+
+pub struct CausalSelfAttention {
+    qkv: Linear,
+    proj: Linear,
+    n_heads: usize,
+}
+
+impl CausalSelfAttention {
+    pub fn new(vb: VarBuilder, d_model: usize, n_heads: usize) -> Result<Self> {
+        Ok(CausalSelfAttention {
+            qkv: linear(d_model, 3 * d_model, vb.pp("qkv"))?,
+            proj: linear(d_model, d_model, vb.pp("proj"))?,
+            n_heads,
+        })
+    }
+}
+
+impl Module for CausalSelfAttention {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, t, d) = x.dims3()?;
+        let h = self.n_heads;
+        let qkv = self.qkv.forward(x)?;
+        let heads = |i: usize| -> Result<Tensor> {
+            qkv.narrow(D::Minus1, i * d, d)?
+                .reshape((b, t, h, d / h))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        let scores = (q.matmul(&k.t()?)? / ((d / h) as f64).sqrt())?;
+        let mask = Tensor::tril2(t, DType::U8, x.device())?.broadcast_as(scores.shape())?;
+        let neg_inf = Tensor::new(f32::NEG_INFINITY, x.device())?
+            .to_dtype(scores.dtype())?
+            .broadcast_as(scores.shape())?;
+        let probs = candle_nn::ops::softmax(&mask.where_cond(&scores, &neg_inf)?, D::Minus1)?;
+        let y = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
+        self.proj.forward(&y)
+    }
+}
+
+/// Pre-norm transformer block: `x + attn(ln1(x))`, then `x + mlp(ln2(x))`.
+pub struct TransformerBlock {
+    ln1: Norm,
+    attn: CausalSelfAttention,
+    ln2: Norm,
+    mlp: Mlp,
+}
+
+impl TransformerBlock {
+    pub fn new(vb: VarBuilder, d_model: usize, n_heads: usize, hidden: usize) -> Result<Self> {
+        Ok(TransformerBlock {
+            ln1: Norm::new(vb.pp("ln1"), d_model)?,
+            attn: CausalSelfAttention::new(vb.pp("attn"), d_model, n_heads)?,
+            ln2: Norm::new(vb.pp("ln2"), d_model)?,
+            mlp: Mlp::new(vb.pp("mlp"), d_model, hidden)?,
+        })
+    }
+}
+
+impl Module for TransformerBlock {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = (x + self.attn.forward(&self.ln1.forward(x)?)?)?;
+        &x + self.mlp.forward(&self.ln2.forward(&x)?)?
+    }
+}
+
+#[golden_layer(
+    reference = "zoo_ref.TransformerBlock",
+    dims(b = 1..=3, t = 1..=16),
+    args(x = [b, t, 32]),
+    init(d_model = 32, n_heads = 4, hidden = 64),
+)]
+pub fn transformer_block(
+    vb: VarBuilder,
+    x: &Tensor,
+    d_model: usize,
+    n_heads: usize,
+    hidden: usize,
+) -> Result<Tensor> {
+    TransformerBlock::new(vb, d_model, n_heads, hidden)?.forward(x)
+}

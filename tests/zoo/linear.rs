@@ -1,0 +1,41 @@
+//! Linear maps: a dense layer, an embedding lookup and a strided, padded 1-d convolution.
+
+use candle_core::{Module, Result, Tensor};
+use golden::golden_layer;
+
+#[golden_layer(
+    reference = "zoo_ref.linear",
+    dims(b = 1..=4, t = 1..=16, d_in = 1..=256, d_out = 1..=64),
+    args(x = [b, t, d_in], weight = [d_out, d_in] ~ normal(0.0, 0.1), bias = [d_out]),
+)]
+pub fn linear(x: &Tensor, weight: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    candle_nn::Linear::new(weight.clone(), Some(bias.clone())).forward(x)
+}
+
+/// Integer ids in, rows of the table out: compared exactly where the reference is exact.
+#[golden_layer(
+    reference = "zoo_ref.embedding",
+    dims(b = 1..=4, t = 1..=32, vocab = 1..=100, d = 1..=32),
+    args(ids = [b, t] ~ int(0..vocab), weight = [vocab, d]),
+)]
+pub fn embedding(ids: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    let d = weight.dim(1)?;
+    candle_nn::Embedding::new(weight.clone(), d).forward(ids)
+}
+
+#[golden_layer(
+    reference = "zoo_ref.conv1d",
+    dims(b = 1..=3, c_in = 1..=32, c_out = 1..=16, t = 5..=48, k = 1..=5),
+    args(x = [b, c_in, t], weight = [c_out, c_in, k] ~ normal(0.0, 0.2), bias = [c_out]),
+    consts(stride = 2, padding = 2),
+)]
+pub fn conv1d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    let y = x.conv1d(weight, padding, stride, 1, 1)?;
+    y.broadcast_add(&bias.reshape((1, (), 1))?)
+}
