@@ -4,9 +4,11 @@ Per case the runtime needs three things from the reference:
 
 * `expected`: the reference's output in the case dtype, on exactly the inputs the port got;
 * `precise`: the same computation in float64 on the same (already rounded) inputs;
-* `rounding`: how far the float64 output moves when every float input and parameter is nudged by
-  one unit roundoff of the case dtype (max over a few random nudges). This measures how sensitive
-  this computation is to rounding at this point, so the runtime's tolerance can scale with it.
+* `rounding`: the size of the rounding error this computation makes in the case dtype, element by
+  element. It is measured at a few inputs (and parameters) nudged by one ulp of the case dtype: at
+  each, the reference's own error (case dtype against float64) and the float64 output's move. The
+  RMS over the nudges estimates the error's scale; one sample alone is often tiny by chance.
+  Rounding errors are chaotic in the input bits, so each nudge gives a fresh sample.
 
 The runtime's `compare.rs` turns these into the pass/fail rule; the float64 parts are best effort
 (a reference that cannot run in float64 just gets the strict default tolerance).
@@ -123,6 +125,52 @@ def forward(case: Case, perturbations: int = 2):
     }
 
 
+_UINT = {"f16": np.uint16, "bf16": np.uint16, "f32": np.uint32, "f64": np.uint64}
+
+
+def nudge(t: WireTensor, rng: np.random.Generator) -> WireTensor:
+    """Move every finite non-zero float by one ulp in the case dtype, up or down at random.
+
+    Adding one to the bit pattern moves a float one ulp away from zero, subtracting one moves it
+    toward zero; zeros, infinities and NaNs stay as they are.
+    """
+    if t.dtype not in FLOAT_DTYPES:
+        return t
+    bits = t.array.view(_UINT[t.dtype]) if t.dtype != "bf16" else t.array
+    magnitude_mask = {2: 0x7FFF, 4: 0x7FFF_FFFF, 8: 0x7FFF_FFFF_FFFF_FFFF}[bits.dtype.itemsize]
+    exponent_all_ones = {
+        ("f16", 2): 0x7C00,
+        ("bf16", 2): 0x7F80,
+        ("f32", 4): 0x7F80_0000,
+        ("f64", 8): 0x7FF0_0000_0000_0000,
+    }[(t.dtype, bits.dtype.itemsize)]
+    magnitude = bits & bits.dtype.type(magnitude_mask)
+    movable = (magnitude != 0) & ((magnitude & bits.dtype.type(exponent_all_ones)) != exponent_all_ones)
+    # Stepping up from the largest finite value would reach infinity: step down there instead.
+    largest = bits.dtype.type(exponent_all_ones - 1)
+    up = rng.integers(0, 2, size=bits.shape).astype(bool) & (magnitude != largest)
+    step = np.where(up, bits.dtype.type(1), bits.dtype.type(0))
+    down = np.where(up, bits.dtype.type(0), bits.dtype.type(1))
+    moved = np.where(movable, bits + step - down, bits)
+    array = moved if t.dtype == "bf16" else moved.view(t.array.dtype)
+    return WireTensor(t.dtype, array.reshape(t.array.shape))
+
+
+def _evaluate(case: Case, module, args, phase: str):
+    """Evaluate on wire-tensor args (and, in module form, `module` as given)."""
+    target = module if module is not None else case.obj
+    native = [case.backend.to_native(a) for a in args]
+    return _call(case, target, native, phase)
+
+
+def _module_with_state(module, state: dict, torch):
+    copy_ = copy.deepcopy(module)
+    with torch.no_grad():
+        for name, value in copy_.state_dict().items():
+            value.copy_(state[name])
+    return copy_
+
+
 def _precise(case: Case, module, native, expected, perturbations: int):
     backend = case.backend
     names = [name for name, _ in expected]
@@ -132,25 +180,40 @@ def _precise(case: Case, module, native, expected, perturbations: int):
         target64 = copy.deepcopy(module).to(backend.torch.float64)
     leaves64 = _call(case, target64, upcast, "the float64 evaluation")
     precise = _float64_leaves(backend, leaves64, names)
+    base64 = {name: t.array for name, t in precise}
 
-    unit = UNIT_ROUNDOFF[case.dtype]
-    worst = {name: np.zeros(t.array.shape) for name, t in precise}
+    # Samples of the rounding error at inputs one ulp away (see the module docstring).
+    sum_sq = {name: np.zeros(t.array.shape) for name, t in precise}
     for k in range(perturbations):
         rng = np.random.default_rng([case.seed & 0xFFFF_FFFF_FFFF_FFFF, k])
-        nudged = [backend.perturb(x, unit, rng) for x in upcast]
-        target = target64
+        args_k = [nudge(a, rng) for a in case.args]
+        module_k = module64_k = None
         if module is not None:
-            target = copy.deepcopy(target64)
-            with backend.no_grad():
-                for value in target.state_dict().values():
-                    if value.is_floating_point():
-                        value.copy_(backend.perturb(value, unit, rng))
-        leaves = _float64_leaves(backend, _call(case, target, nudged, "a nudged evaluation"), names)
-        for (name, base), (_, moved) in zip(precise, leaves):
-            if moved.array.shape != base.array.shape:
-                raise ValueError(f"`{name}` changed shape under a rounding-sized nudge")
-            np.maximum(worst[name], np.abs(moved.array - base.array), out=worst[name])
-    rounding = [(name, WireTensor("f64", worst[name])) for name, _ in precise]
+            torch = backend.torch
+            state = {}
+            for name, value in module.state_dict().items():
+                if value.is_floating_point():
+                    wire_k = nudge(backend.from_native(value, case.dtype), rng)
+                    state[name] = backend.to_native(wire_k)
+                else:
+                    state[name] = value
+            module_k = _module_with_state(module, state, torch)
+            module64_k = copy.deepcopy(module_k).to(torch.float64)
+        low = _evaluate(case, module_k, args_k, "a nudged evaluation")
+        native_k = [backend.to_float64(backend.to_native(a)) for a in args_k]
+        high = _call(case, module64_k if module is not None else case.obj, native_k, "a nudged evaluation")
+        low64 = dict(_float64_leaves(backend, low, names))
+        high64 = dict(_float64_leaves(backend, high, names))
+        for name in sum_sq:
+            own = low64[name].array - high64[name].array  # the reference's rounding error there
+            moved = high64[name].array - base64[name]  # the output's sensitivity to the nudge
+            if own.shape != sum_sq[name].shape or moved.shape != sum_sq[name].shape:
+                raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
+            sum_sq[name] += np.maximum(own * own, moved * moved)
+    rounding = [
+        (name, WireTensor("f64", np.sqrt(sum_sq[name] / max(perturbations, 1))))
+        for name, _ in precise
+    ]
     return precise, rounding
 
 

@@ -28,7 +28,7 @@ pub struct ReferenceOutputs {
 }
 
 /// Rounding-sized nudges per case (the estimate is the largest response).
-const PERTURBATIONS: u32 = 2;
+const PERTURBATIONS: u32 = 4;
 
 /// The short name of a float dtype on the wire.
 pub fn dtype_name(dtype: DType) -> &'static str {
