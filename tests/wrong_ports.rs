@@ -3,7 +3,7 @@
 //! `golden::check` the attribute's generated test calls), because a `#[golden_layer]` test of a
 //! wrong port would fail by design.
 
-use candle_core::{DType, Module, Result, Tensor, D};
+use candle_core::{Module, Result, Tensor, D};
 use golden::compare::Verdict;
 use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
 
