@@ -17,11 +17,11 @@ The runtime's `compare.rs` turns these into the pass/fail rule; the float64 part
 from __future__ import annotations
 
 import copy
-import traceback
 
 import numpy as np
 
 from .backends import OutputError, flatten_outputs
+from .tracebacks import format_user_traceback
 from .wire import FLOAT_DTYPES, WireTensor
 
 UNIT_ROUNDOFF = {"f32": 2.0**-24, "f64": 2.0**-53, "f16": 2.0**-11, "bf16": 2.0**-8}
@@ -33,9 +33,7 @@ class ReferenceRaised(Exception):
     def __init__(self, phase: str, error: BaseException):
         super().__init__(f"{type(error).__name__}: {error}")
         self.phase = phase
-        self.traceback = "".join(
-            traceback.format_exception(type(error), error, error.__traceback__)
-        )
+        self.traceback = format_user_traceback(error)
 
 
 def torch_dtype(torch, name: str):

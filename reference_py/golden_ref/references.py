@@ -5,7 +5,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
-import traceback
+
+
+from .tracebacks import format_user_traceback
 
 
 class ReferenceError_(Exception):
@@ -43,7 +45,7 @@ def resolve(path: str):
             raise ReferenceError_(
                 "import",
                 f"importing `{module_name}` failed: {type(e).__name__}: {e}",
-                traceback.format_exc(),
+                format_user_traceback(e),
             ) from None
         except BaseException as e:  # a module that raises while importing, SyntaxError included
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -51,7 +53,7 @@ def resolve(path: str):
             raise ReferenceError_(
                 "import",
                 f"importing `{module_name}` raised {type(e).__name__}: {e}",
-                traceback.format_exc(),
+                format_user_traceback(e),
             ) from None
         obj = module
         walked = module_name

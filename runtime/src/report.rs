@@ -128,9 +128,6 @@ fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
         "backend" => "fix: install the backend's package into golden's interpreter (`cargo xtask \
                       setup`), or choose `backend = \"numpy\"`"
             .into(),
-        "return_type" => "fix: the reference must return a tensor, a tuple/list of tensors or a \
-                          dict of tensors"
-            .into(),
         "raised" => "the reference raised on this case; if the inputs are outside its domain, \
                      narrow `args(...)` (e.g. `~ uniform(lo, hi)`) or `dims(...)`"
             .into(),
@@ -244,6 +241,20 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
+            FailureKind::Case(c) if c.reference_error.is_some() => {
+                writeln!(
+                    out,
+                    "golden: `{}`: its reference `{}` failed on a generated case{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
+            FailureKind::Case(c) if c.port_error.is_some() && c.params.is_empty() => {
+                writeln!(
+                    out,
+                    "golden: `{}` failed on a generated case{dtype} (reference `{}`)",
+                    self.layer, self.reference
+                )?;
+            }
             FailureKind::Case(_) => {
                 writeln!(
                     out,
@@ -293,7 +304,7 @@ impl fmt::Display for Failure {
                 }
             }
             if let Some(e) = &c.reference_error {
-                writeln!(out, "  the reference failed on this case:\n  {e}")?;
+                writeln!(out, "  {e}")?;
                 if let Some(fix) = remote_fix(e, &self.reference) {
                     writeln!(out, "  {fix}")?;
                 }

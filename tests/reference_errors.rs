@@ -1,0 +1,222 @@
+//! A reference that cannot be reached or misbehaves must end in a message that names the fix,
+//! never a pass, a hang or a panic in a worker thread. The faulty references are in
+//! `reference_py/fault_ref`.
+
+use candle_core::{DType, Result, Tensor};
+use golden::{Dist, Failure, FailureKind, IntoOutputs, Layer, PortInputs};
+use std::collections::BTreeMap;
+
+fn layer(reference: &str) -> Layer {
+    Layer::function("port", reference)
+        .dim("n", 1, 8)
+        .arg("x", ["n"], Dist::default())
+        .cases(8)
+}
+
+fn identity(i: &PortInputs) -> std::result::Result<golden::Outputs, String> {
+    i.tensor(0).clone().into_outputs()
+}
+
+fn failure(layer: &Layer, port: &golden::Port<'_>) -> Failure {
+    match golden::check(layer, port) {
+        Ok(_) => panic!("`{}` passed", layer.reference),
+        Err(f) => f,
+    }
+}
+
+#[test]
+fn a_module_that_fails_to_import_shows_the_import_error() {
+    let f = failure(&layer("fault_ref.broken_import.fn"), &identity);
+    assert!(matches!(f.kind, FailureKind::Setup(_)), "{f:?}");
+    let msg = f.to_string();
+    assert!(
+        msg.contains("could not reach its reference `fault_ref.broken_import.fn`"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("ModuleNotFoundError: No module named 'a_dependency_that_is_not_installed'"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("Python traceback:") && msg.contains("broken_import.py"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("importlib"),
+        "importlib's frames are left out: {msg}"
+    );
+    assert!(
+        msg.contains("fix: make `fault_ref.broken_import.fn` importable"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_package_that_does_not_exist_names_the_import_roots() {
+    let msg = failure(&layer("no_such_package.layers.gelu"), &identity).to_string();
+    assert!(msg.contains("no module named `no_such_package`"), "{msg}");
+    assert!(
+        msg.contains("reference_py"),
+        "the roots searched are listed: {msg}"
+    );
+    assert!(msg.contains("GOLDEN_REFERENCE_PATH"), "{msg}");
+}
+
+#[test]
+fn a_misspelt_callable_suggests_the_right_one() {
+    let msg = failure(&layer("zoo_ref.gleu"), &identity).to_string();
+    assert!(
+        msg.contains("`zoo_ref` has no attribute `gleu`; did you mean `zoo_ref.gelu`?"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_value_that_is_not_callable_is_refused() {
+    let msg = failure(&layer("fault_ref.NOT_CALLABLE"), &identity).to_string();
+    assert!(
+        msg.contains("`fault_ref.NOT_CALLABLE` is a int, not a callable"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_reference_that_raises_shows_its_traceback_and_the_smallest_case() {
+    let f = failure(&layer("fault_ref.raises"), &identity);
+    let msg = f.to_string();
+    assert!(
+        msg.contains("its reference `fault_ref.raises` failed on a generated case in f32"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("golden_ref"),
+        "golden's own frames are left out: {msg}"
+    );
+    assert!(
+        msg.contains("ValueError: refusing a last dim of 3"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("Traceback") && msg.contains("fault_ref/__init__.py"),
+        "{msg}"
+    );
+    // The reference raises from n = 3 on: shrinking finds exactly that boundary.
+    assert_eq!(f.case.unwrap().dims, [("n".to_string(), 3)]);
+}
+
+#[test]
+fn a_python_float_is_not_a_tensor() {
+    let msg = failure(&layer("fault_ref.returns_float"), &identity).to_string();
+    assert!(msg.contains("`out` is a builtins.float"), "{msg}");
+    assert!(msg.contains("where a torch tensor was expected"), "{msg}");
+    assert!(
+        msg.contains("return a tensor, a tuple/list of tensors, or a dict of tensors"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn none_is_not_a_tensor() {
+    let msg = failure(&layer("fault_ref.returns_none"), &identity).to_string();
+    assert!(
+        msg.contains("`out` is None where a tensor was expected"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_string_inside_a_list_is_named_by_its_position() {
+    let msg = failure(&layer("fault_ref.returns_list_of_str"), &identity).to_string();
+    assert!(msg.contains("`out.1` is a builtins.str"), "{msg}");
+}
+
+#[test]
+fn a_reference_returning_two_outputs_against_a_port_returning_one() {
+    let msg = failure(&layer("fault_ref.returns_pair"), &identity).to_string();
+    assert!(
+        msg.contains("leaf `out.0` (f32 [1]): the reference returns it, the port does not"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("leaf `out.1` (f32 [1]): the reference returns it, the port does not"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("leaf `out` (f32 [1]): the port returns it, the reference does not"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_tuple_port_matches_a_tuple_reference() {
+    let port = |i: &PortInputs| -> std::result::Result<golden::Outputs, String> {
+        let x = i.tensor(0);
+        (|| -> Result<(Tensor, Tensor)> { Ok((x.clone(), (x * 2.0)?)) })().into_outputs()
+    };
+    golden::check(&layer("fault_ref.returns_pair"), &port).unwrap_or_else(|f| panic!("{f}"));
+}
+
+#[test]
+fn dict_outputs_are_compared_by_key() {
+    let port = |i: &PortInputs| -> std::result::Result<golden::Outputs, String> {
+        let x = i.tensor(0);
+        (|| -> Result<BTreeMap<&str, Tensor>> {
+            Ok(BTreeMap::from([
+                ("double", (x * 2.0)?),
+                ("half", (x / 2.0)?),
+            ]))
+        })()
+        .into_outputs()
+    };
+    golden::check(&layer("fault_ref.returns_dict"), &port).unwrap_or_else(|f| panic!("{f}"));
+    // And a wrong key is named.
+    let wrong = |i: &PortInputs| -> std::result::Result<golden::Outputs, String> {
+        let x = i.tensor(0);
+        (|| -> Result<BTreeMap<&str, Tensor>> {
+            Ok(BTreeMap::from([
+                ("double", (x * 2.0)?),
+                ("halved", (x / 2.0)?),
+            ]))
+        })()
+        .into_outputs()
+    };
+    let msg = failure(&layer("fault_ref.returns_dict"), &wrong).to_string();
+    assert!(
+        msg.contains("leaf `out.half`") && msg.contains("leaf `out.halved`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn an_output_in_another_float_dtype_says_to_convert_it() {
+    let msg = failure(&layer("fault_ref.two_outputs_wrong_dtype"), &identity).to_string();
+    assert!(
+        msg.contains("the port returns f32 [1], the reference f64 [1] — convert the output"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_function_used_in_module_form_is_refused() {
+    let layer =
+        Layer::module("port", "zoo_ref.gelu")
+            .dim("n", 1, 8)
+            .arg("x", ["n"], Dist::default());
+    let msg = failure(&layer, &identity).to_string();
+    assert!(
+        msg.contains("must be an nn.Module class; it is a function"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn the_numpy_backend_runs_numpy_references() {
+    // numpy.tanh is itself the reference: it receives an ndarray and returns one.
+    let layer = Layer::function("tanh", "numpy.tanh")
+        .backend(golden::Backend::Numpy)
+        .dim("n", 1, 64)
+        .arg("x", ["n"], Dist::default())
+        .dtypes(&[DType::F32, DType::F64]);
+    let port = |i: &PortInputs| i.tensor(0).tanh().into_outputs();
+    golden::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
+}
