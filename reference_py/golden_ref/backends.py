@@ -21,13 +21,18 @@ class OutputError(Exception):
     """A reference returned something that is not a tensor (or a container of tensors)."""
 
 
+def _writable(array: np.ndarray) -> np.ndarray:
+    """Arrays decoded from a frame are writable views of its buffer; copy only read-only ones."""
+    return array if array.flags.writeable else array.copy()
+
+
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
     """Round float32 to bfloat16 (round to nearest even, NaN kept NaN) and return the bit patterns."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    bits = np.asarray(values, dtype=np.float32, order="C").view(np.uint32)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     nan = np.isnan(values)
     if nan.any():
@@ -45,7 +50,7 @@ class NumpyBackend:
         if t.dtype == "bf16":
             # NumPy has no bfloat16: the reference sees the same values in float32.
             return bf16_bits_to_f32(t.array)
-        return np.array(t.array, copy=True)
+        return _writable(t.array)
 
     def is_tensor(self, x) -> bool:
         return isinstance(x, (np.ndarray, np.generic)) and not isinstance(x, (np.str_, np.bytes_))
@@ -103,7 +108,7 @@ def _wire_from_numpy(x: np.ndarray) -> WireTensor:
     name = table.get(x.dtype)
     if name is None:
         raise OutputError(f"an output has dtype {x.dtype}, which golden cannot carry")
-    return WireTensor(name, np.ascontiguousarray(x))
+    return WireTensor(name, np.asarray(x, order="C"))
 
 
 class TorchBackend:
@@ -135,8 +140,8 @@ class TorchBackend:
     def to_native(self, t: WireTensor):
         torch = self.torch
         if t.dtype == "bf16":
-            return torch.from_numpy(t.array.view(np.int16).copy()).view(torch.bfloat16)
-        return torch.from_numpy(np.array(t.array, copy=True))
+            return torch.from_numpy(_writable(t.array).view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(_writable(t.array))
 
     def is_tensor(self, x) -> bool:
         return isinstance(x, self.torch.Tensor) or isinstance(x, np.ndarray)

@@ -67,37 +67,40 @@ class WireTensor:
         return f"WireTensor({self.dtype}, {list(self.shape)})"
 
 
-def _read_exact(stream, n: int) -> bytes | None:
-    """Read exactly n bytes, or None on a clean EOF before the first byte."""
-    chunks = []
-    remaining = n
-    while remaining:
-        chunk = stream.read(remaining)
-        if not chunk:
-            if remaining == n:
-                return None
-            raise ProtocolError(f"stream ended inside a frame ({n - remaining} of {n} bytes read)")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+def _read_into(stream, buffer: memoryview) -> int:
+    """Fill `buffer` from the stream; returns how many bytes arrived (fewer only at EOF)."""
+    filled = 0
+    while filled < len(buffer):
+        n = stream.readinto(buffer[filled:])
+        if not n:
+            break
+        filled += n
+    return filled
 
 
 def read_frame(stream):
-    """Read one frame: returns (request id, header dict, list of WireTensor), or None at EOF."""
-    head = _read_exact(stream, 4)
-    if head is None:
+    """Read one frame: returns (request id, header dict, list of WireTensor), or None at EOF.
+
+    The body is read into one writable buffer that the frame's arrays then share: no copies.
+    """
+    head = bytearray(4)
+    got = _read_into(stream, memoryview(head))
+    if got == 0:
         return None
+    if got < 4:
+        raise ProtocolError(f"stream ended inside a frame length ({got} of 4 bytes)")
     (length,) = struct.unpack("<I", head)
     if length > MAX_FRAME:
         raise ProtocolError(f"frame of {length} bytes is larger than the limit of {MAX_FRAME}")
-    body = _read_exact(stream, length)
-    if body is None:
-        raise ProtocolError("stream ended after a frame length")
+    body = bytearray(length)
+    got = _read_into(stream, memoryview(body))
+    if got < length:
+        raise ProtocolError(f"stream ended inside a frame ({got} of {length} bytes)")
     return decode_body(body)
 
 
-def decode_body(body: bytes):
-    """Decode the part of a frame after its length prefix."""
+def decode_body(body):
+    """Decode the part of a frame after its length prefix (arrays are views into `body`)."""
     view = memoryview(body)
     pos = 0
 
@@ -146,25 +149,33 @@ def decode_body(body: bytes):
     return request_id, header, tensors
 
 
-def encode_frame(request_id: int, header: dict, tensors: list[WireTensor]) -> bytes:
-    """Encode one frame, length prefix included."""
+def frame_parts(request_id: int, header: dict, tensors: list[WireTensor]) -> list:
+    """The frame as a list of buffers, length prefix first; tensor data is not copied."""
     header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
     parts = [MAGIC, struct.pack("<QI", request_id, len(header_bytes)), header_bytes]
     parts.append(struct.pack("<I", len(tensors)))
     for t in tensors:
-        array = np.ascontiguousarray(t.array, dtype=DTYPES[CODES[t.dtype]][1])
+        array = np.asarray(t.array, dtype=DTYPES[CODES[t.dtype]][1], order="C")
         parts.append(struct.pack("<BB", CODES[t.dtype], array.ndim))
         if array.ndim:
             parts.append(struct.pack(f"<{array.ndim}Q", *array.shape))
-        data = array.tobytes()
-        parts.append(struct.pack("<Q", len(data)))
-        parts.append(data)
-    body = b"".join(parts)
-    return struct.pack("<I", len(body)) + body
+        parts.append(struct.pack("<Q", array.nbytes))
+        if array.nbytes:
+            parts.append(memoryview(array.reshape(-1)).cast("B"))
+    length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"a frame of {length} bytes exceeds the limit of {MAX_FRAME}")
+    return [struct.pack("<I", length)] + parts
+
+
+def encode_frame(request_id: int, header: dict, tensors: list[WireTensor]) -> bytes:
+    """Encode one frame, length prefix included."""
+    return b"".join(frame_parts(request_id, header, tensors))
 
 
 def write_frame(stream, request_id: int, header: dict, tensors: list[WireTensor]) -> None:
-    stream.write(encode_frame(request_id, header, tensors))
+    for part in frame_parts(request_id, header, tensors):
+        stream.write(part)
     stream.flush()
 
 
