@@ -220,3 +220,12 @@ fn the_numpy_backend_runs_numpy_references() {
     let port = |i: &PortInputs| i.tensor(0).tanh().into_outputs();
     golden::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
 }
+
+#[test]
+fn a_scalar_output_keeps_its_empty_shape() {
+    // torch.sum returns a 0-d tensor; so does candle's sum_all.
+    let port = |i: &PortInputs| i.tensor(0).sum_all().into_outputs();
+    let report = golden::check(&layer("torch.sum"), &port).unwrap_or_else(|f| panic!("{f}"));
+    let leaf = &report.runs[0].cases[0].leaves[0];
+    assert_eq!(leaf.reference.as_ref().unwrap().0, Vec::<usize>::new());
+}

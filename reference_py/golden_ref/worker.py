@@ -93,7 +93,7 @@ class Worker:
             int(header["seed"]),
             header["dtype"],
         )
-        result = forward(case, int(header.get("perturbations", 2)))
+        result = forward(case, int(header.get("perturbations", 4)), bool(header.get("precise", True)))
         table = wire.TensorTable()
 
         def named(leaves):

@@ -537,12 +537,20 @@ mod tests {
             WireDType::F32 => HostTensor {
                 dtype,
                 shape: f.shape.clone(),
-                data: v.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect(),
+                data: v
+                    .iter()
+                    .flat_map(|x| (*x as f32).to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
             },
             WireDType::I64 => HostTensor {
                 dtype,
                 shape: f.shape.clone(),
-                data: v.iter().flat_map(|x| (*x as i64).to_le_bytes()).collect(),
+                data: v
+                    .iter()
+                    .flat_map(|x| (*x as i64).to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
             },
             _ => unimplemented!(),
         }

@@ -281,22 +281,22 @@ pub fn make_arg(arg: &ArgSpec, case: &CaseParams, dtype: DType) -> Result<HostTe
             }
             let mut rng = Rng::new(case.seed, &arg.name);
             let span = (hi - lo) as u64;
-            let data = (0..n)
+            let data: Vec<u8> = (0..n)
                 .flat_map(|_| (lo + rng.below(span) as i64).to_le_bytes())
                 .collect();
             Ok(HostTensor {
                 dtype: WireDType::I64,
                 shape,
-                data,
+                data: data.into(),
             })
         }
         Dist::Bool => {
             let mut rng = Rng::new(case.seed, &arg.name);
-            let data = (0..n).map(|_| (rng.next_u64() >> 63) as u8).collect();
+            let data: Vec<u8> = (0..n).map(|_| (rng.next_u64() >> 63) as u8).collect();
             Ok(HostTensor {
                 dtype: WireDType::Bool,
                 shape,
-                data,
+                data: data.into(),
             })
         }
     }
@@ -335,7 +335,7 @@ pub fn float_tensor(shape: Vec<usize>, values: &[f64], dtype: DType) -> HostTens
     HostTensor {
         dtype: wire,
         shape,
-        data,
+        data: data.into(),
     }
 }
 

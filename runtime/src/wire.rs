@@ -13,6 +13,7 @@
 //! other half of this file. Decoding never trusts a length: every count is checked against the
 //! bytes actually present before anything is allocated.
 
+use bytes::Bytes;
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value as Json;
 use std::fmt;
@@ -153,8 +154,9 @@ pub struct HostTensor {
     pub dtype: WireDType,
     /// Shape.
     pub shape: Vec<usize>,
-    /// `numel × dtype.size()` little-endian bytes.
-    pub data: Vec<u8>,
+    /// `numel × dtype.size()` little-endian bytes. Shared, so cloning a tensor (into a request, a
+    /// store, an artifact) and decoding a frame copy no data.
+    pub data: Bytes,
 }
 
 impl fmt::Debug for HostTensor {
@@ -185,7 +187,7 @@ impl HostTensor {
             DType::BF16 => bytes_of(&flat.to_vec1::<half::bf16>()?),
             DType::I64 => bytes_of(&flat.to_vec1::<i64>()?),
             DType::U32 => bytes_of(&flat.to_vec1::<u32>()?),
-            DType::U8 => flat.to_vec1::<u8>()?,
+            DType::U8 => flat.to_vec1::<u8>()?.into(),
             DType::I32 => bytes_of(&flat.to_vec1::<i32>()?),
             DType::I16 => bytes_of(&flat.to_vec1::<i16>()?),
             _ => unreachable!("checked by from_candle"),
@@ -261,9 +263,9 @@ impl HostTensor {
     }
 }
 
-fn bytes_of<T: bytemuck::Pod>(values: &[T]) -> Vec<u8> {
+fn bytes_of<T: bytemuck::Pod>(values: &[T]) -> Bytes {
     // Every supported target of candle is little-endian, which is the wire's byte order.
-    bytemuck::cast_slice(values).to_vec()
+    Bytes::copy_from_slice(bytemuck::cast_slice(values))
 }
 
 fn chunks<const N: usize>(data: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
@@ -369,9 +371,12 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Decode a frame body (the bytes after the length prefix).
-pub fn decode_body(body: &[u8]) -> Result<Frame, WireError> {
-    let mut c = Cursor { data: body, pos: 0 };
+/// Decode a frame body (the bytes after the length prefix). Tensor data are slices of `body`.
+pub fn decode_body(body: Bytes) -> Result<Frame, WireError> {
+    let mut c = Cursor {
+        data: &body,
+        pos: 0,
+    };
     if c.take(4)? != MAGIC {
         return Err(malformed("bad magic: not a golden frame"));
     }
@@ -413,11 +418,12 @@ pub fn decode_body(body: &[u8]) -> Result<Frame, WireError> {
                 "tensor {index}: {nbytes} bytes for {dtype} {shape:?}"
             )));
         }
-        let data = c.take(usize::try_from(nbytes).map_err(|_| malformed("tensor too large"))?)?;
+        let start = c.pos;
+        c.take(usize::try_from(nbytes).map_err(|_| malformed("tensor too large"))?)?;
         tensors.push(HostTensor {
             dtype,
             shape,
-            data: data.to_vec(),
+            data: body.slice(start..c.pos),
         });
     }
     if c.pos != body.len() {
@@ -447,9 +453,9 @@ pub fn read_frame(reader: &mut impl Read) -> Result<Frame, WireError> {
             "frame of {len} bytes exceeds {MAX_FRAME}"
         )));
     }
-    // Read in bounded steps: a lying length on a short stream fails at EOF without first
-    // allocating the whole claimed size.
-    let mut body = Vec::with_capacity(len.min(1 << 20));
+    // A lying length on a short stream fails at EOF having allocated at most 256 MiB up front;
+    // honest frames up to that size arrive without a single reallocation.
+    let mut body = Vec::with_capacity(len.min(256 << 20));
     let got = reader
         .take(len as u64)
         .read_to_end(&mut body)
@@ -459,7 +465,7 @@ pub fn read_frame(reader: &mut impl Read) -> Result<Frame, WireError> {
             "stream ended inside a frame ({got} of {len} bytes)"
         )));
     }
-    decode_body(&body)
+    decode_body(body.into())
 }
 
 /// Write one frame and flush.
@@ -508,7 +514,7 @@ mod tests {
                 HostTensor {
                     dtype: WireDType::Bool,
                     shape: vec![],
-                    data: vec![1],
+                    data: Bytes::from_static(&[1]),
                 },
             ],
         }
