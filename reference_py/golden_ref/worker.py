@@ -72,7 +72,8 @@ class Worker:
             return info, []
         if op == "load":
             self.reference(header["reference"], header["form"], header["backend"])
-            return {}, []
+            version = self.backend(header["backend"]).check_available()
+            return ({header["backend"]: version} if version else {}), []
         if op == "forward":
             return self.forward(header, tensors)
         raise wire.ProtocolError(f"unknown op {op!r}")

@@ -4,8 +4,8 @@
 //! on the same generated inputs, compares with sound tolerances, shrinks failures to the smallest
 //! case and keeps an insta snapshot of how far the port is from the reference.
 //!
-//! ```ignore
-//! use candle_core::{Result, Tensor};
+//! ```no_run
+//! use candle_core::{Result, Tensor, D};
 //! use golden::golden_layer;
 //!
 //! #[golden_layer(
@@ -15,9 +15,12 @@
 //!     consts(eps = 1e-5),
 //! )]
 //! fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
-//!     // ...
-//! #   unimplemented!()
+//!     let centered = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+//!     let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+//!     let normed = centered.broadcast_div(&(var + eps)?.sqrt()?)?;
+//!     normed.broadcast_mul(weight)?.broadcast_add(bias)
 //! }
+//! # fn main() {}
 //! ```
 //!
 //! Where things live: the layer description ([`layer`]), generated inputs ([`inputs`]), the Python

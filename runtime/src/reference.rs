@@ -67,11 +67,12 @@ impl Live {
     }
 
     /// Start (or reuse) a worker and resolve the reference: the errors a user fixes once
-    /// (interpreter, imports, a misspelt callable) surface here, before any case runs.
+    /// (interpreter, imports, a misspelt callable) surface here, before any case runs. Returns the
+    /// versions of Python, NumPy and the backend.
     pub fn load(&self, layer: &Layer) -> Result<Json, WorkerError> {
         let mut worker = pool().check_out(&self.key)?;
         let during = format!("importing `{}`", layer.reference);
-        worker.request(
+        let (loaded, _) = worker.request(
             json!({
                 "op": "load",
                 "reference": layer.reference,
@@ -82,7 +83,16 @@ impl Live {
             self.timeout.max(Duration::from_secs(180)),
             &during,
         )?;
-        Ok(worker.info.clone())
+        let mut versions = worker.info.clone();
+        if let (Some(all), Some(backend)) = (versions.as_object_mut(), loaded.as_object()) {
+            all.extend(
+                backend
+                    .iter()
+                    .filter(|(k, _)| *k != "ok")
+                    .map(|(k, v)| (k.clone(), v.clone())),
+            );
+        }
+        Ok(versions)
     }
 
     /// Run the reference on one case.

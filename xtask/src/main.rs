@@ -1,0 +1,222 @@
+//! The project's own tasks: `cargo xtask <task>`.
+//!
+//! * `setup` — create golden's Python venv outside the checkout (`GOLDEN_VENV`, default
+//!   `~/.cache/golden/venv`) and install `reference_py` with numpy and torch into it; reused while
+//!   `reference_py/pyproject.toml` is unchanged.
+//! * `zoo` — setup, run the example zoo's parity checks, print their report.
+//! * `test` — setup, run every test of the workspace and the Python side's unit tests.
+//!
+//! `zoo` and `test` build the Rust side while pip installs the Python side: on a fresh machine
+//! the two take about as long as each other.
+//!
+//! It does not depend on the `golden` crate, so that it starts before candle is compiled.
+
+use serde_json::Value as Json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+/// Same default as the runtime's `env::default_venv`: keep the two in step.
+fn venv() -> PathBuf {
+    if let Some(v) = std::env::var_os("GOLDEN_VENV").filter(|v| !v.is_empty()) {
+        return PathBuf::from(v);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .expect("HOME or XDG_CACHE_HOME must be set (or GOLDEN_VENV)");
+    cache.join("golden").join("venv")
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let status = cmd
+        .status()
+        .map_err(|e| format!("could not run {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed ({status})"))
+    }
+}
+
+/// Create the venv and install the Python side into it, unless that was done for this very
+/// pyproject.toml. Returns the venv's interpreter.
+fn setup() -> Result<PathBuf, String> {
+    let venv = venv();
+    let python = venv.join("bin").join("python");
+    let pyproject = root().join("reference_py").join("pyproject.toml");
+    let wanted = std::fs::read_to_string(&pyproject).map_err(|e| format!("{pyproject:?}: {e}"))?;
+    let stamp = venv.join("golden-setup.stamp");
+    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
+        eprintln!("golden: Python side ready in {}", venv.display());
+        return Ok(python);
+    }
+    let started = Instant::now();
+    if !python.exists() {
+        eprintln!("golden: creating a venv in {} ...", venv.display());
+        let bootstrap =
+            std::env::var("GOLDEN_BOOTSTRAP_PYTHON").unwrap_or_else(|_| "python3".into());
+        run(Command::new(&bootstrap).args(["-m", "venv"]).arg(&venv)).map_err(|e| {
+            format!("{e}\n  golden needs python3 (3.9 or newer) with its venv module to create its venv")
+        })?;
+    }
+    eprintln!("golden: installing numpy and torch into it (first time: ~2 min, 5.4 GB) ...");
+    run(Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--upgrade",
+        ])
+        .arg(format!("{}[torch]", root().join("reference_py").display())))?;
+    std::fs::write(&stamp, wanted).map_err(|e| format!("{stamp:?}: {e}"))?;
+    eprintln!(
+        "golden: Python side ready ({:.0} s)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(python)
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+/// Run the setup on a thread while cargo builds `build_args`.
+fn setup_while_building(build_args: &[&str]) -> Result<PathBuf, String> {
+    let setup = std::thread::spawn(setup);
+    let built = run(cargo().args(build_args));
+    let python = setup
+        .join()
+        .map_err(|_| "the setup thread panicked".to_string())??;
+    built?;
+    Ok(python)
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+fn fmt_num(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else {
+        format!("{x:.1e}")
+    }
+}
+
+/// Print the zoo's results, as written by the runtime under `target/golden/results/golden_zoo/`.
+fn print_zoo_report() -> Result<(), String> {
+    let dir = target_dir()
+        .join("golden")
+        .join("results")
+        .join("golden_zoo");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("no results in {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let docs: Vec<Json> = files
+        .iter()
+        .filter_map(|p| serde_json::from_slice(&std::fs::read(p).ok()?).ok())
+        .collect();
+    let source = docs
+        .iter()
+        .find_map(|d| d["source"].as_str())
+        .unwrap_or("(no check reached its reference)");
+    println!("\ngolden zoo: {} checks, reference {source}\n", docs.len());
+    println!(
+        "{:<36} {:<6} {:<6} {:>6} {:>15} {:>14}",
+        "check", "dtype", "status", "cases", "max |port-ref|", "worst/allowed"
+    );
+    let mut failures = Vec::new();
+    for doc in &docs {
+        let check = doc["check"].as_str().unwrap_or("?");
+        let status = doc["status"].as_str().unwrap_or("?");
+        if status != "pass" {
+            println!("{check:<36} {:<6} {status:<6}", "-");
+            failures.push(doc);
+            continue;
+        }
+        for leaf in doc["leaves"].as_array().into_iter().flatten() {
+            println!(
+                "{:<36} {:<6} {status:<6} {:>6} {:>15} {:>14}",
+                format!("{check} {}", leaf["leaf"].as_str().unwrap_or("")),
+                leaf["dtype"].as_str().unwrap_or("?"),
+                doc["cases"].as_u64().unwrap_or(0),
+                fmt_num(leaf["max_abs"].as_f64().unwrap_or(f64::NAN)),
+                format!("{:.3}", leaf["worst_ratio"].as_f64().unwrap_or(f64::NAN)),
+            );
+        }
+    }
+    for doc in failures {
+        println!("\n{}", doc["failure"].as_str().unwrap_or("(no message)"));
+    }
+    Ok(())
+}
+
+fn zoo() -> Result<(), String> {
+    let python =
+        setup_while_building(&["build", "--quiet", "-p", "golden-zoo", "--lib", "--tests"])?;
+    let results = target_dir()
+        .join("golden")
+        .join("results")
+        .join("golden_zoo");
+    let _ = std::fs::remove_dir_all(&results);
+    let tests = run(cargo()
+        .args(["test", "--quiet", "-p", "golden-zoo", "--lib"])
+        .env("GOLDEN_PYTHON", &python));
+    print_zoo_report()?;
+    tests
+}
+
+fn test() -> Result<(), String> {
+    let python = setup_while_building(&["build", "--quiet", "--workspace", "--tests"])?;
+    run(cargo()
+        .args(["test", "--workspace"])
+        .env("GOLDEN_PYTHON", &python))?;
+    eprintln!("golden: the Python side's unit tests");
+    run(Command::new(&python)
+        .args([
+            "-B",
+            "-m",
+            "unittest",
+            "discover",
+            "--start-directory",
+            "tests",
+            "--top-level-directory",
+            ".",
+        ])
+        .current_dir(root().join("reference_py")))
+}
+
+fn main() -> ExitCode {
+    let task = std::env::args().nth(1).unwrap_or_default();
+    let result = match task.as_str() {
+        "setup" => setup().map(|python| println!("{}", python.display())),
+        "zoo" => zoo(),
+        "test" => test(),
+        _ => Err("usage: cargo xtask setup | zoo | test".into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
