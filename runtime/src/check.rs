@@ -219,7 +219,16 @@ struct Settings {
 }
 
 fn settings(layer: &Layer) -> Result<Settings, String> {
-    env::mode()?;
+    match env::mode()? {
+        env::Mode::Auto | env::Mode::Live => {}
+        other => {
+            return Err(format!(
+                "GOLDEN_MODE={} needs the golden store of recorded reference outputs, which this \
+                 version of golden does not have yet; use live (or auto, which is live here)",
+                other.as_str()
+            ))
+        }
+    }
     let seed = env::seed()?;
     let cases = env::cases()?;
     Ok(Settings {
