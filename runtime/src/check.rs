@@ -14,7 +14,8 @@ use crate::wire::HostTensor;
 use crate::worker::WorkerError;
 use candle_core::{DType, Device};
 use proptest::test_runner::{
-    Config, FileFailurePersistence, RngSeed, TestCaseError, TestError, TestRunner,
+    Config, FailurePersistence, FileFailurePersistence, RngSeed, TestCaseError, TestError,
+    TestRunner,
 };
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -37,8 +38,11 @@ pub struct CaseRecord {
 pub struct DTypeRun {
     /// The dtype.
     pub dtype: DType,
-    /// Its cases, in the order they ran.
+    /// The generated cases, in the order they ran.
     pub cases: Vec<CaseRecord>,
+    /// Cases replayed first from proptest's regression file (they passed too). Kept apart so that
+    /// the snapshot describes the declared cases whatever the regression file holds.
+    pub replayed: Vec<CaseRecord>,
 }
 
 /// A passing check.
@@ -285,14 +289,15 @@ fn run_dtype(
     live: &Live,
     settings: &Settings,
 ) -> Result<DTypeRun, Failure> {
+    let persistence = FileFailurePersistence::SourceParallel("proptest-regressions");
+    // proptest replays the seeds of its regression file before generating new cases.
+    let replays = layer
+        .source_file
+        .map_or(0, |f| persistence.load_persisted_failures2(Some(f)).len());
     let config = Config {
         cases: settings.cases,
         source_file: layer.source_file,
-        failure_persistence: layer.source_file.map(|_| {
-            Box::new(FileFailurePersistence::SourceParallel(
-                "proptest-regressions",
-            )) as _
-        }),
+        failure_persistence: layer.source_file.map(|_| Box::new(persistence) as _),
         rng_seed: RngSeed::Fixed(layer_seed(settings.seed, layer)),
         max_shrink_iters: 1024,
         max_shrink_time: 120_000,
@@ -337,10 +342,15 @@ fn run_dtype(
         f
     };
     match result {
-        Ok(()) => Ok(DTypeRun {
-            dtype,
-            cases: records.into_inner(),
-        }),
+        Ok(()) => {
+            let mut cases = records.into_inner();
+            let replayed = cases.drain(..replays.min(cases.len())).collect();
+            Ok(DTypeRun {
+                dtype,
+                cases,
+                replayed,
+            })
+        }
         Err(TestError::Fail(_, minimal)) => {
             if let Some((case, e)) = fatal.into_inner() {
                 return Err(failure(FailureKind::Worker(e), case));

@@ -1,0 +1,80 @@
+//! The snapshot describes the declared cases: the same whatever proptest's regression file holds,
+//! and the same from run to run.
+
+use golden::{Dist, IntoOutputs, Layer, PortInputs};
+use std::path::PathBuf;
+
+/// A throwaway crate layout (`src/lib.rs`, `src/check.rs`) for proptest's regression file.
+fn scratch_crate(name: &str) -> (PathBuf, &'static str) {
+    let dir = std::env::temp_dir().join(format!("golden-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    std::fs::write(dir.join("src/lib.rs"), "").unwrap();
+    std::fs::write(dir.join("src/check.rs"), "").unwrap();
+    let source: &'static str = Box::leak(
+        dir.join("src/check.rs")
+            .display()
+            .to_string()
+            .into_boxed_str(),
+    );
+    (dir, source)
+}
+
+fn layer(source: &'static str) -> Layer {
+    Layer::function("gelu", "zoo_ref.gelu")
+        .dim("n", 1, 64)
+        .arg("x", ["n"], Dist::default())
+        .declared_at(source, env!("CARGO_MANIFEST_DIR"), "scratch::gelu")
+}
+
+#[test]
+fn replayed_regressions_must_pass_but_do_not_change_the_snapshot() {
+    let (dir, source) = scratch_crate("replay");
+    let right = |i: &PortInputs| i.tensor(0).gelu_erf().into_outputs();
+    let before = golden::check(&layer(source), &right).unwrap_or_else(|f| panic!("{f}"));
+    assert!(before.runs[0].replayed.is_empty());
+
+    // A wrong port fails and proptest records the failing seed beside the "source".
+    let wrong = |i: &PortInputs| i.tensor(0).gelu().into_outputs();
+    assert!(golden::check(&layer(source), &wrong).is_err());
+    let regressions = dir.join("proptest-regressions/check.txt");
+    let saved = std::fs::read_to_string(&regressions).expect("proptest wrote its regression file");
+    assert!(saved.lines().any(|l| l.starts_with("cc ")), "{saved}");
+
+    // The fixed port replays that case first, then the declared ones: same snapshot as before.
+    let after = golden::check(&layer(source), &right).unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!(after.runs[0].replayed.len(), 1);
+    assert_eq!(after.runs[0].cases.len(), before.runs[0].cases.len());
+    assert_eq!(after.snapshot(), before.snapshot());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_same_seed_gives_the_same_cases_and_snapshot() {
+    let layer = Layer::function("silu", "zoo_ref.silu")
+        .dim("b", 1, 4)
+        .dim("n", 1, 64)
+        .arg("x", ["b", "n"], Dist::default())
+        .declared_at(
+            "tests/determinism.rs",
+            env!("CARGO_MANIFEST_DIR"),
+            "scratch::silu",
+        );
+    let port = |i: &PortInputs| candle_nn::ops::silu(i.tensor(0)).into_outputs();
+    let a = golden::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
+    let b = golden::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
+    let params = |r: &golden::Report| {
+        r.runs[0]
+            .cases
+            .iter()
+            .map(|c| c.params.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(params(&a), params(&b));
+    assert_eq!(a.snapshot(), b.snapshot());
+    // Cases vary: both bounds of a dim and several value styles come up in 32 cases.
+    let ps = params(&a);
+    assert!(ps.iter().any(|p| p.dims[0].1 == 1) && ps.iter().any(|p| p.dims[0].1 == 4));
+    let styles: std::collections::HashSet<_> = ps.iter().map(|p| p.style).collect();
+    assert!(styles.len() >= 4, "{styles:?}");
+}
