@@ -192,7 +192,6 @@ fn run_port(
                 name.clone(),
                 Expected {
                     value,
-                    precise: find_leaf(&reference.precise, name),
                     rounding: find_leaf(&reference.rounding, name),
                 },
             )
