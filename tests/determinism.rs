@@ -24,7 +24,11 @@ fn layer(source: &'static str) -> Layer {
     Layer::function("gelu", "zoo_ref.gelu")
         .dim("n", 1, 64)
         .arg("x", ["n"], Dist::default())
-        .declared_at(source, env!("CARGO_MANIFEST_DIR"), "scratch::gelu")
+        .declared_at(golden::Declared {
+            source_file: source,
+            module_path: "scratch::gelu",
+            ..golden::declared!()
+        })
 }
 
 #[test]
@@ -55,11 +59,10 @@ fn the_same_seed_gives_the_same_cases_and_snapshot() {
         .dim("b", 1, 4)
         .dim("n", 1, 64)
         .arg("x", ["b", "n"], Dist::default())
-        .declared_at(
-            "tests/determinism.rs",
-            env!("CARGO_MANIFEST_DIR"),
-            "scratch::silu",
-        );
+        .declared_at(golden::Declared {
+            module_path: "scratch::silu",
+            ..golden::declared!()
+        });
     let port = |i: &PortInputs| candle_nn::ops::silu(i.tensor(0)).into_outputs();
     let a = golden::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
     let b = golden::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));

@@ -319,7 +319,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             #[test]
             fn matches_reference() {
                 let layer = ::golden::Layer::#constructor(#name, #reference)
-                    .declared_at(::std::file!(), ::std::env!("CARGO_MANIFEST_DIR"), ::std::module_path!())
+                    .declared_at(::golden::declared!())
                     .backend(#backend)
                     #(#dim_calls)*
                     #(#arg_calls)*
@@ -337,9 +337,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                 match report.snapshot() {
                     ::std::option::Option::Some(text) => {
                         let mut settings = ::golden::__private::insta::Settings::clone_current();
-                        settings.set_snapshot_path(::golden::__private::snapshot_dir(
-                            ::std::env!("CARGO_MANIFEST_DIR"),
-                        ));
+                        settings.set_snapshot_path(layer.declared.unwrap().snapshot_dir);
                         settings.set_prepend_module_to_snapshot(false);
                         settings.set_omit_expression(true);
                         settings.bind(|| {

@@ -290,13 +290,12 @@ fn run_dtype(
 ) -> Result<DTypeRun, Failure> {
     let persistence = FileFailurePersistence::SourceParallel("proptest-regressions");
     // proptest replays the seeds of its regression file before generating new cases.
-    let replays = layer
-        .source_file
-        .map_or(0, |f| persistence.load_persisted_failures2(Some(f)).len());
+    let source_file = layer.declared.map(|d| d.source_file);
+    let replays = source_file.map_or(0, |f| persistence.load_persisted_failures2(Some(f)).len());
     let config = Config {
         cases: settings.cases,
-        source_file: layer.source_file,
-        failure_persistence: layer.source_file.map(|_| Box::new(persistence) as _),
+        source_file,
+        failure_persistence: source_file.map(|_| Box::new(persistence) as _),
         rng_seed: RngSeed::Fixed(layer_seed(settings.seed, layer)),
         max_shrink_iters: 1024,
         max_shrink_time: 120_000,

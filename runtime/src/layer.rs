@@ -312,12 +312,38 @@ pub struct Layer {
     pub tol: Option<Tol>,
     /// Number of generated cases per dtype (`GOLDEN_CASES` overrides).
     pub cases: u32,
-    /// Source file of the check, for proptest's regression file (set by the macro from `file!()`).
-    pub source_file: Option<&'static str>,
-    /// Cargo manifest dir of the crate under test (import roots, snapshots, artifacts).
-    pub manifest_dir: Option<&'static str>,
-    /// Module path of the check (names snapshot files).
-    pub module_path: Option<&'static str>,
+    /// Where the check is declared (set by the macro with [`declared!`](crate::declared)); without
+    /// it there is no regression file, no snapshot path and no golden store.
+    pub declared: Option<Declared>,
+}
+
+/// Where a check is declared: what `golden::declared!()` captures in the crate under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Declared {
+    /// `file!()`: proptest keeps failing seeds beside it.
+    pub source_file: &'static str,
+    /// `module_path!()`: names the check's snapshot, store and results.
+    pub module_path: &'static str,
+    /// The crate's manifest dir: `<it>/reference_py` is an import root.
+    pub manifest_dir: &'static str,
+    /// The package name, for the commands golden prints (`cargo test -p <it>`).
+    pub package: &'static str,
+    /// Where the check's snapshot and golden store live (`<manifest dir>/snapshots`).
+    pub snapshot_dir: &'static str,
+}
+
+/// Capture where a check is declared, in the crate that expands it.
+#[macro_export]
+macro_rules! declared {
+    () => {
+        $crate::Declared {
+            source_file: ::std::file!(),
+            module_path: ::std::module_path!(),
+            manifest_dir: ::std::env!("CARGO_MANIFEST_DIR"),
+            package: ::std::env!("CARGO_PKG_NAME"),
+            snapshot_dir: ::std::concat!(::std::env!("CARGO_MANIFEST_DIR"), "/snapshots"),
+        }
+    };
 }
 
 /// Default number of generated cases.
@@ -337,9 +363,7 @@ impl Layer {
             dtypes: vec![DType::F32],
             tol: None,
             cases: DEFAULT_CASES,
-            source_file: None,
-            manifest_dir: None,
-            module_path: None,
+            declared: None,
         }
     }
 
@@ -414,19 +438,28 @@ impl Layer {
         self
     }
 
-    /// Where the check is declared: proptest then keeps failing seeds beside it, and snapshots and
-    /// import roots are found from the crate's manifest dir. The macro passes `file!()`,
-    /// `env!("CARGO_MANIFEST_DIR")` and `module_path!()`.
-    pub fn declared_at(
-        mut self,
-        source_file: &'static str,
-        manifest_dir: &'static str,
-        module_path: &'static str,
-    ) -> Self {
-        self.source_file = Some(source_file);
-        self.manifest_dir = Some(manifest_dir);
-        self.module_path = Some(module_path);
+    /// Where the check is declared: `layer.declared_at(golden::declared!())`.
+    pub fn declared_at(mut self, declared: Declared) -> Self {
+        self.declared = Some(declared);
         self
+    }
+
+    /// The check's name for files: the module path without the crate, `::` as `__`, ending with
+    /// the layer's name (`activations::gelu` → `activations__gelu`).
+    pub fn check_name(&self) -> String {
+        let Some(declared) = &self.declared else {
+            return self.name.clone();
+        };
+        let mut parts: Vec<&str> = declared.module_path.split("::").skip(1).collect();
+        if parts.last() != Some(&self.name.as_str()) {
+            parts.push(&self.name);
+        }
+        parts.join("__")
+    }
+
+    /// The crate's manifest dir, if declared.
+    pub fn manifest_dir(&self) -> Option<&'static str> {
+        self.declared.map(|d| d.manifest_dir)
     }
 
     /// The symbolic description of an argument, e.g. `x [b, t, d] ~ normal(0.0, 1.0)`.

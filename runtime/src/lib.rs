@@ -50,7 +50,7 @@ pub mod worker;
 
 pub use check::{check, Port, Report};
 pub use golden_macros::golden_layer;
-pub use layer::{Backend, Bound, DimExpr, Dist, Form, Layer, Tol, Value};
+pub use layer::{Backend, Bound, Declared, DimExpr, Dist, Form, Layer, Tol, Value};
 pub use outputs::{IntoOutputs, Outputs, PortInputs};
 pub use report::{Failure, FailureKind};
 
@@ -66,11 +66,6 @@ pub mod __private {
             Ok(report) => report,
             Err(failure) => panic!("{failure}"),
         }
-    }
-
-    /// Where a crate's snapshots live: `<crate>/snapshots`.
-    pub fn snapshot_dir(manifest_dir: &str) -> std::path::PathBuf {
-        std::path::Path::new(manifest_dir).join("snapshots")
     }
 
     /// Print why a snapshot was not asserted.

@@ -99,7 +99,7 @@ impl Live {
     /// A live reference for a layer, with the interpreter and roots from the environment.
     pub fn new(layer: &Layer) -> Result<Self, String> {
         Ok(Live {
-            key: WorkerKey::from_env(layer.manifest_dir),
+            key: WorkerKey::from_env(layer.manifest_dir()),
             timeout: env::timeout()?,
         })
     }

@@ -9,7 +9,6 @@ use crate::compare::Verdict;
 use crate::layer::Layer;
 use crate::reference::dtype_name;
 use crate::report::Failure;
-use crate::snapshot::snapshot_name;
 use serde_json::{json, Value as Json};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,8 +16,8 @@ use std::time::Duration;
 /// The folder results are written to for a check's crate.
 pub fn results_dir(layer: &Layer) -> Option<PathBuf> {
     let krate = layer
-        .module_path
-        .and_then(|m| m.split("::").next())
+        .declared
+        .and_then(|d| d.module_path.split("::").next())
         .unwrap_or("unknown");
     Some(
         crate::env::target_dir()?
@@ -64,7 +63,7 @@ pub fn record(layer: &Layer, result: &Result<Report, Failure>, elapsed: Duration
     let Some(dir) = results_dir(layer) else {
         return;
     };
-    let name = snapshot_name(layer.module_path.unwrap_or(&layer.name));
+    let name = layer.check_name();
     let mut doc = json!({
         "layer": layer.name,
         "check": name,

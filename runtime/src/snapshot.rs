@@ -33,16 +33,6 @@ pub fn decade(x: f64) -> String {
     format!("1e{}..1e{}", e, e + 1)
 }
 
-/// The snapshot's name for a check declared in `module_path` (the generated module):
-/// `golden_zoo::activations::gelu` → `activations__gelu`.
-pub fn snapshot_name(module_path: &str) -> String {
-    let mut parts: Vec<&str> = module_path.split("::").collect();
-    if parts.len() > 1 {
-        parts.remove(0);
-    }
-    parts.join("__")
-}
-
 /// The symbolic shape of a leaf across cases: an axis is the dim it always equals, else its size if
 /// constant, else `?`.
 fn symbolic_shape(layer: &Layer, shapes: &[(Vec<usize>, &CaseParams)]) -> String {
@@ -89,9 +79,9 @@ fn describe_rule(rule: &Rule) -> String {
 }
 
 impl Report {
-    /// The snapshot's name (see [`snapshot_name`]).
+    /// The snapshot's name ([`Layer::check_name`]).
     pub fn snapshot_name(&self) -> String {
-        snapshot_name(self.layer.module_path.unwrap_or(&self.layer.name))
+        self.layer.check_name()
     }
 
     /// The snapshot text; `None` when `GOLDEN_SEED`/`GOLDEN_CASES` changed the cases, since the
@@ -203,11 +193,17 @@ mod tests {
     }
 
     #[test]
-    fn names_drop_the_crate() {
+    fn names_drop_the_crate_and_end_with_the_layer() {
+        let declared = |module_path| crate::Declared {
+            module_path,
+            ..crate::declared!()
+        };
+        let layer = |m| Layer::function("gelu", "m.f").declared_at(declared(m));
         assert_eq!(
-            snapshot_name("golden_zoo::activations::gelu"),
+            layer("golden_zoo::activations::gelu").check_name(),
             "activations__gelu"
         );
-        assert_eq!(snapshot_name("gelu"), "gelu");
+        assert_eq!(layer("wrong_ports").check_name(), "gelu");
+        assert_eq!(Layer::function("gelu", "m.f").check_name(), "gelu");
     }
 }
