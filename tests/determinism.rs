@@ -2,55 +2,34 @@
 //! and the same from run to run.
 
 use golden::{Dist, IntoOutputs, Layer, PortInputs};
-use std::path::PathBuf;
+mod common;
 
-/// A throwaway crate layout (`src/lib.rs`, `src/check.rs`) for proptest's regression file.
-fn scratch_crate(name: &str) -> (PathBuf, &'static str) {
-    let dir = std::env::temp_dir().join(format!("golden-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("src")).unwrap();
-    std::fs::write(dir.join("src/lib.rs"), "").unwrap();
-    std::fs::write(dir.join("src/check.rs"), "").unwrap();
-    let source: &'static str = Box::leak(
-        dir.join("src/check.rs")
-            .display()
-            .to_string()
-            .into_boxed_str(),
-    );
-    (dir, source)
-}
-
-fn layer(source: &'static str) -> Layer {
+fn layer(scratch: &common::Scratch) -> Layer {
     Layer::function("gelu", "zoo_ref.gelu")
         .dim("n", 1, 64)
         .arg("x", ["n"], Dist::default())
-        .declared_at(golden::Declared {
-            source_file: source,
-            module_path: "scratch::gelu",
-            ..golden::declared!()
-        })
+        .declared_at(scratch.declared)
 }
 
 #[test]
 fn replayed_regressions_must_pass_but_do_not_change_the_snapshot() {
-    let (dir, source) = scratch_crate("replay");
+    let scratch = common::Scratch::new("replay");
     let right = |i: &PortInputs| i.tensor(0).gelu_erf().into_outputs();
-    let before = golden::check(&layer(source), &right).unwrap_or_else(|f| panic!("{f}"));
+    let before = golden::check(&layer(&scratch), &right).unwrap_or_else(|f| panic!("{f}"));
     assert!(before.runs[0].replayed.is_empty());
 
     // A wrong port fails and proptest records the failing seed beside the "source".
     let wrong = |i: &PortInputs| i.tensor(0).gelu().into_outputs();
-    assert!(golden::check(&layer(source), &wrong).is_err());
-    let regressions = dir.join("proptest-regressions/check.txt");
+    assert!(golden::check(&layer(&scratch), &wrong).is_err());
+    let regressions = scratch.dir.join("proptest-regressions/check.txt");
     let saved = std::fs::read_to_string(&regressions).expect("proptest wrote its regression file");
     assert!(saved.lines().any(|l| l.starts_with("cc ")), "{saved}");
 
     // The fixed port replays that case first, then the declared ones: same snapshot as before.
-    let after = golden::check(&layer(source), &right).unwrap_or_else(|f| panic!("{f}"));
+    let after = golden::check(&layer(&scratch), &right).unwrap_or_else(|f| panic!("{f}"));
     assert_eq!(after.runs[0].replayed.len(), 1);
     assert_eq!(after.runs[0].cases.len(), before.runs[0].cases.len());
     assert_eq!(after.snapshot(), before.snapshot());
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

@@ -1,19 +1,36 @@
-//! Deliberately wrong ports of zoo layers: golden must catch each one against live PyTorch, on a
-//! small case, with a message that says what is wrong. They go through the public API (the same
-//! `golden::check` the attribute's generated test calls), because a `#[golden_layer]` test of a
-//! wrong port would fail by design.
+//! Deliberately wrong ports of zoo layers: golden must catch each one, on a small case, with a
+//! message that says what is wrong. They go through the public API (the same `golden::check` the
+//! attribute's generated test calls), because a `#[golden_layer]` test of a wrong port would fail by
+//! design.
+//!
+//! Each has a golden store in `tests/golden/`, recorded with the wrong port
+//! (`GOLDEN_MODE=record cargo test --test wrong_ports`), so every assertion here holds in replay too,
+//! with no Python: CI runs this file both ways.
+
+mod common;
 
 use candle_core::{Module, Result, Tensor, D};
 use golden::compare::Verdict;
 use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
 
-/// Run a check that must fail; returns the failure.
+/// Run a check that must fail; returns the failure. The layer's name names its store.
 fn must_fail(layer: &Layer, port: impl Fn(&PortInputs) -> Result<Tensor>) -> Failure {
+    let scratch = common::Scratch::new(&layer.name);
+    let layer = layer.clone().declared_at(golden::Declared {
+        module_path: "wrong_ports",
+        snapshot_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden"),
+        ..scratch.declared
+    });
     let port = |inputs: &PortInputs| port(inputs).into_outputs();
-    match golden::check(layer, &port) {
+    match golden::check(&layer, &port) {
         Ok(_) => panic!("the wrong port `{}` passed its check", layer.name),
         Err(failure) => failure,
     }
+}
+
+fn named(mut layer: Layer, name: &str) -> Layer {
+    layer.name = name.to_string();
+    layer
 }
 
 fn dims(failure: &Failure) -> Vec<(String, usize)> {
@@ -56,8 +73,8 @@ fn gelu_tanh_checked_against_erf_reports_the_greatest_difference() {
     assert!(g.diff > 5.0 * g.allowed, "{g:?}");
 }
 
-fn linear_module() -> Layer {
-    Layer::module("linear", "torch.nn.Linear")
+fn linear_module(name: &str) -> Layer {
+    Layer::module(name, "torch.nn.Linear")
         .init("in_features", 16usize)
         .init("out_features", 8usize)
         .dim("b", 1, 4)
@@ -66,7 +83,7 @@ fn linear_module() -> Layer {
 
 #[test]
 fn a_linear_that_forgets_its_bias_leaves_bias_unused() {
-    let failure = must_fail(&linear_module(), |i| {
+    let failure = must_fail(&linear_module("linear_forgotten_bias"), |i| {
         candle_nn::linear_no_bias(16, 8, i.var_builder())?.forward(i.tensor(0))
     });
     let msg = failure.to_string();
@@ -79,7 +96,7 @@ fn a_linear_that_forgets_its_bias_leaves_bias_unused() {
 
 #[test]
 fn a_transposed_weight_names_both_shapes() {
-    let failure = must_fail(&linear_module(), |i| {
+    let failure = must_fail(&linear_module("linear_transposed_weight"), |i| {
         let vb = i.var_builder();
         let weight = vb.get((16, 8), "weight")?;
         let bias = vb.get(8, "bias")?;
@@ -100,7 +117,7 @@ fn a_transposed_weight_names_both_shapes() {
 
 #[test]
 fn a_port_asking_for_a_weight_the_module_lacks_is_told_what_exists() {
-    let failure = must_fail(&linear_module(), |i| {
+    let failure = must_fail(&linear_module("linear_unknown_name"), |i| {
         let vb = i.var_builder();
         let w = vb.get((8, 16), "kernel")?;
         i.tensor(0).matmul(&w.t()?)
@@ -168,7 +185,9 @@ fn layer_norm_with_eps_1e3_instead_of_1e5_is_caught() {
 
 #[test]
 fn a_port_that_returns_an_error_is_reported_with_it() {
-    let failure = must_fail(&gelu_layer(), |i| i.tensor(0).reshape((7, 7)));
+    let failure = must_fail(&named(gelu_layer(), "gelu_port_error"), |i| {
+        i.tensor(0).reshape((7, 7))
+    });
     let msg = failure.to_string();
     assert!(
         msg.contains("the port returned an error: Shape mismatch"),
@@ -179,7 +198,7 @@ fn a_port_that_returns_an_error_is_reported_with_it() {
 
 #[test]
 fn a_port_that_panics_is_reported_not_propagated() {
-    let failure = must_fail(&gelu_layer(), |i| {
+    let failure = must_fail(&named(gelu_layer(), "gelu_port_panic"), |i| {
         if i.tensor(0).dim(1)? > 3 {
             panic!("index out of range in my port");
         }
@@ -196,7 +215,7 @@ fn a_port_that_panics_is_reported_not_propagated() {
 
 #[test]
 fn a_missing_transpose_is_named() {
-    let layer = Layer::function("linear", "zoo_ref.linear")
+    let layer = Layer::function("linear_missing_transpose", "zoo_ref.linear")
         .dim("b", 1, 4)
         .dim("d_in", 1, 32)
         .dim("d_out", 1, 32)

@@ -7,9 +7,10 @@ use crate::inputs::{self, CaseParams};
 use crate::layer::{Form, Layer};
 use crate::outputs::{Outputs, PortInputs};
 use crate::params::StateDict;
-use crate::reference::{dtype_name, Live, ReferenceOutputs};
+use crate::reference::{dtype_name, ReferenceOutputs};
 use crate::report::{CaseFailure, Failure, FailureKind};
 use crate::results;
+use crate::source::{Answer, OpenError, Source};
 use crate::wire::HostTensor;
 use crate::worker::WorkerError;
 use candle_core::{DType, Device};
@@ -17,7 +18,7 @@ use proptest::test_runner::{
     Config, FailurePersistence, FileFailurePersistence, RngSeed, TestCaseError, TestError,
     TestRunner,
 };
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
@@ -43,6 +44,8 @@ pub struct DTypeRun {
     /// Cases replayed first from proptest's regression file (they passed too). Kept apart so that
     /// the snapshot describes the declared cases whatever the regression file holds.
     pub replayed: Vec<CaseRecord>,
+    /// Replay of a partial store: generated cases it has no outputs for (not run).
+    pub skipped: usize,
 }
 
 /// A passing check.
@@ -57,7 +60,7 @@ pub struct Report {
     /// Whether `GOLDEN_SEED`/`GOLDEN_CASES` changed the declared cases (the snapshot, which describes
     /// the declared ones, is then not asserted).
     pub overridden: bool,
-    /// How the reference was reached ("live, Python 3.11.7, torch 2.15.0").
+    /// How the reference was reached (`live (python 3.11.7, ...)`, `replay (<store>)`).
     pub source: String,
     /// Per dtype, every case.
     pub runs: Vec<DTypeRun>,
@@ -68,6 +71,8 @@ enum Outcome {
     Fail(CaseFailure),
     /// The worker died or hung: reported as is, not shrunk.
     Fatal(WorkerError),
+    /// Replay: the store has nothing for this case.
+    Unrecorded,
 }
 
 /// The seed of a layer's cases: `GOLDEN_SEED` (default 0) mixed with the layer's name, so that
@@ -82,7 +87,7 @@ fn run_case(
     dtype: DType,
     params: &CaseParams,
     port: &Port<'_>,
-    live: &Live,
+    source: &Source,
 ) -> Outcome {
     let mut failure = CaseFailure::default();
     let args: Result<Vec<HostTensor>, String> = layer
@@ -97,14 +102,14 @@ fn run_case(
             return Outcome::Fail(failure);
         }
     };
-    let during = format!("running `{}` on {params}", layer.reference);
-    let reference = match live.forward(layer, dtype, params.seed, &args, &during) {
-        Ok(r) => r,
-        Err(e @ WorkerError::Remote(_)) => {
+    let reference = match source.forward(layer, dtype, params, &args) {
+        Answer::Outputs(r) => r,
+        Answer::Unrecorded => return Outcome::Unrecorded,
+        Answer::Failed(e @ WorkerError::Remote(_)) => {
             failure.reference_error = Some(e);
             return Outcome::Fail(failure);
         }
-        Err(e) => return Outcome::Fatal(e),
+        Answer::Failed(e) => return Outcome::Fatal(e),
     };
     run_port(layer, dtype, params, port, &args, &reference)
 }
@@ -216,25 +221,20 @@ fn find_leaf<'a>(set: &'a Option<Vec<(String, HostTensor)>>, name: &str) -> Opti
 }
 
 struct Settings {
+    mode: env::Mode,
     seed: u64,
     cases: u32,
     overridden: bool,
 }
 
 fn settings(layer: &Layer) -> Result<Settings, String> {
-    match env::mode()? {
-        env::Mode::Auto | env::Mode::Live => {}
-        other => {
-            return Err(format!(
-                "GOLDEN_MODE={} needs the golden store of recorded reference outputs, which this \
-                 version of golden does not have yet; use live (or auto, which is live here)",
-                other.as_str()
-            ))
-        }
-    }
     let seed = env::seed()?;
     let cases = env::cases()?;
     Ok(Settings {
+        mode: match layer.mode {
+            Some(mode) => mode,
+            None => env::mode()?,
+        },
         seed: seed.unwrap_or(0),
         cases: cases.unwrap_or(layer.cases),
         overridden: seed.is_some() || cases.is_some(),
@@ -250,46 +250,74 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     result
 }
 
+fn versions(info: &serde_json::Value) -> String {
+    ["python", "numpy", "torch"]
+        .iter()
+        .filter_map(|k| info.get(*k)?.as_str().map(|v| format!("{k} {v}")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
     layer.validate().map_err(config_error)?;
     let settings = settings(layer).map_err(config_error)?;
-    let live = Live::new(layer).map_err(config_error)?;
-    let info = live
-        .load(layer)
-        .map_err(|e| Failure::new(layer, FailureKind::Setup(e)))?;
-    let versions = ["python", "numpy", "torch"]
-        .iter()
-        .filter_map(|k| {
-            info.get(*k)
-                .and_then(|v| v.as_str())
-                .map(|v| format!("{k} {v}"))
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+    let description = layer.description(settings.cases, settings.seed);
+    let (source, info) = Source::open(layer, settings.mode, &description).map_err(|e| match e {
+        OpenError::Config(m) => config_error(m),
+        OpenError::Setup(e, notes) => {
+            let mut f = Failure::new(layer, FailureKind::Setup(e));
+            f.notes = notes;
+            f
+        }
+    })?;
+    let how = match &source {
+        Source::Live(_) => format!("live ({})", versions(&info)),
+        Source::Record(..) => format!("live, recording ({})", versions(&info)),
+        Source::Replay(store) => format!("replay ({})", store.path.display()),
+    };
+    if settings.mode == env::Mode::Auto && !source.is_replay() {
+        eprintln!("golden: `{}`: {how}", layer.name);
+    }
+    if matches!(source, Source::Record(..)) {
+        // Every generated case goes into the store, even those after a failing one.
+        for &dtype in &layer.dtypes {
+            record_generated(layer, dtype, &source, &settings);
+        }
+    }
     let mut runs = Vec::new();
+    let mut failure = None;
     for &dtype in &layer.dtypes {
-        runs.push(run_dtype(layer, dtype, port, &live, &settings)?);
+        match run_dtype(layer, dtype, port, &source, &settings) {
+            Ok(run) => runs.push(run),
+            Err(f) => {
+                failure = Some(f);
+                break;
+            }
+        }
+    }
+    // The store records the reference, right or wrong port alike.
+    match source.finish(layer, &description) {
+        Ok(Some(line)) => eprintln!("{line}"),
+        Ok(None) => {}
+        Err(e) => return Err(config_error(e)),
+    }
+    if let Some(f) = failure {
+        return Err(f);
     }
     Ok(Report {
         layer: layer.clone(),
         seed: settings.seed,
         cases: settings.cases,
         overridden: settings.overridden,
-        source: format!("live ({versions})"),
+        source: how,
         runs,
     })
 }
 
-fn run_dtype(
-    layer: &Layer,
-    dtype: DType,
-    port: &Port<'_>,
-    live: &Live,
-    settings: &Settings,
-) -> Result<DTypeRun, Failure> {
+/// The proptest configuration of a check, and how many regression seeds it replays first.
+fn runner_config(layer: &Layer, settings: &Settings) -> (Config, usize) {
     let persistence = FileFailurePersistence::SourceParallel("proptest-regressions");
-    // proptest replays the seeds of its regression file before generating new cases.
     let source_file = layer.declared.map(|d| d.source_file);
     let replays = source_file.map_or(0, |f| persistence.load_persisted_failures2(Some(f)).len());
     let config = Config {
@@ -301,21 +329,59 @@ fn run_dtype(
         max_shrink_time: 120_000,
         ..Config::default()
     };
+    (config, replays)
+}
+
+/// Record mode, first pass: the reference on every case the check will generate, port unseen.
+fn record_generated(layer: &Layer, dtype: DType, source: &Source, settings: &Settings) {
+    let (config, _) = runner_config(layer, settings);
+    let mut runner = TestRunner::new(config);
+    let _ = runner.run(&inputs::case_strategy(layer), |params| {
+        let Ok(args) = layer
+            .args
+            .iter()
+            .map(|a| inputs::make_arg(a, &params, dtype))
+            .collect::<Result<Vec<_>, _>>()
+        else {
+            return Ok(());
+        };
+        match source.forward(layer, dtype, &params, &args) {
+            // A dead worker: stop here, the check itself will report it.
+            Answer::Failed(e) if !matches!(e, WorkerError::Remote(_)) => {
+                Err(TestCaseError::fail("worker failure"))
+            }
+            _ => Ok(()),
+        }
+    });
+}
+
+fn run_dtype(
+    layer: &Layer,
+    dtype: DType,
+    port: &Port<'_>,
+    source: &Source,
+    settings: &Settings,
+) -> Result<DTypeRun, Failure> {
+    let (config, replays) = runner_config(layer, settings);
+    let partial = matches!(source, Source::Replay(store) if store.partial.is_some());
     let mut runner = TestRunner::new(config);
     let records = RefCell::new(Vec::new());
     let first_failure: RefCell<Option<(CaseParams, usize)>> = RefCell::new(None);
-    let fatal: RefCell<Option<(CaseParams, WorkerError)>> = RefCell::new(None);
-    let shrink_steps = RefCell::new(0u32);
+    let fatal: RefCell<Option<(CaseParams, FailureKind)>> = RefCell::new(None);
+    let shrink_steps = Cell::new(0u32);
+    let skipped = Cell::new(0usize);
+    let unrecorded_shrinks = Cell::new(0u32);
 
     let result = runner.run(&inputs::case_strategy(layer), |params| {
         if fatal.borrow().is_some() {
-            // The worker died on an earlier case: stop exercising it, let proptest wind down.
-            return Err(TestCaseError::fail("aborted after a worker failure"));
+            // The worker died (or the store is stale): stop exercising it, let proptest wind down.
+            return Err(TestCaseError::fail("aborted"));
         }
-        if first_failure.borrow().is_some() {
-            *shrink_steps.borrow_mut() += 1;
+        let shrinking = first_failure.borrow().is_some();
+        if shrinking {
+            shrink_steps.set(shrink_steps.get() + 1);
         }
-        match run_case(layer, dtype, &params, port, live) {
+        match run_case(layer, dtype, &params, port, source) {
             Outcome::Pass(record) => {
                 records.borrow_mut().push(record);
                 Ok(())
@@ -327,8 +393,33 @@ fn run_dtype(
                 Err(TestCaseError::fail(f.headline()))
             }
             Outcome::Fatal(e) => {
-                *fatal.borrow_mut() = Some((params, e));
+                *fatal.borrow_mut() = Some((params, FailureKind::Worker(e)));
                 Err(TestCaseError::fail("worker failure"))
+            }
+            // Replay can only evaluate recorded cases: a shrink candidate that was not recorded
+            // counts as passing, so shrinking stops at the smallest recorded failing case.
+            Outcome::Unrecorded if shrinking => {
+                unrecorded_shrinks.set(unrecorded_shrinks.get() + 1);
+                Ok(())
+            }
+            Outcome::Unrecorded if partial => {
+                skipped.set(skipped.get() + 1);
+                Ok(())
+            }
+            Outcome::Unrecorded => {
+                let msg = match source {
+                    Source::Replay(store) => format!(
+                        "the golden store {} has no outputs for a case this check generates                          ({params}): it is out of date; {}",
+                        store.path.display(),
+                        format_args!(
+                            "record it again (needs Python with torch): {}",
+                            crate::source::rerun_command(layer, "GOLDEN_MODE=record")
+                        )
+                    ),
+                    _ => unreachable!("only a replay leaves cases unrecorded"),
+                };
+                *fatal.borrow_mut() = Some((params, FailureKind::Config(msg)));
+                Err(TestCaseError::fail("stale store"))
             }
         }
     });
@@ -347,23 +438,24 @@ fn run_dtype(
                 dtype,
                 cases,
                 replayed,
+                skipped: skipped.get(),
             })
         }
         Err(TestError::Fail(_, minimal)) => {
-            if let Some((case, e)) = fatal.into_inner() {
-                return Err(failure(FailureKind::Worker(e), case));
+            if let Some((case, kind)) = fatal.into_inner() {
+                return Err(failure(kind, case));
             }
             let (first, passed_before) =
                 first_failure.into_inner().expect("a failing case was seen");
-            let mut f = match run_case(layer, dtype, &minimal, port, live) {
+            let mut f = match run_case(layer, dtype, &minimal, port, source) {
                 Outcome::Fail(c) => failure(FailureKind::Case(Box::new(c)), minimal.clone()),
                 Outcome::Fatal(e) => failure(FailureKind::Worker(e), minimal.clone()),
-                Outcome::Pass(_) => {
+                Outcome::Pass(_) | Outcome::Unrecorded => {
                     // Not reproducible: show the first failure as it happened.
-                    let mut f = match run_case(layer, dtype, &first, port, live) {
+                    let mut f = match run_case(layer, dtype, &first, port, source) {
                         Outcome::Fail(c) => failure(FailureKind::Case(Box::new(c)), first.clone()),
                         Outcome::Fatal(e) => failure(FailureKind::Worker(e), first.clone()),
-                        Outcome::Pass(_) => failure(
+                        Outcome::Pass(_) | Outcome::Unrecorded => failure(
                             FailureKind::Config(
                                 "a case failed and then passed when run again: the port or the \
                                  reference is not deterministic"
@@ -380,7 +472,14 @@ fn run_dtype(
                     f
                 }
             };
-            f.shrunk_from = Some((first, shrink_steps.into_inner()));
+            if source.is_replay() && unrecorded_shrinks.get() > 0 {
+                f.notes.push(format!(
+                    "note: replay shrinks only through recorded cases ({} smaller candidates were \
+                     not recorded); live, golden can shrink further",
+                    unrecorded_shrinks.get()
+                ));
+            }
+            f.shrunk_from = Some((first, shrink_steps.get()));
             f.passed_before = passed_before as u32;
             Err(f)
         }

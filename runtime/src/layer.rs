@@ -315,6 +315,9 @@ pub struct Layer {
     /// Where the check is declared (set by the macro with [`declared!`](crate::declared)); without
     /// it there is no regression file, no snapshot path and no golden store.
     pub declared: Option<Declared>,
+    /// A mode for this check alone, over `GOLDEN_MODE` (tests of golden itself use it: the
+    /// environment is shared by every test thread).
+    pub mode: Option<crate::env::Mode>,
 }
 
 /// Where a check is declared: what `golden::declared!()` captures in the crate under test.
@@ -364,6 +367,7 @@ impl Layer {
             tol: None,
             cases: DEFAULT_CASES,
             declared: None,
+            mode: None,
         }
     }
 
@@ -438,6 +442,12 @@ impl Layer {
         self
     }
 
+    /// Run this check in `mode`, whatever `GOLDEN_MODE` says.
+    pub fn mode(mut self, mode: crate::env::Mode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
     /// Where the check is declared: `layer.declared_at(golden::declared!())`.
     pub fn declared_at(mut self, declared: Declared) -> Self {
         self.declared = Some(declared);
@@ -460,6 +470,41 @@ impl Layer {
     /// The crate's manifest dir, if declared.
     pub fn manifest_dir(&self) -> Option<&'static str> {
         self.declared.map(|d| d.manifest_dir)
+    }
+
+    /// What the check is about, as the snapshot's header shows it and the golden store records it:
+    /// reference, dims, arguments, consts, init, and the cases drawn.
+    pub fn description(&self, cases: u32, seed: u64) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let _ = writeln!(s, "layer: {}", self.name);
+        let _ = writeln!(
+            s,
+            "reference: {} ({} form, {} backend)",
+            self.reference,
+            self.form.as_str(),
+            self.backend.as_str()
+        );
+        if !self.dims.is_empty() {
+            let dims: Vec<String> = self
+                .dims
+                .iter()
+                .map(|d| format!("{} in {}..={}", d.name, d.lo, d.hi))
+                .collect();
+            let _ = writeln!(s, "dims: {}", dims.join(", "));
+        }
+        let _ = writeln!(s, "args:");
+        for arg in &self.args {
+            let _ = writeln!(s, "  {}", Layer::describe_arg(arg));
+        }
+        for (title, values) in [("consts", &self.consts), ("init", &self.init)] {
+            if !values.is_empty() {
+                let v: Vec<String> = values.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                let _ = writeln!(s, "{title}: {}", v.join(", "));
+            }
+        }
+        let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
+        s
     }
 
     /// The symbolic description of an argument, e.g. `x [b, t, d] ~ normal(0.0, 1.0)`.

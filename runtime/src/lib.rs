@@ -45,6 +45,8 @@ pub mod reference;
 pub mod report;
 pub mod results;
 pub mod snapshot;
+pub mod source;
+pub mod store;
 pub mod wire;
 pub mod worker;
 
@@ -71,9 +73,9 @@ pub mod __private {
     /// Print why a snapshot was not asserted.
     pub fn skipped_snapshot(report: &crate::Report) {
         eprintln!(
-            "golden: `{}` passed; its snapshot was not compared because GOLDEN_SEED or \
-             GOLDEN_CASES changed the cases",
-            report.layer.name
+            "golden: `{}` passed; its snapshot was not compared because {}",
+            report.layer.name,
+            report.snapshot_skipped().unwrap_or("of an unknown reason")
         );
     }
 }

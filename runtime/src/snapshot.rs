@@ -84,45 +84,28 @@ impl Report {
         self.layer.check_name()
     }
 
-    /// The snapshot text; `None` when `GOLDEN_SEED`/`GOLDEN_CASES` changed the cases, since the
-    /// snapshot describes the declared ones.
+    /// The snapshot text; `None` when the declared cases did not all run (see
+    /// [`Report::snapshot_skipped`]).
     pub fn snapshot(&self) -> Option<String> {
-        if self.overridden {
+        if self.snapshot_skipped().is_some() {
             return None;
         }
         Some(self.snapshot_text())
     }
 
+    /// Why the snapshot, which describes the declared cases, is not compared this time.
+    pub fn snapshot_skipped(&self) -> Option<&'static str> {
+        if self.overridden {
+            Some("GOLDEN_SEED or GOLDEN_CASES changed the cases")
+        } else if self.runs.iter().any(|r| r.skipped > 0) {
+            Some("the golden store it replayed holds only some of the cases (its size bound)")
+        } else {
+            None
+        }
+    }
+
     fn snapshot_text(&self) -> String {
-        let layer = &self.layer;
-        let mut s = String::new();
-        let _ = writeln!(s, "layer: {}", layer.name);
-        let _ = writeln!(
-            s,
-            "reference: {} ({} form, {} backend)",
-            layer.reference,
-            layer.form.as_str(),
-            layer.backend.as_str()
-        );
-        if !layer.dims.is_empty() {
-            let dims: Vec<String> = layer
-                .dims
-                .iter()
-                .map(|d| format!("{} in {}..={}", d.name, d.lo, d.hi))
-                .collect();
-            let _ = writeln!(s, "dims: {}", dims.join(", "));
-        }
-        let _ = writeln!(s, "args:");
-        for arg in &layer.args {
-            let _ = writeln!(s, "  {}", Layer::describe_arg(arg));
-        }
-        for (title, values) in [("consts", &layer.consts), ("init", &layer.init)] {
-            if !values.is_empty() {
-                let v: Vec<String> = values.iter().map(|(k, v)| format!("{k} = {v}")).collect();
-                let _ = writeln!(s, "{title}: {}", v.join(", "));
-            }
-        }
-        let _ = writeln!(s, "cases: {} per dtype, seed {}", self.cases, self.seed);
+        let mut s = self.layer.description(self.cases, self.seed);
         for run in &self.runs {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
             self.write_leaves(&mut s, &run.cases);

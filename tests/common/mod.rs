@@ -1,0 +1,41 @@
+//! Helpers shared by the framework's integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// A throwaway crate layout in the temp folder (`src/lib.rs`, `src/check.rs`, `snapshots/`), so
+/// that proptest's regression files and golden stores of a test never land in the repository.
+pub struct Scratch {
+    pub dir: PathBuf,
+    pub declared: golden::Declared,
+}
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("golden-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("src")).unwrap();
+        std::fs::write(dir.join("src/lib.rs"), "").unwrap();
+        std::fs::write(dir.join("src/check.rs"), "").unwrap();
+        let leak =
+            |p: PathBuf| -> &'static str { Box::leak(p.display().to_string().into_boxed_str()) };
+        let declared = golden::Declared {
+            source_file: leak(dir.join("src/check.rs")),
+            module_path: leak(PathBuf::from(format!("scratch::{name}"))),
+            snapshot_dir: leak(dir.join("snapshots")),
+            ..golden::declared!()
+        };
+        Scratch { dir, declared }
+    }
+
+    /// The golden store of a check named `layer` declared here.
+    pub fn store(&self, layer: &golden::Layer) -> PathBuf {
+        golden::store::path(layer).expect("declared")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,188 @@
+//! The golden store: record, replay with no Python, and every way a store can be unusable.
+
+mod common;
+
+use candle_core::Module;
+use common::Scratch;
+use golden::env::Mode;
+use golden::store::{self, Store};
+use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
+
+fn gelu(scratch: &Scratch) -> Layer {
+    Layer::function("gelu", "zoo_ref.gelu")
+        .dim("b", 1, 4)
+        .dim("n", 1, 64)
+        .arg("x", ["b", "n"], Dist::default())
+        .declared_at(scratch.declared)
+}
+
+fn right(i: &PortInputs) -> Result<golden::Outputs, String> {
+    i.tensor(0).gelu_erf().into_outputs()
+}
+
+fn tanh_port(i: &PortInputs) -> Result<golden::Outputs, String> {
+    i.tensor(0).gelu().into_outputs()
+}
+
+fn fails(layer: &Layer, port: &golden::Port<'_>) -> Failure {
+    golden::check(layer, port).expect_err("must fail")
+}
+
+#[test]
+fn a_recorded_check_replays_to_the_same_report() {
+    let scratch = Scratch::new("record_replay");
+    let live =
+        golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
+    let stored = Store::load(&scratch.store(&gelu(&scratch)))
+        .unwrap()
+        .expect("recorded");
+    assert_eq!(stored.len(), 32);
+    let replay =
+        golden::check(&gelu(&scratch).mode(Mode::Replay), &right).unwrap_or_else(|f| panic!("{f}"));
+    assert!(replay.source.starts_with("replay ("), "{}", replay.source);
+    assert_eq!(replay.snapshot(), live.snapshot());
+}
+
+#[test]
+fn a_changed_port_fails_in_replay_as_it_does_live() {
+    let scratch = Scratch::new("changed_port");
+    // Recorded with the right port: only the generated cases are in the store.
+    golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
+    let live = fails(&gelu(&scratch).mode(Mode::Live), &tanh_port);
+    let replay = fails(&gelu(&scratch).mode(Mode::Replay), &tanh_port);
+    for f in [&live, &replay] {
+        assert!(
+            f.to_string()
+                .contains("does not match its reference `zoo_ref.gelu`"),
+            "{f}"
+        );
+    }
+    // Both find the same first failing case; live then shrinks further than the store allows.
+    assert_eq!(
+        live.shrunk_from.as_ref().unwrap().0,
+        replay.shrunk_from.as_ref().unwrap().0
+    );
+    assert!(
+        replay
+            .to_string()
+            .contains("replay shrinks only through recorded cases"),
+        "{replay}"
+    );
+}
+
+#[test]
+fn recorded_with_the_failing_port_replay_reproduces_the_failure_exactly() {
+    let scratch = Scratch::new("failing_record");
+    // Record mode evaluates shrink candidates live and keeps them too.
+    let recorded = fails(&gelu(&scratch).mode(Mode::Record), &tanh_port);
+    let replay = fails(&gelu(&scratch).mode(Mode::Replay), &tanh_port);
+    assert_eq!(recorded.case, replay.case);
+    assert_eq!(recorded.to_string(), replay.to_string());
+}
+
+#[test]
+fn module_form_replays_the_recorded_state_dict() {
+    let scratch = Scratch::new("module");
+    let linear = |mode| {
+        Layer::module("linear", "torch.nn.Linear")
+            .init("in_features", 8usize)
+            .init("out_features", 4usize)
+            .dim("b", 1, 3)
+            .arg("x", ["b".into(), golden::DimExpr::Lit(8)], Dist::default())
+            .declared_at(scratch.declared)
+            .mode(mode)
+    };
+    let port = |i: &PortInputs| {
+        candle_nn::linear(8, 4, i.var_builder())
+            .and_then(|l| l.forward(i.tensor(0)))
+            .into_outputs()
+    };
+    golden::check(&linear(Mode::Record), &port).unwrap_or_else(|f| panic!("{f}"));
+    golden::check(&linear(Mode::Replay), &port).unwrap_or_else(|f| panic!("{f}"));
+    // The state_dict itself comes from the store: a forgotten bias is still caught in replay.
+    let no_bias = |i: &PortInputs| {
+        candle_nn::linear_no_bias(8, 4, i.var_builder())
+            .and_then(|l| l.forward(i.tensor(0)))
+            .into_outputs()
+    };
+    let msg = fails(&linear(Mode::Replay), &no_bias).to_string();
+    assert!(
+        msg.contains("`bias` [4], which the port never reads"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn replay_without_a_store_says_how_to_record_one() {
+    let scratch = Scratch::new("no_store");
+    let msg = fails(&gelu(&scratch).mode(Mode::Replay), &right).to_string();
+    assert!(msg.contains("there is no golden store at"), "{msg}");
+    assert!(
+        msg.contains("GOLDEN_MODE=record cargo test -p golden-zoo"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_store_recorded_for_other_dims_is_out_of_date() {
+    let scratch = Scratch::new("stale_description");
+    golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
+    let mut changed = gelu(&scratch).mode(Mode::Replay);
+    changed.dims[1].hi = 32;
+    let msg = fails(&changed, &right).to_string();
+    assert!(msg.contains("is out of date: it was recorded for `dims: b in 1..=4, n in 1..=64`, the check now says `dims: b in 1..=4, n in 1..=32`"), "{msg}");
+    assert!(msg.contains("GOLDEN_MODE=record"), "{msg}");
+}
+
+#[test]
+fn a_store_missing_a_generated_case_is_out_of_date() {
+    let scratch = Scratch::new("stale_entry");
+    golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
+    let path = scratch.store(&gelu(&scratch));
+    let stored = Store::load(&path).unwrap().unwrap();
+    let mut entries = stored.entries().to_vec();
+    entries.remove(5);
+    store::save(&path, &stored.description, &entries, usize::MAX).unwrap();
+    let msg = fails(&gelu(&scratch).mode(Mode::Replay), &right).to_string();
+    assert!(
+        msg.contains("has no outputs for a case this check generates"),
+        "{msg}"
+    );
+    assert!(msg.contains("it is out of date"), "{msg}");
+}
+
+#[test]
+fn a_corrupt_store_is_an_error_never_a_pass() {
+    let scratch = Scratch::new("corrupt");
+    golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
+    let path = scratch.store(&gelu(&scratch));
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
+    let msg = fails(&gelu(&scratch).mode(Mode::Replay), &right).to_string();
+    assert!(
+        msg.contains("is corrupt (checksum mismatch: truncated or modified)"),
+        "{msg}"
+    );
+    // Auto mode does not fall back to a corrupt store either: it is live here, and says nothing
+    // false about the store.
+    golden::check(&gelu(&scratch).mode(Mode::Auto), &right).unwrap_or_else(|f| panic!("{f}"));
+}
+
+#[test]
+fn a_partial_store_replays_what_it_holds_and_skips_the_snapshot() {
+    let scratch = Scratch::new("partial");
+    golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
+    let path = scratch.store(&gelu(&scratch));
+    let stored = Store::load(&path).unwrap().unwrap();
+    let (kept, _) = store::save(&path, &stored.description, stored.entries(), 10_000).unwrap();
+    assert!(kept > 0 && kept < 32, "{kept}");
+    let replay =
+        golden::check(&gelu(&scratch).mode(Mode::Replay), &right).unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!(replay.runs[0].cases.len(), kept);
+    assert_eq!(replay.runs[0].skipped, 32 - kept);
+    assert!(replay.snapshot().is_none());
+    assert!(replay
+        .snapshot_skipped()
+        .unwrap()
+        .contains("holds only some of the cases"));
+}
