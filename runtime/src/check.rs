@@ -1,6 +1,7 @@
 //! Running a check: generate cases with proptest, run the port and the reference on each, compare,
 //! shrink a failure to the smallest case, and collect what the snapshot records.
 
+use crate::artifacts;
 use crate::compare::{self, Expected, Leaf};
 use crate::env;
 use crate::inputs::{self, CaseParams};
@@ -68,7 +69,7 @@ pub struct Report {
 
 enum Outcome {
     Pass(CaseRecord),
-    Fail(CaseFailure),
+    Fail(Box<CaseFailure>),
     /// The worker died or hung: reported as is, not shrunk.
     Fatal(WorkerError),
     /// Replay: the store has nothing for this case.
@@ -99,19 +100,35 @@ fn run_case(
         Ok(a) => a,
         Err(e) => {
             failure.inputs_error = Some(e);
-            return Outcome::Fail(failure);
+            return Outcome::Fail(Box::new(failure));
         }
+    };
+    let named_inputs = || {
+        layer
+            .args
+            .iter()
+            .map(|a| a.name.clone())
+            .zip(args.iter().cloned())
+            .collect()
     };
     let reference = match source.forward(layer, dtype, params, &args) {
         Answer::Outputs(r) => r,
         Answer::Unrecorded => return Outcome::Unrecorded,
         Answer::Failed(e @ WorkerError::Remote(_)) => {
             failure.reference_error = Some(e);
-            return Outcome::Fail(failure);
+            failure.inputs = named_inputs();
+            return Outcome::Fail(Box::new(failure));
         }
         Answer::Failed(e) => return Outcome::Fatal(e),
     };
-    run_port(layer, dtype, params, port, &args, &reference)
+    match run_port(layer, dtype, params, port, &args, &reference) {
+        Outcome::Fail(mut f) => {
+            f.inputs = named_inputs();
+            f.reference = Some(reference);
+            Outcome::Fail(f)
+        }
+        other => other,
+    }
 }
 
 fn run_port(
@@ -142,7 +159,7 @@ fn run_port(
         Ok(p) => p,
         Err(e) => {
             failure.inputs_error = Some(format!("could not build the port's inputs: {e}"));
-            return Outcome::Fail(failure);
+            return Outcome::Fail(Box::new(failure));
         }
     };
     let port_inputs = PortInputs {
@@ -157,7 +174,7 @@ fn run_port(
         Ok(Ok(outputs)) => outputs,
         Ok(Err(e)) => {
             failure.port_error = Some(e);
-            return Outcome::Fail(failure);
+            return Outcome::Fail(Box::new(failure));
         }
         Err(panic) => {
             let msg = panic
@@ -167,7 +184,7 @@ fn run_port(
                 .unwrap_or_else(|| "(a panic without a message)".into());
             failure.port_error = Some(msg);
             failure.port_panicked = true;
-            return Outcome::Fail(failure);
+            return Outcome::Fail(Box::new(failure));
         }
     };
     if let Some(state) = &state {
@@ -186,7 +203,7 @@ fn run_port(
         Ok(p) => p,
         Err(e) => {
             failure.port_error = Some(e);
-            return Outcome::Fail(failure);
+            return Outcome::Fail(Box::new(failure));
         }
     };
     let expected: Vec<(String, Expected<'_>)> = reference
@@ -203,13 +220,14 @@ fn run_port(
         })
         .collect();
     failure.leaves = compare::compare_all(&port_host, &expected, layer.tol);
+    failure.port_outputs = port_host;
     if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
         Outcome::Pass(CaseRecord {
             params: params.clone(),
             leaves: failure.leaves,
         })
     } else {
-        Outcome::Fail(failure)
+        Outcome::Fail(Box::new(failure))
     }
 }
 
@@ -237,7 +255,7 @@ fn settings(layer: &Layer) -> Result<Settings, String> {
         },
         seed: seed.unwrap_or(0),
         cases: cases.unwrap_or(layer.cases),
-        overridden: seed.is_some() || cases.is_some(),
+        overridden: seed.is_some() || cases.is_some() || env::case().is_some(),
     })
 }
 
@@ -287,12 +305,19 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     }
     let mut runs = Vec::new();
     let mut failure = None;
-    for &dtype in &layer.dtypes {
-        match run_dtype(layer, dtype, port, &source, &settings) {
-            Ok(run) => runs.push(run),
-            Err(f) => {
-                failure = Some(f);
-                break;
+    if let Some(token) = env::case() {
+        match run_one_case(layer, port, &source, &token) {
+            Ok(r) => runs = r,
+            Err(f) => failure = Some(f),
+        }
+    } else {
+        for &dtype in &layer.dtypes {
+            match run_dtype(layer, dtype, port, &source, &settings) {
+                Ok(run) => runs.push(run),
+                Err(f) => {
+                    failure = Some(f);
+                    break;
+                }
             }
         }
     }
@@ -313,6 +338,75 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         source: how,
         runs,
     })
+}
+
+/// Write the artifacts of a failed case and end the message with how to use them; the folder's
+/// path is the last line.
+fn leave_artifacts(layer: &Layer, dtype: DType, failure: &mut Failure) {
+    let (FailureKind::Case(c), Some(case)) = (&failure.kind, &failure.case) else {
+        return;
+    };
+    failure.notes.push(format!(
+        "re-run exactly this case: {}",
+        artifacts::rerun_case_command(layer, dtype, case)
+    ));
+    match artifacts::write(layer, dtype, case, c) {
+        Ok(dir) => failure.notes.push(format!(
+            "inputs, outputs and a repro.py that runs the reference again ({} repro.py) are in\n  {}",
+            env::python().program.display(),
+            dir.display()
+        )),
+        Err(e) => failure.notes.push(format!("(could not write the failure's artifacts: {e})")),
+    }
+}
+
+/// `GOLDEN_CASE`: run exactly one case (per dtype, or the dtype it names), no generation.
+fn run_one_case(
+    layer: &Layer,
+    port: &Port<'_>,
+    source: &Source,
+    token: &str,
+) -> Result<Vec<DTypeRun>, Failure> {
+    let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
+    let (case_token, only) = match token.rsplit_once(':') {
+        Some((rest, d)) if ["f32", "f64", "f16", "bf16"].contains(&d) => (rest, Some(d)),
+        _ => (token, None),
+    };
+    let params = CaseParams::parse(case_token, layer).map_err(config_error)?;
+    let mut runs = Vec::new();
+    for &dtype in layer
+        .dtypes
+        .iter()
+        .filter(|d| only.is_none_or(|o| o == dtype_name(**d)))
+    {
+        let failure = |kind| {
+            let mut f = Failure::new(layer, kind);
+            f.dtype = Some(dtype_name(dtype));
+            f.case = Some(params.clone());
+            f
+        };
+        match run_case(layer, dtype, &params, port, source) {
+            Outcome::Pass(record) => runs.push(DTypeRun {
+                dtype,
+                cases: vec![record],
+                replayed: Vec::new(),
+                skipped: 0,
+            }),
+            Outcome::Fail(c) => {
+                let mut f = failure(FailureKind::Case(c));
+                leave_artifacts(layer, dtype, &mut f);
+                return Err(f);
+            }
+            Outcome::Fatal(e) => return Err(failure(FailureKind::Worker(e))),
+            Outcome::Unrecorded => {
+                return Err(failure(FailureKind::Config(
+                    "GOLDEN_CASE names a case the golden store has not recorded; run it live"
+                        .into(),
+                )))
+            }
+        }
+    }
+    Ok(runs)
 }
 
 /// The proptest configuration of a check, and how many regression seeds it replays first.
@@ -448,12 +542,12 @@ fn run_dtype(
             let (first, passed_before) =
                 first_failure.into_inner().expect("a failing case was seen");
             let mut f = match run_case(layer, dtype, &minimal, port, source) {
-                Outcome::Fail(c) => failure(FailureKind::Case(Box::new(c)), minimal.clone()),
+                Outcome::Fail(c) => failure(FailureKind::Case(c), minimal.clone()),
                 Outcome::Fatal(e) => failure(FailureKind::Worker(e), minimal.clone()),
                 Outcome::Pass(_) | Outcome::Unrecorded => {
                     // Not reproducible: show the first failure as it happened.
                     let mut f = match run_case(layer, dtype, &first, port, source) {
-                        Outcome::Fail(c) => failure(FailureKind::Case(Box::new(c)), first.clone()),
+                        Outcome::Fail(c) => failure(FailureKind::Case(c), first.clone()),
                         Outcome::Fatal(e) => failure(FailureKind::Worker(e), first.clone()),
                         Outcome::Pass(_) | Outcome::Unrecorded => failure(
                             FailureKind::Config(
@@ -481,6 +575,7 @@ fn run_dtype(
             }
             f.shrunk_from = Some((first, shrink_steps.get()));
             f.passed_before = passed_before as u32;
+            leave_artifacts(layer, dtype, &mut f);
             Err(f)
         }
         Err(TestError::Abort(reason)) => {

@@ -7,6 +7,7 @@
 //! | `GOLDEN_MODE` | `auto` (default), `live`, `replay`, `record` |
 //! | `GOLDEN_SEED` | seed of the generated cases (default 0) |
 //! | `GOLDEN_CASES` | number of cases, overriding `cases = N` |
+//! | `GOLDEN_CASE` | run exactly this one case (as a failure prints it) |
 //! | `GOLDEN_TIMEOUT` | seconds a reference may take on one case (default 60) |
 //! | `GOLDEN_WORKERS` | most Python workers per test process (default: cores, at most 4) |
 //! | `GOLDEN_VENV` | the venv `cargo xtask setup` creates and golden looks for |
@@ -70,6 +71,12 @@ fn parse_var<T: std::str::FromStr>(name: &str) -> Result<Option<T>, String> {
 /// `GOLDEN_SEED`, when set.
 pub fn seed() -> Result<Option<u64>, String> {
     parse_var("GOLDEN_SEED")
+}
+
+/// `GOLDEN_CASE`: one case to run instead of generating (`dims:style:seed[:dtype]`, as failures
+/// print it).
+pub fn case() -> Option<String> {
+    var("GOLDEN_CASE")
 }
 
 /// `GOLDEN_CASES`, when set.

@@ -42,6 +42,18 @@ impl Style {
         Style::Special,
     ];
 
+    /// Its short name in `GOLDEN_CASE` (`zeros`, `round`, `declared`, `tiny`, `large`, `special`).
+    pub fn token(self) -> &'static str {
+        match self {
+            Style::Zeros => "zeros",
+            Style::Round => "round",
+            Style::Declared => "declared",
+            Style::Tiny => "tiny",
+            Style::Large => "large",
+            Style::Special => "special",
+        }
+    }
+
     /// Its name in reports and snapshots.
     pub fn name(self) -> &'static str {
         match self {
@@ -81,6 +93,56 @@ impl CaseParams {
                 DimExpr::Sym(s) => self.dim(s).expect("validated by Layer::validate"),
             })
             .collect()
+    }
+
+    /// The case as `GOLDEN_CASE` takes it: `b=1,n=1:round:0x4934c9de9c8e41db`.
+    pub fn token(&self) -> String {
+        let dims: Vec<String> = self.dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        format!(
+            "{}:{}:{:#018x}",
+            dims.join(","),
+            self.style.token(),
+            self.seed
+        )
+    }
+
+    /// Parse [`CaseParams::token`]; every dim of the layer must be given.
+    pub fn parse(token: &str, layer: &Layer) -> Result<CaseParams, String> {
+        let bad = |why: &str| {
+            format!("GOLDEN_CASE={token:?}: {why}; expected `dim=value,...:style:0xseed` as golden prints it")
+        };
+        let parts: Vec<&str> = token.trim().split(':').collect();
+        let [dims, style, seed] = parts[..] else {
+            return Err(bad("three `:`-separated parts are needed"));
+        };
+        let mut values = Vec::new();
+        for pair in dims.split(',').filter(|p| !p.is_empty()) {
+            let (name, value) = pair
+                .split_once('=')
+                .ok_or_else(|| bad("a dim without `=`"))?;
+            let value = value
+                .parse()
+                .map_err(|_| bad("a dim value is not a number"))?;
+            values.push((name.trim().to_string(), value));
+        }
+        let dims = layer
+            .dims
+            .iter()
+            .map(|d| {
+                values
+                    .iter()
+                    .find(|(n, _)| *n == d.name)
+                    .map(|&(_, v)| (d.name.clone(), v))
+                    .ok_or_else(|| bad(&format!("dim `{}` is missing", d.name)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let style = Style::ALL
+            .into_iter()
+            .find(|s| s.token() == style)
+            .ok_or_else(|| bad(&format!("unknown value style `{style}`")))?;
+        let seed = u64::from_str_radix(seed.trim_start_matches("0x"), 16)
+            .map_err(|_| bad("the seed is not hexadecimal"))?;
+        Ok(CaseParams { dims, seed, style })
     }
 
     fn bound(&self, b: &Bound) -> i64 {
@@ -392,6 +454,15 @@ mod tests {
         let ids = make_arg(&layer.args[1], &case(3, Style::Declared), DType::F32).unwrap();
         assert_eq!(ids.dtype, WireDType::I64);
         assert!(ids.to_i64().iter().all(|&v| (0..5).contains(&v)));
+    }
+
+    #[test]
+    fn a_case_token_round_trips() {
+        let c = case(0x4934_c9de_9c8e_41db, Style::Tiny);
+        assert_eq!(c.token(), "b=3,d=5:tiny:0x4934c9de9c8e41db");
+        assert_eq!(CaseParams::parse(&c.token(), &layer()).unwrap(), c);
+        let err = CaseParams::parse("b=3:tiny:0x1", &layer()).unwrap_err();
+        assert!(err.contains("dim `d` is missing"), "{err}");
     }
 
     #[test]

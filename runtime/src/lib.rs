@@ -34,11 +34,13 @@
 // per failing test, so its size on the error path costs nothing worth boxing it for.
 #![allow(clippy::result_large_err)]
 
+pub mod artifacts;
 pub mod check;
 pub mod compare;
 pub mod env;
 pub mod inputs;
 pub mod layer;
+pub mod npy;
 pub mod outputs;
 pub mod params;
 pub mod reference;

@@ -4,6 +4,8 @@
 use crate::compare::{num, Leaf, Verdict};
 use crate::inputs::CaseParams;
 use crate::params::ParamIssue;
+use crate::reference::ReferenceOutputs;
+use crate::wire::HostTensor;
 use crate::worker::WorkerError;
 use std::fmt::{self, Write as _};
 
@@ -38,6 +40,12 @@ pub struct CaseFailure {
     pub precise_error: Option<String>,
     /// Inputs could not be generated.
     pub inputs_error: Option<String>,
+    /// The case's inputs, by argument name.
+    pub inputs: Vec<(String, HostTensor)>,
+    /// What the reference produced (None if it failed).
+    pub reference: Option<ReferenceOutputs>,
+    /// What the port produced, leaf by leaf.
+    pub port_outputs: Vec<(String, HostTensor)>,
 }
 
 impl CaseFailure {

@@ -96,7 +96,7 @@ impl Report {
     /// Why the snapshot, which describes the declared cases, is not compared this time.
     pub fn snapshot_skipped(&self) -> Option<&'static str> {
         if self.overridden {
-            Some("GOLDEN_SEED or GOLDEN_CASES changed the cases")
+            Some("GOLDEN_SEED, GOLDEN_CASES or GOLDEN_CASE changed the cases")
         } else if self.runs.iter().any(|r| r.skipped > 0) {
             Some("the golden store it replayed holds only some of the cases (its size bound)")
         } else {

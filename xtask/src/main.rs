@@ -136,7 +136,11 @@ fn print_zoo_report() -> Result<(), String> {
         .filter_map(|p| serde_json::from_slice(&std::fs::read(p).ok()?).ok())
         .collect();
     let sources: Vec<&str> = docs.iter().filter_map(|d| d["source"].as_str()).collect();
-    let live: Vec<&str> = sources.iter().copied().filter(|s| s.starts_with("live")).collect();
+    let live: Vec<&str> = sources
+        .iter()
+        .copied()
+        .filter(|s| s.starts_with("live"))
+        .collect();
     let replayed = sources.iter().filter(|s| s.starts_with("replay")).count();
     println!("\ngolden zoo: {} checks", docs.len());
     if let Some(how) = live.first() {

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Reproduce a failed golden check outside the test.
+
+golden copies this file into the failure's folder (`target/golden/failures/<crate>/<check>/`) next to
+`case.json` and the case's tensors as `.npy`. Run it with an interpreter that can import the
+reference: it loads the inputs (and, in module form, the state_dict), calls the reference again, and
+compares the port's outputs with it by the same rule as the test, printing the same numbers.
+
+It depends on nothing of golden's: only numpy, and torch for the torch backend.
+"""
+
+import importlib
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load(kind, name):
+    return np.load(os.path.join(HERE, kind, name + ".npy"))
+
+
+def num(x):
+    """Format a number as golden's reports do (4 significant digits, short)."""
+    if x == 0:
+        return "0"
+    if not math.isfinite(x):
+        return {math.inf: "inf", -math.inf: "-inf"}.get(x, "NaN")
+    a = abs(x)
+    if 1e-3 <= a < 1e5:
+        decimals = max(3 - math.floor(math.log10(a)), 0)
+        s = f"{x:.{decimals}f}"
+        return s.rstrip("0").rstrip(".") if "." in s else s
+    mantissa, exponent = f"{x:.3e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def resolve(path):
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[split:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"cannot import `{path}` (import roots: {CASE['import_roots']})")
+
+
+def flatten(out, prefix="out"):
+    if hasattr(out, "detach") or isinstance(out, np.ndarray):
+        return [(prefix, out)]
+    if isinstance(out, dict) or (hasattr(out, "keys") and hasattr(out, "__getitem__")):
+        return [leaf for k in out.keys() for leaf in flatten(out[k], f"{prefix}.{k}")]
+    if isinstance(out, (tuple, list)):
+        return [leaf for i, v in enumerate(out) if v is not None for leaf in flatten(v, f"{prefix}.{i}")]
+    raise TypeError(f"`{prefix}` is a {type(out).__name__}, not a tensor")
+
+
+def run_reference():
+    obj = resolve(CASE["reference"])
+    kwargs = CASE["kwargs"]
+    if CASE["backend"] == "numpy":
+        args = [load("inputs", name) for name in CASE["args"]]
+        return {k: np.asarray(v, dtype=np.float64) for k, v in flatten(obj(*args, **kwargs))}
+    import torch
+
+    torch.set_num_threads(1)
+    dtypes = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16}
+
+    def tensor(kind, name, dtype):
+        t = torch.from_numpy(load(kind, name))
+        return t.to(dtypes[dtype]) if dtype in dtypes else t
+
+    args = [tensor("inputs", name, CASE["arg_dtypes"][name]) for name in CASE["args"]]
+    target = obj
+    if CASE["form"] == "module":
+        torch.manual_seed(CASE["seed"])
+        target = obj(**CASE["init"]).eval().to(dtypes[CASE["dtype"]])
+        state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
+        target.load_state_dict(state)
+    torch.manual_seed(CASE["seed"])
+    with torch.no_grad():
+        out = target(*args, **kwargs)
+    return {k: v.detach().to(torch.float64).numpy() if v.is_floating_point() else v.numpy() for k, v in flatten(out)}
+
+
+def compare(name, leaf, fresh):
+    port = load("port", name).astype(np.float64)
+    shape = list(port.shape)
+    ref = np.asarray(fresh, dtype=np.float64)
+    stored = load("reference", name).astype(np.float64)
+    same = ref.shape == stored.shape and np.array_equal(ref, stored, equal_nan=True)
+    print(f"  leaf `{name}` ({leaf['dtype']} {shape}): reference run again "
+          + ("gives exactly what the test saw" if same else "DIFFERS from what the test saw"))
+    if ref.shape != port.shape:
+        print(f"    shape {shape} but the reference's is {list(ref.shape)}")
+        return
+    rule = leaf["rule"]
+    if rule == "exact":
+        bad = port != ref
+        print(f"  leaf `{name}`: {int(bad.sum())} / {port.size} elements differ (exact)")
+        return
+    rounding = load("rounding", name).astype(np.float64) if rule["factor"] > 0 else np.zeros_like(ref)
+    finite = np.isfinite(port) & np.isfinite(ref)
+    diff = np.where(finite, np.abs(port - ref), 0.0)
+    allowed = rule["atol"] + rule["rtol"] * np.abs(ref) + rule["factor"] * rounding
+    same_nonfinite = (np.isnan(port) & np.isnan(ref)) | (port == ref)
+    bad = np.where(finite, diff > allowed, ~same_nonfinite)
+    print(f"  leaf `{name}` ({leaf['dtype']} {shape}): {int(bad.sum())} / {port.size} elements differ "
+          f"({100.0 * bad.sum() / max(port.size, 1):.1f}%)")
+    if finite.any():
+        masked = np.where(finite, diff, -1.0)
+        i = int(np.argmax(masked))
+        at = [int(k) for k in np.unravel_index(i, port.shape)] if port.ndim else []
+        print(f"    greatest absolute difference {num(diff.flat[i])} at {at}: port {num(port.flat[i])}, "
+              f"reference {num(ref.flat[i])} (allowed {num(allowed.flat[i])})")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.where(ref != 0, diff / np.abs(ref), np.where(diff > 0, np.inf, 0.0))
+        rel = np.where(finite, rel, -1.0)
+        j = int(np.argmax(rel))
+        at = [int(k) for k in np.unravel_index(j, port.shape)] if port.ndim else []
+        print(f"    greatest relative difference {num(rel.flat[j])} at {at}: port {num(port.flat[j])}, "
+              f"reference {num(ref.flat[j])} (allowed {num(allowed.flat[j])})")
+    print(f"    NaN: port {int(np.isnan(port).sum())}, reference {int(np.isnan(ref).sum())}; "
+          f"Inf: port {int(np.isinf(port).sum())}, reference {int(np.isinf(ref).sum())}")
+
+
+def main():
+    global CASE
+    with open(os.path.join(HERE, "case.json")) as f:
+        CASE = json.load(f)
+    for root in reversed(CASE["import_roots"]):
+        sys.path.insert(0, root)
+    print(f"golden repro: `{CASE['layer']}` against `{CASE['reference']}` in {CASE['dtype']}")
+    print(f"  case: {CASE['case']}")
+    outputs = run_reference()
+    for name, leaf in CASE["leaves"].items():
+        if name not in outputs:
+            print(f"  leaf `{name}`: the reference no longer returns it")
+            continue
+        compare(name, leaf, outputs[name])
+    print(f"  re-run this case in Rust: {CASE['rerun']}")
+
+
+CASE = None
+
+if __name__ == "__main__":
+    main()

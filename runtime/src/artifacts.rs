@@ -1,0 +1,142 @@
+//! What a failing check leaves behind, for debugging outside the test:
+//! `target/golden/failures/<crate>/<check>/`.
+//!
+//! ```text
+//! case.json            the check, the case, the tolerance per leaf, import roots, the re-run command
+//! inputs/<arg>.npy     the case's inputs (bf16 as float32 copies)
+//! state_dict/<k>.npy   module form: the reference module's parameters
+//! reference/<leaf>.npy what the reference returned
+//! port/<leaf>.npy      what the port returned
+//! rounding/<leaf>.npy  the per-element rounding estimate of the tolerance
+//! repro.py             loads all that, runs the reference again, prints the same comparison
+//! ```
+
+use crate::compare::{Rule, Verdict};
+use crate::env;
+use crate::inputs::CaseParams;
+use crate::layer::Layer;
+use crate::npy;
+use crate::reference::dtype_name;
+use crate::report::CaseFailure;
+use crate::source::rerun_command;
+use crate::wire::HostTensor;
+use candle_core::DType;
+use serde_json::{json, Map, Value as Json};
+use std::path::{Path, PathBuf};
+
+const REPRO: &str = include_str!("../../reference_py/golden_ref/repro.py");
+
+/// The one-line command that re-runs exactly this case of this check.
+pub fn rerun_case_command(layer: &Layer, dtype: DType, case: &CaseParams) -> String {
+    rerun_command(
+        layer,
+        &format!("GOLDEN_CASE='{}:{}'", case.token(), dtype_name(dtype)),
+    )
+}
+
+/// The folder of a check's artifacts.
+pub fn folder(layer: &Layer) -> Option<PathBuf> {
+    let krate = layer
+        .declared
+        .and_then(|d| d.module_path.split("::").next())
+        .unwrap_or("unknown");
+    Some(
+        env::target_dir()?
+            .join("golden")
+            .join("failures")
+            .join(krate)
+            .join(layer.check_name()),
+    )
+}
+
+fn write_all(dir: &Path, kind: &str, tensors: &[(String, HostTensor)]) -> Result<(), String> {
+    if tensors.is_empty() {
+        return Ok(());
+    }
+    let sub = dir.join(kind);
+    std::fs::create_dir_all(&sub).map_err(|e| format!("{}: {e}", sub.display()))?;
+    for (name, t) in tensors {
+        let path = sub.join(format!("{name}.npy"));
+        npy::write(&path, t).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn dtypes(tensors: &[(String, HostTensor)]) -> Json {
+    Json::Object(
+        tensors
+            .iter()
+            .map(|(n, t)| (n.clone(), json!(t.dtype.name())))
+            .collect::<Map<_, _>>(),
+    )
+}
+
+/// Write a failing case's artifacts; returns the folder.
+pub fn write(
+    layer: &Layer,
+    dtype: DType,
+    case: &CaseParams,
+    failure: &CaseFailure,
+) -> Result<PathBuf, String> {
+    let dir = folder(layer).ok_or("no target directory")?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    write_all(&dir, "inputs", &failure.inputs)?;
+    write_all(&dir, "port", &failure.port_outputs)?;
+    let mut leaves = Map::new();
+    if let Some(reference) = &failure.reference {
+        write_all(&dir, "state_dict", &reference.state_dict)?;
+        write_all(&dir, "reference", &reference.expected)?;
+        if let Some(rounding) = &reference.rounding {
+            write_all(&dir, "rounding", rounding)?;
+        }
+        for (name, t) in &reference.expected {
+            let has_rounding = reference
+                .rounding
+                .as_ref()
+                .is_some_and(|r| r.iter().any(|(n, _)| n == name));
+            // The rule the comparison applied, as the test reported it.
+            let applied = failure
+                .leaves
+                .iter()
+                .find(|l| &l.name == name)
+                .and_then(|l| match &l.verdict {
+                    Verdict::Values(v) => Some(v.rule),
+                    _ => None,
+                });
+            let rule = match applied.unwrap_or_else(|| Rule::for_leaf(t.dtype, layer.tol)) {
+                Rule::Exact => json!("exact"),
+                Rule::Default { atol, rtol, factor } => json!({
+                    "atol": atol, "rtol": rtol, "factor": if has_rounding { factor } else { 0.0 },
+                }),
+                Rule::Explicit(tol) => json!({"atol": tol.atol, "rtol": tol.rtol, "factor": 0.0}),
+            };
+            leaves.insert(name.clone(), json!({"dtype": t.dtype.name(), "rule": rule}));
+        }
+    }
+    let values = |v: &[(String, crate::layer::Value)]| {
+        Json::Object(v.iter().map(|(k, v)| (k.clone(), v.to_json())).collect())
+    };
+    let case_json = json!({
+        "layer": layer.name,
+        "reference": layer.reference,
+        "form": layer.form.as_str(),
+        "backend": layer.backend.as_str(),
+        "dtype": dtype_name(dtype),
+        "seed": case.seed,
+        "case": case.to_string(),
+        "args": layer.args.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
+        "arg_dtypes": dtypes(&failure.inputs),
+        "state_dict_dtypes": dtypes(failure.reference.as_ref().map_or(&[][..], |r| &r.state_dict)),
+        "kwargs": values(&layer.consts),
+        "init": values(&layer.init),
+        "leaves": leaves,
+        "import_roots": env::import_roots(layer.manifest_dir()),
+        "python": env::python().program,
+        "rerun": rerun_case_command(layer, dtype, case),
+    });
+    let text = serde_json::to_string_pretty(&case_json).expect("JSON");
+    std::fs::write(dir.join("case.json"), text).map_err(|e| format!("case.json: {e}"))?;
+    std::fs::write(dir.join("repro.py"), REPRO).map_err(|e| format!("repro.py: {e}"))?;
+    Ok(dir)
+}
