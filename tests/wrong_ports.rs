@@ -9,24 +9,11 @@
 
 mod common;
 
-use candle_core::{Module, Result, Tensor, D};
+use candle_core::{Module, D};
 use golden::compare::Verdict;
-use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
+use golden::{Dist, Failure, Layer};
 
-/// Run a check that must fail; returns the failure. The layer's name names its store.
-fn must_fail(layer: &Layer, port: impl Fn(&PortInputs) -> Result<Tensor>) -> Failure {
-    let scratch = common::Scratch::new(&layer.name);
-    let layer = layer.clone().declared_at(golden::Declared {
-        module_path: "wrong_ports",
-        snapshot_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden"),
-        ..scratch.declared
-    });
-    let port = |inputs: &PortInputs| port(inputs).into_outputs();
-    match golden::check(&layer, &port) {
-        Ok(_) => panic!("the wrong port `{}` passed its check", layer.name),
-        Err(failure) => failure,
-    }
-}
+use common::must_fail;
 
 fn named(mut layer: Layer, name: &str) -> Layer {
     layer.name = name.to_string();

@@ -218,6 +218,30 @@ def _precise(case: Case, module, native, expected, perturbations: int):
     return precise, rounding
 
 
+def variants(case: Case):
+    """Evaluate the reference's registered variants on the case, in the case dtype.
+
+    Returns (name, fix, leaves or None, error or None) per variant; a variant that raises is
+    reported with its error and simply cannot match.
+    """
+    from .variants import variants_for
+
+    backend = case.backend
+    out = []
+    for v in variants_for(case.obj):
+        native = [backend.to_native(a) for a in case.args]
+        try:
+            if case.form == "module":
+                module = build_module(case)
+                leaves = _call(case, lambda *a, **k: v.fn(module, *a, **k), native, v.name)
+            else:
+                leaves = _call(case, v.fn, native, v.name)
+            out.append((v.name, v.fix, [(n, backend.from_native(t, case.dtype)) for n, t in leaves], None))
+        except (ReferenceRaised, OutputError) as e:
+            out.append((v.name, v.fix, None, str(e)))
+    return out
+
+
 def _float64_leaves(backend, leaves, names):
     if [name for name, _ in leaves] != names:
         raise ValueError("the float64 evaluation returned other outputs than the case dtype one")

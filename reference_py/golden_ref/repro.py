@@ -24,7 +24,7 @@ def load(kind, name):
     return np.load(os.path.join(HERE, kind, name + ".npy"))
 
 
-def num(x):
+def num(x, sig=4):
     """Format a number as golden's reports do (4 significant digits, short)."""
     if x == 0:
         return "0"
@@ -32,11 +32,19 @@ def num(x):
         return {math.inf: "inf", -math.inf: "-inf"}.get(x, "NaN")
     a = abs(x)
     if 1e-3 <= a < 1e5:
-        decimals = max(3 - math.floor(math.log10(a)), 0)
+        decimals = max(sig - 1 - math.floor(math.log10(a)), 0)
         s = f"{x:.{decimals}f}"
         return s.rstrip("0").rstrip(".") if "." in s else s
-    mantissa, exponent = f"{x:.3e}".split("e")
+    mantissa, exponent = f"{x:.{sig - 1}e}".split("e")
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def num_pair(a, b):
+    """Two numbers with as many digits (4 to 9) as it takes to tell them apart."""
+    sig = 4
+    while sig < 9 and a != b and num(a, sig) == num(b, sig):
+        sig += 1
+    return num(a, sig), num(b, sig)
 
 
 def resolve(path):
@@ -118,15 +126,17 @@ def compare(name, leaf, fresh):
         masked = np.where(finite, diff, -1.0)
         i = int(np.argmax(masked))
         at = [int(k) for k in np.unravel_index(i, port.shape)] if port.ndim else []
-        print(f"    greatest absolute difference {num(diff.flat[i])} at {at}: port {num(port.flat[i])}, "
-              f"reference {num(ref.flat[i])} (allowed {num(allowed.flat[i])})")
+        p, r = num_pair(port.flat[i], ref.flat[i])
+        print(f"    greatest absolute difference {num(diff.flat[i])} at {at}: port {p}, "
+              f"reference {r} (allowed {num(allowed.flat[i])})")
         with np.errstate(divide="ignore", invalid="ignore"):
             rel = np.where(ref != 0, diff / np.abs(ref), np.where(diff > 0, np.inf, 0.0))
         rel = np.where(finite, rel, -1.0)
         j = int(np.argmax(rel))
         at = [int(k) for k in np.unravel_index(j, port.shape)] if port.ndim else []
-        print(f"    greatest relative difference {num(rel.flat[j])} at {at}: port {num(port.flat[j])}, "
-              f"reference {num(ref.flat[j])} (allowed {num(allowed.flat[j])})")
+        p, r = num_pair(port.flat[j], ref.flat[j])
+        print(f"    greatest relative difference {num(rel.flat[j])} at {at}: port {p}, "
+              f"reference {r} (allowed {num(allowed.flat[j])})")
     print(f"    NaN: port {int(np.isnan(port).sum())}, reference {int(np.isnan(ref).sum())}; "
           f"Inf: port {int(np.isinf(port).sum())}, reference {int(np.isinf(ref).sum())}")
 

@@ -10,6 +10,7 @@ Requests (`op` in the JSON header):
 * `hello` -> versions of Python, NumPy and (if the backend asked for it) torch
 * `load`  -> resolve a reference (import errors are reported with their traceback)
 * `forward` -> evaluate a reference on one case (see :mod:`golden_ref.evaluate`)
+* `variants` -> evaluate the reference's known variants on one case (:mod:`golden_ref.variants`)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import traceback
 
 from . import wire
 from .backends import BACKENDS, BackendError, OutputError
-from .evaluate import Case, ReferenceRaised, forward
+from .evaluate import Case, ReferenceRaised, forward, variants
 from .references import ReferenceError_, resolve
 
 
@@ -76,15 +77,17 @@ class Worker:
             return ({header["backend"]: version} if version else {}), []
         if op == "forward":
             return self.forward(header, tensors)
+        if op == "variants":
+            return self.variants(header, tensors)
         raise wire.ProtocolError(f"unknown op {op!r}")
 
-    def forward(self, header: dict, tensors: list):
+    def case(self, header: dict, tensors: list) -> Case:
         args = wire.resolve_refs(header["args"], tensors)
         if not all(isinstance(a, wire.WireTensor) for a in args):
             raise wire.ProtocolError("`args` must be a list of tensors")
         backend = self.backend(header["backend"])
         obj = self.reference(header["reference"], header["form"], header["backend"])
-        case = Case(
+        return Case(
             obj,
             header["form"],
             backend,
@@ -94,6 +97,17 @@ class Worker:
             int(header["seed"]),
             header["dtype"],
         )
+
+    def variants(self, header: dict, tensors: list):
+        table = wire.TensorTable()
+        found = []
+        for name, fix, leaves, error in variants(self.case(header, tensors)):
+            outputs = None if leaves is None else [[n, table.ref(t)] for n, t in leaves]
+            found.append({"name": name, "fix": fix, "outputs": outputs, "error": error})
+        return {"variants": found}, table.tensors
+
+    def forward(self, header: dict, tensors: list):
+        case = self.case(header, tensors)
         result = forward(case, int(header.get("perturbations", 4)), bool(header.get("precise", True)))
         table = wire.TensorTable()
 

@@ -13,3 +13,4 @@ from .functional import (  # noqa: F401
     softmax,
 )
 from .modules import MLP, CausalSelfAttention, TransformerBlock  # noqa: F401
+from . import variants  # noqa: F401  (registers the known variants of these references)

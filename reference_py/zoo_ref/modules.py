@@ -15,8 +15,8 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(d_model, hidden)
         self.fc2 = nn.Linear(hidden, d_model)
 
-    def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
+    def forward(self, x, approximate: str = "none"):
+        return self.fc2(F.gelu(self.fc1(x), approximate=approximate))
 
 
 class CausalSelfAttention(nn.Module):
@@ -27,14 +27,15 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
 
-    def forward(self, x):
+    def forward(self, x, causal: bool = True):
         b, t, d = x.shape
         h = self.n_heads
         q, k, v = self.qkv(x).split(d, dim=-1)
         q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // h)
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
+        if causal:
+            mask = torch.ones(t, t, dtype=torch.bool).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
         y = torch.softmax(scores, dim=-1) @ v
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 

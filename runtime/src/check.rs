@@ -3,13 +3,14 @@
 
 use crate::artifacts;
 use crate::compare::{self, Expected, Leaf};
+use crate::diagnose;
 use crate::env;
 use crate::inputs::{self, CaseParams};
 use crate::layer::{Form, Layer};
 use crate::outputs::{Outputs, PortInputs};
 use crate::params::StateDict;
 use crate::reference::{dtype_name, ReferenceOutputs};
-use crate::report::{CaseFailure, Failure, FailureKind};
+use crate::report::{CaseFailure, Failure, FailureKind, LeafDiagnosis, VariantMatch};
 use crate::results;
 use crate::source::{Answer, OpenError, Source};
 use crate::wire::HostTensor;
@@ -340,6 +341,116 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     })
 }
 
+/// Add what golden can tell about a failed case: the diagnoses that fit (on the smallest case and
+/// on the first failing one) and the known variants of the reference the port matches on both.
+fn explain(
+    layer: &Layer,
+    dtype: DType,
+    source: &Source,
+    failure: &mut Failure,
+    first: Option<(CaseParams, Box<CaseFailure>)>,
+) {
+    let (FailureKind::Case(c), Some(case)) = (&mut failure.kind, &failure.case) else {
+        return;
+    };
+    c.diagnoses = diagnoses(layer, c, case, false);
+    c.variants = variant_matches(layer, dtype, source, case, c);
+    if let Some((first_case, first_failure)) = first {
+        for d in diagnoses(layer, &first_failure, &first_case, true) {
+            if !c
+                .diagnoses
+                .iter()
+                .any(|m| m.diagnosis.cause == d.diagnosis.cause)
+            {
+                c.diagnoses.push(d);
+            }
+        }
+        // A variant must explain both cases: a tiny case alone fits too many.
+        let on_first = variant_matches(layer, dtype, source, &first_case, &first_failure);
+        c.variants
+            .retain(|v| on_first.iter().any(|w| w.name == v.name));
+    }
+}
+
+/// The known variants of the reference that the port matches on this case (live only).
+fn variant_matches(
+    layer: &Layer,
+    dtype: DType,
+    source: &Source,
+    case: &CaseParams,
+    c: &CaseFailure,
+) -> Vec<VariantMatch> {
+    let Some(reference) = &c.reference else {
+        return Vec::new();
+    };
+    let args: Vec<HostTensor> = c.inputs.iter().map(|(_, t)| t.clone()).collect();
+    let Some(Ok(variants)) = source.variants(layer, dtype, case, &args) else {
+        return Vec::new();
+    };
+    variants
+        .into_iter()
+        .filter_map(|v| {
+            let outputs = v.outputs?;
+            let expected: Vec<(String, Expected<'_>)> = outputs
+                .iter()
+                .map(|(name, value)| {
+                    (
+                        name.clone(),
+                        Expected {
+                            value,
+                            rounding: find_leaf(&reference.rounding, name),
+                        },
+                    )
+                })
+                .collect();
+            let leaves = compare::compare_all(&c.port_outputs, &expected, layer.tol);
+            if leaves.is_empty() || !leaves.iter().all(Leaf::passes) {
+                return None;
+            }
+            let max_diff = leaves
+                .iter()
+                .filter_map(|l| match &l.verdict {
+                    compare::Verdict::Values(v) => v.greatest_abs.as_ref().map(|g| g.diff),
+                    _ => None,
+                })
+                .fold(0.0, f64::max);
+            Some(VariantMatch {
+                name: v.name,
+                fix: v.fix,
+                max_diff,
+            })
+        })
+        .collect()
+}
+
+/// The likely causes that fit a failed case's failing leaves.
+fn diagnoses(layer: &Layer, c: &CaseFailure, case: &CaseParams, first: bool) -> Vec<LeafDiagnosis> {
+    let Some(reference) = &c.reference else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for leaf in c.leaves.iter().filter(|l| !l.passes()) {
+        let port = c.port_outputs.iter().find(|(n, _)| *n == leaf.name);
+        let expected = reference.expected.iter().find(|(n, _)| *n == leaf.name);
+        let (Some((_, port)), Some((_, expected))) = (port, expected) else {
+            continue;
+        };
+        let rounding = find_leaf(&reference.rounding, &leaf.name);
+        let rule = match &leaf.verdict {
+            compare::Verdict::Values(v) => v.rule,
+            _ => compare::Rule::for_leaf(expected.dtype, layer.tol),
+        };
+        for diagnosis in diagnose::leaf(port, expected, rounding, rule, &case.sizes(layer)) {
+            out.push(LeafDiagnosis {
+                leaf: leaf.name.clone(),
+                diagnosis,
+                on_first_case: first.then(|| case.clone()),
+            });
+        }
+    }
+    out
+}
+
 /// Write the artifacts of a failed case and end the message with how to use them; the folder's
 /// path is the last line.
 fn leave_artifacts(layer: &Layer, dtype: DType, failure: &mut Failure) {
@@ -394,6 +505,7 @@ fn run_one_case(
             }),
             Outcome::Fail(c) => {
                 let mut f = failure(FailureKind::Case(c));
+                explain(layer, dtype, source, &mut f, None);
                 leave_artifacts(layer, dtype, &mut f);
                 return Err(f);
             }
@@ -573,6 +685,18 @@ fn run_dtype(
                     unrecorded_shrinks.get()
                 ));
             }
+            // Shrinking keeps the failure but can erase its evidence (a bias is invisible with a
+            // batch of one): explain it on the first failing case too.
+            let first_failure = match (f.case.as_ref() != Some(&first), &f.kind) {
+                (true, FailureKind::Case(_)) => {
+                    match run_case(layer, dtype, &first, port, source) {
+                        Outcome::Fail(c) => Some((first.clone(), c)),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            explain(layer, dtype, source, &mut f, first_failure);
             f.shrunk_from = Some((first, shrink_steps.get()));
             f.passed_before = passed_before as u32;
             leave_artifacts(layer, dtype, &mut f);

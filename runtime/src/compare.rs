@@ -111,6 +111,19 @@ impl fmt::Display for Rule {
 
 /// Format a number the way the reports do: short, with 4 significant digits.
 pub fn num(x: f64) -> String {
+    num_sig(x, 4)
+}
+
+/// Format two numbers with as many significant digits (4 to 9) as it takes to tell them apart.
+pub fn num_pair(a: f64, b: f64) -> (String, String) {
+    let mut sig = 4;
+    while sig < 9 && a != b && num_sig(a, sig) == num_sig(b, sig) {
+        sig += 1;
+    }
+    (num_sig(a, sig), num_sig(b, sig))
+}
+
+fn num_sig(x: f64, sig: usize) -> String {
     if x == 0.0 {
         return "0".into();
     }
@@ -119,7 +132,7 @@ pub fn num(x: f64) -> String {
     }
     let a = x.abs();
     if (1e-3..1e5).contains(&a) {
-        let decimals = (3 - a.log10().floor() as i32).max(0) as usize;
+        let decimals = (sig as i32 - 1 - a.log10().floor() as i32).max(0) as usize;
         let s = format!("{x:.decimals$}");
         if s.contains('.') {
             s.trim_end_matches('0').trim_end_matches('.').to_string()
@@ -127,7 +140,7 @@ pub fn num(x: f64) -> String {
             s
         }
     } else {
-        let s = format!("{x:.3e}");
+        let s = format!("{x:.*e}", sig - 1);
         let (mantissa, exponent) = s.split_once('e').expect("exponent format");
         let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
         format!("{mantissa}e{exponent}")
@@ -151,12 +164,11 @@ pub struct Element {
 
 impl fmt::Display for Element {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (port, reference) = num_pair(self.port, self.reference);
         write!(
             f,
-            "at {:?}: port {}, reference {} (allowed {})",
+            "at {:?}: port {port}, reference {reference} (allowed {})",
             self.index,
-            num(self.port),
-            num(self.reference),
             num(self.allowed)
         )
     }
@@ -628,5 +640,10 @@ mod tests {
         assert_eq!(num(-1.527e-4), "-1.527e-4");
         assert_eq!(num(123.0), "123");
         assert_eq!(num(0.0), "0");
+        assert_eq!(num_pair(3.99994, 4.0), ("3.9999".into(), "4".into()));
+        assert_eq!(
+            num_pair(0.84121, 0.84134),
+            ("0.8412".into(), "0.8413".into())
+        );
     }
 }

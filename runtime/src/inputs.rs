@@ -95,6 +95,20 @@ impl CaseParams {
             .collect()
     }
 
+    /// The sizes in this case, named: every dim, and every fixed axis of an argument
+    /// (`x.shape[2]`).
+    pub fn sizes(&self, layer: &Layer) -> Vec<(String, usize)> {
+        let mut sizes = self.dims.clone();
+        for arg in &layer.args {
+            for (axis, d) in arg.shape.iter().enumerate() {
+                if let DimExpr::Lit(n) = d {
+                    sizes.push((format!("{}.shape[{axis}]", arg.name), *n));
+                }
+            }
+        }
+        sizes
+    }
+
     /// The case as `GOLDEN_CASE` takes it: `b=1,n=1:round:0x4934c9de9c8e41db`.
     pub fn token(&self) -> String {
         let dims: Vec<String> = self.dims.iter().map(|(n, v)| format!("{n}={v}")).collect();

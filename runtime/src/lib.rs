@@ -37,6 +37,7 @@
 pub mod artifacts;
 pub mod check;
 pub mod compare;
+pub mod diagnose;
 pub mod env;
 pub mod inputs;
 pub mod layer;

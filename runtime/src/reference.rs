@@ -70,6 +70,17 @@ fn bf16_round_up(x: f64) -> half::bf16 {
     }
 }
 
+/// What one known variant of the reference gave on a case.
+#[derive(Clone, Debug)]
+pub struct VariantOutputs {
+    /// Its name, e.g. `gelu(approximate='tanh')`.
+    pub name: String,
+    /// The fix to print when the port matches it.
+    pub fix: String,
+    /// Its outputs (None when it raised on this case).
+    pub outputs: Option<Named>,
+}
+
 /// Rounding-sized nudges per case (the estimate is the largest response).
 const PERTURBATIONS: u32 = 4;
 
@@ -138,18 +149,49 @@ impl Live {
         Ok(versions)
     }
 
-    /// Run the reference on one case.
-    pub fn forward(
+    /// Evaluate the reference's known variants (`golden_ref.variants`) on one case.
+    pub fn variants(
         &self,
         layer: &Layer,
         dtype: DType,
         seed: u64,
         args: &[HostTensor],
-        during: &str,
-    ) -> Result<ReferenceOutputs, WorkerError> {
+    ) -> Result<Vec<VariantOutputs>, WorkerError> {
         let mut table = TensorTable::default();
+        let mut header = self.header(layer, dtype, seed, args, &mut table);
+        header["op"] = json!("variants");
+        let mut worker = pool().check_out(&self.key)?;
+        let (response, tensors) = worker.request(
+            header,
+            table.tensors,
+            self.timeout,
+            "evaluating the reference's variants",
+        )?;
+        let protocol = |e: wire::WireError| WorkerError::Protocol(e.to_string());
+        response["variants"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| {
+                Ok(VariantOutputs {
+                    name: v["name"].as_str().unwrap_or("?").to_string(),
+                    fix: v["fix"].as_str().unwrap_or_default().to_string(),
+                    outputs: named(&v["outputs"], &tensors).map_err(protocol)?,
+                })
+            })
+            .collect()
+    }
+
+    fn header(
+        &self,
+        layer: &Layer,
+        dtype: DType,
+        seed: u64,
+        args: &[HostTensor],
+        table: &mut TensorTable,
+    ) -> Json {
         let arg_refs: Vec<Json> = args.iter().map(|a| table.add(a.clone())).collect();
-        let header = json!({
+        json!({
             "op": "forward",
             "reference": layer.reference,
             "form": layer.form.as_str(),
@@ -160,7 +202,20 @@ impl Live {
             "kwargs": json_map(&layer.consts),
             "init": json_map(&layer.init),
             "perturbations": PERTURBATIONS,
-        });
+        })
+    }
+
+    /// Run the reference on one case.
+    pub fn forward(
+        &self,
+        layer: &Layer,
+        dtype: DType,
+        seed: u64,
+        args: &[HostTensor],
+        during: &str,
+    ) -> Result<ReferenceOutputs, WorkerError> {
+        let mut table = TensorTable::default();
+        let header = self.header(layer, dtype, seed, args, &mut table);
         let mut worker = pool().check_out(&self.key)?;
         let (response, tensors) = worker.request(header, table.tensors, self.timeout, during)?;
         decode_outputs(&response, &tensors).map_err(|e| WorkerError::Protocol(e.to_string()))

@@ -2,6 +2,7 @@
 //! where golden knows it.
 
 use crate::compare::{num, Leaf, Verdict};
+use crate::diagnose::Diagnosis;
 use crate::inputs::CaseParams;
 use crate::params::ParamIssue;
 use crate::reference::ReferenceOutputs;
@@ -46,6 +47,32 @@ pub struct CaseFailure {
     pub reference: Option<ReferenceOutputs>,
     /// What the port produced, leaf by leaf.
     pub port_outputs: Vec<(String, HostTensor)>,
+    /// Likely causes that fit the numbers (see `diagnose.rs`).
+    pub diagnoses: Vec<LeafDiagnosis>,
+    /// Known variants of the reference that the port matches (`golden_ref.variants`).
+    pub variants: Vec<VariantMatch>,
+}
+
+/// A known variant of the reference that the port matches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VariantMatch {
+    /// The variant's name.
+    pub name: String,
+    /// How to fix the port.
+    pub fix: String,
+    /// The port's greatest difference to it.
+    pub max_diff: f64,
+}
+
+/// A likely cause found on one leaf.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeafDiagnosis {
+    /// The leaf.
+    pub leaf: String,
+    /// The evidence and the cause.
+    pub diagnosis: Diagnosis,
+    /// Set when it showed on the first failing case rather than on the smallest one.
+    pub on_first_case: Option<CaseParams>,
 }
 
 impl CaseFailure {
@@ -334,6 +361,26 @@ impl fmt::Display for Failure {
                 for leaf in failing {
                     write_leaf(&mut out, leaf)?;
                 }
+            }
+            if !c.diagnoses.is_empty() {
+                writeln!(out, "  likely causes:")?;
+                for d in &c.diagnoses {
+                    let on = d
+                        .on_first_case
+                        .as_ref()
+                        .map(|case| format!(" (on the first failing case, {case})"))
+                        .unwrap_or_default();
+                    writeln!(out, "    - `{}`{on}: {}", d.leaf, d.diagnosis)?;
+                }
+            }
+            for v in &c.variants {
+                writeln!(
+                    out,
+                    "  the port matches `{}`, a known variant of the reference (max diff {}): {}",
+                    v.name,
+                    num(v.max_diff),
+                    v.fix
+                )?;
             }
             if let Some(e) = &c.precise_error {
                 if !failing_is_empty(c) {

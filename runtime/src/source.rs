@@ -7,7 +7,7 @@
 use crate::env::Mode;
 use crate::inputs::CaseParams;
 use crate::layer::Layer;
-use crate::reference::{Live, ReferenceOutputs};
+use crate::reference::{Live, ReferenceOutputs, VariantOutputs};
 use crate::store::{self, Entry, Store};
 use crate::wire::HostTensor;
 use crate::worker::WorkerError;
@@ -189,6 +189,22 @@ impl Source {
                 }
                 answer(outputs)
             }
+        }
+    }
+
+    /// The reference's known variants on a case; `None` in replay (they need Python).
+    pub fn variants(
+        &self,
+        layer: &Layer,
+        dtype: DType,
+        params: &CaseParams,
+        args: &[HostTensor],
+    ) -> Option<Result<Vec<VariantOutputs>, WorkerError>> {
+        match self {
+            Source::Live(live) | Source::Record(live, _) => {
+                Some(live.variants(layer, dtype, params.seed, args))
+            }
+            Source::Replay(_) => None,
         }
     }
 

@@ -39,3 +39,24 @@ impl Drop for Scratch {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Run a check of a deliberately wrong port that must fail; returns the failure. The check is
+/// declared with its golden store in `tests/golden/<layer name>.golden` (layer names are unique
+/// across the wrong-port suites) and its regression file in a scratch folder.
+pub fn must_fail(
+    layer: &golden::Layer,
+    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
+) -> golden::Failure {
+    use golden::IntoOutputs;
+    let scratch = Scratch::new(&layer.name);
+    let layer = layer.clone().declared_at(golden::Declared {
+        module_path: "wrong_ports",
+        snapshot_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden"),
+        ..scratch.declared
+    });
+    let port = |inputs: &golden::PortInputs| port(inputs).into_outputs();
+    match golden::check(&layer, &port) {
+        Ok(_) => panic!("the wrong port `{}` passed its check", layer.name),
+        Err(failure) => failure,
+    }
+}
