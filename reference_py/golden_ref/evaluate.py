@@ -218,28 +218,43 @@ def _precise(case: Case, module, native, expected, perturbations: int):
     return precise, rounding
 
 
-def variants(case: Case):
-    """Evaluate the reference's registered variants on the case, in the case dtype.
+def variants(case: Case, perturbations: int = 4):
+    """Evaluate the reference's registered variants on the case, each as a reference in its own
+    right: in the case dtype, in float64 and nudged, so that its rounding is estimated too.
 
-    Returns (name, fix, leaves or None, error or None) per variant; a variant that raises is
-    reported with its error and simply cannot match.
+    Returns (name, fix, result of `forward` or None, error or None) per variant; a variant that
+    raises on this case cannot match and is reported with its error.
     """
     from .variants import variants_for
 
-    backend = case.backend
     out = []
     for v in variants_for(case.obj):
-        native = [backend.to_native(a) for a in case.args]
+        if case.form == "module":
+            obj = _variant_module(case.obj, v.fn)
+        else:
+            obj = v.fn
+        vcase = Case(obj, case.form, case.backend, case.args, case.kwargs, case.init, case.seed, case.dtype)
         try:
-            if case.form == "module":
-                module = build_module(case)
-                leaves = _call(case, lambda *a, **k: v.fn(module, *a, **k), native, v.name)
-            else:
-                leaves = _call(case, v.fn, native, v.name)
-            out.append((v.name, v.fix, [(n, backend.from_native(t, case.dtype)) for n, t in leaves], None))
+            out.append((v.name, v.fix, forward(vcase, perturbations), None))
         except (ReferenceRaised, OutputError) as e:
             out.append((v.name, v.fix, None, str(e)))
     return out
+
+
+def _variant_module(cls, fn):
+    """A module-form variant as a module: built like the reference (same seed, same weights), its
+    forward is `fn(reference_module, *args)`."""
+    import torch
+
+    class VariantOf(torch.nn.Module):
+        def __init__(self, **init):
+            super().__init__()
+            self.inner = cls(**init)
+
+        def forward(self, *args, **kwargs):
+            return fn(self.inner, *args, **kwargs)
+
+    return VariantOf
 
 
 def _float64_leaves(backend, leaves, names):

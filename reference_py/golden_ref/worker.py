@@ -101,8 +101,9 @@ class Worker:
     def variants(self, header: dict, tensors: list):
         table = wire.TensorTable()
         found = []
-        for name, fix, leaves, error in variants(self.case(header, tensors)):
-            outputs = None if leaves is None else [[n, table.ref(t)] for n, t in leaves]
+        perturbations = int(header.get("perturbations", 4))
+        for name, fix, result, error in variants(self.case(header, tensors), perturbations):
+            outputs = None if result is None else _outputs_json(result, table)
             found.append({"name": name, "fix": fix, "outputs": outputs, "error": error})
         return {"variants": found}, table.tensors
 
@@ -110,15 +111,20 @@ class Worker:
         case = self.case(header, tensors)
         result = forward(case, int(header.get("perturbations", 4)), bool(header.get("precise", True)))
         table = wire.TensorTable()
+        return _outputs_json(result, table), table.tensors
 
-        def named(leaves):
-            if leaves is None:
-                return None
-            return [[name, table.ref(t)] for name, t in leaves]
 
-        response = {key: named(result[key]) for key in ("state_dict", "expected", "precise", "rounding")}
-        response["precise_error"] = result["precise_error"]
-        return response, table.tensors
+def _outputs_json(result: dict, table) -> dict:
+    """A `forward` result as a response header, its tensors added to `table`."""
+
+    def named(leaves):
+        if leaves is None:
+            return None
+        return [[name, table.ref(t)] for name, t in leaves]
+
+    response = {key: named(result[key]) for key in ("state_dict", "expected", "precise", "rounding")}
+    response["precise_error"] = result["precise_error"]
+    return response
 
 
 def error_response(error: BaseException) -> dict:

@@ -380,25 +380,26 @@ fn variant_matches(
     case: &CaseParams,
     c: &CaseFailure,
 ) -> Vec<VariantMatch> {
-    let Some(reference) = &c.reference else {
+    if c.reference.is_none() {
         return Vec::new();
-    };
+    }
     let args: Vec<HostTensor> = c.inputs.iter().map(|(_, t)| t.clone()).collect();
     let Some(Ok(variants)) = source.variants(layer, dtype, case, &args) else {
         return Vec::new();
     };
-    variants
+    let mut matches: Vec<VariantMatch> = variants
         .into_iter()
         .filter_map(|v| {
             let outputs = v.outputs?;
             let expected: Vec<(String, Expected<'_>)> = outputs
+                .expected
                 .iter()
                 .map(|(name, value)| {
                     (
                         name.clone(),
                         Expected {
                             value,
-                            rounding: find_leaf(&reference.rounding, name),
+                            rounding: find_leaf(&outputs.rounding, name),
                         },
                     )
                 })
@@ -420,7 +421,10 @@ fn variant_matches(
                 max_diff,
             })
         })
-        .collect()
+        .collect();
+    // Best fit first: close variants (eps 1e-6 and 1e-12) can both fit a case.
+    matches.sort_by(|a, b| a.max_diff.total_cmp(&b.max_diff));
+    matches
 }
 
 /// The likely causes that fit a failed case's failing leaves.

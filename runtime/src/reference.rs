@@ -77,8 +77,8 @@ pub struct VariantOutputs {
     pub name: String,
     /// The fix to print when the port matches it.
     pub fix: String,
-    /// Its outputs (None when it raised on this case).
-    pub outputs: Option<Named>,
+    /// Its outputs and their rounding estimate, as for the reference (None when it raised).
+    pub outputs: Option<ReferenceOutputs>,
 }
 
 /// Rounding-sized nudges per case (the estimate is the largest response).
@@ -173,10 +173,14 @@ impl Live {
             .into_iter()
             .flatten()
             .map(|v| {
+                let outputs = match &v["outputs"] {
+                    Json::Null => None,
+                    o => Some(decode_outputs(o, &tensors).map_err(protocol)?),
+                };
                 Ok(VariantOutputs {
                     name: v["name"].as_str().unwrap_or("?").to_string(),
                     fix: v["fix"].as_str().unwrap_or_default().to_string(),
-                    outputs: named(&v["outputs"], &tensors).map_err(protocol)?,
+                    outputs,
                 })
             })
             .collect()
