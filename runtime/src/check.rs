@@ -355,6 +355,13 @@ fn explain(
     };
     c.diagnoses = diagnoses(layer, c, case, false);
     c.variants = variant_matches(layer, dtype, source, case, c);
+    if source.is_replay() {
+        failure.notes.push(
+            "note: known variants of the reference (golden_ref.variants) are evaluated live only; \
+             this was a replay"
+                .into(),
+        );
+    }
     if let Some((first_case, first_failure)) = first {
         for d in diagnoses(layer, &first_failure, &first_case, true) {
             if !c
