@@ -123,20 +123,15 @@ def compare(name, leaf, fresh):
     print(f"  leaf `{name}` ({leaf['dtype']} {shape}): {int(bad.sum())} / {port.size} elements differ "
           f"({100.0 * bad.sum() / max(port.size, 1):.1f}%)")
     if finite.any():
-        masked = np.where(finite, diff, -1.0)
-        i = int(np.argmax(masked))
-        at = [int(k) for k in np.unravel_index(i, port.shape)] if port.ndim else []
-        p, r = num_pair(port.flat[i], ref.flat[i])
-        print(f"    greatest absolute difference {num(diff.flat[i])} at {at}: port {p}, "
-              f"reference {r} (allowed {num(allowed.flat[i])})")
         with np.errstate(divide="ignore", invalid="ignore"):
             rel = np.where(ref != 0, diff / np.abs(ref), np.where(diff > 0, np.inf, 0.0))
-        rel = np.where(finite, rel, -1.0)
-        j = int(np.argmax(rel))
-        at = [int(k) for k in np.unravel_index(j, port.shape)] if port.ndim else []
-        p, r = num_pair(port.flat[j], ref.flat[j])
-        print(f"    greatest relative difference {num(rel.flat[j])} at {at}: port {p}, "
-              f"reference {r} (allowed {num(allowed.flat[j])})")
+        for kind, values in (("absolute", diff), ("relative", rel)):
+            # The first greatest over the finite pairs, as the test picks it.
+            i = int(np.argmax(np.where(finite, values, -1.0)))
+            at = [int(k) for k in np.unravel_index(i, port.shape)] if port.ndim else []
+            p, r = num_pair(port.flat[i], ref.flat[i])
+            print(f"    greatest {kind} difference {num(values.flat[i])} at {at}: port {p}, "
+                  f"reference {r} (allowed {num(allowed.flat[i])})")
     print(f"    NaN: port {int(np.isnan(port).sum())}, reference {int(np.isnan(ref).sum())}; "
           f"Inf: port {int(np.isinf(port).sum())}, reference {int(np.isinf(ref).sum())}")
 

@@ -2,7 +2,7 @@
 //! shrink a failure to the smallest case, and collect what the snapshot records.
 
 use crate::artifacts;
-use crate::compare::{self, Expected, Leaf};
+use crate::compare::{self, Leaf};
 use crate::diagnose;
 use crate::env;
 use crate::inputs::{self, CaseParams};
@@ -207,20 +207,7 @@ fn run_port(
             return Outcome::Fail(Box::new(failure));
         }
     };
-    let expected: Vec<(String, Expected<'_>)> = reference
-        .expected
-        .iter()
-        .map(|(name, value)| {
-            (
-                name.clone(),
-                Expected {
-                    value,
-                    rounding: find_leaf(&reference.rounding, name),
-                },
-            )
-        })
-        .collect();
-    failure.leaves = compare::compare_all(&port_host, &expected, layer.tol);
+    failure.leaves = reference.compare(&port_host, layer.tol);
     failure.port_outputs = port_host;
     if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
         Outcome::Pass(CaseRecord {
@@ -230,13 +217,6 @@ fn run_port(
     } else {
         Outcome::Fail(Box::new(failure))
     }
-}
-
-fn find_leaf<'a>(set: &'a Option<Vec<(String, HostTensor)>>, name: &str) -> Option<&'a HostTensor> {
-    set.as_ref()?
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, t)| t)
 }
 
 struct Settings {
@@ -397,21 +377,7 @@ fn variant_matches(
     let mut matches: Vec<VariantMatch> = variants
         .into_iter()
         .filter_map(|v| {
-            let outputs = v.outputs?;
-            let expected: Vec<(String, Expected<'_>)> = outputs
-                .expected
-                .iter()
-                .map(|(name, value)| {
-                    (
-                        name.clone(),
-                        Expected {
-                            value,
-                            rounding: find_leaf(&outputs.rounding, name),
-                        },
-                    )
-                })
-                .collect();
-            let leaves = compare::compare_all(&c.port_outputs, &expected, layer.tol);
+            let leaves = v.outputs?.compare(&c.port_outputs, layer.tol);
             if leaves.is_empty() || !leaves.iter().all(Leaf::passes) {
                 return None;
             }
@@ -446,7 +412,7 @@ fn diagnoses(layer: &Layer, c: &CaseFailure, case: &CaseParams, first: bool) -> 
         let (Some((_, port)), Some((_, expected))) = (port, expected) else {
             continue;
         };
-        let rounding = find_leaf(&reference.rounding, &leaf.name);
+        let rounding = reference.rounding_of(&leaf.name);
         let rule = match &leaf.verdict {
             compare::Verdict::Values(v) => v.rule,
             _ => compare::Rule::for_leaf(expected.dtype, layer.tol),

@@ -1,6 +1,7 @@
 //! The reference as a check sees it: given a case's inputs, its outputs (and, in module form, the
 //! state_dict the port must use). Live, this is one request to a pooled Python worker.
 
+use crate::compare;
 use crate::env;
 use crate::layer::Layer;
 use crate::wire::{self, HostTensor, TensorTable};
@@ -23,6 +24,31 @@ pub struct ReferenceOutputs {
     pub rounding: Option<Named>,
     /// Why there is no rounding estimate.
     pub precise_error: Option<String>,
+}
+
+impl ReferenceOutputs {
+    /// The rounding estimate of a leaf, if there is one.
+    pub fn rounding_of(&self, leaf: &str) -> Option<&HostTensor> {
+        let set = self.rounding.as_ref()?;
+        set.iter().find(|(n, _)| n == leaf).map(|(_, t)| t)
+    }
+
+    /// Compare a port's outputs with these, leaf by leaf (`compare.rs`).
+    pub fn compare(
+        &self,
+        port: &[(String, HostTensor)],
+        tol: Option<crate::layer::Tol>,
+    ) -> Vec<compare::Leaf> {
+        let expected: Vec<(String, compare::Expected<'_>)> = self
+            .expected
+            .iter()
+            .map(|(name, value)| {
+                let rounding = self.rounding_of(name);
+                (name.clone(), compare::Expected { value, rounding })
+            })
+            .collect();
+        compare::compare_all(port, &expected, tol)
+    }
 }
 
 /// The rounding error float arithmetic in the case dtype is expected to make at each element of a
