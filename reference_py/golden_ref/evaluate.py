@@ -103,6 +103,8 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
     if case.form == "module":
         module = build_module(case)
         for name, value in module.state_dict().items():
+            # Wrappers (variants, gradients) hold the reference module as `inner`.
+            name = name[len("inner."):] if name.startswith("inner.") else name
             state_dict.append((name, backend.from_native(value, case.dtype)))
         target = module
     else:
@@ -239,6 +241,52 @@ def variants(case: Case, perturbations: int = 4):
         except (ReferenceRaised, OutputError) as e:
             out.append((v.name, v.fix, None, str(e)))
     return out
+
+
+def gradient_case(case: Case, names: list, wrt: list, params: bool) -> Case:
+    """The case of the function (inputs, cotangents) -> gradient of sum(out * cotangent), as a
+    reference of its own: golden evaluates it like any reference (case dtype, float64, nudged), so
+    gradients get a rounding estimate too.
+
+    `case.args` holds the inputs, then one cotangent per output leaf. `wrt` indexes the inputs to
+    differentiate; `params` adds the module's parameters. Leaves are named by argument or parameter;
+    a gradient PyTorch does not produce (no dependence) is left out.
+    """
+    torch = case.backend.torch
+    n_inputs = len(names)
+
+    def gradients(call, args, parameters):
+        with torch.enable_grad():
+            inputs = [a.detach().clone().requires_grad_(i in wrt) for i, a in enumerate(args[:n_inputs])]
+            cotangents = args[n_inputs:]
+            leaves = flatten_outputs(call(*inputs), case.backend)
+            if len(leaves) != len(cotangents):
+                raise ValueError(f"{len(leaves)} outputs for {len(cotangents)} cotangents")
+            total = sum((leaf * c).sum() for (_, leaf), c in zip(leaves, cotangents))
+            targets = [(names[i], inputs[i]) for i in wrt] + list(parameters)
+            grads = torch.autograd.grad(total, [t for _, t in targets], allow_unused=True)
+        return {name: g for (name, _), g in zip(targets, grads) if g is not None}
+
+    if case.form == "module":
+        cls = case.obj
+
+        class GradientOf(torch.nn.Module):
+            def __init__(self, **init):
+                super().__init__()
+                self.inner = cls(**init)
+
+            def forward(self, *args, **kwargs):
+                parameters = self.inner.named_parameters() if params else []
+                return gradients(lambda *a: self.inner(*a, **kwargs), args, parameters)
+
+        obj = GradientOf
+    else:
+        fn = case.obj
+
+        def obj(*args, **kwargs):
+            return gradients(lambda *a: fn(*a, **kwargs), args, [])
+
+    return Case(obj, case.form, case.backend, case.args, case.kwargs, case.init, case.seed, case.dtype)
 
 
 def _variant_module(cls, fn):

@@ -11,6 +11,8 @@ Requests (`op` in the JSON header):
 * `load`  -> resolve a reference (import errors are reported with their traceback)
 * `forward` -> evaluate a reference on one case (see :mod:`golden_ref.evaluate`)
 * `variants` -> evaluate the reference's known variants on one case (:mod:`golden_ref.variants`)
+* `gradients` -> PyTorch's gradients of sum(out * cotangent) on one case
+* `train` -> the overfit check's training steps in PyTorch (:mod:`golden_ref.training`)
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import traceback
 
 from . import wire
 from .backends import BACKENDS, BackendError, OutputError
-from .evaluate import Case, ReferenceRaised, forward, variants
+from .evaluate import Case, ReferenceRaised, forward, gradient_case, variants
+from .training import train
 from .references import ReferenceError_, resolve
 
 
@@ -79,6 +82,20 @@ class Worker:
             return self.forward(header, tensors)
         if op == "variants":
             return self.variants(header, tensors)
+        if op == "gradients":
+            case = gradient_case(
+                self.case(header, tensors), header["names"], header["wrt"], bool(header["params"])
+            )
+            table = wire.TensorTable()
+            result = forward(case, int(header.get("perturbations", 4)))
+            return _outputs_json(result, table), table.tensors
+        if op == "train":
+            case = self.case(header, tensors)
+            targets = wire.resolve_refs(header["targets"], tensors)
+            result = train(case, targets, header["loss"], header["optimizer"], int(header["steps"]))
+            table = wire.TensorTable()
+            final = [[name, table.ref(t)] for name, t in result["final"]]
+            return {"losses": result["losses"], "final": final}, table.tensors
         raise wire.ProtocolError(f"unknown op {op!r}")
 
     def case(self, header: dict, tensors: list) -> Case:

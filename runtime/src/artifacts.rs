@@ -11,6 +11,7 @@
 //! repro.py             loads all that, runs the reference again, prints the same comparison
 //! ```
 
+use crate::check::Kind;
 use crate::compare::{Rule, Verdict};
 use crate::env;
 use crate::inputs::CaseParams;
@@ -26,16 +27,18 @@ use std::path::{Path, PathBuf};
 
 const REPRO: &str = include_str!("../../reference_py/golden_ref/repro.py");
 
-/// The one-line command that re-runs exactly this case of this check.
-pub fn rerun_case_command(layer: &Layer, dtype: DType, case: &CaseParams) -> String {
+/// The one-line command that re-runs exactly this case of this check (`test` is the test function
+/// the attribute generated for it).
+pub fn rerun_case_command(layer: &Layer, test: &str, dtype: DType, case: &CaseParams) -> String {
     rerun_command(
         layer,
+        test,
         &format!("GOLDEN_CASE='{}:{}'", case.token(), dtype_name(dtype)),
     )
 }
 
 /// The folder of a check's artifacts.
-pub fn folder(layer: &Layer) -> Option<PathBuf> {
+pub fn folder(layer: &Layer, kind: Kind) -> Option<PathBuf> {
     let krate = layer
         .declared
         .and_then(|d| d.module_path.split("::").next())
@@ -45,7 +48,7 @@ pub fn folder(layer: &Layer) -> Option<PathBuf> {
             .join("golden")
             .join("failures")
             .join(krate)
-            .join(layer.check_name()),
+            .join(format!("{}{}", layer.check_name(), kind.suffix())),
     )
 }
 
@@ -74,11 +77,12 @@ fn dtypes(tensors: &[(String, HostTensor)]) -> Json {
 /// Write a failing case's artifacts; returns the folder.
 pub fn write(
     layer: &Layer,
+    kind: Kind,
     dtype: DType,
     case: &CaseParams,
     failure: &CaseFailure,
 ) -> Result<PathBuf, String> {
-    let dir = folder(layer).ok_or("no target directory")?;
+    let dir = folder(layer, kind).ok_or("no target directory")?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     write_all(&dir, "inputs", &failure.inputs)?;
@@ -133,7 +137,7 @@ pub fn write(
         "leaves": leaves,
         "import_roots": env::import_roots(layer.manifest_dir()),
         "python": env::python().program,
-        "rerun": rerun_case_command(layer, dtype, case),
+        "rerun": rerun_case_command(layer, kind.test(), dtype, case),
     });
     let text = serde_json::to_string_pretty(&case_json).expect("JSON");
     std::fs::write(dir.join("case.json"), text).map_err(|e| format!("case.json: {e}"))?;

@@ -1,31 +1,62 @@
-//! Running a check: generate cases with proptest, run the port and the reference on each, compare,
-//! shrink a failure to the smallest case, and collect what the snapshot records.
+//! Running a check: open the reference's source, generate cases with proptest, run each (a
+//! [`CaseRunner`] says what a case is for this kind of check), shrink a failure to the smallest
+//! case, and collect what the snapshot records.
+//!
+//! The kinds of check: the forward comparison (`forward.rs`) and the gradient check
+//! (`gradients.rs`) share everything here; the overfit check (`overfit.rs`) runs one fixed batch.
 
 use crate::artifacts;
-use crate::compare::{self, Leaf};
-use crate::diagnose;
+use crate::compare::Leaf;
 use crate::env;
 use crate::inputs::{self, CaseParams};
-use crate::layer::{Form, Layer};
+use crate::layer::Layer;
 use crate::outputs::{Outputs, PortInputs};
-use crate::params::StateDict;
-use crate::reference::{dtype_name, ReferenceOutputs};
-use crate::report::{CaseFailure, Failure, FailureKind, LeafDiagnosis, VariantMatch};
+use crate::reference::dtype_name;
+use crate::report::{CaseFailure, Failure, FailureKind};
 use crate::results;
-use crate::source::{Answer, OpenError, Source};
-use crate::wire::HostTensor;
+use crate::source::{rerun_command, OpenError, Source, Target};
 use crate::worker::WorkerError;
-use candle_core::{DType, Device};
+use candle_core::DType;
 use proptest::test_runner::{
     Config, FailurePersistence, FileFailurePersistence, RngSeed, TestCaseError, TestError,
     TestRunner,
 };
 use std::cell::{Cell, RefCell};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
 /// The port as the runtime calls it: the macro wraps the user's function in one of these.
 pub type Port<'a> = dyn Fn(&PortInputs) -> Result<Outputs, String> + 'a;
+
+/// The kinds of check golden runs on a layer; each has its own test, store and snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The port's outputs against the reference's.
+    Forward,
+    /// The port's gradients against finite differences and against PyTorch's autograd.
+    Gradients,
+    /// Training on one batch, against PyTorch's training.
+    Overfit,
+}
+
+impl Kind {
+    /// The test function the attribute generates for it.
+    pub fn test(self) -> &'static str {
+        match self {
+            Kind::Forward => "matches_reference",
+            Kind::Gradients => "gradients",
+            Kind::Overfit => "overfits_single_batch",
+        }
+    }
+
+    /// What the check's snapshot, store and results file add to the check's name.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Kind::Forward => "",
+            Kind::Gradients => "__gradients",
+            Kind::Overfit => "__overfit",
+        }
+    }
+}
 
 /// One passing case, as the snapshot and the results file see it.
 #[derive(Clone, Debug)]
@@ -34,6 +65,9 @@ pub struct CaseRecord {
     pub params: CaseParams,
     /// Every leaf's comparison.
     pub leaves: Vec<Leaf>,
+    /// Further figures of this kind of check, by name (the gradient check's finite-difference
+    /// errors relative to their tolerance).
+    pub figures: Vec<(String, f64)>,
 }
 
 /// All cases of one dtype.
@@ -55,6 +89,10 @@ pub struct DTypeRun {
 pub struct Report {
     /// The layer that was checked.
     pub layer: Layer,
+    /// What was checked.
+    pub kind: Kind,
+    /// What the check is about ([`Layer::description`] and what the kind adds).
+    pub description: String,
     /// Seed the cases were generated from.
     pub seed: u64,
     /// Cases per dtype.
@@ -68,7 +106,8 @@ pub struct Report {
     pub runs: Vec<DTypeRun>,
 }
 
-enum Outcome {
+/// What running one case found.
+pub(crate) enum Outcome {
     Pass(CaseRecord),
     Fail(Box<CaseFailure>),
     /// The worker died or hung: reported as is, not shrunk.
@@ -77,146 +116,43 @@ enum Outcome {
     Unrecorded,
 }
 
+/// What one kind of check does with a case.
+pub(crate) trait CaseRunner {
+    /// The port and the reference on one case.
+    fn run(&self, source: &Source, dtype: DType, params: &CaseParams) -> Outcome;
+    /// Record mode: everything this case asks of the reference, the port unseen, so that the
+    /// store holds every generated case even when the port fails early. `Some` for a dead worker.
+    fn reference_only(
+        &self,
+        source: &Source,
+        dtype: DType,
+        params: &CaseParams,
+    ) -> Option<WorkerError>;
+    /// The final failure: add what can be told about it, given the first failing case too when
+    /// shrinking found a smaller one.
+    fn finish(
+        &self,
+        source: &Source,
+        dtype: DType,
+        failure: &mut Failure,
+        first: Option<(CaseParams, Box<CaseFailure>)>,
+    );
+}
+
 /// The seed of a layer's cases: `GOLDEN_SEED` (default 0) mixed with the layer's name, so that
 /// layers of a suite do not all draw the same dims.
 fn layer_seed(base: u64, layer: &Layer) -> u64 {
     base ^ inputs::fnv1a(layer.name.as_bytes())
 }
 
-/// Run one case: inputs, reference, port, comparison.
-fn run_case(
-    layer: &Layer,
-    dtype: DType,
-    params: &CaseParams,
-    port: &Port<'_>,
-    source: &Source,
-) -> Outcome {
-    let mut failure = CaseFailure::default();
-    let args: Result<Vec<HostTensor>, String> = layer
-        .args
-        .iter()
-        .map(|a| inputs::make_arg(a, params, dtype))
-        .collect();
-    let args = match args {
-        Ok(a) => a,
-        Err(e) => {
-            failure.inputs_error = Some(e);
-            return Outcome::Fail(Box::new(failure));
-        }
-    };
-    let named_inputs = || {
-        layer
-            .args
-            .iter()
-            .map(|a| a.name.clone())
-            .zip(args.iter().cloned())
-            .collect()
-    };
-    let reference = match source.forward(layer, dtype, params, &args) {
-        Answer::Outputs(r) => r,
-        Answer::Unrecorded => return Outcome::Unrecorded,
-        Answer::Failed(e @ WorkerError::Remote(_)) => {
-            failure.reference_error = Some(e);
-            failure.inputs = named_inputs();
-            return Outcome::Fail(Box::new(failure));
-        }
-        Answer::Failed(e) => return Outcome::Fatal(e),
-    };
-    match run_port(layer, dtype, params, port, &args, &reference) {
-        Outcome::Fail(mut f) => {
-            f.inputs = named_inputs();
-            f.reference = Some(reference);
-            Outcome::Fail(f)
-        }
-        other => other,
-    }
+/// `GOLDEN_SEED`, or 0 (an invalid value is reported when the check runs).
+pub(crate) fn seed() -> u64 {
+    env::seed().ok().flatten().unwrap_or(0)
 }
 
-fn run_port(
-    layer: &Layer,
-    dtype: DType,
-    params: &CaseParams,
-    port: &Port<'_>,
-    args: &[HostTensor],
-    reference: &ReferenceOutputs,
-) -> Outcome {
-    let mut failure = CaseFailure {
-        precise_error: reference.precise_error.clone(),
-        ..CaseFailure::default()
-    };
-    let device = Device::Cpu;
-    let prepared = (|| -> candle_core::Result<_> {
-        let tensors = args
-            .iter()
-            .map(|a| a.to_candle(&device))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let state = match layer.form {
-            Form::Module => Some(StateDict::new(&reference.state_dict, dtype, &device)?),
-            Form::Function => None,
-        };
-        Ok((tensors, state))
-    })();
-    let (tensors, state) = match prepared {
-        Ok(p) => p,
-        Err(e) => {
-            failure.inputs_error = Some(format!("could not build the port's inputs: {e}"));
-            return Outcome::Fail(Box::new(failure));
-        }
-    };
-    let port_inputs = PortInputs {
-        tensors,
-        var_builder: state.as_ref().map(StateDict::var_builder),
-    };
-    let result = catch_unwind(AssertUnwindSafe(|| port(&port_inputs)));
-    if let Some(state) = &state {
-        failure.params = state.request_issues();
-    }
-    let outputs = match result {
-        Ok(Ok(outputs)) => outputs,
-        Ok(Err(e)) => {
-            failure.port_error = Some(e);
-            return Outcome::Fail(Box::new(failure));
-        }
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "(a panic without a message)".into());
-            failure.port_error = Some(msg);
-            failure.port_panicked = true;
-            return Outcome::Fail(Box::new(failure));
-        }
-    };
-    if let Some(state) = &state {
-        failure.params.extend(state.unused());
-    }
-    let port_host: Result<Vec<(String, HostTensor)>, String> = outputs
-        .0
-        .iter()
-        .map(|(n, t)| {
-            HostTensor::from_candle(t)
-                .map(|h| (n.clone(), h))
-                .map_err(|e| format!("output `{n}`: {e}"))
-        })
-        .collect();
-    let port_host = match port_host {
-        Ok(p) => p,
-        Err(e) => {
-            failure.port_error = Some(e);
-            return Outcome::Fail(Box::new(failure));
-        }
-    };
-    failure.leaves = reference.compare(&port_host, layer.tol);
-    failure.port_outputs = port_host;
-    if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
-        Outcome::Pass(CaseRecord {
-            params: params.clone(),
-            leaves: failure.leaves,
-        })
-    } else {
-        Outcome::Fail(Box::new(failure))
-    }
+/// The number of cases: `GOLDEN_CASES`, or what the check declares.
+pub(crate) fn cases(_layer: &Layer, declared: u32) -> u32 {
+    env::cases().ok().flatten().unwrap_or(declared)
 }
 
 struct Settings {
@@ -226,7 +162,7 @@ struct Settings {
     overridden: bool,
 }
 
-fn settings(layer: &Layer) -> Result<Settings, String> {
+fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
     let seed = env::seed()?;
     let cases = env::cases()?;
     Ok(Settings {
@@ -235,18 +171,9 @@ fn settings(layer: &Layer) -> Result<Settings, String> {
             None => env::mode()?,
         },
         seed: seed.unwrap_or(0),
-        cases: cases.unwrap_or(layer.cases),
+        cases: cases.unwrap_or(declared_cases),
         overridden: seed.is_some() || cases.is_some() || env::case().is_some(),
     })
-}
-
-/// Check a port against its reference. `Ok` carries what the snapshot records; `Err` says what
-/// failed, on the smallest failing case.
-pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
-    let started = Instant::now();
-    let result = check_inner(layer, port);
-    results::record(layer, &result, started.elapsed());
-    result
 }
 
 fn versions(info: &serde_json::Value) -> String {
@@ -257,12 +184,20 @@ fn versions(info: &serde_json::Value) -> String {
         .join(", ")
 }
 
-fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
+/// Open the source for a check of `kind`: the errors a user fixes once come out here.
+pub(crate) fn open_source(
+    layer: &Layer,
+    kind: Kind,
+    mode: env::Mode,
+    description: &str,
+) -> Result<(Source, String), Failure> {
     let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
-    layer.validate().map_err(config_error)?;
-    let settings = settings(layer).map_err(config_error)?;
-    let description = layer.description(settings.cases, settings.seed);
-    let (source, info) = Source::open(layer, settings.mode, &description).map_err(|e| match e {
+    let target = Target {
+        store_suffix: kind.suffix(),
+        test: kind.test(),
+        description,
+    };
+    let (source, info) = Source::open(layer, mode, &target).map_err(|e| match e {
         OpenError::Config(m) => config_error(m),
         OpenError::Setup(e, notes) => {
             let mut f = Failure::new(layer, FailureKind::Setup(e));
@@ -275,25 +210,76 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         Source::Record(..) => format!("live, recording ({})", versions(&info)),
         Source::Replay(store) => format!("replay ({})", store.path.display()),
     };
-    if settings.mode == env::Mode::Auto && !source.is_replay() {
+    if mode == env::Mode::Auto && !source.is_replay() {
         eprintln!("golden: `{}`: {how}", layer.name);
     }
+    Ok((source, how))
+}
+
+/// Write a recording source's store (the store records the reference, right or wrong port alike).
+pub(crate) fn finish_source(
+    layer: &Layer,
+    kind: Kind,
+    source: &Source,
+    description: &str,
+) -> Result<(), Failure> {
+    let target = Target {
+        store_suffix: kind.suffix(),
+        test: kind.test(),
+        description,
+    };
+    match source.finish(layer, &target) {
+        Ok(Some(line)) => {
+            eprintln!("{line}");
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(Failure::new(layer, FailureKind::Config(e))),
+    }
+}
+
+/// Run a check of `kind` whose cases `runner` runs, and record its results.
+pub(crate) fn run(
+    layer: &Layer,
+    kind: Kind,
+    declared_cases: u32,
+    description: &str,
+    runner: &impl CaseRunner,
+) -> Result<Report, Failure> {
+    let started = Instant::now();
+    let result = run_inner(layer, kind, declared_cases, description, runner);
+    results::record(layer, kind, &result, started.elapsed());
+    result
+}
+
+fn run_inner(
+    layer: &Layer,
+    kind: Kind,
+    declared_cases: u32,
+    description: &str,
+    runner: &impl CaseRunner,
+) -> Result<Report, Failure> {
+    let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
+    layer.validate().map_err(config_error)?;
+    let settings = settings(layer, declared_cases).map_err(config_error)?;
+    let (source, how) = open_source(layer, kind, settings.mode, description)?;
+    let source = &source;
     if matches!(source, Source::Record(..)) {
         // Every generated case goes into the store, even those after a failing one.
         for &dtype in &layer.dtypes {
-            record_generated(layer, dtype, &source, &settings);
+            record_generated(layer, dtype, runner, source, &settings);
         }
     }
     let mut runs = Vec::new();
     let mut failure = None;
     if let Some(token) = env::case() {
-        match run_one_case(layer, port, &source, &token) {
+        match run_one_case(layer, runner, source, &token) {
             Ok(r) => runs = r,
             Err(f) => failure = Some(f),
         }
     } else {
         for &dtype in &layer.dtypes {
-            match run_dtype(layer, dtype, port, &source, &settings) {
+            match run_dtype(layer, kind, dtype, runner, source, &settings) {
                 Ok(run) => runs.push(run),
                 Err(f) => {
                     failure = Some(f);
@@ -302,17 +288,14 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
             }
         }
     }
-    // The store records the reference, right or wrong port alike.
-    match source.finish(layer, &description) {
-        Ok(Some(line)) => eprintln!("{line}"),
-        Ok(None) => {}
-        Err(e) => return Err(config_error(e)),
-    }
+    finish_source(layer, kind, source, description)?;
     if let Some(f) = failure {
         return Err(f);
     }
     Ok(Report {
         layer: layer.clone(),
+        kind,
+        description: description.to_string(),
         seed: settings.seed,
         cases: settings.cases,
         overridden: settings.overridden,
@@ -321,137 +304,32 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     })
 }
 
-/// Add what golden can tell about a failed case: the diagnoses that fit (on the smallest case and
-/// on the first failing one) and the known variants of the reference the port matches on both.
-fn explain(
-    layer: &Layer,
-    dtype: DType,
-    source: &Source,
-    failure: &mut Failure,
-    first: Option<(CaseParams, Box<CaseFailure>)>,
-) {
-    let (FailureKind::Case(c), Some(case)) = (&mut failure.kind, &failure.case) else {
-        return;
-    };
-    c.diagnoses = diagnoses(layer, c, case, false);
-    c.variants = variant_matches(layer, dtype, source, case, c);
-    if source.is_replay() {
-        failure.notes.push(
-            "note: known variants of the reference (golden_ref.variants) are evaluated live only; \
-             this was a replay"
-                .into(),
-        );
-    }
-    if let Some((first_case, first_failure)) = first {
-        for d in diagnoses(layer, &first_failure, &first_case, true) {
-            if !c
-                .diagnoses
-                .iter()
-                .any(|m| m.diagnosis.cause == d.diagnosis.cause)
-            {
-                c.diagnoses.push(d);
-            }
-        }
-        // A variant must explain both cases: a tiny case alone fits too many.
-        let on_first = variant_matches(layer, dtype, source, &first_case, &first_failure);
-        c.variants
-            .retain(|v| on_first.iter().any(|w| w.name == v.name));
-    }
-}
-
-/// The known variants of the reference that the port matches on this case (live only).
-fn variant_matches(
-    layer: &Layer,
-    dtype: DType,
-    source: &Source,
-    case: &CaseParams,
-    c: &CaseFailure,
-) -> Vec<VariantMatch> {
-    if c.reference.is_none() {
-        return Vec::new();
-    }
-    let args: Vec<HostTensor> = c.inputs.iter().map(|(_, t)| t.clone()).collect();
-    let Some(Ok(variants)) = source.variants(layer, dtype, case, &args) else {
-        return Vec::new();
-    };
-    let mut matches: Vec<VariantMatch> = variants
-        .into_iter()
-        .filter_map(|v| {
-            let leaves = v.outputs?.compare(&c.port_outputs, layer.tol);
-            if leaves.is_empty() || !leaves.iter().all(Leaf::passes) {
-                return None;
-            }
-            let max_diff = leaves
-                .iter()
-                .filter_map(|l| match &l.verdict {
-                    compare::Verdict::Values(v) => v.greatest_abs.as_ref().map(|g| g.diff),
-                    _ => None,
-                })
-                .fold(0.0, f64::max);
-            Some(VariantMatch {
-                name: v.name,
-                fix: v.fix,
-                max_diff,
-            })
-        })
-        .collect();
-    // Best fit first: close variants (eps 1e-6 and 1e-12) can both fit a case.
-    matches.sort_by(|a, b| a.max_diff.total_cmp(&b.max_diff));
-    matches
-}
-
-/// The likely causes that fit a failed case's failing leaves.
-fn diagnoses(layer: &Layer, c: &CaseFailure, case: &CaseParams, first: bool) -> Vec<LeafDiagnosis> {
-    let Some(reference) = &c.reference else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for leaf in c.leaves.iter().filter(|l| !l.passes()) {
-        let port = c.port_outputs.iter().find(|(n, _)| *n == leaf.name);
-        let expected = reference.expected.iter().find(|(n, _)| *n == leaf.name);
-        let (Some((_, port)), Some((_, expected))) = (port, expected) else {
-            continue;
-        };
-        let rounding = reference.rounding_of(&leaf.name);
-        let rule = match &leaf.verdict {
-            compare::Verdict::Values(v) => v.rule,
-            _ => compare::Rule::for_leaf(expected.dtype, layer.tol),
-        };
-        for diagnosis in diagnose::leaf(port, expected, rounding, rule, &case.sizes(layer)) {
-            out.push(LeafDiagnosis {
-                leaf: leaf.name.clone(),
-                diagnosis,
-                on_first_case: first.then(|| case.clone()),
-            });
-        }
-    }
-    out
-}
-
 /// Write the artifacts of a failed case and end the message with how to use them; the folder's
 /// path is the last line.
-fn leave_artifacts(layer: &Layer, dtype: DType, failure: &mut Failure) {
+pub(crate) fn leave_artifacts(layer: &Layer, kind: Kind, dtype: DType, failure: &mut Failure) {
     let (FailureKind::Case(c), Some(case)) = (&failure.kind, &failure.case) else {
         return;
     };
     failure.notes.push(format!(
         "re-run exactly this case: {}",
-        artifacts::rerun_case_command(layer, dtype, case)
+        artifacts::rerun_case_command(layer, kind.test(), dtype, case)
     ));
-    match artifacts::write(layer, dtype, case, c) {
+    match artifacts::write(layer, kind, dtype, case, c) {
         Ok(dir) => failure.notes.push(format!(
             "inputs, outputs and a repro.py that runs the reference again ({} repro.py) are in\n  {}",
             env::python().program.display(),
             dir.display()
         )),
-        Err(e) => failure.notes.push(format!("(could not write the failure's artifacts: {e})")),
+        Err(e) => failure
+            .notes
+            .push(format!("(could not write the failure's artifacts: {e})")),
     }
 }
 
 /// `GOLDEN_CASE`: run exactly one case (per dtype, or the dtype it names), no generation.
 fn run_one_case(
     layer: &Layer,
-    port: &Port<'_>,
+    runner: &impl CaseRunner,
     source: &Source,
     token: &str,
 ) -> Result<Vec<DTypeRun>, Failure> {
@@ -473,7 +351,7 @@ fn run_one_case(
             f.case = Some(params.clone());
             f
         };
-        match run_case(layer, dtype, &params, port, source) {
+        match runner.run(source, dtype, &params) {
             Outcome::Pass(record) => runs.push(DTypeRun {
                 dtype,
                 cases: vec![record],
@@ -482,8 +360,7 @@ fn run_one_case(
             }),
             Outcome::Fail(c) => {
                 let mut f = failure(FailureKind::Case(c));
-                explain(layer, dtype, source, &mut f, None);
-                leave_artifacts(layer, dtype, &mut f);
+                runner.finish(source, dtype, &mut f, None);
                 return Err(f);
             }
             Outcome::Fatal(e) => return Err(failure(FailureKind::Worker(e))),
@@ -491,7 +368,7 @@ fn run_one_case(
                 return Err(failure(FailureKind::Config(
                     "GOLDEN_CASE names a case the golden store has not recorded; run it live"
                         .into(),
-                )))
+                )));
             }
         }
     }
@@ -516,38 +393,35 @@ fn runner_config(layer: &Layer, settings: &Settings) -> (Config, usize) {
 }
 
 /// Record mode, first pass: the reference on every case the check will generate, port unseen.
-fn record_generated(layer: &Layer, dtype: DType, source: &Source, settings: &Settings) {
+fn record_generated(
+    layer: &Layer,
+    dtype: DType,
+    runner: &impl CaseRunner,
+    source: &Source,
+    settings: &Settings,
+) {
     let (config, _) = runner_config(layer, settings);
-    let mut runner = TestRunner::new(config);
-    let _ = runner.run(&inputs::case_strategy(layer), |params| {
-        let Ok(args) = layer
-            .args
-            .iter()
-            .map(|a| inputs::make_arg(a, &params, dtype))
-            .collect::<Result<Vec<_>, _>>()
-        else {
-            return Ok(());
-        };
-        match source.forward(layer, dtype, &params, &args) {
+    let mut proptest = TestRunner::new(config);
+    let _ = proptest.run(&inputs::case_strategy(layer), |params| {
+        match runner.reference_only(source, dtype, &params) {
             // A dead worker: stop here, the check itself will report it.
-            Answer::Failed(e) if !matches!(e, WorkerError::Remote(_)) => {
-                Err(TestCaseError::fail("worker failure"))
-            }
-            _ => Ok(()),
+            Some(_) => Err(TestCaseError::fail("worker failure")),
+            None => Ok(()),
         }
     });
 }
 
 fn run_dtype(
     layer: &Layer,
+    kind: Kind,
     dtype: DType,
-    port: &Port<'_>,
+    runner: &impl CaseRunner,
     source: &Source,
     settings: &Settings,
 ) -> Result<DTypeRun, Failure> {
     let (config, replays) = runner_config(layer, settings);
     let partial = matches!(source, Source::Replay(store) if store.partial.is_some());
-    let mut runner = TestRunner::new(config);
+    let mut proptest = TestRunner::new(config);
     let records = RefCell::new(Vec::new());
     let first_failure: RefCell<Option<(CaseParams, usize)>> = RefCell::new(None);
     let fatal: RefCell<Option<(CaseParams, FailureKind)>> = RefCell::new(None);
@@ -555,7 +429,7 @@ fn run_dtype(
     let skipped = Cell::new(0usize);
     let unrecorded_shrinks = Cell::new(0u32);
 
-    let result = runner.run(&inputs::case_strategy(layer), |params| {
+    let result = proptest.run(&inputs::case_strategy(layer), |params| {
         if fatal.borrow().is_some() {
             // The worker died (or the store is stale): stop exercising it, let proptest wind down.
             return Err(TestCaseError::fail("aborted"));
@@ -564,7 +438,7 @@ fn run_dtype(
         if shrinking {
             shrink_steps.set(shrink_steps.get() + 1);
         }
-        match run_case(layer, dtype, &params, port, source) {
+        match runner.run(source, dtype, &params) {
             Outcome::Pass(record) => {
                 records.borrow_mut().push(record);
                 Ok(())
@@ -590,17 +464,15 @@ fn run_dtype(
                 Ok(())
             }
             Outcome::Unrecorded => {
-                let msg = match source {
-                    Source::Replay(store) => format!(
-                        "the golden store {} has no outputs for a case this check generates                          ({params}): it is out of date; {}",
-                        store.path.display(),
-                        format_args!(
-                            "record it again (needs Python with torch): {}",
-                            crate::source::rerun_command(layer, "GOLDEN_MODE=record")
-                        )
-                    ),
+                let path = match source {
+                    Source::Replay(store) => store.path.display().to_string(),
                     _ => unreachable!("only a replay leaves cases unrecorded"),
                 };
+                let msg = format!(
+                    "the golden store {path} has no outputs for a case this check generates \
+                     ({params}): it is out of date; record it again (needs Python with torch): {}",
+                    rerun_command(layer, kind.test(), "GOLDEN_MODE=record")
+                );
                 *fatal.borrow_mut() = Some((params, FailureKind::Config(msg)));
                 Err(TestCaseError::fail("stale store"))
             }
@@ -630,12 +502,12 @@ fn run_dtype(
             }
             let (first, passed_before) =
                 first_failure.into_inner().expect("a failing case was seen");
-            let mut f = match run_case(layer, dtype, &minimal, port, source) {
+            let mut f = match runner.run(source, dtype, &minimal) {
                 Outcome::Fail(c) => failure(FailureKind::Case(c), minimal.clone()),
                 Outcome::Fatal(e) => failure(FailureKind::Worker(e), minimal.clone()),
                 Outcome::Pass(_) | Outcome::Unrecorded => {
                     // Not reproducible: show the first failure as it happened.
-                    let mut f = match run_case(layer, dtype, &first, port, source) {
+                    let mut f = match runner.run(source, dtype, &first) {
                         Outcome::Fail(c) => failure(FailureKind::Case(c), first.clone()),
                         Outcome::Fatal(e) => failure(FailureKind::Worker(e), first.clone()),
                         Outcome::Pass(_) | Outcome::Unrecorded => failure(
@@ -663,20 +535,17 @@ fn run_dtype(
                 ));
             }
             // Shrinking keeps the failure but can erase its evidence (a bias is invisible with a
-            // batch of one): explain it on the first failing case too.
+            // batch of one): the runner gets the first failing case too.
             let first_failure = match (f.case.as_ref() != Some(&first), &f.kind) {
-                (true, FailureKind::Case(_)) => {
-                    match run_case(layer, dtype, &first, port, source) {
-                        Outcome::Fail(c) => Some((first.clone(), c)),
-                        _ => None,
-                    }
-                }
+                (true, FailureKind::Case(_)) => match runner.run(source, dtype, &first) {
+                    Outcome::Fail(c) => Some((first.clone(), c)),
+                    _ => None,
+                },
                 _ => None,
             };
-            explain(layer, dtype, source, &mut f, first_failure);
+            runner.finish(source, dtype, &mut f, first_failure);
             f.shrunk_from = Some((first, shrink_steps.get()));
             f.passed_before = passed_before as u32;
-            leave_artifacts(layer, dtype, &mut f);
             Err(f)
         }
         Err(TestError::Abort(reason)) => {

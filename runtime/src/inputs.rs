@@ -338,6 +338,19 @@ fn float_values(arg: &ArgSpec, n: usize, case: &CaseParams) -> Vec<f64> {
     }
 }
 
+/// Make every argument's tensor for one case, in the layer's order.
+pub fn make_args(
+    layer: &Layer,
+    case: &CaseParams,
+    dtype: DType,
+) -> Result<Vec<HostTensor>, String> {
+    layer
+        .args
+        .iter()
+        .map(|a| make_arg(a, case, dtype))
+        .collect()
+}
+
 /// Make the tensor of one argument for one case: floats in `dtype`, ints as i64, bools as bool.
 pub fn make_arg(arg: &ArgSpec, case: &CaseParams, dtype: DType) -> Result<HostTensor, String> {
     let shape = case.shape(arg);

@@ -39,6 +39,7 @@ pub mod check;
 pub mod compare;
 pub mod diagnose;
 pub mod env;
+pub mod forward;
 pub mod inputs;
 pub mod layer;
 pub mod npy;
@@ -53,7 +54,8 @@ pub mod store;
 pub mod wire;
 pub mod worker;
 
-pub use check::{check, Port, Report};
+pub use check::{Kind, Port, Report};
+pub use forward::check;
 pub use golden_macros::golden_layer;
 pub use layer::{Backend, Bound, Declared, DimExpr, Dist, Form, Layer, Tol, Value};
 pub use outputs::{IntoOutputs, Outputs, PortInputs};

@@ -235,20 +235,162 @@ impl Live {
         })
     }
 
-    /// Run the reference on one case.
-    pub fn forward(
+    /// Ask the reference for what `request` needs on one case.
+    pub fn request(
         &self,
         layer: &Layer,
         dtype: DType,
         seed: u64,
-        args: &[HostTensor],
+        request: &Request<'_>,
         during: &str,
     ) -> Result<ReferenceOutputs, WorkerError> {
         let mut table = TensorTable::default();
-        let header = self.header(layer, dtype, seed, args, &mut table);
+        let mut header = match request {
+            Request::Forward { args } => self.header(layer, dtype, seed, args, &mut table),
+            Request::Gradients {
+                args,
+                cotangents,
+                names,
+                wrt,
+                params,
+            } => {
+                let all: Vec<HostTensor> = args.iter().chain(cotangents.iter()).cloned().collect();
+                let mut h = self.header(layer, dtype, seed, &all, &mut table);
+                h["op"] = json!("gradients");
+                h["names"] = json!(names);
+                h["wrt"] = json!(wrt);
+                h["params"] = json!(params);
+                h
+            }
+            Request::Train {
+                args,
+                targets,
+                loss,
+                optimizer,
+                steps,
+            } => {
+                let mut h = self.header(layer, dtype, seed, args, &mut table);
+                h["op"] = json!("train");
+                h["targets"] = Json::Array(targets.iter().map(|t| table.add(t.clone())).collect());
+                h["loss"] = json!(loss);
+                h["optimizer"] = (*optimizer).clone();
+                h["steps"] = json!(steps);
+                h
+            }
+        };
+        if let Some(object) = header.as_object_mut() {
+            object.retain(|_, v| !v.is_null());
+        }
         let mut worker = pool().check_out(&self.key)?;
         let (response, tensors) = worker.request(header, table.tensors, self.timeout, during)?;
-        decode_outputs(&response, &tensors).map_err(|e| WorkerError::Protocol(e.to_string()))
+        let protocol = |e: wire::WireError| WorkerError::Protocol(e.to_string());
+        match request {
+            Request::Forward { .. } => decode_outputs(&response, &tensors).map_err(protocol),
+            Request::Gradients { .. } => {
+                let mut outputs = decode_outputs(&response, &tensors).map_err(protocol)?;
+                // The worker names gradients like outputs (`out.x`); they are `grad.x` here.
+                let rename = |set: &mut Named| {
+                    for (name, _) in set.iter_mut() {
+                        *name = format!("grad.{}", name.strip_prefix("out.").unwrap_or(name));
+                    }
+                };
+                rename(&mut outputs.expected);
+                if let Some(r) = outputs.rounding.as_mut() {
+                    rename(r);
+                }
+                Ok(outputs)
+            }
+            Request::Train { .. } => {
+                let losses: Vec<f64> = response["losses"]
+                    .as_array()
+                    .map(|l| l.iter().filter_map(Json::as_f64).collect())
+                    .unwrap_or_default();
+                let mut expected = vec![(
+                    "losses".to_string(),
+                    HostTensor::from_f64(vec![losses.len()], &losses),
+                )];
+                for (name, t) in named(&response["final"], &tensors)
+                    .map_err(protocol)?
+                    .unwrap_or_default()
+                {
+                    expected.push((format!("final.{name}"), t));
+                }
+                Ok(ReferenceOutputs {
+                    state_dict: Vec::new(),
+                    expected,
+                    rounding: None,
+                    precise_error: None,
+                })
+            }
+        }
+    }
+}
+
+/// What a check asks of the reference for one case.
+#[derive(Clone, Copy, Debug)]
+pub enum Request<'a> {
+    /// Its outputs on `args` (and, in module form, its state_dict).
+    Forward {
+        /// The inputs.
+        args: &'a [HostTensor],
+    },
+    /// PyTorch's gradients of `Σ sum(out · cotangent)` with respect to the inputs `wrt` (by
+    /// index) and, with `params`, the module's parameters; leaves named `grad.<name>`.
+    Gradients {
+        /// The inputs.
+        args: &'a [HostTensor],
+        /// One per output leaf, in the reference's order.
+        cotangents: &'a [HostTensor],
+        /// The inputs' names.
+        names: &'a [String],
+        /// Which inputs to differentiate.
+        wrt: &'a [usize],
+        /// Whether to differentiate the module's parameters too.
+        params: bool,
+    },
+    /// The overfit check's training steps: leaves `losses` (f64, one per step) and
+    /// `final.<parameter>`.
+    Train {
+        /// The batch.
+        args: &'a [HostTensor],
+        /// One target per output leaf.
+        targets: &'a [HostTensor],
+        /// `mse` or `cross_entropy`.
+        loss: &'a str,
+        /// The optimizer as the worker reads it.
+        optimizer: &'a Json,
+        /// Number of steps.
+        steps: u32,
+    },
+}
+
+impl Request<'_> {
+    /// Everything beyond the layer, the dtype and the seed that the answer depends on: a text and
+    /// the tensors (for the golden store's key).
+    pub fn key_parts(&self) -> (String, Vec<&HostTensor>) {
+        match *self {
+            Request::Forward { args } => (String::new(), args.iter().collect()),
+            Request::Gradients {
+                args,
+                cotangents,
+                names,
+                wrt,
+                params,
+            } => (
+                format!("gradients {names:?} {wrt:?} {params}"),
+                args.iter().chain(cotangents).collect(),
+            ),
+            Request::Train {
+                args,
+                targets,
+                loss,
+                optimizer,
+                steps,
+            } => (
+                format!("train {loss} {optimizer} {steps}"),
+                args.iter().chain(targets).collect(),
+            ),
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! quickstart's report, `cargo xtask zoo`) can show what the last run found. Best effort: a
 //! read-only target directory never fails a check.
 
-use crate::check::Report;
+use crate::check::{Kind, Report};
 use crate::compare::Verdict;
 use crate::layer::Layer;
 use crate::reference::dtype_name;
@@ -59,11 +59,11 @@ fn leaves_json(report: &Report) -> Vec<Json> {
 }
 
 /// Write the results of one check.
-pub fn record(layer: &Layer, result: &Result<Report, Failure>, elapsed: Duration) {
+pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elapsed: Duration) {
     let Some(dir) = results_dir(layer) else {
         return;
     };
-    let name = layer.check_name();
+    let name = format!("{}{}", layer.check_name(), kind.suffix());
     let mut doc = json!({
         "layer": layer.name,
         "check": name,

@@ -79,9 +79,10 @@ fn describe_rule(rule: &Rule) -> String {
 }
 
 impl Report {
-    /// The snapshot's name ([`Layer::check_name`]).
+    /// The snapshot's name: [`Layer::check_name`], and for the other kinds of check their suffix
+    /// (`norms__layer_norm__gradients`).
     pub fn snapshot_name(&self) -> String {
-        self.layer.check_name()
+        format!("{}{}", self.layer.check_name(), self.kind.suffix())
     }
 
     /// The snapshot text; `None` when the declared cases did not all run (see
@@ -105,7 +106,7 @@ impl Report {
     }
 
     fn snapshot_text(&self) -> String {
-        let mut s = self.layer.description(self.cases, self.seed);
+        let mut s = self.description.clone();
         for run in &self.runs {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
             self.write_leaves(&mut s, &run.cases);

@@ -20,8 +20,8 @@
 
 use crate::inputs::fnv1a;
 use crate::layer::Layer;
-use crate::reference::{dtype_name, Named, ReferenceOutputs};
-use crate::wire::{self, Frame, HostTensor, TensorTable};
+use crate::reference::{dtype_name, Named, ReferenceOutputs, Request};
+use crate::wire::{self, Frame, TensorTable};
 use candle_core::DType;
 use serde_json::{json, Value as Json};
 use std::collections::HashMap;
@@ -99,32 +99,41 @@ pub fn limit_bytes() -> Result<usize, String> {
     Ok((mib * 1024.0 * 1024.0) as usize)
 }
 
-/// Where a check's store lives: `<snapshot dir>/<check>.golden` (None when not declared).
-pub fn path(layer: &Layer) -> Option<PathBuf> {
+/// Where a check's store lives: `<snapshot dir>/<check><suffix>.golden` (None when not declared).
+/// The suffix tells the stores of one layer's checks apart (`__gradients`).
+pub fn path(layer: &Layer, suffix: &str) -> Option<PathBuf> {
     let declared = layer.declared?;
-    Some(Path::new(declared.snapshot_dir).join(format!("{}.golden", layer.check_name())))
+    Some(Path::new(declared.snapshot_dir).join(format!("{}{suffix}.golden", layer.check_name())))
 }
 
-/// The key of a case: a hash of everything the reference's answer depends on.
-pub fn key(layer: &Layer, dtype: DType, seed: u64, args: &[HostTensor]) -> u64 {
+/// The key of a request: a hash of everything the reference's answer depends on.
+pub fn key(layer: &Layer, dtype: DType, seed: u64, request: &Request<'_>) -> u64 {
     let json = |v: &[(String, crate::layer::Value)]| {
         serde_json::to_string(&v.iter().map(|(k, v)| (k, v.to_json())).collect::<Vec<_>>())
             .expect("JSON")
     };
+    let (what, tensors) = request.key_parts();
     let mut bytes = Vec::new();
-    for part in [
+    let consts = json(&layer.consts);
+    let init = json(&layer.init);
+    let mut parts = vec![
         layer.reference.as_str(),
         layer.form.as_str(),
         layer.backend.as_str(),
-        &json(&layer.consts),
-        &json(&layer.init),
+        &consts,
+        &init,
         dtype_name(dtype),
-    ] {
+    ];
+    // Forward requests add nothing: their keys stay what they were before other kinds existed.
+    if !what.is_empty() {
+        parts.push(&what);
+    }
+    for part in parts {
         bytes.extend_from_slice(part.as_bytes());
         bytes.push(0);
     }
     bytes.extend_from_slice(&seed.to_le_bytes());
-    for a in args {
+    for a in tensors {
         bytes.push(a.dtype.code());
         for &d in &a.shape {
             bytes.extend_from_slice(&(d as u64).to_le_bytes());

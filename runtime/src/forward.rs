@@ -1,0 +1,300 @@
+//! The forward check: the port and the reference on the same inputs, compared leaf by leaf; on a
+//! failure, what golden can tell about it (diagnoses, known variants) and the artifacts it leaves.
+
+use crate::check::{self, CaseRecord, CaseRunner, Kind, Outcome, Port, Report};
+use crate::compare::{self, Leaf};
+use crate::diagnose;
+use crate::inputs::{self, CaseParams};
+use crate::layer::{Form, Layer};
+use crate::outputs::PortInputs;
+use crate::params::StateDict;
+use crate::reference::{ReferenceOutputs, Request};
+use crate::report::{CaseFailure, Failure, FailureKind, LeafDiagnosis, VariantMatch};
+use crate::source::{Answer, Source};
+use crate::wire::HostTensor;
+use crate::worker::WorkerError;
+use candle_core::{DType, Device};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Check a port against its reference: `Ok` carries what the snapshot records, `Err` says what
+/// failed on the smallest failing case.
+pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
+    let description = layer.description(check::cases(layer, layer.cases), check::seed());
+    let runner = ForwardRunner { layer, port };
+    check::run(layer, Kind::Forward, layer.cases, &description, &runner)
+}
+
+/// Runs the forward comparison of a case.
+struct ForwardRunner<'a> {
+    layer: &'a Layer,
+    port: &'a Port<'a>,
+}
+
+impl CaseRunner for ForwardRunner<'_> {
+    fn run(&self, source: &Source, dtype: DType, params: &CaseParams) -> Outcome {
+        run_case(self.layer, dtype, params, self.port, source)
+    }
+
+    fn reference_only(
+        &self,
+        source: &Source,
+        dtype: DType,
+        params: &CaseParams,
+    ) -> Option<WorkerError> {
+        let args = inputs::make_args(self.layer, params, dtype).ok()?;
+        match source.request(self.layer, dtype, params, &Request::Forward { args: &args }) {
+            Answer::Failed(e) if !matches!(e, WorkerError::Remote(_)) => Some(e),
+            _ => None,
+        }
+    }
+
+    fn finish(
+        &self,
+        source: &Source,
+        dtype: DType,
+        failure: &mut Failure,
+        first: Option<(CaseParams, Box<CaseFailure>)>,
+    ) {
+        explain(self.layer, dtype, source, failure, first);
+        check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
+    }
+}
+
+/// Run one case: inputs, reference, port, comparison.
+pub(crate) fn run_case(
+    layer: &Layer,
+    dtype: DType,
+    params: &CaseParams,
+    port: &Port<'_>,
+    source: &Source,
+) -> Outcome {
+    let mut failure = CaseFailure::default();
+    let args = match inputs::make_args(layer, params, dtype) {
+        Ok(a) => a,
+        Err(e) => {
+            failure.inputs_error = Some(e);
+            return Outcome::Fail(Box::new(failure));
+        }
+    };
+    let named_inputs = || {
+        layer
+            .args
+            .iter()
+            .map(|a| a.name.clone())
+            .zip(args.iter().cloned())
+            .collect()
+    };
+    let reference = match source.request(layer, dtype, params, &Request::Forward { args: &args }) {
+        Answer::Outputs(r) => r,
+        Answer::Unrecorded => return Outcome::Unrecorded,
+        Answer::Failed(e @ WorkerError::Remote(_)) => {
+            failure.reference_error = Some(e);
+            failure.inputs = named_inputs();
+            return Outcome::Fail(Box::new(failure));
+        }
+        Answer::Failed(e) => return Outcome::Fatal(e),
+    };
+    match run_port(layer, dtype, params, port, &args, &reference) {
+        Outcome::Fail(mut f) => {
+            f.inputs = named_inputs();
+            f.reference = Some(reference);
+            Outcome::Fail(f)
+        }
+        other => other,
+    }
+}
+
+pub(crate) fn run_port(
+    layer: &Layer,
+    dtype: DType,
+    params: &CaseParams,
+    port: &Port<'_>,
+    args: &[HostTensor],
+    reference: &ReferenceOutputs,
+) -> Outcome {
+    let mut failure = CaseFailure {
+        precise_error: reference.precise_error.clone(),
+        ..CaseFailure::default()
+    };
+    let device = Device::Cpu;
+    let prepared = (|| -> candle_core::Result<_> {
+        let tensors = args
+            .iter()
+            .map(|a| a.to_candle(&device))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let state = match layer.form {
+            Form::Module => Some(StateDict::new(&reference.state_dict, dtype, &device)?),
+            Form::Function => None,
+        };
+        Ok((tensors, state))
+    })();
+    let (tensors, state) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            failure.inputs_error = Some(format!("could not build the port's inputs: {e}"));
+            return Outcome::Fail(Box::new(failure));
+        }
+    };
+    let port_inputs = PortInputs {
+        tensors,
+        var_builder: state.as_ref().map(StateDict::var_builder),
+    };
+    let result = catch_unwind(AssertUnwindSafe(|| port(&port_inputs)));
+    if let Some(state) = &state {
+        failure.params = state.request_issues();
+    }
+    let outputs = match result {
+        Ok(Ok(outputs)) => outputs,
+        Ok(Err(e)) => {
+            failure.port_error = Some(e);
+            return Outcome::Fail(Box::new(failure));
+        }
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "(a panic without a message)".into());
+            failure.port_error = Some(msg);
+            failure.port_panicked = true;
+            return Outcome::Fail(Box::new(failure));
+        }
+    };
+    if let Some(state) = &state {
+        failure.params.extend(state.unused());
+    }
+    let port_host: Result<Vec<(String, HostTensor)>, String> = outputs
+        .0
+        .iter()
+        .map(|(n, t)| {
+            HostTensor::from_candle(t)
+                .map(|h| (n.clone(), h))
+                .map_err(|e| format!("output `{n}`: {e}"))
+        })
+        .collect();
+    let port_host = match port_host {
+        Ok(p) => p,
+        Err(e) => {
+            failure.port_error = Some(e);
+            return Outcome::Fail(Box::new(failure));
+        }
+    };
+    failure.leaves = reference.compare(&port_host, layer.tol);
+    failure.port_outputs = port_host;
+    if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
+        Outcome::Pass(CaseRecord {
+            params: params.clone(),
+            leaves: failure.leaves,
+            figures: Vec::new(),
+        })
+    } else {
+        Outcome::Fail(Box::new(failure))
+    }
+}
+
+/// Add what golden can tell about a failed case: the diagnoses that fit (on the smallest case and
+/// on the first failing one) and the known variants of the reference the port matches on both.
+fn explain(
+    layer: &Layer,
+    dtype: DType,
+    source: &Source,
+    failure: &mut Failure,
+    first: Option<(CaseParams, Box<CaseFailure>)>,
+) {
+    let (FailureKind::Case(c), Some(case)) = (&mut failure.kind, &failure.case) else {
+        return;
+    };
+    c.diagnoses = diagnoses(layer, c, case, false);
+    c.variants = variant_matches(layer, dtype, source, case, c);
+    if source.is_replay() {
+        failure.notes.push(
+            "note: known variants of the reference (golden_ref.variants) are evaluated live only; \
+             this was a replay"
+                .into(),
+        );
+    }
+    if let Some((first_case, first_failure)) = first {
+        for d in diagnoses(layer, &first_failure, &first_case, true) {
+            if !c
+                .diagnoses
+                .iter()
+                .any(|m| m.diagnosis.cause == d.diagnosis.cause)
+            {
+                c.diagnoses.push(d);
+            }
+        }
+        // A variant must explain both cases: a tiny case alone fits too many.
+        let on_first = variant_matches(layer, dtype, source, &first_case, &first_failure);
+        c.variants
+            .retain(|v| on_first.iter().any(|w| w.name == v.name));
+    }
+}
+
+/// The known variants of the reference that the port matches on this case (live only).
+fn variant_matches(
+    layer: &Layer,
+    dtype: DType,
+    source: &Source,
+    case: &CaseParams,
+    c: &CaseFailure,
+) -> Vec<VariantMatch> {
+    if c.reference.is_none() {
+        return Vec::new();
+    }
+    let args: Vec<HostTensor> = c.inputs.iter().map(|(_, t)| t.clone()).collect();
+    let Some(Ok(variants)) = source.variants(layer, dtype, case, &args) else {
+        return Vec::new();
+    };
+    let mut matches: Vec<VariantMatch> = variants
+        .into_iter()
+        .filter_map(|v| {
+            let leaves = v.outputs?.compare(&c.port_outputs, layer.tol);
+            if leaves.is_empty() || !leaves.iter().all(Leaf::passes) {
+                return None;
+            }
+            let max_diff = leaves
+                .iter()
+                .filter_map(|l| match &l.verdict {
+                    compare::Verdict::Values(v) => v.greatest_abs.as_ref().map(|g| g.diff),
+                    _ => None,
+                })
+                .fold(0.0, f64::max);
+            Some(VariantMatch {
+                name: v.name,
+                fix: v.fix,
+                max_diff,
+            })
+        })
+        .collect();
+    // Best fit first: close variants (eps 1e-6 and 1e-12) can both fit a case.
+    matches.sort_by(|a, b| a.max_diff.total_cmp(&b.max_diff));
+    matches
+}
+
+/// The likely causes that fit a failed case's failing leaves.
+fn diagnoses(layer: &Layer, c: &CaseFailure, case: &CaseParams, first: bool) -> Vec<LeafDiagnosis> {
+    let Some(reference) = &c.reference else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for leaf in c.leaves.iter().filter(|l| !l.passes()) {
+        let port = c.port_outputs.iter().find(|(n, _)| *n == leaf.name);
+        let expected = reference.expected.iter().find(|(n, _)| *n == leaf.name);
+        let (Some((_, port)), Some((_, expected))) = (port, expected) else {
+            continue;
+        };
+        let rounding = reference.rounding_of(&leaf.name);
+        let rule = match &leaf.verdict {
+            compare::Verdict::Values(v) => v.rule,
+            _ => compare::Rule::for_leaf(expected.dtype, layer.tol),
+        };
+        for diagnosis in diagnose::leaf(port, expected, rounding, rule, &case.sizes(layer)) {
+            out.push(LeafDiagnosis {
+                leaf: leaf.name.clone(),
+                diagnosis,
+                on_first_case: first.then(|| case.clone()),
+            });
+        }
+    }
+    out
+}
