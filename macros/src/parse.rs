@@ -18,6 +18,7 @@ pub const OPTIONS: &[&str] = &[
     "dtypes",
     "tol",
     "cases",
+    "grad",
 ];
 
 /// `name = lo..=hi` (or `lo..hi`, or a single size).
@@ -69,6 +70,23 @@ pub struct KeyValue {
     pub value: ValueDecl,
 }
 
+/// One name in `grad(wrt = [...])`: an argument (an identifier) or a parameter (a string).
+pub enum WrtName {
+    Arg(Ident),
+    Param(LitStr),
+}
+
+/// `grad` or `grad(wrt = [...], eps = .., atol = .., rtol = .., mode = fast|full, cases = N)`.
+#[derive(Default)]
+pub struct GradDecl {
+    pub wrt: Option<Vec<WrtName>>,
+    pub eps: Option<f64>,
+    pub atol: Option<f64>,
+    pub rtol: Option<f64>,
+    pub full: Option<bool>,
+    pub cases: Option<u32>,
+}
+
 /// The whole attribute.
 #[derive(Default)]
 pub struct Attr {
@@ -81,6 +99,7 @@ pub struct Attr {
     pub dtypes: Option<(Ident, Vec<Ident>)>,
     pub tol: Option<(f64, f64)>,
     pub cases: Option<u32>,
+    pub grad: Option<GradDecl>,
 }
 
 fn comma_list<T>(input: ParseStream, item: fn(ParseStream) -> Result<T>) -> Result<Vec<T>> {
@@ -279,6 +298,56 @@ fn parse_key_value(input: ParseStream) -> Result<KeyValue> {
     })
 }
 
+fn parse_grad(input: ParseStream) -> Result<GradDecl> {
+    let mut grad = GradDecl::default();
+    while !input.is_empty() {
+        let key: Ident = input.parse()?;
+        input.parse::<Token![=]>()?;
+        match key.to_string().as_str() {
+            "wrt" => {
+                let content;
+                bracketed!(content in input);
+                grad.wrt = Some(comma_list(&content, |i| {
+                    if i.peek(LitStr) {
+                        Ok(WrtName::Param(i.parse()?))
+                    } else {
+                        Ok(WrtName::Arg(i.parse()?))
+                    }
+                })?);
+            }
+            "eps" => grad.eps = Some(parse_number(input)?),
+            "atol" => grad.atol = Some(parse_number(input)?),
+            "rtol" => grad.rtol = Some(parse_number(input)?),
+            "mode" => {
+                let mode: Ident = input.parse()?;
+                grad.full = Some(match mode.to_string().as_str() {
+                    "fast" => false,
+                    "full" => true,
+                    _ => {
+                        return Err(Error::new(
+                            mode.span(),
+                            "expected `mode = fast` or `mode = full`",
+                        ))
+                    }
+                });
+            }
+            "cases" => {
+                let lit: LitInt = input.parse()?;
+                grad.cases = Some(lit.base10_parse()?);
+            }
+            _ => return Err(Error::new(
+                key.span(),
+                "expected one of `wrt = [..]`, `eps`, `atol`, `rtol`, `mode = fast|full`, `cases`",
+            )),
+        }
+        if input.is_empty() {
+            break;
+        }
+        input.parse::<Token![,]>()?;
+    }
+    Ok(grad)
+}
+
 fn parse_tol(input: ParseStream) -> Result<(f64, f64)> {
     let mut atol = None;
     let mut rtol = None;
@@ -365,6 +434,14 @@ impl Parse for Attr {
                 "tol" => {
                     parenthesized!(content in input);
                     attr.tol = Some(parse_tol(&content)?);
+                }
+                "grad" => {
+                    attr.grad = Some(if input.peek(syn::token::Paren) {
+                        parenthesized!(content in input);
+                        parse_grad(&content)?
+                    } else {
+                        GradDecl::default()
+                    });
                 }
                 "cases" => {
                     input.parse::<Token![=]>()?;

@@ -2,7 +2,9 @@
 //! built from the attribute, a closure calling the function, and the snapshot assertion (which must
 //! be expanded here, in the user's crate, for insta to file it under the user's test).
 
-use crate::parse::{ArgDecl, Attr, Axis, BoundDecl, DistDecl, KeyValue, ValueDecl};
+use crate::parse::{
+    ArgDecl, Attr, Axis, BoundDecl, DistDecl, GradDecl, KeyValue, ValueDecl, WrtName,
+};
 use crate::signature::{self, Kind, Param};
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
@@ -257,6 +259,29 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
     let reference = check_reference(attr, &mut errors);
     check_dims_and_args(attr, &params, fn_name, &mut errors);
     let (call, module_form) = call_args(attr, &params, &mut errors);
+    for name in attr.grad.iter().flat_map(|g| g.wrt.iter().flatten()) {
+        match name {
+            WrtName::Arg(ident) => {
+                let is_tensor = params
+                    .iter()
+                    .any(|p| p.name == *ident && matches!(p.kind, Kind::Tensor { .. }));
+                if !is_tensor {
+                    errors.push(
+                        ident.span(),
+                        format!(
+                            "`grad(wrt = [...])` names `{ident}`, which is not a tensor parameter; \
+                             name module parameters as strings (\"fc1.weight\")"
+                        ),
+                    );
+                }
+            }
+            WrtName::Param(lit) if !module_form => errors.push(
+                lit.span(),
+                "parameters (strings in `wrt`) exist in the module form only",
+            ),
+            WrtName::Param(_) => {}
+        }
+    }
     if !module_form && !attr.init.is_empty() {
         errors.push(
             attr.init[0].name.span(),
@@ -313,12 +338,21 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
     let name = fn_name.to_string();
     let reference = reference.unwrap_or_default();
 
+    let grad_spec = attr.grad.as_ref().map(grad_spec);
+    let grad_test = attr.grad.as_ref().map(|_| {
+        quote! {
+            #[test]
+            fn gradients() {
+                snapshot(&::golden::__private::passed(::golden::gradients::check(&layer(), &port)));
+            }
+        }
+    });
+
     Ok(quote! {
         #[cfg(test)]
         mod #fn_name {
-            #[test]
-            fn matches_reference() {
-                let layer = ::golden::Layer::#constructor(#name, #reference)
+            fn layer() -> ::golden::Layer {
+                ::golden::Layer::#constructor(#name, #reference)
                     .declared_at(::golden::declared!())
                     .backend(#backend)
                     #(#dim_calls)*
@@ -327,26 +361,79 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                     #(#init)*
                     .dtypes(&[#(#dtypes),*])
                     #tol
-                    #cases;
-                let report = ::golden::__private::run_check(
-                    &layer,
-                    &|__golden_inputs: &::golden::PortInputs| {
-                        ::golden::IntoOutputs::into_outputs(super::#fn_name(#(#call),*))
-                    },
-                );
+                    #cases
+                    #grad_spec
+            }
+
+            fn port(
+                __golden_inputs: &::golden::PortInputs,
+            ) -> ::std::result::Result<::golden::Outputs, ::std::string::String> {
+                ::golden::IntoOutputs::into_outputs(super::#fn_name(#(#call),*))
+            }
+
+            /// The snapshot assertion must expand here, in the crate under test, for insta to file
+            /// it under this crate.
+            fn snapshot(report: &::golden::Report) {
                 match report.snapshot() {
                     ::std::option::Option::Some(text) => {
                         let mut settings = ::golden::__private::insta::Settings::clone_current();
-                        settings.set_snapshot_path(layer.declared.unwrap().snapshot_dir);
+                        settings.set_snapshot_path(report.layer.declared.unwrap().snapshot_dir);
                         settings.set_prepend_module_to_snapshot(false);
                         settings.set_omit_expression(true);
                         settings.bind(|| {
                             ::golden::__private::insta::assert_snapshot!(report.snapshot_name(), text);
                         });
                     }
-                    ::std::option::Option::None => ::golden::__private::skipped_snapshot(&report),
+                    ::std::option::Option::None => ::golden::__private::skipped_snapshot(report),
                 }
             }
+
+            #[test]
+            fn matches_reference() {
+                snapshot(&::golden::__private::passed(::golden::check(&layer(), &port)));
+            }
+
+            #grad_test
         }
     })
+}
+
+fn grad_spec(g: &GradDecl) -> TokenStream {
+    let wrt = match &g.wrt {
+        None => quote!(::std::option::Option::None),
+        Some(names) => {
+            let names = names.iter().map(|n| match n {
+                WrtName::Arg(i) => i.to_string(),
+                WrtName::Param(s) => s.value(),
+            });
+            quote!(::std::option::Option::Some(
+                ::std::vec![#(::std::string::String::from(#names)),*]
+            ))
+        }
+    };
+    let field = |name: &str, v: Option<TokenStream>| {
+        let name = Ident::new(name, Span::call_site());
+        v.map(|v| quote!(#name: #v,))
+    };
+    let eps = field("eps", g.eps.map(|v| quote!(#v)));
+    let atol = field("atol", g.atol.map(|v| quote!(#v)));
+    let rtol = field("rtol", g.rtol.map(|v| quote!(#v)));
+    let cases = field("cases", g.cases.map(|v| quote!(#v)));
+    let mode = field(
+        "mode",
+        g.full.map(|full| {
+            if full {
+                quote!(::golden::gradients::GradMode::Full)
+            } else {
+                quote!(::golden::gradients::GradMode::Fast)
+            }
+        }),
+    );
+    quote! {
+        .grad(::golden::gradients::GradSpec {
+            wrt: #wrt,
+            #eps #atol #rtol #cases #mode
+            ..::std::default::Default::default()
+        })
+    }
 }

@@ -100,12 +100,16 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
     native = [backend.to_native(a) for a in case.args]
     module = None
     state_dict = []
+    buffers = []
     if case.form == "module":
         module = build_module(case)
+        parameter_names = {n[len("inner."):] if n.startswith("inner.") else n for n, _ in module.named_parameters()}
         for name, value in module.state_dict().items():
             # Wrappers (variants, gradients) hold the reference module as `inner`.
             name = name[len("inner."):] if name.startswith("inner.") else name
             state_dict.append((name, backend.from_native(value, case.dtype)))
+            if name not in parameter_names:
+                buffers.append(name)
         target = module
     else:
         target = case.obj
@@ -121,6 +125,7 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
             precise_error = f"{type(e).__name__}: {e}"
     return {
         "state_dict": state_dict,
+        "buffers": buffers,
         "expected": expected,
         "precise": high,
         "rounding": rounding,

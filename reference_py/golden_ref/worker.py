@@ -141,6 +141,8 @@ def _outputs_json(result: dict, table) -> dict:
 
     response = {key: named(result[key]) for key in ("state_dict", "expected", "precise", "rounding")}
     response["precise_error"] = result["precise_error"]
+    if result.get("buffers"):
+        response["buffers"] = result["buffers"]
     return response
 
 

@@ -10,6 +10,9 @@
 //! rounding/<leaf>.npy  the per-element rounding estimate of the tolerance
 //! repro.py             loads all that, runs the reference again, prints the same comparison
 //! ```
+//!
+//! For the gradient check, `reference/` and `port/` hold the gradients (`grad.<name>.npy`), and
+//! there is no repro.py (it reproduces forward comparisons).
 
 use crate::check::Kind;
 use crate::compare::{Rule, Verdict};
@@ -108,7 +111,11 @@ pub fn write(
                     Verdict::Values(v) => Some(v.rule),
                     _ => None,
                 });
-            let rule = match applied.unwrap_or_else(|| Rule::for_leaf(t.dtype, layer.tol)) {
+            let factor = match kind {
+                Kind::Gradients => crate::compare::GRADIENT_ROUNDING_FACTOR,
+                _ => crate::compare::ROUNDING_FACTOR,
+            };
+            let rule = match applied.unwrap_or_else(|| Rule::for_leaf(t.dtype, layer.tol, factor)) {
                 Rule::Exact => json!("exact"),
                 Rule::Default { atol, rtol, factor } => json!({
                     "atol": atol, "rtol": rtol, "factor": if has_rounding { factor } else { 0.0 },
@@ -141,6 +148,8 @@ pub fn write(
     });
     let text = serde_json::to_string_pretty(&case_json).expect("JSON");
     std::fs::write(dir.join("case.json"), text).map_err(|e| format!("case.json: {e}"))?;
-    std::fs::write(dir.join("repro.py"), REPRO).map_err(|e| format!("repro.py: {e}"))?;
+    if kind == Kind::Forward {
+        std::fs::write(dir.join("repro.py"), REPRO).map_err(|e| format!("repro.py: {e}"))?;
+    }
     Ok(dir)
 }

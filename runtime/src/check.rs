@@ -247,7 +247,10 @@ pub(crate) fn run(
     runner: &impl CaseRunner,
 ) -> Result<Report, Failure> {
     let started = Instant::now();
-    let result = run_inner(layer, kind, declared_cases, description, runner);
+    let result = run_inner(layer, kind, declared_cases, description, runner).map_err(|mut f| {
+        f.check = kind;
+        f
+    });
     results::record(layer, kind, &result, started.elapsed());
     result
 }
@@ -315,9 +318,13 @@ pub(crate) fn leave_artifacts(layer: &Layer, kind: Kind, dtype: DType, failure: 
         artifacts::rerun_case_command(layer, kind.test(), dtype, case)
     ));
     match artifacts::write(layer, kind, dtype, case, c) {
-        Ok(dir) => failure.notes.push(format!(
+        Ok(dir) if kind == Kind::Forward => failure.notes.push(format!(
             "inputs, outputs and a repro.py that runs the reference again ({} repro.py) are in\n  {}",
             env::python().program.display(),
+            dir.display()
+        )),
+        Ok(dir) => failure.notes.push(format!(
+            "the case's inputs and both sides' values (.npy) are in\n  {}",
             dir.display()
         )),
         Err(e) => failure

@@ -6,7 +6,7 @@ use crate::compare::{self, Leaf};
 use crate::diagnose;
 use crate::inputs::{self, CaseParams};
 use crate::layer::{Form, Layer};
-use crate::outputs::PortInputs;
+use crate::outputs::{Outputs, PortInputs};
 use crate::params::StateDict;
 use crate::reference::{ReferenceOutputs, Request};
 use crate::report::{CaseFailure, Failure, FailureKind, LeafDiagnosis, VariantMatch};
@@ -104,6 +104,39 @@ pub(crate) fn run_case(
     }
 }
 
+/// Why the port produced no outputs: its error, or its panic's message.
+pub(crate) struct PortFailure {
+    pub(crate) message: String,
+    pub(crate) panicked: bool,
+}
+
+/// Call the port on `tensors` (and, in module form, a `VarBuilder` over `state`), catching panics.
+pub(crate) fn call_port(
+    port: &Port<'_>,
+    tensors: Vec<candle_core::Tensor>,
+    state: Option<&StateDict>,
+) -> Result<Outputs, PortFailure> {
+    let inputs = PortInputs {
+        tensors,
+        var_builder: state.map(StateDict::var_builder),
+    };
+    match catch_unwind(AssertUnwindSafe(|| port(&inputs))) {
+        Ok(Ok(outputs)) => Ok(outputs),
+        Ok(Err(message)) => Err(PortFailure {
+            message,
+            panicked: false,
+        }),
+        Err(panic) => Err(PortFailure {
+            message: panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "(a panic without a message)".into()),
+            panicked: true,
+        }),
+    }
+}
+
 pub(crate) fn run_port(
     layer: &Layer,
     dtype: DType,
@@ -135,28 +168,15 @@ pub(crate) fn run_port(
             return Outcome::Fail(Box::new(failure));
         }
     };
-    let port_inputs = PortInputs {
-        tensors,
-        var_builder: state.as_ref().map(StateDict::var_builder),
-    };
-    let result = catch_unwind(AssertUnwindSafe(|| port(&port_inputs)));
+    let result = call_port(port, tensors, state.as_ref());
     if let Some(state) = &state {
         failure.params = state.request_issues();
     }
     let outputs = match result {
-        Ok(Ok(outputs)) => outputs,
-        Ok(Err(e)) => {
-            failure.port_error = Some(e);
-            return Outcome::Fail(Box::new(failure));
-        }
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "(a panic without a message)".into());
-            failure.port_error = Some(msg);
-            failure.port_panicked = true;
+        Ok(outputs) => outputs,
+        Err(PortFailure { message, panicked }) => {
+            failure.port_error = Some(message);
+            failure.port_panicked = panicked;
             return Outcome::Fail(Box::new(failure));
         }
     };
@@ -179,7 +199,7 @@ pub(crate) fn run_port(
             return Outcome::Fail(Box::new(failure));
         }
     };
-    failure.leaves = reference.compare(&port_host, layer.tol);
+    failure.leaves = reference.compare(&port_host, layer.tol, compare::ROUNDING_FACTOR);
     failure.port_outputs = port_host;
     if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
         Outcome::Pass(CaseRecord {
@@ -248,7 +268,9 @@ fn variant_matches(
     let mut matches: Vec<VariantMatch> = variants
         .into_iter()
         .filter_map(|v| {
-            let leaves = v.outputs?.compare(&c.port_outputs, layer.tol);
+            let leaves = v
+                .outputs?
+                .compare(&c.port_outputs, layer.tol, compare::ROUNDING_FACTOR);
             if leaves.is_empty() || !leaves.iter().all(Leaf::passes) {
                 return None;
             }
@@ -286,7 +308,7 @@ fn diagnoses(layer: &Layer, c: &CaseFailure, case: &CaseParams, first: bool) -> 
         let rounding = reference.rounding_of(&leaf.name);
         let rule = match &leaf.verdict {
             compare::Verdict::Values(v) => v.rule,
-            _ => compare::Rule::for_leaf(expected.dtype, layer.tol),
+            _ => compare::Rule::for_leaf(expected.dtype, layer.tol, compare::ROUNDING_FACTOR),
         };
         for diagnosis in diagnose::leaf(port, expected, rounding, rule, &case.sizes(layer)) {
             out.push(LeafDiagnosis {

@@ -318,6 +318,8 @@ pub struct Layer {
     /// A mode for this check alone, over `GOLDEN_MODE` (tests of golden itself use it: the
     /// environment is shared by every test thread).
     pub mode: Option<crate::env::Mode>,
+    /// The gradient check's options (`grad(...)`).
+    pub grad: Option<crate::gradients::GradSpec>,
 }
 
 /// Where a check is declared: what `golden::declared!()` captures in the crate under test.
@@ -368,6 +370,7 @@ impl Layer {
             cases: DEFAULT_CASES,
             declared: None,
             mode: None,
+            grad: None,
         }
     }
 
@@ -439,6 +442,12 @@ impl Layer {
     /// Number of generated cases per dtype.
     pub fn cases(mut self, cases: u32) -> Self {
         self.cases = cases;
+        self
+    }
+
+    /// The gradient check's options (`grad(...)` in the attribute).
+    pub fn grad(mut self, spec: crate::gradients::GradSpec) -> Self {
+        self.grad = Some(spec);
         self
     }
 

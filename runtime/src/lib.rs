@@ -40,6 +40,7 @@ pub mod compare;
 pub mod diagnose;
 pub mod env;
 pub mod forward;
+pub mod gradients;
 pub mod inputs;
 pub mod layer;
 pub mod npy;
@@ -67,9 +68,9 @@ pub mod __private {
     pub use candle_core;
     pub use insta;
 
-    /// Run a check and panic with the failure's message, as a `#[test]` does.
-    pub fn run_check(layer: &crate::Layer, port: &crate::Port<'_>) -> crate::Report {
-        match crate::check(layer, port) {
+    /// The report of a passing check; a failing one panics with its message, as a `#[test]` does.
+    pub fn passed(result: Result<crate::Report, crate::Failure>) -> crate::Report {
+        match result {
             Ok(report) => report,
             Err(failure) => panic!("{failure}"),
         }

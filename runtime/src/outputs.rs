@@ -79,9 +79,20 @@ impl<T: IntoOutputs, E: Display> IntoOutputs for Result<T, E> {
     fn into_outputs(self) -> Result<Outputs, String> {
         match self {
             Ok(v) => v.into_outputs(),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(without_backtrace(&e.to_string())),
         }
     }
+}
+
+/// An error's message without the backtrace candle appends when `RUST_BACKTRACE` is set.
+pub(crate) fn without_backtrace(message: &str) -> String {
+    let frame = |l: &str| {
+        let l = l.trim_start();
+        let digits = l.chars().take_while(char::is_ascii_digit).count();
+        digits > 0 && l[digits..].starts_with(": ")
+    };
+    let lines: Vec<&str> = message.lines().take_while(|l| !frame(l)).collect();
+    lines.join("\n").trim_end().to_string()
 }
 
 macro_rules! tuple_outputs {

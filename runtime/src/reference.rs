@@ -18,6 +18,8 @@ pub type Named = Vec<(String, HostTensor)>;
 pub struct ReferenceOutputs {
     /// Module form: the module's state_dict in the case dtype (empty in function form).
     pub state_dict: Named,
+    /// Module form: which state_dict entries are buffers, not parameters (no gradient in PyTorch).
+    pub buffers: Vec<String>,
     /// Outputs in the case dtype.
     pub expected: Named,
     /// Per float leaf, the rounding estimate (None if the reference could not run in float64).
@@ -33,11 +35,13 @@ impl ReferenceOutputs {
         set.iter().find(|(n, _)| n == leaf).map(|(_, t)| t)
     }
 
-    /// Compare a port's outputs with these, leaf by leaf (`compare.rs`).
+    /// Compare a port's outputs with these, leaf by leaf (`compare.rs`), allowing `factor` times
+    /// the rounding estimate.
     pub fn compare(
         &self,
         port: &[(String, HostTensor)],
         tol: Option<crate::layer::Tol>,
+        factor: f64,
     ) -> Vec<compare::Leaf> {
         let expected: Vec<(String, compare::Expected<'_>)> = self
             .expected
@@ -47,7 +51,7 @@ impl ReferenceOutputs {
                 (name.clone(), compare::Expected { value, rounding })
             })
             .collect();
-        compare::compare_all(port, &expected, tol)
+        compare::compare_all(port, &expected, tol, factor)
     }
 }
 
@@ -317,6 +321,7 @@ impl Live {
                 }
                 Ok(ReferenceOutputs {
                     state_dict: Vec::new(),
+                    buffers: Vec::new(),
                     expected,
                     rounding: None,
                     precise_error: None,
@@ -394,6 +399,19 @@ impl Request<'_> {
     }
 }
 
+/// A JSON list of strings (an absent one is empty).
+pub(crate) fn strings(value: &Json) -> Vec<String> {
+    value
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(Json::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn named(value: &Json, tensors: &[HostTensor]) -> Result<Option<Named>, wire::WireError> {
     let Some(items) = value.as_array() else {
         return Ok(None);
@@ -433,6 +451,7 @@ fn decode_outputs(
     });
     Ok(ReferenceOutputs {
         state_dict: named(&header["state_dict"], tensors)?.unwrap_or_default(),
+        buffers: strings(&header["buffers"]),
         expected,
         rounding,
         precise_error: header["precise_error"].as_str().map(str::to_string),

@@ -51,6 +51,9 @@ pub struct CaseFailure {
     pub diagnoses: Vec<LeafDiagnosis>,
     /// Known variants of the reference that the port matches (`golden_ref.variants`).
     pub variants: Vec<VariantMatch>,
+    /// The gradient check: what is wrong with the port's gradients beyond their values (missing
+    /// or extra gradients, finite differences, zero cotangent, determinism).
+    pub gradient_issues: Vec<String>,
 }
 
 /// A known variant of the reference that the port matches.
@@ -90,6 +93,9 @@ impl CaseFailure {
         if let Some(e) = &self.inputs_error {
             return e.clone();
         }
+        if let Some(g) = self.gradient_issues.first() {
+            return g.clone();
+        }
         let failing: Vec<&str> = self
             .leaves
             .iter()
@@ -119,6 +125,8 @@ pub struct Failure {
     pub kind: FailureKind,
     /// Extra lines at the end (where artifacts are, how to re-run).
     pub notes: Vec<String>,
+    /// Which check failed.
+    pub check: crate::check::Kind,
 }
 
 impl Failure {
@@ -132,6 +140,7 @@ impl Failure {
             passed_before: 0,
             kind,
             notes: Vec::new(),
+            check: crate::check::Kind::Forward,
         }
     }
 
@@ -290,6 +299,13 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
+            FailureKind::Case(_) if self.check == crate::check::Kind::Gradients => {
+                writeln!(
+                    out,
+                    "golden: the gradients of `{}` do not match (reference `{}`){dtype}",
+                    self.layer, self.reference
+                )?;
+            }
             FailureKind::Case(_) => {
                 writeln!(
                     out,
@@ -318,6 +334,12 @@ impl fmt::Display for Failure {
         if let FailureKind::Case(c) = &self.kind {
             if let Some(e) = &c.inputs_error {
                 writeln!(out, "  the inputs could not be generated: {e}")?;
+            }
+            if !c.gradient_issues.is_empty() {
+                writeln!(out, "  the port's gradients:")?;
+                for g in &c.gradient_issues {
+                    writeln!(out, "    - {g}")?;
+                }
             }
             if !c.params.is_empty() {
                 writeln!(

@@ -110,8 +110,34 @@ impl Report {
         for run in &self.runs {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
             self.write_leaves(&mut s, &run.cases);
+            Self::write_figures(&mut s, &run.cases);
         }
         s
+    }
+
+    /// Figures of the kind of check (finite-difference errors), each the largest over the cases.
+    fn write_figures(s: &mut String, cases: &[crate::check::CaseRecord]) {
+        let mut names: Vec<&str> = Vec::new();
+        for (name, _) in cases.iter().flat_map(|c| &c.figures) {
+            if !names.contains(&name.as_str()) {
+                names.push(name);
+            }
+        }
+        for name in names {
+            let max = cases
+                .iter()
+                .flat_map(|c| &c.figures)
+                .filter(|(n, _)| n == name)
+                .map(|(_, v)| *v)
+                .fold(0.0f64, f64::max);
+            let what = match name.strip_prefix("fd.") {
+                Some(input) => {
+                    format!("finite differences, {input}: |analytic - numeric| / tolerance")
+                }
+                None => name.to_string(),
+            };
+            let _ = writeln!(s, "  {what}: {}", decade(max));
+        }
     }
 
     fn write_leaves(&self, s: &mut String, cases: &[crate::check::CaseRecord]) {

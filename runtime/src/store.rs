@@ -185,15 +185,21 @@ pub fn save(
     let items: Vec<Json> = entries[..kept]
         .iter()
         .map(|e| {
-            json!({
+            let mut item = json!({
                 "key": format!("{:016x}", e.key),
                 "dtype": dtype_name(e.dtype),
                 "case": e.case,
                 "state_dict": named_json(&e.outputs.state_dict, &mut table),
+                "buffers": (!e.outputs.buffers.is_empty()).then_some(&e.outputs.buffers),
                 "expected": named_json(&e.outputs.expected, &mut table),
                 "rounding": e.outputs.rounding.as_ref().map(|r| named_json(r, &mut table)),
                 "precise_error": e.outputs.precise_error,
-            })
+            });
+            // Absent rather than null: stores without buffers keep their bytes.
+            if e.outputs.buffers.is_empty() {
+                item.as_object_mut().expect("an object").remove("buffers");
+            }
+            item
         })
         .collect();
     let header = json!({
@@ -301,6 +307,7 @@ impl Store {
                 case: e["case"].as_str().unwrap_or_default().to_string(),
                 outputs: ReferenceOutputs {
                     state_dict: named(&e["state_dict"])?,
+                    buffers: crate::reference::strings(&e["buffers"]),
                     expected: named(&e["expected"])?,
                     rounding: match &e["rounding"] {
                         Json::Null => None,
@@ -363,6 +370,7 @@ mod tests {
             case: format!("case {key}"),
             outputs: ReferenceOutputs {
                 state_dict: vec![("w".into(), float_tensor(vec![n], &values, DType::BF16))],
+                buffers: Vec::new(),
                 expected: vec![("out".into(), float_tensor(vec![n], &values, DType::BF16))],
                 rounding: Some(vec![(
                     "out".into(),

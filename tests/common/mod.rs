@@ -40,6 +40,9 @@ impl Drop for Scratch {
     }
 }
 
+/// A checking function of the runtime: `golden::check` (forward), `golden::gradients::check`, ...
+pub type CheckFn = fn(&golden::Layer, &golden::Port<'_>) -> Result<golden::Report, golden::Failure>;
+
 /// Run a check of a deliberately wrong port that must fail; returns the failure. The check is
 /// declared with its golden store in `tests/golden/<layer name>.golden` (layer names are unique
 /// across the wrong-port suites) and its regression file in a scratch folder.
@@ -47,15 +50,30 @@ pub fn must_fail(
     layer: &golden::Layer,
     port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
 ) -> golden::Failure {
-    use golden::IntoOutputs;
-    let scratch = Scratch::new(&layer.name);
-    let layer = layer.clone().declared_at(golden::Declared {
+    must_fail_check(golden::check, layer, port)
+}
+
+/// `layer` declared with its golden store in `tests/golden/<layer name>.golden` and its regression
+/// file in `scratch`.
+pub fn declared_with_store(layer: &golden::Layer, scratch: &Scratch) -> golden::Layer {
+    layer.clone().declared_at(golden::Declared {
         module_path: "wrong_ports",
         snapshot_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden"),
         ..scratch.declared
-    });
+    })
+}
+
+/// [`must_fail`] for any kind of check.
+pub fn must_fail_check(
+    check: CheckFn,
+    layer: &golden::Layer,
+    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
+) -> golden::Failure {
+    use golden::IntoOutputs;
+    let scratch = Scratch::new(&layer.name);
+    let layer = declared_with_store(layer, &scratch);
     let port = |inputs: &golden::PortInputs| port(inputs).into_outputs();
-    match golden::check(&layer, &port) {
+    match check(&layer, &port) {
         Ok(_) => panic!("the wrong port `{}` passed its check", layer.name),
         Err(failure) => failure,
     }

@@ -5,6 +5,7 @@ use candle_core::{DType, Result, Tensor, D};
 use golden::golden_layer;
 
 #[golden_layer(
+    grad,
     reference = "zoo_ref.causal_attention",
     dims(b = 1..=2, h = 1..=4, t = 1..=32, d = 1..=64),
     args(q = [b, h, t, d], k = [b, h, t, d], v = [b, h, t, d]),

@@ -5,6 +5,7 @@ use candle_core::{DType, Result, Tensor, D};
 use golden::golden_layer;
 
 #[golden_layer(
+    grad,
     reference = "zoo_ref.layer_norm",
     dims(b = 1..=4, t = 1..=16, d = 1..=64),
     args(x = [b, t, d], weight = [d] ~ normal(1.0, 0.1), bias = [d] ~ normal(0.0, 0.1)),
@@ -18,8 +19,11 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
     normed.broadcast_mul(weight)?.broadcast_add(bias)
 }
 
-/// LLaMA's RMSNorm: computed in f32 for half-precision inputs, like the reference.
+/// LLaMA's RMSNorm: computed in f32 for half-precision inputs, like the reference (and in the
+/// input's own dtype otherwise: a port that always casts to f32 would lose float64's precision,
+/// which the gradient check's finite differences need).
 #[golden_layer(
+    grad,
     reference = "zoo_ref.rms_norm",
     dims(b = 1..=4, t = 1..=16, d = 1..=64),
     args(x = [b, t, d], weight = [d] ~ normal(1.0, 0.1)),
@@ -28,7 +32,10 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
 )]
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let dtype = x.dtype();
-    let x32 = x.to_dtype(DType::F32)?;
+    let x32 = match dtype {
+        DType::F16 | DType::BF16 => x.to_dtype(DType::F32)?,
+        _ => x.clone(),
+    };
     let inv_rms = (x32.sqr()?.mean_keepdim(D::Minus1)? + eps)?
         .sqrt()?
         .recip()?;

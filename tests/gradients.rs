@@ -1,0 +1,264 @@
+//! The gradient check catches wrong gradients: custom backward passes that are off by a factor, of
+//! the wrong sign or blind to the incoming gradient, a detached intermediate, candle's fused ops that
+//! have no backward, and two gradients of candle 0.11.1 itself that golden found wrong. Stores in
+//! `tests/golden/`, so these hold in replay too.
+
+mod common;
+
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Module, Result, Shape, Tensor, D};
+use common::must_fail_check;
+use golden::gradients::{self, GradSpec};
+use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
+
+fn grad_issues(f: &Failure) -> String {
+    let msg = f.to_string();
+    let start = msg
+        .find("the port's gradients:")
+        .unwrap_or_else(|| panic!("no gradient issue in:\n{msg}"));
+    msg[start..].to_string()
+}
+
+/// `x²` with a hand-written backward `factor · x · grad` (2 is right).
+struct Square {
+    factor: f64,
+    /// A backward that ignores the incoming gradient (returns `factor · x`).
+    ignores_grad: bool,
+}
+
+impl CustomOp1 for Square {
+    fn name(&self) -> &'static str {
+        "square"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (start, end) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("square: contiguous input only".into()))?;
+        let out = match storage {
+            CpuStorage::F32(v) => CpuStorage::F32(v[start..end].iter().map(|x| x * x).collect()),
+            CpuStorage::F64(v) => CpuStorage::F64(v[start..end].iter().map(|x| x * x).collect()),
+            _ => candle_core::bail!("square: f32 or f64 only"),
+        };
+        Ok((out, layout.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let local = (arg * self.factor)?;
+        Ok(Some(if self.ignores_grad {
+            local
+        } else {
+            (local * grad_res)?
+        }))
+    }
+}
+
+fn square_layer(name: &str) -> Layer {
+    Layer::function(name, "torch.square")
+        .dim("b", 1, 4)
+        .dim("n", 1, 32)
+        .arg("x", ["b", "n"], Dist::default())
+        .grad(GradSpec::default())
+}
+
+fn square(factor: f64, ignores_grad: bool) -> impl Fn(&PortInputs) -> Result<Tensor> {
+    move |i| {
+        i.tensor(0).contiguous()?.apply_op1(Square {
+            factor,
+            ignores_grad,
+        })
+    }
+}
+
+#[test]
+fn a_correct_custom_backward_passes() {
+    let scratch = common::Scratch::new("g_square_right");
+    let layer = common::declared_with_store(&square_layer("g_square_right"), &scratch);
+    let port = |i: &PortInputs| square(2.0, false)(i).into_outputs();
+    gradients::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
+}
+
+#[test]
+fn a_custom_backward_off_by_two_is_caught_by_both_checks() {
+    let f = must_fail_check(
+        gradients::check,
+        &square_layer("g_square_times_two"),
+        square(4.0, false),
+    );
+    let issues = grad_issues(&f);
+    // Finite differences: the worst Jacobian entry, twice the numeric one.
+    assert!(
+        issues.contains("in the port's backward") && issues.contains("(2× the finite difference)"),
+        "{issues}"
+    );
+    // PyTorch's autograd: grad.x differs.
+    assert!(f.to_string().contains("leaf `grad.x`"), "{f}");
+    assert!(
+        f.to_string()
+            .starts_with("golden: the gradients of `g_square_times_two` do not match"),
+        "{f}"
+    );
+}
+
+#[test]
+fn a_custom_backward_with_the_wrong_sign_is_caught() {
+    let f = must_fail_check(
+        gradients::check,
+        &square_layer("g_square_negated"),
+        square(-2.0, false),
+    );
+    assert!(
+        grad_issues(&f).contains("(-1× the finite difference)"),
+        "{f}"
+    );
+}
+
+#[test]
+fn a_backward_that_ignores_the_incoming_gradient_is_caught() {
+    let f = must_fail_check(
+        gradients::check,
+        &square_layer("g_square_blind"),
+        square(2.0, true),
+    );
+    assert!(
+        grad_issues(&f).contains("a zero cotangent gives `x` a non-zero gradient"),
+        "{f}"
+    );
+}
+
+#[test]
+fn a_detached_intermediate_stops_the_gradient() {
+    let layer = Layer::function("g_linear_detached", "zoo_ref.linear")
+        .dim("b", 1, 4)
+        .dim("d", 1, 16)
+        .dim("e", 1, 16)
+        .arg("x", ["b", "d"], Dist::default())
+        .arg("weight", ["e", "d"], Dist::default())
+        .arg("bias", ["e"], Dist::default())
+        .grad(GradSpec::default());
+    let f = must_fail_check(gradients::check, &layer, |i| {
+        i.tensor(0)
+            .matmul(&i.tensor(1).t()?)?
+            .detach()
+            .broadcast_add(i.tensor(2))
+    });
+    let issues = grad_issues(&f);
+    assert!(
+        issues.contains("`x` gets a gradient in PyTorch and none in the port"),
+        "{issues}"
+    );
+    assert!(
+        issues.contains("`weight` gets a gradient in PyTorch and none in the port"),
+        "{issues}"
+    );
+    assert!(
+        issues.contains("a fused op without backward") && issues.contains("or at a detach"),
+        "{issues}"
+    );
+}
+
+fn norm_layer(name: &str, reference: &str) -> Layer {
+    let layer = Layer::function(name, reference)
+        .dim("b", 1, 4)
+        .dim("d", 2, 16)
+        .arg("x", ["b", "d"], Dist::default())
+        .arg("weight", ["d"], Dist::normal(1.0, 0.1));
+    let layer = if reference.ends_with("layer_norm") {
+        layer
+            .arg("bias", ["d"], Dist::normal(0.0, 0.1))
+            .konst("eps", 1e-5)
+    } else {
+        layer.konst("eps", 1e-6)
+    };
+    layer.grad(GradSpec::default())
+}
+
+#[test]
+fn candle_layer_norm_forward_takes_the_fused_path_without_backward() {
+    let f = must_fail_check(
+        gradients::check,
+        &norm_layer("g_fused_layer_norm", "zoo_ref.layer_norm"),
+        |i| {
+            candle_nn::LayerNorm::new(i.tensor(1).clone(), i.tensor(2).clone(), 1e-5)
+                .forward(i.tensor(0))
+        },
+    );
+    assert!(
+        grad_issues(&f).contains("gets a gradient in PyTorch and none in the port"),
+        "{f}"
+    );
+}
+
+#[test]
+fn candle_rms_norm_forward_takes_the_fused_path_without_backward() {
+    let f = must_fail_check(
+        gradients::check,
+        &norm_layer("g_fused_rms_norm", "zoo_ref.rms_norm"),
+        |i| candle_nn::RmsNorm::new(i.tensor(1).clone(), 1e-6).forward(i.tensor(0)),
+    );
+    assert!(
+        grad_issues(&f).contains("gets a gradient in PyTorch and none in the port"),
+        "{f}"
+    );
+}
+
+#[test]
+fn candle_softmax_last_dim_has_no_backward() {
+    let layer = Layer::function("g_fused_softmax", "zoo_ref.softmax")
+        .dim("b", 1, 4)
+        .dim("n", 2, 32)
+        .arg("x", ["b", "n"], Dist::default())
+        .grad(GradSpec::default());
+    let f = must_fail_check(gradients::check, &layer, |i| {
+        candle_nn::ops::softmax_last_dim(i.tensor(0))
+    });
+    assert!(
+        grad_issues(&f).contains("`x` gets a gradient in PyTorch and none in the port"),
+        "{f}"
+    );
+}
+
+#[test]
+fn candle_conv1d_backward_with_a_stride_is_wrong() {
+    // Found by golden on the zoo's conv1d: the weight gradient of candle 0.11.1's conv1d is wrong
+    // when stride > 1 (checked by hand on b=2, c_in=1, k=1, stride 2, padding 2: -0.185 where the
+    // sum over the windows gives -0.060). The zoo's conv1d unfolds the windows instead.
+    let layer = Layer::function("g_candle_conv1d", "zoo_ref.conv1d")
+        .dim("b", 1, 3)
+        .dim("c_in", 1, 8)
+        .dim("c_out", 1, 8)
+        .dim("t", 5, 24)
+        .dim("k", 1, 5)
+        .arg("x", ["b", "c_in", "t"], Dist::default())
+        .arg("weight", ["c_out", "c_in", "k"], Dist::normal(0.0, 0.2))
+        .arg("bias", ["c_out"], Dist::default())
+        .konst("stride", 2)
+        .konst("padding", 2)
+        .grad(GradSpec::default());
+    let f = must_fail_check(gradients::check, &layer, |i| {
+        i.tensor(0)
+            .conv1d(i.tensor(1), 2, 2, 1, 1)?
+            .broadcast_add(&i.tensor(2).reshape((1, (), 1))?)
+    });
+    let issues = grad_issues(&f);
+    assert!(issues.contains("`weight`: ∂out"), "{issues}");
+    assert!(f.to_string().contains("leaf `grad.weight`"), "{f}");
+}
+
+#[test]
+fn candle_gelu_backward_constants_show_in_f64() {
+    // The backward of candle's tanh GELU hard-codes 6-digit constants (0.797885 for √(2/π)): 2e-6
+    // relative, below f32's tolerance, above f64's.
+    let layer = Layer::function("g_candle_gelu_f64", "zoo_ref.gelu_tanh")
+        .dim("n", 1, 64)
+        .arg("x", ["n"], Dist::default())
+        .dtypes(&[DType::F32, DType::F64])
+        .grad(GradSpec::default());
+    let f = must_fail_check(gradients::check, &layer, |i| i.tensor(0).gelu());
+    let msg = f.to_string();
+    assert!(
+        msg.contains("do not match (reference `zoo_ref.gelu_tanh`) in f64"),
+        "f32 passes, f64 fails:\n{msg}"
+    );
+    assert!(msg.contains("leaf `grad.x` (f64"), "{msg}");
+    let _ = D::Minus1;
+}
