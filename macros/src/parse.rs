@@ -19,6 +19,7 @@ pub const OPTIONS: &[&str] = &[
     "tol",
     "cases",
     "grad",
+    "overfit",
 ];
 
 /// `name = lo..=hi` (or `lo..hi`, or a single size).
@@ -87,6 +88,19 @@ pub struct GradDecl {
     pub cases: Option<u32>,
 }
 
+/// `overfit` or `overfit(steps = N, loss = mse|cross_entropy, optimizer = sgd|adamw, lr = ..,
+/// ratio = .., threshold = ..)`.
+pub struct OverfitDecl {
+    /// The `overfit` keyword (errors about the form point here).
+    pub key: Ident,
+    pub steps: Option<u32>,
+    pub loss: Option<Ident>,
+    pub optimizer: Option<Ident>,
+    pub lr: Option<f64>,
+    pub ratio: Option<f64>,
+    pub threshold: Option<f64>,
+}
+
 /// The whole attribute.
 #[derive(Default)]
 pub struct Attr {
@@ -100,6 +114,7 @@ pub struct Attr {
     pub tol: Option<(f64, f64)>,
     pub cases: Option<u32>,
     pub grad: Option<GradDecl>,
+    pub overfit: Option<OverfitDecl>,
 }
 
 fn comma_list<T>(input: ParseStream, item: fn(ParseStream) -> Result<T>) -> Result<Vec<T>> {
@@ -348,6 +363,79 @@ fn parse_grad(input: ParseStream) -> Result<GradDecl> {
     Ok(grad)
 }
 
+impl OverfitDecl {
+    /// Bare `overfit`: every option at its default.
+    fn bare(key: Ident) -> Self {
+        OverfitDecl {
+            key,
+            steps: None,
+            loss: None,
+            optimizer: None,
+            lr: None,
+            ratio: None,
+            threshold: None,
+        }
+    }
+}
+
+fn parse_overfit(key: Ident, input: ParseStream) -> Result<OverfitDecl> {
+    let mut o = OverfitDecl::bare(key);
+    while !input.is_empty() {
+        let key: Ident = input.parse()?;
+        input.parse::<Token![=]>()?;
+        let positive = |v: f64| {
+            if v > 0.0 {
+                Ok(v)
+            } else {
+                Err(Error::new(key.span(), format!("`{key}` must be positive")))
+            }
+        };
+        match key.to_string().as_str() {
+            "steps" => {
+                let lit: LitInt = input.parse()?;
+                let n: u32 = lit.base10_parse()?;
+                if n == 0 {
+                    return Err(Error::new(lit.span(), "`steps` must be at least 1"));
+                }
+                o.steps = Some(n);
+            }
+            "loss" => {
+                let loss: Ident = input.parse()?;
+                if loss != "mse" && loss != "cross_entropy" {
+                    return Err(Error::new(
+                        loss.span(),
+                        "expected `loss = mse` or `loss = cross_entropy`",
+                    ));
+                }
+                o.loss = Some(loss);
+            }
+            "optimizer" => {
+                let opt: Ident = input.parse()?;
+                if opt != "sgd" && opt != "adamw" {
+                    return Err(Error::new(
+                        opt.span(),
+                        "expected `optimizer = sgd` or `optimizer = adamw`",
+                    ));
+                }
+                o.optimizer = Some(opt);
+            }
+            "lr" => o.lr = Some(positive(parse_number(input)?)?),
+            "ratio" => o.ratio = Some(positive(parse_number(input)?)?),
+            "threshold" => o.threshold = Some(positive(parse_number(input)?)?),
+            _ => return Err(Error::new(
+                key.span(),
+                "expected one of `steps`, `loss = mse|cross_entropy`, `optimizer = sgd|adamw`, \
+                     `lr`, `ratio`, `threshold`",
+            )),
+        }
+        if input.is_empty() {
+            break;
+        }
+        input.parse::<Token![,]>()?;
+    }
+    Ok(o)
+}
+
 fn parse_tol(input: ParseStream) -> Result<(f64, f64)> {
     let mut atol = None;
     let mut rtol = None;
@@ -441,6 +529,14 @@ impl Parse for Attr {
                         parse_grad(&content)?
                     } else {
                         GradDecl::default()
+                    });
+                }
+                "overfit" => {
+                    attr.overfit = Some(if input.peek(syn::token::Paren) {
+                        parenthesized!(content in input);
+                        parse_overfit(key.clone(), &content)?
+                    } else {
+                        OverfitDecl::bare(key.clone())
                     });
                 }
                 "cases" => {

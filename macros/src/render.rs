@@ -3,7 +3,7 @@
 //! be expanded here, in the user's crate, for insta to file it under the user's test).
 
 use crate::parse::{
-    ArgDecl, Attr, Axis, BoundDecl, DistDecl, GradDecl, KeyValue, ValueDecl, WrtName,
+    ArgDecl, Attr, Axis, BoundDecl, DistDecl, GradDecl, KeyValue, OverfitDecl, ValueDecl, WrtName,
 };
 use crate::signature::{self, Kind, Param};
 use proc_macro2::{Span, TokenStream};
@@ -282,6 +282,13 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             WrtName::Param(_) => {}
         }
     }
+    if let Some(o) = attr.overfit.as_ref().filter(|_| !module_form) {
+        errors.push(
+            o.key.span(),
+            "`overfit` trains a module: it needs the module form, whose first parameter is a \
+             `VarBuilder`",
+        );
+    }
     if !module_form && !attr.init.is_empty() {
         errors.push(
             attr.init[0].name.span(),
@@ -348,6 +355,16 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
         }
     });
 
+    let overfit_spec = attr.overfit.as_ref().map(overfit_spec);
+    let overfit_test = attr.overfit.as_ref().map(|_| {
+        quote! {
+            #[test]
+            fn overfits_single_batch() {
+                snapshot(&::golden::__private::passed(::golden::overfit::check(&layer(), &port)));
+            }
+        }
+    });
+
     Ok(quote! {
         #[cfg(test)]
         mod #fn_name {
@@ -363,6 +380,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                     #tol
                     #cases
                     #grad_spec
+                    #overfit_spec
             }
 
             fn port(
@@ -394,8 +412,38 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             }
 
             #grad_test
+            #overfit_test
         }
     })
+}
+
+fn overfit_spec(o: &OverfitDecl) -> TokenStream {
+    let lr = match o.lr {
+        Some(lr) => quote!(::std::option::Option::Some(#lr)),
+        None => quote!(::std::option::Option::None),
+    };
+    let optimizer = match o.optimizer.as_ref().map(Ident::to_string).as_deref() {
+        Some("sgd") => quote!(optimizer: ::golden::overfit::Optimizer::sgd(#lr),),
+        Some(_) => quote!(optimizer: ::golden::overfit::Optimizer::adamw(#lr),),
+        None if o.lr.is_some() => quote!(optimizer: ::golden::overfit::Optimizer::adamw(#lr),),
+        None => quote!(),
+    };
+    let loss = o.loss.as_ref().map(|l| {
+        if l == "mse" {
+            quote!(loss: ::golden::overfit::Loss::Mse,)
+        } else {
+            quote!(loss: ::golden::overfit::Loss::CrossEntropy,)
+        }
+    });
+    let steps = o.steps.map(|n| quote!(steps: #n,));
+    let ratio = o.ratio.map(|r| quote!(ratio: #r,));
+    let threshold = o.threshold.map(|t| quote!(threshold: #t,));
+    quote! {
+        .overfit(::golden::overfit::OverfitSpec {
+            #steps #loss #optimizer #ratio #threshold
+            ..::std::default::Default::default()
+        })
+    }
 }
 
 fn grad_spec(g: &GradDecl) -> TokenStream {

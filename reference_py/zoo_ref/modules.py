@@ -19,6 +19,21 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate=approximate))
 
 
+class ReluMLP(nn.Module):
+    """Linear -> ReLU -> Linear whose first `dead` hidden units have a bias of -100: they never
+    fire, which the overfit check's gradient health must flag (tests/overfit.rs)."""
+
+    def __init__(self, d_model: int, hidden: int, dead: int = 0):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, hidden)
+        self.fc2 = nn.Linear(hidden, d_model)
+        with torch.no_grad():
+            self.fc1.bias[:dead] = -100.0
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()

@@ -104,6 +104,9 @@ pub struct Report {
     pub source: String,
     /// Per dtype, every case.
     pub runs: Vec<DTypeRun>,
+    /// The overfit check's gradient-health flags (vanishing, exploding, dead units): reported and
+    /// snapshotted, not failing on their own.
+    pub health: Vec<String>,
 }
 
 /// What running one case found.
@@ -304,6 +307,7 @@ fn run_inner(
         overridden: settings.overridden,
         source: how,
         runs,
+        health: Vec::new(),
     })
 }
 

@@ -320,6 +320,8 @@ pub struct Layer {
     pub mode: Option<crate::env::Mode>,
     /// The gradient check's options (`grad(...)`).
     pub grad: Option<crate::gradients::GradSpec>,
+    /// The overfit check's options (`overfit(...)`); `None` runs it with the defaults.
+    pub overfit: Option<crate::overfit::OverfitSpec>,
 }
 
 /// Where a check is declared: what `golden::declared!()` captures in the crate under test.
@@ -371,6 +373,7 @@ impl Layer {
             declared: None,
             mode: None,
             grad: None,
+            overfit: None,
         }
     }
 
@@ -448,6 +451,12 @@ impl Layer {
     /// The gradient check's options (`grad(...)` in the attribute).
     pub fn grad(mut self, spec: crate::gradients::GradSpec) -> Self {
         self.grad = Some(spec);
+        self
+    }
+
+    /// The overfit check's options (`overfit(...)` in the attribute).
+    pub fn overfit(mut self, spec: crate::overfit::OverfitSpec) -> Self {
+        self.overfit = Some(spec);
         self
     }
 

@@ -26,7 +26,8 @@
 //! Where things live: the layer description ([`layer`]), generated inputs ([`inputs`]), the Python
 //! worker ([`worker`]) and its wire format ([`wire`]), the reference as a check sees it
 //! ([`reference`]), module-form parameters ([`params`]), comparison and tolerances ([`compare`]),
-//! running a check ([`check`]), failure messages ([`report`]), snapshot text ([`snapshot`]), the
+//! running a check ([`check`]), the kinds of check ([`forward`], [`gradients`], [`overfit`]),
+//! likely causes ([`diagnose`]), failure messages ([`report`]), snapshot text ([`snapshot`]), the
 //! results file ([`results`]) and every environment variable ([`env`]).
 
 #![warn(missing_docs)]
@@ -45,6 +46,7 @@ pub mod inputs;
 pub mod layer;
 pub mod npy;
 pub mod outputs;
+pub mod overfit;
 pub mod params;
 pub mod reference;
 pub mod report;

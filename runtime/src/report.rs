@@ -54,6 +54,9 @@ pub struct CaseFailure {
     /// The gradient check: what is wrong with the port's gradients beyond their values (missing
     /// or extra gradients, finite differences, zero cotangent, determinism).
     pub gradient_issues: Vec<String>,
+    /// The overfit check: what went wrong in training (no overfit, a parameter never updated, a
+    /// step where the port's training parts from PyTorch's) and the gradient-health flags.
+    pub training_issues: Vec<String>,
 }
 
 /// A known variant of the reference that the port matches.
@@ -95,6 +98,9 @@ impl CaseFailure {
         }
         if let Some(g) = self.gradient_issues.first() {
             return g.clone();
+        }
+        if let Some(t) = self.training_issues.first() {
+            return t.clone();
         }
         let failing: Vec<&str> = self
             .leaves
@@ -306,6 +312,13 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
+            FailureKind::Case(_) if self.check == crate::check::Kind::Overfit => {
+                writeln!(
+                    out,
+                    "golden: `{}` does not train like its reference `{}`{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
             FailureKind::Case(_) => {
                 writeln!(
                     out,
@@ -339,6 +352,12 @@ impl fmt::Display for Failure {
                 writeln!(out, "  the port's gradients:")?;
                 for g in &c.gradient_issues {
                     writeln!(out, "    - {g}")?;
+                }
+            }
+            if !c.training_issues.is_empty() {
+                writeln!(out, "  the training:")?;
+                for t in &c.training_issues {
+                    writeln!(out, "    - {t}")?;
                 }
             }
             if !c.params.is_empty() {

@@ -58,6 +58,24 @@ fn leaves_json(report: &Report) -> Vec<Json> {
     out
 }
 
+/// The figures of the kind of check (finite-difference errors, losses), each the largest over
+/// the cases.
+fn figures_json(report: &Report) -> Json {
+    let mut out = serde_json::Map::new();
+    for (name, value) in report
+        .runs
+        .iter()
+        .flat_map(|r| &r.cases)
+        .flat_map(|c| &c.figures)
+    {
+        let slot = out.entry(name.clone()).or_insert(json!(*value));
+        if slot.as_f64().is_some_and(|v| v < *value) {
+            *slot = json!(*value);
+        }
+    }
+    Json::Object(out)
+}
+
 /// Write the results of one check.
 pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elapsed: Duration) {
     let Some(dir) = results_dir(layer) else {
@@ -77,6 +95,8 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
             doc["cases"] = json!(report.cases);
             doc["source"] = json!(report.source);
             doc["leaves"] = Json::Array(leaves_json(report));
+            doc["figures"] = figures_json(report);
+            doc["health"] = json!(report.health);
         }
         Err(failure) => {
             doc["status"] = json!("fail");

@@ -112,6 +112,14 @@ impl Report {
             self.write_leaves(&mut s, &run.cases);
             Self::write_figures(&mut s, &run.cases);
         }
+        if self.kind == crate::check::Kind::Overfit {
+            if self.health.is_empty() {
+                let _ = writeln!(s, "gradient health: ok");
+            }
+            for h in &self.health {
+                let _ = writeln!(s, "gradient health: {h}");
+            }
+        }
         s
     }
 
@@ -130,11 +138,17 @@ impl Report {
                 .filter(|(n, _)| n == name)
                 .map(|(_, v)| *v)
                 .fold(0.0f64, f64::max);
-            let what = match name.strip_prefix("fd.") {
-                Some(input) => {
-                    format!("finite differences, {input}: |analytic - numeric| / tolerance")
-                }
-                None => name.to_string(),
+            let what = if let Some(input) = name.strip_prefix("fd.") {
+                format!("finite differences, {input}: |analytic - numeric| / tolerance")
+            } else if let Some(step) = name.strip_prefix("loss.") {
+                format!("port's loss, {step}")
+            } else if name == "parity.loss" {
+                "loss, |port - PyTorch| / |PyTorch|, worst step".to_string()
+            } else if name == "parity.update" {
+                "update (final - initial weights), |port - PyTorch| / |PyTorch|, worst parameter"
+                    .to_string()
+            } else {
+                name.to_string()
             };
             let _ = writeln!(s, "  {what}: {}", decade(max));
         }

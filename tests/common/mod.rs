@@ -57,7 +57,8 @@ pub fn must_fail(
 /// file in `scratch`.
 pub fn declared_with_store(layer: &golden::Layer, scratch: &Scratch) -> golden::Layer {
     layer.clone().declared_at(golden::Declared {
-        module_path: "wrong_ports",
+        // The test target (`gradients` in tests/gradients.rs): re-run commands name it.
+        module_path: module_path!().split("::").next().unwrap(),
         snapshot_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden"),
         ..scratch.declared
     })

@@ -27,6 +27,7 @@ impl Module for Mlp {
 
 #[golden_layer(
     grad,
+    overfit,
     reference = "zoo_ref.MLP",
     dims(b = 1..=4, t = 1..=16),
     args(x = [b, t, 32]),
@@ -123,6 +124,7 @@ impl Module for TransformerBlock {
 
 #[golden_layer(
     grad,
+    overfit,
     reference = "zoo_ref.TransformerBlock",
     dims(b = 1..=3, t = 1..=16),
     args(x = [b, t, 32]),

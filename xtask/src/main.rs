@@ -155,7 +155,7 @@ fn print_zoo_report() -> Result<(), String> {
     }
     println!();
     println!(
-        "{:<36} {:<6} {:<6} {:>6} {:>15} {:>14}",
+        "{:<52} {:<6} {:<6} {:>6} {:>15} {:>14}",
         "check", "dtype", "status", "cases", "max |port-ref|", "worst/allowed"
     );
     let mut failures = Vec::new();
@@ -163,13 +163,33 @@ fn print_zoo_report() -> Result<(), String> {
         let check = doc["check"].as_str().unwrap_or("?");
         let status = doc["status"].as_str().unwrap_or("?");
         if status != "pass" {
-            println!("{check:<36} {:<6} {status:<6}", "-");
+            println!("{check:<52} {:<6} {status:<6}", "-");
             failures.push(doc);
+            continue;
+        }
+        let figure = |name: &str| fmt_num(doc["figures"][name].as_f64().unwrap_or(f64::NAN));
+        if doc["check"]
+            .as_str()
+            .is_some_and(|c| c.ends_with("__overfit"))
+        {
+            println!(
+                "{check:<52} {:<6} {status:<6} {:>6}   loss {} -> {}; vs PyTorch: loss {}, updates {}{}",
+                doc["dtypes"][0].as_str().unwrap_or("?"),
+                1,
+                figure("loss.initial"),
+                figure("loss.final"),
+                figure("parity.loss"),
+                figure("parity.update"),
+                match doc["health"].as_array().map_or(0, Vec::len) {
+                    0 => String::new(),
+                    n => format!(" ({n} gradient-health notes)"),
+                }
+            );
             continue;
         }
         for leaf in doc["leaves"].as_array().into_iter().flatten() {
             println!(
-                "{:<36} {:<6} {status:<6} {:>6} {:>15} {:>14}",
+                "{:<52} {:<6} {status:<6} {:>6} {:>15} {:>14}",
                 format!("{check} {}", leaf["leaf"].as_str().unwrap_or("")),
                 leaf["dtype"].as_str().unwrap_or("?"),
                 doc["cases"].as_u64().unwrap_or(0),

@@ -1,0 +1,241 @@
+//! The overfit check catches training bugs: an optimizer step of the wrong sign, a parameter the
+//! optimizer never sees, a detached hidden layer; it flags dead ReLU units, and it passes a correct
+//! hand-written step. Stores in `tests/golden/`, so these hold in replay too.
+
+mod common;
+
+use candle_core::{Module, Result, Tensor};
+use candle_nn::{linear, VarBuilder};
+use golden::overfit::{self, Optimizer, OverfitSpec, Step};
+use golden::{DimExpr, Dist, Failure, IntoOutputs, Layer, PortInputs};
+use std::sync::Arc;
+
+const D: usize = 8;
+const HIDDEN: usize = 16;
+const LR: f64 = 0.05;
+
+/// `zoo_ref.MLP` (Linear → GELU → Linear), small, trained with `optimizer` for 100 steps.
+fn mlp_layer(name: &str, optimizer: Optimizer) -> Layer {
+    Layer::module(name, "zoo_ref.MLP")
+        .init("d_model", D)
+        .init("hidden", HIDDEN)
+        .dim("b", 2, 4)
+        .arg("x", ["b".into(), DimExpr::Lit(D)], Dist::default())
+        .overfit(OverfitSpec {
+            steps: 100,
+            optimizer,
+            ..OverfitSpec::default()
+        })
+}
+
+/// The port of `zoo_ref.MLP`; `detach` cuts the graph after the hidden layer.
+fn mlp(vb: VarBuilder, x: &Tensor, detach: bool) -> Result<Tensor> {
+    let fc1 = linear(D, HIDDEN, vb.pp("fc1"))?;
+    let fc2 = linear(HIDDEN, D, vb.pp("fc2"))?;
+    let hidden = fc1.forward(x)?.gelu_erf()?;
+    fc2.forward(&if detach { hidden.detach() } else { hidden })
+}
+
+/// A hand-written SGD step `w ← w − sign · lr · g`, skipping the parameter named `skip`.
+fn sgd_step(sign: f64, skip: Option<&'static str>) -> Step {
+    Arc::new(move |vars, grads| {
+        for (name, var) in vars {
+            if Some(name.as_str()) == skip {
+                continue;
+            }
+            if let Some(g) = grads.get(var.as_tensor()) {
+                var.set(&(var.as_tensor() - (g * (sign * LR))?)?)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+fn custom(step: Step) -> Optimizer {
+    Optimizer::Custom {
+        like: Box::new(Optimizer::sgd(Some(LR))),
+        step,
+    }
+}
+
+fn must_fail(layer: &Layer, detach: bool) -> Failure {
+    common::must_fail_check(overfit::check, layer, move |i| {
+        mlp(i.var_builder(), i.tensor(0), detach)
+    })
+}
+
+fn training_issues(f: &Failure) -> String {
+    let msg = f.to_string();
+    let start = msg
+        .find("the training:")
+        .unwrap_or_else(|| panic!("no training issue in:\n{msg}"));
+    msg[start..].to_string()
+}
+
+#[test]
+fn a_correct_hand_written_step_trains_like_pytorch() {
+    let scratch = common::Scratch::new("o_mlp_sgd_right");
+    let layer = common::declared_with_store(
+        &mlp_layer("o_mlp_sgd_right", custom(sgd_step(1.0, None))),
+        &scratch,
+    );
+    let port = |i: &PortInputs| mlp(i.var_builder(), i.tensor(0), false).into_outputs();
+    let report = overfit::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
+    let figure = |name: &str| {
+        report.runs[0].cases[0]
+            .figures
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no figure {name}"))
+            .1
+    };
+    assert!(figure("loss.final") < 0.1 * figure("loss.initial"));
+    assert!(figure("parity.loss") < 1e-3, "{}", figure("parity.loss"));
+    assert!(report.health.is_empty(), "{:?}", report.health);
+}
+
+#[test]
+fn an_update_of_the_wrong_sign_does_not_overfit() {
+    let layer = mlp_layer("o_mlp_sgd_sign", custom(sgd_step(-1.0, None)));
+    let f = must_fail(&layer, false);
+    let msg = f.to_string();
+    assert!(
+        msg.starts_with(
+            "golden: `o_mlp_sgd_sign` does not train like its reference `zoo_ref.MLP` in f32"
+        ),
+        "{msg}"
+    );
+    let issues = training_issues(&f);
+    assert!(
+        issues.contains("the port does not overfit one batch: its loss went step 0: "),
+        "{issues}"
+    );
+    // The first step's loss is computed before any update: the two part at step 1.
+    assert!(
+        issues.contains("the training parts from PyTorch's at step 1:")
+            && issues.contains("before: step 0 agreed"),
+        "{issues}"
+    );
+    assert!(
+        issues.contains("likely cause: the port's first update raised the loss")
+            && issues.contains("the update has the wrong sign"),
+        "{issues}"
+    );
+}
+
+#[test]
+fn a_parameter_the_optimizer_never_sees_is_named() {
+    let layer = mlp_layer("o_mlp_sgd_skip", custom(sgd_step(1.0, Some("fc2.bias"))));
+    let issues = training_issues(&must_fail(&layer, false));
+    assert!(
+        issues.contains("`fc2.bias` was never updated in 100 steps: the optimizer does not get it"),
+        "{issues}"
+    );
+    for other in ["fc1.weight", "fc1.bias", "fc2.weight"] {
+        assert!(
+            !issues.contains(&format!("`{other}` was never updated")),
+            "{issues}"
+        );
+    }
+}
+
+#[test]
+fn a_detached_hidden_layer_gets_no_gradient() {
+    let layer = mlp_layer("o_mlp_detached", Optimizer::adamw(Some(1e-2)));
+    let issues = training_issues(&must_fail(&layer, true));
+    for p in ["fc1.weight", "fc1.bias"] {
+        assert!(
+            issues.contains(&format!("`{p}` was never updated in 100 steps"))
+                && issues.contains(&format!("gradient health: `{p}`: no gradient at any step")),
+            "{issues}"
+        );
+    }
+    assert!(
+        !issues.contains("`fc2.weight` was never updated"),
+        "{issues}"
+    );
+}
+
+#[test]
+fn dead_relu_units_are_flagged() {
+    let scratch = common::Scratch::new("o_relu_dead");
+    let layer = Layer::module("o_relu_dead", "zoo_ref.ReluMLP")
+        .init("d_model", D)
+        .init("hidden", HIDDEN)
+        .init("dead", 3usize)
+        .dim("b", 2, 4)
+        .arg("x", ["b".into(), DimExpr::Lit(D)], Dist::default())
+        .overfit(OverfitSpec {
+            steps: 100,
+            optimizer: Optimizer::adamw(Some(1e-2)),
+            ..OverfitSpec::default()
+        });
+    let layer = common::declared_with_store(&layer, &scratch);
+    let port = |i: &PortInputs| {
+        let vb = i.var_builder();
+        let fc1 = linear(D, HIDDEN, vb.pp("fc1"))?;
+        let fc2 = linear(HIDDEN, D, vb.pp("fc2"))?;
+        fc2.forward(&fc1.forward(i.tensor(0))?.relu()?)
+            .into_outputs()
+            .map_err(candle_core::Error::Msg)
+    };
+    let port = |i: &PortInputs| port(i).map_err(|e| e.to_string());
+    // Dead units do not stop the rest from overfitting: the check passes and reports them.
+    let report = overfit::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
+    let health = report.health.join("\n");
+    assert!(
+        health.contains(
+            "`fc1.weight`: 3 dead units (rows [0, 1, 2] get a zero gradient at every step"
+        ),
+        "{health}"
+    );
+    assert!(health.contains("`fc1.bias`: 3 dead units"), "{health}");
+    let snapshot = report.snapshot().expect("the declared batch ran");
+    assert!(
+        snapshot.contains("gradient health: `fc1.weight`: 3 dead units"),
+        "{snapshot}"
+    );
+}
+
+#[test]
+fn the_function_form_is_refused() {
+    let layer = Layer::function("o_function", "torch.tanh")
+        .dim("n", 1, 4)
+        .arg("x", ["n"], Dist::default());
+    let port = |i: &PortInputs| i.tensor(0).tanh().into_outputs();
+    let msg = overfit::check(&layer, &port).unwrap_err().to_string();
+    assert!(
+        msg.contains(
+            "the overfit check trains a module: its port takes a VarBuilder (module form)"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_classifier_overfits_with_cross_entropy() {
+    let scratch = common::Scratch::new("o_classifier");
+    let layer = Layer::module("o_classifier", "torch.nn.Linear")
+        .init("in_features", D)
+        .init("out_features", 5usize)
+        .dim("b", 4, 8)
+        .arg("x", ["b".into(), DimExpr::Lit(D)], Dist::default())
+        .overfit(OverfitSpec {
+            loss: overfit::Loss::CrossEntropy,
+            optimizer: Optimizer::adamw(Some(5e-2)),
+            ..OverfitSpec::default()
+        });
+    let layer = common::declared_with_store(&layer, &scratch);
+    let port = |i: &PortInputs| {
+        linear(D, 5, i.var_builder())
+            .and_then(|l| l.forward(i.tensor(0)))
+            .into_outputs()
+    };
+    let report = overfit::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
+    assert!(report.description.contains("loss cross_entropy"));
+    let figures = &report.runs[0].cases[0].figures;
+    let get = |n: &str| figures.iter().find(|(f, _)| f == n).unwrap().1;
+    // Random class ids over 5 classes: the untrained loss is about ln 5.
+    assert!((1.0..2.5).contains(&get("loss.initial")), "{figures:?}");
+    assert!(get("loss.final") < 0.1 * get("loss.initial"), "{figures:?}");
+}
