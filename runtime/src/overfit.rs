@@ -773,7 +773,10 @@ mod tests {
         let p = grads(vec![1.0, 1e-9, 0.0, 0.5], 1);
         assert_eq!(p.inert(), vec![false, true, false, false]);
         // A diverged training has no scale to call anything noise.
-        assert!(!grads(vec![f64::INFINITY, 1e-9], 1).inert().iter().any(|i| *i));
+        assert!(!grads(vec![f64::INFINITY, 1e-9], 1)
+            .inert()
+            .iter()
+            .any(|i| *i));
     }
 
     #[test]
@@ -782,6 +785,9 @@ mod tests {
         losses[7] = f64::INFINITY;
         let c = curve(&losses);
         assert!(c.starts_with("step 0: 1, step 2: "), "{c}");
-        assert!(c.contains("step 7: inf") && c.ends_with("(first not finite at step 7)"), "{c}");
+        assert!(
+            c.contains("step 7: inf") && c.ends_with("(first not finite at step 7)"),
+            "{c}"
+        );
     }
 }
