@@ -1,5 +1,5 @@
 //! Running a check: open the reference's source, generate cases with proptest, run each (a
-//! [`CaseRunner`] says what a case is for this kind of check), shrink a failure to the smallest
+//! `CaseRunner` says what a case is for this kind of check), shrink a failure to the smallest
 //! case, and collect what the snapshot records.
 //!
 //! The kinds of check: the forward comparison (`forward.rs`) and the gradient check

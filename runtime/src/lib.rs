@@ -25,10 +25,10 @@
 //!
 //! Where things live: the layer description ([`layer`]), generated inputs ([`inputs`]), the Python
 //! worker ([`worker`]) and its wire format ([`wire`]), the reference as a check sees it
-//! ([`reference`]), module-form parameters ([`params`]), comparison and tolerances ([`compare`]),
-//! running a check ([`check`]), the kinds of check ([`forward`], [`gradients`], [`overfit`]),
+//! ([`reference`](mod@reference)), module-form parameters ([`params`]), comparison and tolerances ([`compare`]),
+//! running a check ([`check`](mod@check)), the kinds of check ([`forward`], [`gradients`], [`overfit`]),
 //! likely causes ([`diagnose`]), failure messages ([`report`]), snapshot text ([`snapshot`]), the
-//! results file ([`results`]) and every environment variable ([`env`]).
+//! results file ([`results`]) and every environment variable ([`env`](mod@env)).
 
 #![warn(missing_docs)]
 // `Failure` carries the whole failing case so that its message can name everything; it is built once
