@@ -20,6 +20,7 @@ pub const OPTIONS: &[&str] = &[
     "cases",
     "grad",
     "overfit",
+    "timeout",
 ];
 
 /// `name = lo..=hi` (or `lo..hi`, or a single size).
@@ -115,6 +116,8 @@ pub struct Attr {
     pub cases: Option<u32>,
     pub grad: Option<GradDecl>,
     pub overfit: Option<OverfitDecl>,
+    /// Seconds.
+    pub timeout: Option<f64>,
 }
 
 fn comma_list<T>(input: ParseStream, item: fn(ParseStream) -> Result<T>) -> Result<Vec<T>> {
@@ -538,6 +541,17 @@ impl Parse for Attr {
                     } else {
                         OverfitDecl::bare(key.clone())
                     });
+                }
+                "timeout" => {
+                    input.parse::<Token![=]>()?;
+                    let seconds = parse_number(input)?;
+                    if seconds <= 0.0 {
+                        return Err(Error::new(
+                            key.span(),
+                            "`timeout` must be positive (seconds)",
+                        ));
+                    }
+                    attr.timeout = Some(seconds);
                 }
                 "cases" => {
                     input.parse::<Token![=]>()?;

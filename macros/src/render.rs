@@ -342,6 +342,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
     };
     let tol = attr.tol.map(|(atol, rtol)| quote!(.tol(#atol, #rtol)));
     let cases = attr.cases.map(|n| quote!(.cases(#n)));
+    let timeout = attr.timeout.map(|s| quote!(.timeout(#s)));
     let name = fn_name.to_string();
     let reference = reference.unwrap_or_default();
 
@@ -379,6 +380,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                     .dtypes(&[#(#dtypes),*])
                     #tol
                     #cases
+                    #timeout
                     #grad_spec
                     #overfit_spec
             }

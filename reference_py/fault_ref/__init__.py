@@ -1,6 +1,11 @@
 """Deliberately faulty references: the framework's own tests show that each fault ends in a clear
 failure (never a pass, a hang or a leaked process). Not part of the installed package."""
 
+import os
+import signal
+import sys
+import time
+
 import torch
 
 
@@ -43,3 +48,44 @@ def not_callable_value():
 
 
 NOT_CALLABLE = 42
+
+
+def exits(x):
+    """Ends the interpreter without unwinding, as a C extension's abort path would."""
+    os._exit(3)
+
+
+def segfaults(x):
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def sleeps(x):
+    time.sleep(3600)
+    return x.clone()
+
+
+def prints(x):
+    print("a reference that prints to stdout " * 100)
+    sys.stdout.flush()
+    os.write(1, b"and writes to fd 1 directly\n" * 100)
+    return x.clone()
+
+
+def floods_stderr(x):
+    sys.stderr.write("noise on stderr " * (4 << 20 >> 4))  # 4 MiB
+    sys.stderr.flush()
+    return x.clone()
+
+
+def returns_nan(x):
+    y = x.clone()
+    y[..., 0] = float("nan")
+    return y
+
+
+def returns_wrong_shape(x):
+    return x.reshape(-1)
+
+
+def returns_dict_without_half(x):
+    return {"double": x * 2}

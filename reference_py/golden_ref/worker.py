@@ -17,6 +17,7 @@ Requests (`op` in the JSON header):
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import threading
@@ -175,6 +176,9 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     proto_in = sys.stdin.buffer
+    # A crash in a reference (or in torch) prints the Python stack on stderr, which the runtime
+    # quotes in its message.
+    faulthandler.enable(file=sys.stderr)
 
     parent = int(os.environ.get("GOLDEN_PARENT_PID", os.getppid()))
     if os.getppid() != parent:

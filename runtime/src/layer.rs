@@ -322,6 +322,9 @@ pub struct Layer {
     pub grad: Option<crate::gradients::GradSpec>,
     /// The overfit check's options (`overfit(...)`); `None` runs it with the defaults.
     pub overfit: Option<crate::overfit::OverfitSpec>,
+    /// How long the reference may take on one request (`timeout = secs`); `None`: `GOLDEN_TIMEOUT`,
+    /// default 60 s.
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// Where a check is declared: what `golden::declared!()` captures in the crate under test.
@@ -374,6 +377,7 @@ impl Layer {
             mode: None,
             grad: None,
             overfit: None,
+            timeout: None,
         }
     }
 
@@ -457,6 +461,12 @@ impl Layer {
     /// The overfit check's options (`overfit(...)` in the attribute).
     pub fn overfit(mut self, spec: crate::overfit::OverfitSpec) -> Self {
         self.overfit = Some(spec);
+        self
+    }
+
+    /// How long the reference may take on one request, in seconds (over `GOLDEN_TIMEOUT`).
+    pub fn timeout(mut self, seconds: f64) -> Self {
+        self.timeout = Some(std::time::Duration::from_secs_f64(seconds));
         self
     }
 

@@ -141,7 +141,10 @@ impl Live {
     pub fn new(layer: &Layer) -> Result<Self, String> {
         Ok(Live {
             key: WorkerKey::from_env(layer.manifest_dir()),
-            timeout: env::timeout()?,
+            timeout: match layer.timeout {
+                Some(t) => t,
+                None => env::timeout()?,
+            },
         })
     }
 

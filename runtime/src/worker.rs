@@ -142,7 +142,7 @@ impl fmt::Display for WorkerError {
                 {
                     write!(
                         f,
-                        "\nfix: this interpreter lacks golden's Python side; run `cargo xtask setup` \
+                        "\n  fix: this interpreter lacks golden's Python side; run `cargo xtask setup` \
                          or set GOLDEN_PYTHON to an interpreter with numpy (and torch)"
                     )?;
                 }
@@ -155,8 +155,9 @@ impl fmt::Display for WorkerError {
             } => write!(
                 f,
                 "the reference did not answer within {:.0} s while {during}; the worker was killed \
-                 and will be replaced.\n  its stderr ended with:\n{}\n\
-                 fix: if the reference is just slow, raise GOLDEN_TIMEOUT (seconds)",
+                 and will be replaced.\n  its stderr ended with:\n{}\n  \
+                 fix: if the reference is just slow, give it more time: `timeout = <seconds>` in \
+                 the check's attribute, or GOLDEN_TIMEOUT for every check",
                 limit.as_secs_f64(),
                 indent_tail(stderr)
             ),

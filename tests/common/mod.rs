@@ -1,6 +1,8 @@
 //! Helpers shared by the framework's integration tests.
 #![allow(dead_code)]
 
+pub mod processes;
+
 use std::path::PathBuf;
 
 /// A throwaway crate layout in the temp folder (`src/lib.rs`, `src/check.rs`, `snapshots/`), so
