@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def load(kind, name):
-    return np.load(os.path.join(HERE, kind, name + ".npy"))
+    return np.load(os.path.join(HERE, kind, name + ".npy"), allow_pickle=False)
 
 
 def num(x, sig=4):
