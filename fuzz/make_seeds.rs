@@ -37,7 +37,11 @@ fn main() {
     };
     write("wire_frame", "seed_frame", &frame);
     write("golden_store", "seed_sealed_frame", &store_frame);
-    write("golden_store", "seed_store", &golden::store::seal(&store_frame));
+    write(
+        "golden_store",
+        "seed_store",
+        &golden::store::seal(&store_frame),
+    );
     for (i, t) in tensors.iter().enumerate() {
         write("npy", &format!("seed_{i}"), &golden::npy::encode(t));
     }
