@@ -51,7 +51,7 @@ fn assert_no_stray_workers() {
 /// Run a check that must fail; then a good check must pass in this process and no worker may be
 /// left over. Returns the failure's message.
 fn fault(layer: &Layer, port: &golden::Port<'_>) -> String {
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = take_turn();
     let msg = match golden::check(layer, port) {
         Ok(_) => panic!("`{}` passed", layer.reference),
         Err(f) => f.to_string(),
@@ -63,10 +63,17 @@ fn fault(layer: &Layer, port: &golden::Port<'_>) -> String {
 
 /// A reference that misbehaves without breaking anything: the check passes.
 fn harmless(reference: &str) {
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = take_turn();
     golden::check(&layer(reference), &identity).unwrap_or_else(|f| panic!("{f}"));
     next_check_works();
     assert_no_stray_workers();
+}
+
+/// The tests' turn, with private workers: they are this process's children, which the process
+/// table shows (the shared worker's copies are covered by `tests/shared_worker.rs`).
+fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    golden::shared_worker::set_enabled(Some(false));
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn next_check_works() {
@@ -189,7 +196,7 @@ fn a_dict_without_a_key_the_port_returns_names_the_key() {
 
 #[test]
 fn a_worker_fault_is_a_worker_failure_not_a_mismatch() {
-    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = take_turn();
     let f = golden::check(&layer("fault_ref.exits"), &identity).unwrap_err();
     assert!(worker_failure(&f), "{f:?}");
     drop(_turn);
@@ -200,6 +207,7 @@ fn a_worker_fault_is_a_worker_failure_not_a_mismatch() {
 fn child_ends(how: &str) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_golden-fault-child"))
         .arg(how)
+        .env("GOLDEN_SHARED_WORKER", "never")
         .stderr(std::process::Stdio::null())
         .output()
         .expect("the child runs");

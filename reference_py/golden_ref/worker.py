@@ -70,6 +70,7 @@ class Worker:
             import numpy
 
             info = {"python": sys.version.split()[0], "numpy": numpy.__version__, "pid": os.getpid()}
+            info.update(getattr(self, "extra_info", {}))
             for name in header.get("backends", []):
                 version = self.backend(name).check_available()
                 if version:
@@ -162,11 +163,31 @@ def error_response(error: BaseException) -> dict:
     return {"kind": "internal", "message": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
 
 
-def _watch_parent(parent: int):
+def _watch(gone):
     while True:
         time.sleep(0.5)
-        if os.getppid() != parent:
+        if gone():
             os._exit(0)
+
+
+def watch_parent(parent: int):
+    """End this process soon after `parent` (our parent process) is gone."""
+    threading.Thread(target=_watch, args=(lambda: os.getppid() != parent,), daemon=True).start()
+
+
+def watch_process(pid: int):
+    """End this process soon after process `pid` (not our parent) is gone."""
+
+    def gone():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    threading.Thread(target=_watch, args=(gone,), daemon=True).start()
 
 
 def main() -> int:
@@ -183,9 +204,15 @@ def main() -> int:
     parent = int(os.environ.get("GOLDEN_PARENT_PID", os.getppid()))
     if os.getppid() != parent:
         return 0
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    watch_parent(parent)
+    return serve(proto_in, proto_out)
 
+
+def serve(proto_in, proto_out, extra_info=None) -> int:
+    """Answer requests from `proto_in` on `proto_out` until EOF. `extra_info` is added to the
+    answer to `hello`."""
     worker = Worker()
+    worker.extra_info = extra_info or {}
     while True:
         try:
             frame = wire.read_frame(proto_in)

@@ -51,6 +51,7 @@ pub mod params;
 pub mod reference;
 pub mod report;
 pub mod results;
+pub mod shared_worker;
 pub mod snapshot;
 pub mod source;
 pub mod store;

@@ -17,6 +17,7 @@ use serde_json::{json, Value as Json};
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -190,17 +191,84 @@ impl Tail {
     }
 }
 
+/// The process behind a worker: a private child of the test process, or a copy of the warm
+/// interpreter forked by the shared worker daemon (`shared_worker.rs`).
+enum Process {
+    Private {
+        child: Child,
+        stderr: Arc<Mutex<Tail>>,
+    },
+    Shared {
+        pid: u32,
+        stream: UnixStream,
+        /// Where the daemon's copy writes its stderr, and where the daemon says how it ended.
+        log: PathBuf,
+        exit: PathBuf,
+    },
+}
+
+impl Process {
+    /// How the process ended, if it has.
+    fn ended(&mut self) -> Option<String> {
+        match self {
+            Process::Private { child, .. } => child.try_wait().ok().flatten().map(describe_status),
+            Process::Shared { exit, .. } => std::fs::read_to_string(exit).ok(),
+        }
+    }
+
+    fn kill(&mut self) {
+        match self {
+            Process::Private { child, .. } => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Process::Shared { pid, stream, .. } => {
+                crate::shared_worker::kill(*pid);
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+
+    /// Wait up to `limit` for the process to end; how it ended.
+    fn wait_ended(&mut self, limit: Duration) -> Option<String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.ended() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn stderr_tail(&self) -> String {
+        match self {
+            Process::Private { stderr, .. } => stderr.lock().unwrap().text(),
+            Process::Shared { log, .. } => crate::shared_worker::tail(log, STDERR_TAIL),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        match self {
+            Process::Private { child, .. } => child.id(),
+            Process::Shared { pid, .. } => *pid,
+        }
+    }
+}
+
 /// One running Python worker.
 pub struct Worker {
     key: WorkerKey,
-    child: Child,
+    process: Process,
     to_worker: Option<mpsc::Sender<Vec<u8>>>,
     from_worker: mpsc::Receiver<Result<Frame, WireError>>,
-    stderr: Arc<Mutex<Tail>>,
     threads: Vec<JoinHandle<()>>,
     next_id: u64,
     healthy: bool,
-    /// The worker's answer to `hello`: versions of Python and NumPy, its pid.
+    /// The worker's answer to `hello`: versions of Python and NumPy, its pid (and, from the shared
+    /// worker, its log, the daemon's pid and the client's).
     pub info: Json,
 }
 
@@ -227,23 +295,76 @@ fn describe_status(status: ExitStatus) -> String {
     format!("{status}")
 }
 
+/// The thread that writes requests to the worker.
+fn writer_thread(mut sink: impl Write + Send + 'static) -> (mpsc::Sender<Vec<u8>>, JoinHandle<()>) {
+    let (to_worker, requests) = mpsc::channel::<Vec<u8>>();
+    let thread = std::thread::Builder::new()
+        .name("golden-worker-in".into())
+        .spawn(move || {
+            for bytes in requests {
+                if sink.write_all(&bytes).and_then(|_| sink.flush()).is_err() {
+                    break;
+                }
+            }
+        })
+        .expect("spawn a thread");
+    (to_worker, thread)
+}
+
+/// The thread that reads the worker's answers.
+type Answers = mpsc::Receiver<Result<Frame, WireError>>;
+
+fn reader_thread(source: impl Read + Send + 'static) -> (Answers, JoinHandle<()>) {
+    let (answers, from_worker) = mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("golden-worker-out".into())
+        .spawn(move || {
+            let mut reader = std::io::BufReader::with_capacity(1 << 16, source);
+            loop {
+                let frame = wire::read_frame(&mut reader);
+                let end = frame.is_err();
+                if answers.send(frame).is_err() || end {
+                    break;
+                }
+            }
+        })
+        .expect("spawn a thread");
+    (from_worker, thread)
+}
+
+/// `PYTHONPATH` for a worker with this key.
+pub(crate) fn pythonpath(key: &WorkerKey) -> Result<std::ffi::OsString, WorkerError> {
+    std::env::join_paths(
+        key.roots.iter().cloned().chain(
+            std::env::var_os("PYTHONPATH")
+                .iter()
+                .flat_map(std::env::split_paths),
+        ),
+    )
+    .map_err(|e| WorkerError::Spawn {
+        python: key.python.clone(),
+        error: format!("an import root cannot be put in PYTHONPATH: {e}"),
+    })
+}
+
 impl Worker {
-    /// Start a worker and wait for its `hello`.
+    /// A worker for `key`: from the shared worker daemon when sharing is on and it can be reached,
+    /// else a private one.
+    pub fn start(key: &WorkerKey) -> Result<Worker, WorkerError> {
+        if crate::shared_worker::enabled() {
+            match crate::shared_worker::connect(key) {
+                Ok(stream) => return Worker::over_socket(key, stream),
+                Err(why) => crate::shared_worker::note_fallback(&why),
+            }
+        }
+        Worker::spawn(key)
+    }
+
+    /// Start a private worker (a child of this process) and wait for its `hello`.
     pub fn spawn(key: &WorkerKey) -> Result<Worker, WorkerError> {
-        let pythonpath = std::env::join_paths(
-            key.roots.iter().cloned().chain(
-                std::env::var_os("PYTHONPATH")
-                    .iter()
-                    .flat_map(std::env::split_paths),
-            ),
-        )
-        .map_err(|e| WorkerError::Spawn {
-            python: key.python.clone(),
-            error: format!("an import root cannot be put in PYTHONPATH: {e}"),
-        })?;
         let mut child = Command::new(&key.python.program)
             .args(["-u", "-B", "-m", "golden_ref.worker"])
-            .env("PYTHONPATH", pythonpath)
+            .env("PYTHONPATH", pythonpath(key)?)
             .env("GOLDEN_PARENT_PID", std::process::id().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -253,75 +374,90 @@ impl Worker {
                 python: key.python.clone(),
                 error: e.to_string(),
             })?;
-        let mut stdin: ChildStdin = child.stdin.take().expect("piped");
+        let stdin: ChildStdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
-
-        let (to_worker, writer_rx) = mpsc::channel::<Vec<u8>>();
-        let (reader_tx, from_worker) = mpsc::channel();
+        let (to_worker, writer) = writer_thread(stdin);
+        let (from_worker, reader) = reader_thread(stdout);
         let tail = Arc::new(Mutex::new(Tail::default()));
         let tail_writer = Arc::clone(&tail);
-        let threads = vec![
-            std::thread::Builder::new()
-                .name("golden-worker-stdin".into())
-                .spawn(move || {
-                    for bytes in writer_rx {
-                        if stdin.write_all(&bytes).and_then(|_| stdin.flush()).is_err() {
-                            break;
-                        }
+        let drain = std::thread::Builder::new()
+            .name("golden-worker-err".into())
+            .spawn(move || {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = stderr.read(&mut buf) {
+                    if n == 0 {
+                        break;
                     }
-                })
-                .expect("spawn a thread"),
-            std::thread::Builder::new()
-                .name("golden-worker-stdout".into())
-                .spawn(move || {
-                    let mut reader = std::io::BufReader::with_capacity(1 << 16, stdout);
-                    loop {
-                        let frame = wire::read_frame(&mut reader);
-                        let end = frame.is_err();
-                        if reader_tx.send(frame).is_err() || end {
-                            break;
-                        }
-                    }
-                })
-                .expect("spawn a thread"),
-            std::thread::Builder::new()
-                .name("golden-worker-stderr".into())
-                .spawn(move || {
-                    let mut buf = [0u8; 8192];
-                    while let Ok(n) = stderr.read(&mut buf) {
-                        if n == 0 {
-                            break;
-                        }
-                        tail_writer.lock().unwrap().push(&buf[..n]);
-                    }
-                })
-                .expect("spawn a thread"),
-        ];
-        let mut worker = Worker {
+                    tail_writer.lock().unwrap().push(&buf[..n]);
+                }
+            })
+            .expect("spawn a thread");
+        let worker = Worker {
             key: key.clone(),
-            child,
+            process: Process::Private {
+                child,
+                stderr: tail,
+            },
             to_worker: Some(to_worker),
             from_worker,
-            stderr: tail,
-            threads,
+            threads: vec![writer, reader, drain],
             next_id: 1,
             healthy: true,
             info: Json::Null,
         };
-        let (info, _) = worker.request(
+        worker.hello()
+    }
+
+    /// A worker served by the shared worker daemon over `stream`.
+    fn over_socket(key: &WorkerKey, stream: UnixStream) -> Result<Worker, WorkerError> {
+        let io_error = |e: std::io::Error| WorkerError::Protocol(format!("the shared worker: {e}"));
+        let (to_worker, writer) = writer_thread(stream.try_clone().map_err(io_error)?);
+        let (from_worker, reader) = reader_thread(stream.try_clone().map_err(io_error)?);
+        let worker = Worker {
+            key: key.clone(),
+            // Until `hello` names the served copy, errors have no pid or log to point at.
+            process: Process::Shared {
+                pid: 0,
+                stream,
+                log: PathBuf::new(),
+                exit: PathBuf::new(),
+            },
+            to_worker: Some(to_worker),
+            from_worker,
+            threads: vec![writer, reader],
+            next_id: 1,
+            healthy: true,
+            info: Json::Null,
+        };
+        let mut worker = worker.hello()?;
+        if let Process::Shared { pid, log, exit, .. } = &mut worker.process {
+            *pid = worker.info["pid"].as_u64().unwrap_or(0) as u32;
+            *log = PathBuf::from(worker.info["log"].as_str().unwrap_or_default());
+            *exit = log.with_extension("exit");
+        }
+        Ok(worker)
+    }
+
+    fn hello(mut self) -> Result<Worker, WorkerError> {
+        let (info, _) = self.request(
             json!({"op": "hello"}),
             Vec::new(),
             STARTUP_TIMEOUT,
             "starting up",
         )?;
-        worker.info = info;
-        Ok(worker)
+        self.info = info;
+        Ok(self)
     }
 
     /// The process id of the interpreter.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
+    }
+
+    /// Whether this worker is a copy served by the shared worker daemon.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.process, Process::Shared { .. })
     }
 
     /// Whether the worker can take more requests.
@@ -330,27 +466,17 @@ impl Worker {
     }
 
     fn stderr_tail(&self) -> String {
-        self.stderr.lock().unwrap().text()
+        self.process.stderr_tail()
     }
 
     /// Mark the worker dead and describe how it ended.
     fn died(&mut self, during: &str) -> WorkerError {
         self.healthy = false;
         // The process may still be writing its last words: give it a moment to exit.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => break Some(status),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                _ => break None,
-            }
-        };
-        let status = match status {
-            Some(s) => describe_status(s),
+        let status = match self.process.wait_ended(Duration::from_secs(2)) {
+            Some(s) => s,
             None => {
-                let _ = self.child.kill();
+                self.process.kill();
                 "a closed pipe (it was killed)".into()
             }
         };
@@ -403,13 +529,12 @@ impl Worker {
             }
             Ok(Err(e)) => {
                 self.healthy = false;
-                let _ = self.child.kill();
+                self.process.kill();
                 return Err(WorkerError::Protocol(format!("{e} while {during}")));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 self.healthy = false;
-                let _ = self.child.kill();
-                let _ = self.child.wait();
+                self.process.kill();
                 return Err(WorkerError::Timeout {
                     limit: timeout,
                     during: during.to_string(),
@@ -420,7 +545,7 @@ impl Worker {
         let ok = frame.header.get("ok").and_then(Json::as_bool);
         if frame.id != id {
             self.healthy = false;
-            let _ = self.child.kill();
+            self.process.kill();
             let detail = if ok == Some(false) {
                 format!(": {}", remote_error(&frame.header).message)
             } else {
@@ -455,21 +580,26 @@ fn remote_error(header: &Json) -> RemoteError {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        // Closing stdin asks the worker to exit; one that is busy in a reference gets killed.
+        // Closing its input asks the worker to exit; one that is busy in a reference gets killed.
         self.to_worker = None;
-        let deadline = Instant::now() + Duration::from_millis(500);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-            }
+        if let Process::Shared { stream, .. } = &self.process {
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+        }
+        if self
+            .process
+            .wait_ended(Duration::from_millis(500))
+            .is_none()
+        {
+            self.process.kill();
+            self.process.wait_ended(Duration::from_secs(2));
+        }
+        if let Process::Shared {
+            stream, log, exit, ..
+        } = &self.process
+        {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            let _ = std::fs::remove_file(log);
+            let _ = std::fs::remove_file(exit);
         }
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -542,7 +672,7 @@ impl Pool {
             if state.live < self.max {
                 state.live += 1;
                 drop(state);
-                return match Worker::spawn(key) {
+                return match Worker::start(key) {
                     Ok(worker) => Ok(PooledWorker {
                         worker: Some(worker),
                     }),

@@ -1,7 +1,11 @@
-//! A test process that ends while golden's workers are alive, for `tests/faults.rs`: it starts a
-//! check whose reference sleeps (so one worker is busy and cannot read its stdin), prints the pids
-//! of its workers, then ends as its argument says: `panic`, `exit` (std::process::exit) or
-//! `return`. The workers must not outlive it.
+//! A test process for `tests/faults.rs` and `tests/shared_worker.rs`, by its first argument:
+//!
+//! * `panic`, `exit`, `return`: start a check whose reference sleeps (so a worker is busy and
+//!   cannot read its input), print the pids of this process's workers, then end that way
+//!   (`std::process::exit` for `exit`). The workers must not outlive it.
+//! * `info`: borrow a worker and print its `hello` answer (JSON).
+//! * `check <reference> [timeout]`: check `reference` against an identity port and print `pass` or
+//!   the failure.
 
 #[path = "../common/processes.rs"]
 #[allow(dead_code)]
@@ -10,21 +14,70 @@ mod processes;
 use golden::{Dist, IntoOutputs, Layer, PortInputs};
 use std::time::{Duration, Instant};
 
+/// `pass`, or the failure's message.
+fn identity_check(reference: &str, timeout: Option<f64>) -> String {
+    let mut layer = Layer::function("child", reference)
+        .dim("n", 1, 4)
+        .arg("x", ["n"], Dist::default())
+        .cases(4)
+        .mode(golden::env::Mode::Live);
+    if let Some(t) = timeout {
+        layer = layer.timeout(t);
+    }
+    let port = |i: &PortInputs| i.tensor(0).clone().into_outputs();
+    match golden::check(&layer, &port) {
+        Ok(_) => "pass".into(),
+        Err(f) => f.to_string(),
+    }
+}
+
 fn main() {
-    let how = std::env::args().nth(1).unwrap_or_default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let how = args.first().map(String::as_str).unwrap_or_default();
+    match how {
+        "info" => {
+            let key = golden::worker::WorkerKey::from_env(None);
+            let worker = golden::worker::pool().check_out(&key).expect("a worker");
+            println!("{}", worker.info);
+            return;
+        }
+        "check" => {
+            let timeout = args.get(2).and_then(|t| t.parse().ok());
+            println!("{}", identity_check(&args[1], timeout));
+            return;
+        }
+        _ => {}
+    }
     std::thread::spawn(|| {
-        let layer = Layer::function("busy", "fault_ref.sleeps")
-            .dim("n", 1, 4)
-            .arg("x", ["n"], Dist::default())
-            .mode(golden::env::Mode::Live);
-        let port = |i: &PortInputs| i.tensor(0).clone().into_outputs();
-        let _ = golden::check(&layer, &port);
+        let _ = identity_check("fault_ref.sleeps", None);
     });
     // Wait until a worker is up and busy in the reference.
     let deadline = Instant::now() + Duration::from_secs(120);
     let me = std::process::id();
+    // Private workers are children of this process; the shared worker's copies are the daemon's,
+    // each with a log file in the (per-test) shared folder.
+    let shared_copies = || -> Vec<u32> {
+        let Some(dir) = golden::shared_worker::directory() else {
+            return Vec::new();
+        };
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix("worker-")?
+                    .strip_suffix(".log")?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    };
     let workers = loop {
-        let w = processes::workers_of(me);
+        let w = if golden::shared_worker::enabled() {
+            shared_copies()
+        } else {
+            processes::workers_of(me)
+        };
         if !w.is_empty() || Instant::now() > deadline {
             break w;
         }
@@ -39,7 +92,7 @@ fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    match how.as_str() {
+    match how {
         "panic" => panic!("the test process panics with a busy worker"),
         "exit" => std::process::exit(0),
         _ => {}

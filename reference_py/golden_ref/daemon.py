@@ -1,0 +1,228 @@
+"""The shared worker: `python -m golden_ref.daemon --socket PATH --idle SECONDS`.
+
+Under `cargo nextest` every test is its own process, and each would import torch (1.6-3 s) in its
+own worker. The daemon imports torch once and listens on a Unix socket; each connection gets a
+forked copy of the warm interpreter that serves it exactly like a private worker
+(:func:`golden_ref.worker.serve`). A crash or a hang in a reference ends that copy only.
+
+* Started by the runtime under a lock file, so two test processes starting at the same moment get
+  one daemon. The starting process reads `ready` from the daemon's stdout; the daemon has already
+  left the starter's session (double fork and setsid), so it is nobody's child but init's.
+* A served copy writes its stderr to `worker-<pid>.log` beside the socket (its path is in the
+  `hello` answer, for error messages) and, when it ends, the daemon writes how it ended to
+  `worker-<pid>.exit` ("exit code 3", "signal 11"). The runtime removes both.
+* A served copy ends at EOF on its connection, or soon after the connected test process is gone
+  (its pid, from SO_PEERCRED, is watched).
+* The daemon exits after `--idle` seconds with no connection and no served copy alive, or when its
+  socket file is removed or replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import faulthandler
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+
+from . import worker as worker_module
+
+
+def _describe(status: int) -> str:
+    if os.WIFEXITED(status):
+        return f"exit code {os.WEXITSTATUS(status)}"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+            return f"signal {sig} ({name})"
+        except ValueError:
+            return f"signal {sig}"
+    return f"status {status}"
+
+
+def _peer_pid(conn: socket.socket) -> int | None:
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)[0]
+    except OSError:
+        return None
+
+
+def _serve_connection(conn: socket.socket, directory: str, daemon_pid: int) -> None:
+    """In the forked copy: become a worker for this connection. Never returns."""
+    code = 0
+    try:
+        pid = os.getpid()
+        log_path = os.path.join(directory, f"worker-{pid}.log")
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        sys.stdout = sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        faulthandler.enable(file=sys.stderr)
+        client = _peer_pid(conn)
+        if client:
+            worker_module.watch_process(client)
+        proto_in = conn.makefile("rb", buffering=1 << 16)
+        proto_out = conn.makefile("wb", buffering=1 << 16)
+        code = worker_module.serve(
+            proto_in, proto_out, {"log": log_path, "daemon_pid": daemon_pid, "client_pid": client}
+        )
+    except BaseException:  # noqa: BLE001 - the copy must never return into the daemon's loop
+        code = 70
+    finally:
+        os._exit(code)
+
+
+def run(path: str, idle: float, ready_fd: int) -> int:
+    directory = os.path.dirname(os.path.abspath(path))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(128)
+    inode = os.stat(path).st_ino
+    pid = os.getpid()
+    os.write(ready_fd, f"ready {pid}\n".encode())
+    os.close(ready_fd)
+    children: set[int] = set()
+    ended: dict[int, float] = {}
+    last_activity = time.monotonic()
+
+    def forget(child: int):
+        for suffix in ("log", "exit"):
+            try:
+                os.unlink(os.path.join(directory, f"worker-{child}.{suffix}"))
+            except FileNotFoundError:
+                pass
+
+    def tidy(older_than: float):
+        # A client reads how its copy ended within seconds; after that the files are litter.
+        now = time.monotonic()
+        for child, when in list(ended.items()):
+            if now - when >= older_than:
+                forget(child)
+                del ended[child]
+
+    def reap():
+        while children:
+            try:
+                done, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children.clear()
+                return
+            if done == 0:
+                return
+            children.discard(done)
+            ended[done] = time.monotonic()
+            try:
+                with open(os.path.join(directory, f"worker-{done}.exit"), "w") as f:
+                    f.write(_describe(status))
+            except OSError:
+                pass
+
+    def accept_one():
+        conn, _ = listener.accept()
+        child = os.fork()
+        if child == 0:
+            listener.close()
+            _serve_connection(conn, directory, pid)
+        children.add(child)
+        conn.close()
+
+    def still_ours():
+        try:
+            return os.stat(path).st_ino == inode
+        except FileNotFoundError:
+            return False
+
+    while True:
+        readable, _, _ = select.select([listener], [], [], 0.25)
+        reap()
+        tidy(10.0)
+        if readable:
+            accept_one()
+            last_activity = time.monotonic()
+            continue
+        if children:
+            last_activity = time.monotonic()
+        if not still_ours():
+            break
+        if time.monotonic() - last_activity > idle:
+            # Leave: new clients now find no socket and start a new daemon; one that connected
+            # just before the unlink is still served.
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            listener.setblocking(False)
+            while True:
+                try:
+                    accept_one()
+                except (BlockingIOError, InterruptedError):
+                    break
+            break
+    listener.close()
+    # Served copies carry on by themselves; reap what ends in the next moments, then go.
+    deadline = time.monotonic() + 1.0
+    while children and time.monotonic() < deadline:
+        reap()
+        time.sleep(0.05)
+    tidy(0.0)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--idle", type=float, default=60.0)
+    args = parser.parse_args()
+
+    # Warm up in the starting process, so that an import error reaches the starter's stderr.
+    import numpy  # noqa: F401
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    from . import evaluate, training, variants  # noqa: F401
+
+    ready_r, ready_w = os.pipe()
+    if os.fork() > 0:
+        # The starter reads our stdout until the daemon says `ready`; this process just goes.
+        os.close(ready_w)
+        answer = b""
+        while not answer.endswith(b"\n"):
+            chunk = os.read(ready_r, 64)
+            if not chunk:
+                break
+            answer += chunk
+        sys.stdout.buffer.write(answer)
+        sys.stdout.flush()
+        return 0 if answer.startswith(b"ready") else 1
+    os.close(ready_r)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    # The daemon: no terminal, no inherited pipes (the starter waits for their EOF).
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = run(args.socket, args.idle, ready_w)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            code = 0
+        else:
+            code = 1
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
