@@ -333,7 +333,7 @@ fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
 
 fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Values {
     let shape = &port.shape;
-    let (a, e) = if rule == Rule::Exact {
+    if rule == Rule::Exact {
         // Compare integers as integers (i64 beyond 2^53 would lose digits as f64).
         let (a, e) = (port.to_i64(), expected.value.to_i64());
         let mismatch = a.iter().zip(&e).filter(|(x, y)| x != y).count();
@@ -359,71 +359,162 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
             rounding_max: None,
             factor_needed: 0.0,
         };
-    } else {
-        (port.to_f64(), expected.value.to_f64())
-    };
+    }
+    let numel = port.numel();
     let noise = expected
         .rounding
-        .map(HostTensor::to_f64)
-        .filter(|v| v.len() == a.len());
-    let has_estimate = noise.is_some();
-    let noise = noise.unwrap_or_else(|| vec![0.0; a.len()]);
-
-    let mut values = Values {
-        rule,
-        numel: a.len(),
-        mismatched: 0,
-        greatest_abs: None,
-        greatest_rel: None,
-        worst: None,
-        worst_ratio: 0.0,
-        first_nonfinite_mismatch: None,
-        nan: (0, 0),
-        inf: (0, 0),
-        rounding_max: has_estimate.then(|| noise.iter().copied().fold(0.0, f64::max)),
-        factor_needed: 0.0,
+        .filter(|r| r.numel() == numel && r.dtype.is_float());
+    // Large leaves are scanned by several threads, each over a contiguous range, merged in order.
+    let threads = if numel >= 1 << 18 {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+    } else {
+        1
     };
-    for i in 0..a.len() {
-        let (x, r) = (a[i], e[i]);
-        values.nan.0 += x.is_nan() as usize;
-        values.nan.1 += r.is_nan() as usize;
-        values.inf.0 += x.is_infinite() as usize;
-        values.inf.1 += r.is_infinite() as usize;
-        if !x.is_finite() || !r.is_finite() {
-            let same = (x.is_nan() && r.is_nan()) || x == r;
-            if !same {
-                values.mismatched += 1;
-                values.worst_ratio = f64::INFINITY;
-                if values.first_nonfinite_mismatch.is_none() {
-                    values.first_nonfinite_mismatch = Some(Element {
-                        index: unravel(i, shape),
-                        port: x,
-                        reference: r,
-                        diff: f64::INFINITY,
-                        allowed: 0.0,
-                    });
-                }
-            }
-            continue;
-        }
-        let diff = (x - r).abs();
-        let allowed = rule.allowed(r, noise[i]);
-        let excess = diff - rule.allowed(r, 0.0);
-        if excess > 0.0 {
-            let needed = if noise[i] > 0.0 {
-                excess / noise[i]
-            } else {
-                f64::INFINITY
-            };
-            values.factor_needed = values.factor_needed.max(needed);
-        }
-        let element = || Element {
+    let per = numel.div_ceil(threads.max(1)).max(1);
+    let scan = if threads > 1 {
+        std::thread::scope(|s| {
+            let parts: Vec<_> = (0..numel)
+                .step_by(per)
+                .map(|lo| {
+                    let hi = (lo + per).min(numel);
+                    s.spawn(move || Scan::range(port, expected.value, noise, rule, lo..hi))
+                })
+                .collect();
+            parts
+                .into_iter()
+                .map(|p| p.join().expect("a comparison thread panicked"))
+                .fold(Scan::default(), Scan::then)
+        })
+    } else {
+        Scan::range(port, expected.value, noise, rule, 0..numel)
+    };
+
+    let element = |i: usize| {
+        let (x, r) = (port.f64_at(i), expected.value.f64_at(i));
+        let rounding = noise.map_or(0.0, |n| n.f64_at(i));
+        let finite = x.is_finite() && r.is_finite();
+        Element {
             index: unravel(i, shape),
             port: x,
             reference: r,
-            diff,
-            allowed,
-        };
+            diff: if finite { (x - r).abs() } else { f64::INFINITY },
+            allowed: if finite {
+                rule.allowed(r, rounding)
+            } else {
+                0.0
+            },
+        }
+    };
+    let worst_ratio = match (scan.worst, scan.first_nonfinite) {
+        (_, Some(_)) => f64::INFINITY,
+        (Some((ratio, _)), None) => ratio,
+        (None, None) => 0.0,
+    };
+    let rule = match rule {
+        // Without a float64 evaluation the rule is assert_close's alone.
+        Rule::Default { atol, rtol, .. } if noise.is_none() => Rule::Default {
+            atol,
+            rtol,
+            factor: 0.0,
+        },
+        other => other,
+    };
+    Values {
+        rule,
+        numel,
+        mismatched: scan.mismatched,
+        greatest_abs: scan.greatest_abs.map(|(_, i)| element(i)),
+        greatest_rel: scan.greatest_rel.map(|(rel, i)| (rel, element(i))),
+        worst: scan.worst.map(|(_, i)| element(i)),
+        worst_ratio,
+        first_nonfinite_mismatch: scan.first_nonfinite.map(element),
+        nan: scan.nan,
+        inf: scan.inf,
+        rounding_max: noise.map(|_| scan.rounding_max),
+        factor_needed: scan.factor_needed,
+    }
+}
+
+/// What a scan over a range of elements found. Ranges merge in order: on ties the earlier element
+/// is kept, as a single scan would.
+#[derive(Clone, Copy, Default)]
+struct Scan {
+    mismatched: usize,
+    nan: (usize, usize),
+    inf: (usize, usize),
+    first_nonfinite: Option<usize>,
+    /// (|port − ref| / allowed, index) over finite pairs.
+    worst: Option<(f64, usize)>,
+    greatest_abs: Option<(f64, usize)>,
+    greatest_rel: Option<(f64, usize)>,
+    factor_needed: f64,
+    rounding_max: f64,
+}
+
+/// Keep `candidate` if it is strictly greater (the earlier element wins ties).
+fn keep_greater(current: &mut Option<(f64, usize)>, candidate: Option<(f64, usize)>) {
+    if let Some((value, _)) = candidate {
+        if current.is_none_or(|(best, _)| value > best) {
+            *current = candidate;
+        }
+    }
+}
+
+impl Scan {
+    /// Scan `range`, decoding it chunk by chunk into buffers on the stack.
+    fn range(
+        port: &HostTensor,
+        reference: &HostTensor,
+        noise: Option<&HostTensor>,
+        rule: Rule,
+        range: std::ops::Range<usize>,
+    ) -> Scan {
+        const CHUNK: usize = 1024;
+        let mut scan = Scan::default();
+        let (mut a, mut e, mut n) = ([0.0; CHUNK], [0.0; CHUNK], [0.0; CHUNK]);
+        let mut start = range.start;
+        while start < range.end {
+            let len = CHUNK.min(range.end - start);
+            port.read_f64_into(start, &mut a[..len]);
+            reference.read_f64_into(start, &mut e[..len]);
+            if let Some(noise) = noise {
+                noise.read_f64_into(start, &mut n[..len]);
+            }
+            for k in 0..len {
+                scan.element(start + k, a[k], e[k], n[k], rule);
+            }
+            start += len;
+        }
+        scan
+    }
+
+    #[inline]
+    fn element(&mut self, i: usize, x: f64, r: f64, rounding: f64, rule: Rule) {
+        self.rounding_max = self.rounding_max.max(rounding);
+        if !(x.is_finite() && r.is_finite()) {
+            self.nan.0 += x.is_nan() as usize;
+            self.nan.1 += r.is_nan() as usize;
+            self.inf.0 += x.is_infinite() as usize;
+            self.inf.1 += r.is_infinite() as usize;
+            let same = (x.is_nan() && r.is_nan()) || x == r;
+            if !same {
+                self.mismatched += 1;
+                self.first_nonfinite.get_or_insert(i);
+            }
+            return;
+        }
+        let diff = (x - r).abs();
+        let plain = rule.allowed(r, 0.0);
+        let allowed = rule.allowed(r, rounding);
+        let excess = diff - plain;
+        if excess > 0.0 {
+            let needed = if rounding > 0.0 {
+                excess / rounding
+            } else {
+                f64::INFINITY
+            };
+            self.factor_needed = self.factor_needed.max(needed);
+        }
         let ratio = if allowed > 0.0 {
             diff / allowed
         } else if diff > 0.0 {
@@ -431,16 +522,9 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
         } else {
             0.0
         };
-        if ratio > 1.0 {
-            values.mismatched += 1;
-        }
-        if ratio > values.worst_ratio || values.worst.is_none() {
-            values.worst_ratio = values.worst_ratio.max(ratio);
-            values.worst = Some(element());
-        }
-        if values.greatest_abs.as_ref().is_none_or(|g| diff > g.diff) {
-            values.greatest_abs = Some(element());
-        }
+        self.mismatched += (ratio > 1.0) as usize;
+        keep_greater(&mut self.worst, Some((ratio, i)));
+        keep_greater(&mut self.greatest_abs, Some((diff, i)));
         let rel = if r != 0.0 {
             diff / r.abs()
         } else if diff > 0.0 {
@@ -448,20 +532,22 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
         } else {
             0.0
         };
-        if values.greatest_rel.as_ref().is_none_or(|(g, _)| rel > *g) {
-            values.greatest_rel = Some((rel, element()));
-        }
+        keep_greater(&mut self.greatest_rel, Some((rel, i)));
     }
-    if let Rule::Default { atol, rtol, .. } = values.rule {
-        if !has_estimate {
-            values.rule = Rule::Default {
-                atol,
-                rtol,
-                factor: 0.0,
-            };
-        }
+
+    /// This range's findings followed by the next range's.
+    fn then(mut self, next: Scan) -> Scan {
+        self.mismatched += next.mismatched;
+        self.nan = (self.nan.0 + next.nan.0, self.nan.1 + next.nan.1);
+        self.inf = (self.inf.0 + next.inf.0, self.inf.1 + next.inf.1);
+        self.first_nonfinite = self.first_nonfinite.or(next.first_nonfinite);
+        keep_greater(&mut self.worst, next.worst);
+        keep_greater(&mut self.greatest_abs, next.greatest_abs);
+        keep_greater(&mut self.greatest_rel, next.greatest_rel);
+        self.factor_needed = self.factor_needed.max(next.factor_needed);
+        self.rounding_max = self.rounding_max.max(next.rounding_max);
+        self
     }
-    values
 }
 
 /// What two different shapes suggest.
@@ -512,6 +598,36 @@ pub fn shape_hint(port: &[usize], reference: &[usize]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scan_split_over_threads_finds_what_one_scan_finds() {
+        // Large enough for several threads; the findings sit in different ranges, and two
+        // elements tie for the greatest difference: the earlier one must be reported.
+        let n = 600_000;
+        let reference: Vec<f64> = (0..n).map(|i| (i % 7) as f64 - 3.0).collect();
+        let mut port = reference.clone();
+        port[5] += 1e-7; // within tolerance
+        port[150_001] += 0.5;
+        port[450_000] += 0.5;
+        port[599_999] = f64::NAN;
+        let (p, r) = (
+            HostTensor::from_f64(vec![n], &port),
+            HostTensor::from_f64(vec![n], &reference),
+        );
+        let expected = Expected {
+            value: &r,
+            rounding: None,
+        };
+        let v = compare_values(&p, &expected, Rule::for_leaf(WireDType::F64, None, 16.0));
+        assert_eq!(v.mismatched, 3);
+        assert_eq!(v.nan, (1, 0));
+        assert_eq!(v.greatest_abs.unwrap().index, vec![150_001]);
+        assert_eq!(v.worst.unwrap().index, vec![150_001]);
+        assert_eq!(v.first_nonfinite_mismatch.unwrap().index, vec![599_999]);
+        assert_eq!(v.worst_ratio, f64::INFINITY);
+        // No float64 evaluation: the rule reported is assert_close's alone.
+        assert!(matches!(v.rule, Rule::Default { factor, .. } if factor == 0.0));
+    }
 
     fn t(shape: &[usize], v: &[f64], dtype: WireDType) -> HostTensor {
         let f = HostTensor::from_f64(shape.to_vec(), v);

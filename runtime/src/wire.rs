@@ -234,6 +234,38 @@ impl HostTensor {
         }
     }
 
+    /// Values `start..start + out.len()` as f64, into `out` (no allocation: for scans of large
+    /// tensors in chunks).
+    pub fn read_f64_into(&self, start: usize, out: &mut [f64]) {
+        let size = self.dtype.size();
+        let bytes = &self.data[start * size..(start + out.len()) * size];
+        macro_rules! fill {
+            ($n:literal, $conv:expr) => {
+                for (o, b) in out.iter_mut().zip(chunks::<$n>(bytes)) {
+                    *o = $conv(b);
+                }
+            };
+        }
+        match self.dtype {
+            WireDType::F32 => fill!(4, |b| f32::from_le_bytes(b) as f64),
+            WireDType::F64 => fill!(8, f64::from_le_bytes),
+            WireDType::F16 => fill!(2, |b| half::f16::from_le_bytes(b).to_f64()),
+            WireDType::BF16 => fill!(2, |b| half::bf16::from_le_bytes(b).to_f64()),
+            WireDType::I64 => fill!(8, |b| i64::from_le_bytes(b) as f64),
+            WireDType::U32 => fill!(4, |b| u32::from_le_bytes(b) as f64),
+            WireDType::I32 => fill!(4, |b| i32::from_le_bytes(b) as f64),
+            WireDType::I16 => fill!(2, |b| i16::from_le_bytes(b) as f64),
+            WireDType::U8 | WireDType::Bool => fill!(1, |b: [u8; 1]| b[0] as f64),
+        }
+    }
+
+    /// Element `i` (flat, C order) as f64.
+    pub fn f64_at(&self, i: usize) -> f64 {
+        let mut one = [0.0];
+        self.read_f64_into(i, &mut one);
+        one[0]
+    }
+
     /// The values as i64 (integer and bool dtypes; floats are truncated).
     pub fn to_i64(&self) -> Vec<i64> {
         let d = &self.data;
