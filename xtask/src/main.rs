@@ -6,6 +6,8 @@
 //! * `zoo` — run the example zoo's parity checks and print their report. Without golden's venv they
 //!   replay the committed golden stores (no Python packages needed); the report says how to go live.
 //! * `test` — setup, run every test of the workspace and the Python side's unit tests.
+//! * `bench-suite` — time the zoo under `cargo test` and `cargo nextest run`, live with private
+//!   workers, live with the shared worker (cold and warm), and in replay; prints the figures.
 //!
 //! `test` builds the Rust side while pip installs the Python side: on a fresh machine the two take
 //! about as long as each other.
@@ -247,13 +249,144 @@ fn test() -> Result<(), String> {
         .current_dir(root().join("reference_py")))
 }
 
+/// Stop the shared worker daemons of this checkout (a cold start for the next run).
+fn stop_daemons() {
+    let dir = target_dir().join("golden").join("workers");
+    let _ = Command::new("pkill")
+        .args([
+            "-f",
+            "--",
+            &format!("golden_ref.daemon --socket {}", dir.display()),
+        ])
+        .status();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+}
+
+/// The zoo's wall time in seconds under `runner` with `env`.
+fn time_zoo(runner: &str, env: &[(&str, &str)]) -> Result<f64, String> {
+    let mut cmd = cargo();
+    match runner {
+        "test" => cmd.args(["test", "--quiet", "-p", "golden-zoo", "--lib"]),
+        _ => cmd.args([
+            "nextest",
+            "run",
+            "--no-fail-fast",
+            "--status-level",
+            "none",
+            "--final-status-level",
+            "none",
+            "-p",
+            "golden-zoo",
+            "--lib",
+        ]),
+    };
+    cmd.envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let started = Instant::now();
+    run(&mut cmd)?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn bench_suite() -> Result<(), String> {
+    setup()?;
+    run(cargo().args(["test", "--quiet", "--no-run", "-p", "golden-zoo", "--lib"]))?;
+    run(cargo()
+        .args(["nextest", "list", "-p", "golden-zoo", "--lib"])
+        .stdout(std::process::Stdio::null()))?;
+    let median = |runs: &mut Vec<f64>| {
+        runs.sort_by(f64::total_cmp);
+        runs[runs.len() / 2]
+    };
+    struct Config {
+        runner: &'static str,
+        what: &'static str,
+        env: &'static [(&'static str, &'static str)],
+        /// `Some(true)`: the daemon is stopped before each run; `Some(false)`: an untimed run
+        /// before each timed one starts it; `None`: no daemon involved.
+        cold: Option<bool>,
+    }
+    const LIVE_PRIVATE: &[(&str, &str)] =
+        &[("GOLDEN_MODE", "live"), ("GOLDEN_SHARED_WORKER", "never")];
+    const LIVE_SHARED: &[(&str, &str)] =
+        &[("GOLDEN_MODE", "live"), ("GOLDEN_SHARED_WORKER", "always")];
+    const REPLAY: &[(&str, &str)] = &[("GOLDEN_MODE", "replay")];
+    let configs = [
+        Config {
+            runner: "test",
+            what: "live, private workers",
+            env: LIVE_PRIVATE,
+            cold: None,
+        },
+        Config {
+            runner: "test",
+            what: "live, shared worker (warm)",
+            env: LIVE_SHARED,
+            cold: Some(false),
+        },
+        Config {
+            runner: "test",
+            what: "replay",
+            env: REPLAY,
+            cold: None,
+        },
+        Config {
+            runner: "nextest",
+            what: "live, private workers",
+            env: LIVE_PRIVATE,
+            cold: None,
+        },
+        Config {
+            runner: "nextest",
+            what: "live, shared worker (cold: the run starts it)",
+            env: LIVE_SHARED,
+            cold: Some(true),
+        },
+        Config {
+            runner: "nextest",
+            what: "live, shared worker (warm)",
+            env: LIVE_SHARED,
+            cold: Some(false),
+        },
+        Config {
+            runner: "nextest",
+            what: "replay",
+            env: REPLAY,
+            cold: None,
+        },
+    ];
+    println!("the zoo (26 checks), wall time, median of 3 runs:");
+    for c in configs {
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            match c.cold {
+                Some(true) => stop_daemons(),
+                Some(false) => {
+                    time_zoo(c.runner, c.env)?;
+                }
+                None => {}
+            }
+            runs.push(time_zoo(c.runner, c.env)?);
+        }
+        let runner = if c.runner == "test" {
+            "cargo test"
+        } else {
+            "cargo nextest run"
+        };
+        println!("  {runner:<18} {:<48} {:>6.1} s", c.what, median(&mut runs));
+    }
+    stop_daemons();
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let task = std::env::args().nth(1).unwrap_or_default();
     let result = match task.as_str() {
         "setup" => setup().map(|python| println!("{}", python.display())),
         "zoo" => zoo(),
         "test" => test(),
-        _ => Err("usage: cargo xtask setup | zoo | test".into()),
+        "bench-suite" => bench_suite(),
+        _ => Err("usage: cargo xtask setup | zoo | test | bench-suite".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
