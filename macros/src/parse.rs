@@ -21,6 +21,7 @@ pub const OPTIONS: &[&str] = &[
     "grad",
     "overfit",
     "timeout",
+    "trace",
 ];
 
 /// `name = lo..=hi` (or `lo..hi`, or a single size).
@@ -118,6 +119,8 @@ pub struct Attr {
     pub overfit: Option<OverfitDecl>,
     /// Seconds.
     pub timeout: Option<f64>,
+    /// The `trace` keyword, if given.
+    pub trace: Option<Ident>,
 }
 
 fn comma_list<T>(input: ParseStream, item: fn(ParseStream) -> Result<T>) -> Result<Vec<T>> {
@@ -542,6 +545,7 @@ impl Parse for Attr {
                         OverfitDecl::bare(key.clone())
                     });
                 }
+                "trace" => attr.trace = Some(key.clone()),
                 "timeout" => {
                     input.parse::<Token![=]>()?;
                     let seconds = parse_number(input)?;

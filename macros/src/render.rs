@@ -282,6 +282,13 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             WrtName::Param(_) => {}
         }
     }
+    if let Some(t) = attr.trace.as_ref().filter(|_| !module_form) {
+        errors.push(
+            t.span(),
+            "`trace` compares the port's taps with the reference module's submodules: it needs the \
+             module form, whose first parameter is a `VarBuilder`",
+        );
+    }
     if let Some(o) = attr.overfit.as_ref().filter(|_| !module_form) {
         errors.push(
             o.key.span(),
@@ -343,6 +350,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
     let tol = attr.tol.map(|(atol, rtol)| quote!(.tol(#atol, #rtol)));
     let cases = attr.cases.map(|n| quote!(.cases(#n)));
     let timeout = attr.timeout.map(|s| quote!(.timeout(#s)));
+    let trace = attr.trace.as_ref().map(|_| quote!(.trace()));
     let name = fn_name.to_string();
     let reference = reference.unwrap_or_default();
 
@@ -381,6 +389,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                     #tol
                     #cases
                     #timeout
+                    #trace
                     #grad_spec
                     #overfit_spec
             }

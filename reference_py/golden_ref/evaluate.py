@@ -59,6 +59,8 @@ class Case:
         self.init = init
         self.seed = seed
         self.dtype = dtype
+        # Module form: also record every submodule's output (forward hooks), see `_call`.
+        self.trace = False
 
 
 def build_module(case: Case):
@@ -82,6 +84,8 @@ def build_module(case: Case):
 def _call(case: Case, target, args, phase: str):
     backend = case.backend
     backend.seed(case.seed)
+    recorded = []
+    hooks = _trace_hooks(case, target, recorded)
     try:
         with backend.no_grad():
             out = target(*args, **case.kwargs)
@@ -89,7 +93,47 @@ def _call(case: Case, target, args, phase: str):
         if isinstance(e, KeyboardInterrupt):
             raise
         raise ReferenceRaised(phase, e) from None
-    return flatten_outputs(out, backend)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return flatten_outputs(out, backend) + _trace_leaves(recorded)
+
+
+def _trace_hooks(case: Case, target, recorded: list):
+    """With `case.trace`, a forward hook on every submodule of `target` that records its output as
+    `trace.<name>` (the state_dict prefix: what candle's VarBuilder paths give), in execution order.
+    Outputs are copied when recorded: a later in-place op must not change them."""
+    torch = getattr(case.backend, "torch", None)
+    if not case.trace or torch is None or not isinstance(target, torch.nn.Module):
+        return []
+    hooks = []
+    for name, module in target.named_modules():
+        if not name:
+            continue
+        # Wrappers (variants, gradients) hold the reference module as `inner`.
+        name = name[len("inner."):] if name.startswith("inner.") else name
+
+        def hook(_module, _inputs, output, name=name):
+            try:
+                leaves = flatten_outputs(output, case.backend, prefix=name)
+            except OutputError:
+                return  # an output without tensors is not a trace point
+            recorded.append([(n, t.detach().clone()) for n, t in leaves])
+
+        hooks.append(module.register_forward_hook(hook))
+    return hooks
+
+
+def _trace_leaves(recorded: list):
+    """The recorded outputs as leaves `trace.<module>`; a module called again is `<module>#2`."""
+    calls = {}
+    leaves = []
+    for outputs in recorded:
+        for name, tensor in outputs:
+            calls[name] = calls.get(name, 0) + 1
+            suffix = f"#{calls[name]}" if calls[name] > 1 else ""
+            leaves.append((f"trace.{name}{suffix}", tensor))
+    return leaves
 
 
 def forward(case: Case, perturbations: int = 4, precise: bool = True):

@@ -92,10 +92,27 @@ def run_reference():
         target = obj(**CASE["init"]).eval().to(dtypes[CASE["dtype"]])
         state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
         target.load_state_dict(state)
+    recorded = []
+    if CASE.get("trace") and isinstance(target, torch.nn.Module):
+        # The trace points, as the worker records them: every submodule's output, in order.
+        calls = {}
+        for name, module in target.named_modules():
+            if name:
+                def hook(_m, _i, output, name=name):
+                    try:
+                        leaves = flatten(output, name)
+                    except TypeError:
+                        return
+                    for leaf, value in leaves:
+                        calls[leaf] = calls.get(leaf, 0) + 1
+                        suffix = f"#{calls[leaf]}" if calls[leaf] > 1 else ""
+                        recorded.append((f"trace.{leaf}{suffix}", value.detach().clone()))
+                module.register_forward_hook(hook)
     torch.manual_seed(CASE["seed"])
     with torch.no_grad():
         out = target(*args, **kwargs)
-    return {k: v.detach().to(torch.float64).numpy() if v.is_floating_point() else v.numpy() for k, v in flatten(out)}
+    leaves = flatten(out) + recorded
+    return {k: v.detach().to(torch.float64).numpy() if v.is_floating_point() else v.numpy() for k, v in leaves}
 
 
 def compare(name, leaf, fresh):
@@ -148,6 +165,9 @@ def main():
     for name, leaf in CASE["leaves"].items():
         if name not in outputs:
             print(f"  leaf `{name}`: the reference no longer returns it")
+            continue
+        if not os.path.exists(os.path.join(HERE, "port", name + ".npy")):
+            print(f"  leaf `{name}`: not tapped by the port")
             continue
         compare(name, leaf, outputs[name])
     print(f"  re-run this case in Rust: {CASE['rerun']}")

@@ -106,7 +106,7 @@ class Worker:
             raise wire.ProtocolError("`args` must be a list of tensors")
         backend = self.backend(header["backend"])
         obj = self.reference(header["reference"], header["form"], header["backend"])
-        return Case(
+        case = Case(
             obj,
             header["form"],
             backend,
@@ -116,6 +116,8 @@ class Worker:
             int(header["seed"]),
             header["dtype"],
         )
+        case.trace = bool(header.get("trace", False))
+        return case
 
     def variants(self, header: dict, tensors: list):
         table = wire.TensorTable()

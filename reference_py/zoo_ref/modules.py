@@ -68,3 +68,21 @@ class TransformerBlock(nn.Module):
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    """Token embedding -> `n_layers` transformer blocks -> final LayerNorm -> vocabulary head: the
+    zoo's whole model, checked with `trace` (tests/zoo/model.rs)."""
+
+    def __init__(self, vocab: int, d_model: int, n_heads: int, hidden: int, n_layers: int):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, hidden) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))

@@ -11,6 +11,10 @@
 //! repro.py             loads all that, runs the reference again, prints the same comparison
 //! ```
 //!
+//! With `trace`, `reference/` and `port/` hold the trace points too (`trace.<point>.npy`), and
+//! `trace/reference/` and `trace/port/` hold them again as `NNN_<point>.npy`, numbered in the
+//! reference's execution order, for `golden diff trace/reference trace/port`.
+//!
 //! For the gradient check, `reference/` and `port/` hold the gradients (`grad.<name>.npy`), and
 //! there is no repro.py (it reproduces forward comparisons).
 
@@ -75,6 +79,45 @@ fn dtypes(tensors: &[(String, HostTensor)]) -> Json {
             .map(|(n, t)| (n.clone(), json!(t.dtype.name())))
             .collect::<Map<_, _>>(),
     )
+}
+
+/// The trace points of both sides numbered in the reference's execution order, so that a plain
+/// directory comparison (`golden diff`) walks them in that order.
+fn write_trace_dumps(dir: &Path, failure: &CaseFailure) -> Result<(), String> {
+    let Some(reference) = &failure.reference else {
+        return Ok(());
+    };
+    let points: Vec<&(String, HostTensor)> = reference
+        .expected
+        .iter()
+        .filter(|(n, _)| crate::trace::is_trace(n))
+        .collect();
+    let width = points.len().to_string().len().max(3);
+    let file = |i: usize, name: &str| {
+        format!(
+            "{i:0width$}_{}",
+            name.trim_start_matches(crate::trace::PREFIX)
+        )
+    };
+    let numbered: Vec<(String, HostTensor)> = points
+        .iter()
+        .enumerate()
+        .map(|(i, (n, t))| (file(i, n), t.clone()))
+        .collect();
+    write_all(dir, "trace/reference", &numbered)?;
+    let tapped: Vec<(String, HostTensor)> = failure
+        .port_outputs
+        .iter()
+        .filter(|(n, _)| crate::trace::is_trace(n))
+        .map(|(n, t)| {
+            let name = match points.iter().position(|(p, _)| p == n) {
+                Some(i) => file(i, n),
+                None => format!("port_only_{}", n.trim_start_matches(crate::trace::PREFIX)),
+            };
+            (name, t.clone())
+        })
+        .collect();
+    write_all(dir, "trace/port", &tapped)
 }
 
 /// Write a failing case's artifacts; returns the folder.
@@ -145,7 +188,11 @@ pub fn write(
         "import_roots": env::import_roots(layer.manifest_dir()),
         "python": env::python().program,
         "rerun": rerun_case_command(layer, kind.test(), dtype, case),
+        "trace": layer.trace && kind == Kind::Forward,
     });
+    if layer.trace {
+        write_trace_dumps(&dir, failure)?;
+    }
     let text = serde_json::to_string_pretty(&case_json).expect("JSON");
     std::fs::write(dir.join("case.json"), text).map_err(|e| format!("case.json: {e}"))?;
     if kind == Kind::Forward {

@@ -42,7 +42,11 @@ impl CaseRunner for ForwardRunner<'_> {
         params: &CaseParams,
     ) -> Option<WorkerError> {
         let args = inputs::make_args(self.layer, params, dtype).ok()?;
-        match source.request(self.layer, dtype, params, &Request::Forward { args: &args }) {
+        let request = Request::Forward {
+            args: &args,
+            trace: self.layer.trace,
+        };
+        match source.request(self.layer, dtype, params, &request) {
             Answer::Failed(e) if !matches!(e, WorkerError::Remote(_)) => Some(e),
             _ => None,
         }
@@ -84,7 +88,11 @@ pub(crate) fn run_case(
             .zip(args.iter().cloned())
             .collect()
     };
-    let reference = match source.request(layer, dtype, params, &Request::Forward { args: &args }) {
+    let request = Request::Forward {
+        args: &args,
+        trace: layer.trace,
+    };
+    let reference = match source.request(layer, dtype, params, &request) {
         Answer::Outputs(r) => r,
         Answer::Unrecorded => return Outcome::Unrecorded,
         Answer::Failed(e @ WorkerError::Remote(_)) => {
@@ -168,7 +176,11 @@ pub(crate) fn run_port(
             return Outcome::Fail(Box::new(failure));
         }
     };
-    let result = call_port(port, tensors, state.as_ref());
+    let (result, taps) = if layer.trace {
+        crate::trace::record(|| call_port(port, tensors, state.as_ref()))
+    } else {
+        (call_port(port, tensors, state.as_ref()), Vec::new())
+    };
     if let Some(state) = &state {
         failure.params = state.request_issues();
     }
@@ -192,7 +204,10 @@ pub(crate) fn run_port(
                 .map_err(|e| format!("output `{n}`: {e}"))
         })
         .collect();
-    let port_host = match port_host {
+    let port_host = match port_host.and_then(|mut p| {
+        p.extend(taps_as_leaves(&taps, dtype)?);
+        Ok(p)
+    }) {
         Ok(p) => p,
         Err(e) => {
             failure.port_error = Some(e);
@@ -200,6 +215,14 @@ pub(crate) fn run_port(
         }
     };
     failure.leaves = reference.compare(&port_host, layer.tol, compare::ROUNDING_FACTOR);
+    // Reference points the port did not tap are listed, not failed.
+    let (untapped, leaves): (Vec<Leaf>, Vec<Leaf>) = std::mem::take(&mut failure.leaves)
+        .into_iter()
+        .partition(|l| {
+            crate::trace::is_trace(&l.name) && l.verdict == compare::Verdict::MissingInPort
+        });
+    failure.leaves = leaves;
+    failure.untapped = untapped.into_iter().map(|l| l.name).collect();
     failure.port_outputs = port_host;
     if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
         Outcome::Pass(CaseRecord {
@@ -210,6 +233,28 @@ pub(crate) fn run_port(
     } else {
         Outcome::Fail(Box::new(failure))
     }
+}
+
+/// The port's taps as leaves `trace.<name>`, floats in the case dtype (a port may compute a point
+/// in another precision; the reference's points are in the case dtype).
+fn taps_as_leaves(
+    taps: &[(String, candle_core::Tensor)],
+    dtype: DType,
+) -> Result<Vec<(String, HostTensor)>, String> {
+    let names = crate::trace::leaf_names(taps);
+    taps.iter()
+        .zip(names)
+        .map(|((tap, t), name)| {
+            let t = if t.dtype().is_float() {
+                t.to_dtype(dtype)
+            } else {
+                Ok(t.clone())
+            };
+            t.and_then(|t| HostTensor::from_candle(&t))
+                .map(|h| (name, h))
+                .map_err(|e| format!("tap `{tap}`: {e}"))
+        })
+        .collect()
 }
 
 /// Add what golden can tell about a failed case: the diagnoses that fit (on the smallest case and

@@ -287,8 +287,15 @@ impl CaseRunner for GradRunner<'_> {
             .map(|a| a.name.clone())
             .zip(args.iter().cloned())
             .collect();
-        let forward = match source.request(layer, dtype, params, &Request::Forward { args: &args })
-        {
+        let forward = match source.request(
+            layer,
+            dtype,
+            params,
+            &Request::Forward {
+                args: &args,
+                trace: false,
+            },
+        ) {
             Answer::Outputs(r) => r,
             Answer::Unrecorded => return Outcome::Unrecorded,
             Answer::Failed(e @ WorkerError::Remote(_)) => {
@@ -388,8 +395,15 @@ impl CaseRunner for GradRunner<'_> {
     ) -> Option<WorkerError> {
         let layer = self.layer;
         let args = inputs::make_args(layer, params, dtype).ok()?;
-        let forward = match source.request(layer, dtype, params, &Request::Forward { args: &args })
-        {
+        let forward = match source.request(
+            layer,
+            dtype,
+            params,
+            &Request::Forward {
+                args: &args,
+                trace: false,
+            },
+        ) {
             Answer::Outputs(r) => r,
             Answer::Failed(e) if !matches!(e, WorkerError::Remote(_)) => return Some(e),
             _ => return None,

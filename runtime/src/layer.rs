@@ -325,6 +325,9 @@ pub struct Layer {
     /// How long the reference may take on one request (`timeout = secs`); `None`: `GOLDEN_TIMEOUT`,
     /// default 60 s.
     pub timeout: Option<std::time::Duration>,
+    /// Module form: compare the port's taps ([`crate::tap`]) with the reference's submodule outputs
+    /// (`trace` on the attribute; see `trace.rs`).
+    pub trace: bool,
 }
 
 /// Where a check is declared: what `golden::declared!()` captures in the crate under test.
@@ -378,6 +381,7 @@ impl Layer {
             grad: None,
             overfit: None,
             timeout: None,
+            trace: false,
         }
     }
 
@@ -470,6 +474,12 @@ impl Layer {
         self
     }
 
+    /// Trace the forward check: the port's taps against every submodule's output.
+    pub fn trace(mut self) -> Self {
+        self.trace = true;
+        self
+    }
+
     /// Run this check in `mode`, whatever `GOLDEN_MODE` says.
     pub fn mode(mut self, mode: crate::env::Mode) -> Self {
         self.mode = Some(mode);
@@ -532,6 +542,9 @@ impl Layer {
             }
         }
         let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
+        if self.trace {
+            let _ = writeln!(s, "trace: the port's taps against every submodule's output");
+        }
         s
     }
 

@@ -551,7 +551,10 @@ fn run(
     };
     let args =
         inputs::make_args(layer, params, dtype).map_err(|e| failure(FailureKind::Config(e)))?;
-    let forward = ask(&Request::Forward { args: &args })?;
+    let forward = ask(&Request::Forward {
+        args: &args,
+        trace: false,
+    })?;
     let targets: Named = forward
         .expected
         .iter()

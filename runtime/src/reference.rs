@@ -253,7 +253,13 @@ impl Live {
     ) -> Result<ReferenceOutputs, WorkerError> {
         let mut table = TensorTable::default();
         let mut header = match request {
-            Request::Forward { args } => self.header(layer, dtype, seed, args, &mut table),
+            Request::Forward { args, trace } => {
+                let mut h = self.header(layer, dtype, seed, args, &mut table);
+                if *trace {
+                    h["trace"] = json!(true);
+                }
+                h
+            }
             Request::Gradients {
                 args,
                 cotangents,
@@ -341,6 +347,9 @@ pub enum Request<'a> {
     Forward {
         /// The inputs.
         args: &'a [HostTensor],
+        /// Module form: also every submodule's output, as leaves `trace.<name>` in execution
+        /// order (the forward check of a layer with `trace`).
+        trace: bool,
     },
     /// PyTorch's gradients of `Σ sum(out · cotangent)` with respect to the inputs `wrt` (by
     /// index) and, with `params`, the module's parameters; leaves named `grad.<name>`.
@@ -377,7 +386,10 @@ impl Request<'_> {
     /// the tensors (for the golden store's key).
     pub fn key_parts(&self) -> (String, Vec<&HostTensor>) {
         match *self {
-            Request::Forward { args } => (String::new(), args.iter().collect()),
+            Request::Forward { args, trace } => (
+                if trace { "trace".into() } else { String::new() },
+                args.iter().collect(),
+            ),
             Request::Gradients {
                 args,
                 cotangents,

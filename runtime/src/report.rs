@@ -57,6 +57,8 @@ pub struct CaseFailure {
     /// The overfit check: what went wrong in training (no overfit, a parameter never updated, a
     /// step where the port's training parts from PyTorch's) and the gradient-health flags.
     pub training_issues: Vec<String>,
+    /// Trace points of the reference the port did not tap (`trace.<name>`, execution order).
+    pub untapped: Vec<String>,
 }
 
 /// A known variant of the reference that the port matches.
@@ -305,6 +307,23 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
+            FailureKind::Case(c) if crate::trace::first_divergence(&c.leaves).is_some() => {
+                let tapped = c
+                    .leaves
+                    .iter()
+                    .filter(|l| crate::trace::is_trace(&l.name))
+                    .count();
+                let (at, leaf) = crate::trace::first_divergence(&c.leaves).expect("checked");
+                writeln!(
+                    out,
+                    "golden: `{}` leaves its reference `{}` at `{}` (trace point {} of {tapped} \
+                     tapped){dtype}",
+                    self.layer,
+                    self.reference,
+                    leaf.name.trim_start_matches(crate::trace::PREFIX),
+                    at + 1
+                )?;
+            }
             FailureKind::Case(_) if self.check == crate::check::Kind::Gradients => {
                 writeln!(
                     out,
@@ -339,8 +358,9 @@ impl fmt::Display for Failure {
             if self.passed_before > 0 {
                 writeln!(
                     out,
-                    "  {} cases passed before this one failed",
-                    self.passed_before
+                    "  {} case{} passed before this one failed",
+                    self.passed_before,
+                    if self.passed_before == 1 { "" } else { "s" }
                 )?;
             }
         }
@@ -385,18 +405,37 @@ impl fmt::Display for Failure {
                     writeln!(out, "  {fix}")?;
                 }
             }
-            let failing: Vec<&Leaf> = c.leaves.iter().filter(|l| !l.passes()).collect();
+            let first_divergence = crate::trace::first_divergence(&c.leaves).map(|(_, l)| l);
+            if first_divergence.is_some() {
+                write_trace(&mut out, c)?;
+            }
+            // Of the trace points, only the first divergence is detailed: later ones inherit it.
+            let failing: Vec<&Leaf> = c
+                .leaves
+                .iter()
+                .filter(|l| !l.passes())
+                .filter(|l| {
+                    !crate::trace::is_trace(&l.name)
+                        || first_divergence.is_some_and(|f| std::ptr::eq(*l, f))
+                })
+                .collect();
             if !failing.is_empty() {
-                let passing = c.leaves.len() - failing.len();
+                let outputs = c.leaves.iter().filter(|l| !crate::trace::is_trace(&l.name));
+                let total = outputs.clone().count();
+                let differ = outputs.filter(|l| !l.passes()).count();
+                let passing = total - differ;
                 writeln!(
                     out,
-                    "  {} of {} output leaves differ{}:",
-                    failing.len(),
-                    c.leaves.len(),
+                    "  {differ} of {total} output leaves differ{}{}:",
                     if passing > 0 {
                         format!(" ({passing} match)")
                     } else {
                         String::new()
+                    },
+                    if first_divergence.is_some() {
+                        "; of the trace points, the first that differs"
+                    } else {
+                        ""
                     }
                 )?;
                 for leaf in failing {
@@ -438,6 +477,61 @@ impl fmt::Display for Failure {
         }
         f.write_str(out.trim_end())
     }
+}
+
+/// The trace of a failed case: every tapped point in the reference's execution order with its error
+/// relative to its tolerance, the drift line, and the points the port did not tap.
+fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
+    let points: Vec<&Leaf> = c
+        .leaves
+        .iter()
+        .filter(|l| crate::trace::is_trace(&l.name))
+        .collect();
+    let first = crate::trace::first_divergence(&c.leaves).map(|(i, _)| i);
+    let width = points
+        .iter()
+        .map(|l| l.name.len() - crate::trace::PREFIX.len())
+        .max()
+        .unwrap_or(0);
+    writeln!(
+        out,
+        "  the trace, in the reference's execution order (|port − ref| / allowed, worst element):"
+    )?;
+    for (i, leaf) in points.iter().enumerate() {
+        let name = leaf.name.trim_start_matches(crate::trace::PREFIX);
+        let figure = match &leaf.verdict {
+            Verdict::Values(v) => format!("{:>9}", num(v.worst_ratio)),
+            Verdict::Shape { .. } => "    shape".into(),
+            _ => "        —".into(),
+        };
+        let mark = match (leaf.passes(), Some(i) == first) {
+            (true, _) => "ok",
+            (false, true) => "DIFFERS  <- first divergence",
+            (false, false) => "differs",
+        };
+        writeln!(out, "    {:>3} {name:<width$} {figure}  {mark}", i + 1)?;
+    }
+    writeln!(
+        out,
+        "  drift against depth: {}  (▁ far inside the tolerance … █ 10× outside)",
+        crate::trace::drift_line(&c.leaves)
+    )?;
+    if !c.untapped.is_empty() {
+        let names: Vec<&str> = c
+            .untapped
+            .iter()
+            .map(|n| n.trim_start_matches(crate::trace::PREFIX))
+            .collect();
+        let shown = names.len().min(8);
+        writeln!(
+            out,
+            "  not tapped by the port ({} reference points): {}{}",
+            names.len(),
+            names[..shown].join(", "),
+            if names.len() > shown { ", …" } else { "" }
+        )?;
+    }
+    Ok(())
 }
 
 fn failing_is_empty(c: &CaseFailure) -> bool {

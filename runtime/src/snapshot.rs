@@ -159,6 +159,7 @@ impl Report {
             let _ = writeln!(s, "  (no cases)");
             return;
         };
+        let mut trace_header = false;
         for (i, leaf) in first.leaves.iter().enumerate() {
             let all: Vec<&Leaf> = cases.iter().filter_map(|c| c.leaves.get(i)).collect();
             let shapes: Vec<(Vec<usize>, &CaseParams)> = cases
@@ -170,12 +171,6 @@ impl Report {
                 })
                 .collect();
             let dtype = leaf.reference.as_ref().map(|r| r.1.name()).unwrap_or("?");
-            let _ = writeln!(
-                s,
-                "  {} {dtype} {}",
-                leaf.name,
-                symbolic_shape(&self.layer, &shapes)
-            );
             let values: Vec<&crate::compare::Values> = all
                 .iter()
                 .filter_map(|l| match &l.verdict {
@@ -183,19 +178,49 @@ impl Report {
                     _ => None,
                 })
                 .collect();
+            let figures = |values: &[&crate::compare::Values]| {
+                let max_abs = values
+                    .iter()
+                    .filter_map(|v| v.greatest_abs.as_ref().map(|g| g.diff))
+                    .fold(0.0f64, f64::max);
+                let worst = values.iter().map(|v| v.worst_ratio).fold(0.0f64, f64::max);
+                (decade(max_abs), decade(worst))
+            };
+            // Trace points: one line each, the drift against depth read top to bottom.
+            if let (Some(point), Some(v0)) =
+                (leaf.name.strip_prefix(crate::trace::PREFIX), values.first())
+            {
+                if !trace_header {
+                    trace_header = true;
+                    let _ = writeln!(
+                        s,
+                        "  trace, in the reference's execution order (tolerance: {}):",
+                        describe_rule(&v0.rule)
+                    );
+                }
+                let (max_abs, worst) = figures(&values);
+                let _ = writeln!(
+                    s,
+                    "    {point} {dtype} {}: max |port - ref| {max_abs}, error / allowed {worst}",
+                    symbolic_shape(&self.layer, &shapes)
+                );
+                continue;
+            }
+            let _ = writeln!(
+                s,
+                "  {} {dtype} {}",
+                leaf.name,
+                symbolic_shape(&self.layer, &shapes)
+            );
             let Some(v0) = values.first() else { continue };
             let _ = writeln!(s, "    tolerance: {}", describe_rule(&v0.rule));
             if v0.rule == Rule::Exact {
                 let _ = writeln!(s, "    equal in every case");
                 continue;
             }
-            let max_abs = values
-                .iter()
-                .filter_map(|v| v.greatest_abs.as_ref().map(|g| g.diff))
-                .fold(0.0f64, f64::max);
-            let worst = values.iter().map(|v| v.worst_ratio).fold(0.0f64, f64::max);
-            let _ = writeln!(s, "    max |port - ref|: {}", decade(max_abs));
-            let _ = writeln!(s, "    max error / allowed: {}", decade(worst));
+            let (max_abs, worst) = figures(&values);
+            let _ = writeln!(s, "    max |port - ref|: {max_abs}");
+            let _ = writeln!(s, "    max error / allowed: {worst}");
         }
     }
 }

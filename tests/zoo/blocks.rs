@@ -1,4 +1,8 @@
 //! Module form: candle-nn ports of `nn.Module`s, built from the reference's own `state_dict()`.
+//!
+//! Each part taps its output under its `VarBuilder` path (`golden::tap`), so that a model built from
+//! them can be traced against the reference's submodules (`model.rs`); outside a traced check a
+//! tap does nothing.
 
 use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{linear, LayerNorm, Linear, VarBuilder};
@@ -8,6 +12,7 @@ use golden::golden_layer;
 pub struct Mlp {
     fc1: Linear,
     fc2: Linear,
+    name: String,
 }
 
 impl Mlp {
@@ -15,13 +20,16 @@ impl Mlp {
         Ok(Mlp {
             fc1: linear(d_model, hidden, vb.pp("fc1"))?,
             fc2: linear(hidden, d_model, vb.pp("fc2"))?,
+            name: vb.prefix(),
         })
     }
 }
 
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.fc2.forward(&self.fc1.forward(x)?.gelu_erf()?)
+        let y = self.fc2.forward(&self.fc1.forward(x)?.gelu_erf()?)?;
+        golden::tap(&self.name, &y);
+        Ok(y)
     }
 }
 
@@ -38,11 +46,12 @@ pub fn mlp(vb: VarBuilder, x: &Tensor, d_model: usize, hidden: usize) -> Result<
 }
 
 /// `nn.LayerNorm` with the differentiable formula (LayerNorm::forward takes the fused path).
-pub struct Norm(LayerNorm);
+pub struct Norm(LayerNorm, String);
 
 impl Norm {
     pub fn new(vb: VarBuilder, d: usize) -> Result<Self> {
-        Ok(Norm(candle_nn::layer_norm(d, 1e-5, vb)?))
+        let name = vb.prefix();
+        Ok(Norm(candle_nn::layer_norm(d, 1e-5, vb)?, name))
     }
 }
 
@@ -53,7 +62,9 @@ impl Module for Norm {
         let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
         let normed = centered.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
         let bias = self.0.bias().expect("nn.LayerNorm has a bias");
-        normed.broadcast_mul(self.0.weight())?.broadcast_add(bias)
+        let y = normed.broadcast_mul(self.0.weight())?.broadcast_add(bias)?;
+        golden::tap(&self.1, &y);
+        Ok(y)
     }
 }
 
@@ -61,6 +72,9 @@ pub struct CausalSelfAttention {
     qkv: Linear,
     proj: Linear,
     n_heads: usize,
+    /// Always true but in `tests/trace.rs`'s deliberately wrong model.
+    causal: bool,
+    names: [String; 3],
 }
 
 impl CausalSelfAttention {
@@ -69,6 +83,8 @@ impl CausalSelfAttention {
             qkv: linear(d_model, 3 * d_model, vb.pp("qkv"))?,
             proj: linear(d_model, d_model, vb.pp("proj"))?,
             n_heads,
+            causal: true,
+            names: [vb.prefix(), vb.pp("qkv").prefix(), vb.pp("proj").prefix()],
         })
     }
 }
@@ -78,6 +94,7 @@ impl Module for CausalSelfAttention {
         let (b, t, d) = x.dims3()?;
         let h = self.n_heads;
         let qkv = self.qkv.forward(x)?;
+        golden::tap(&self.names[1], &qkv);
         let heads = |i: usize| -> Result<Tensor> {
             qkv.narrow(D::Minus1, i * d, d)?
                 .reshape((b, t, h, d / h))?
@@ -86,13 +103,21 @@ impl Module for CausalSelfAttention {
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         let scores = (q.matmul(&k.t()?)? / ((d / h) as f64).sqrt())?;
-        let mask = Tensor::tril2(t, DType::U8, x.device())?.broadcast_as(scores.shape())?;
+        let mask = if self.causal {
+            Tensor::tril2(t, DType::U8, x.device())?
+        } else {
+            Tensor::ones((t, t), DType::U8, x.device())?
+        }
+        .broadcast_as(scores.shape())?;
         let neg_inf = Tensor::new(f32::NEG_INFINITY, x.device())?
             .to_dtype(scores.dtype())?
             .broadcast_as(scores.shape())?;
         let probs = candle_nn::ops::softmax(&mask.where_cond(&scores, &neg_inf)?, D::Minus1)?;
         let y = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
-        self.proj.forward(&y)
+        let y = self.proj.forward(&y)?;
+        golden::tap(&self.names[2], &y);
+        golden::tap(&self.names[0], &y);
+        Ok(y)
     }
 }
 
@@ -102,6 +127,7 @@ pub struct TransformerBlock {
     attn: CausalSelfAttention,
     ln2: Norm,
     mlp: Mlp,
+    name: String,
 }
 
 impl TransformerBlock {
@@ -111,14 +137,23 @@ impl TransformerBlock {
             attn: CausalSelfAttention::new(vb.pp("attn"), d_model, n_heads)?,
             ln2: Norm::new(vb.pp("ln2"), d_model)?,
             mlp: Mlp::new(vb.pp("mlp"), d_model, hidden)?,
+            name: vb.prefix(),
         })
+    }
+
+    /// The deliberately wrong block of `tests/trace.rs`: attention without its causal mask.
+    pub fn without_causal_mask(mut self) -> Self {
+        self.attn.causal = false;
+        self
     }
 }
 
 impl Module for TransformerBlock {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = (x + self.attn.forward(&self.ln1.forward(x)?)?)?;
-        &x + self.mlp.forward(&self.ln2.forward(&x)?)?
+        let y = (&x + self.mlp.forward(&self.ln2.forward(&x)?)?)?;
+        golden::tap(&self.name, &y);
+        Ok(y)
     }
 }
 

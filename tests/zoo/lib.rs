@@ -10,4 +10,5 @@ pub mod activations;
 pub mod attention;
 pub mod blocks;
 pub mod linear;
+pub mod model;
 pub mod norms;
