@@ -59,6 +59,19 @@ fn golden_stores() {
 }
 
 #[test]
+fn tensor_files() {
+    // The first byte picks the extension, as in fuzz/fuzz_targets/tensor_file.rs.
+    let decoded = replay("tensor_file", |b| {
+        let Some((&which, bytes)) = b.split_first() else {
+            return false;
+        };
+        let name = ["x.pt", "x.npz", "x.safetensors", "x.bin"][which as usize % 4];
+        golden::tensor_files::read_bytes(bytes, Path::new(name)).is_ok()
+    });
+    assert!(decoded > 0, "no input of the corpus is a valid tensor file");
+}
+
+#[test]
 fn npy_files() {
     let decoded = replay("npy", |b| golden::npy::decode(b).is_ok());
     assert!(decoded > 0, "no input of the corpus is a valid .npy file");
