@@ -8,7 +8,10 @@ use serde_json::Value as Json;
 use std::path::Path;
 
 fn fixtures() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tensor_files"))
+    Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/tensor_files"
+    ))
 }
 
 #[test]
@@ -40,7 +43,11 @@ fn every_fixture_reads_as_pytorch_sees_it() {
         for t in tensors.as_array().unwrap() {
             let name = t["name"].as_str().unwrap();
             let (_, got) = contents.tensors.iter().find(|(n, _)| n == name).unwrap();
-            assert_eq!(got.dtype.name(), t["dtype"].as_str().unwrap(), "{file}: {name}");
+            assert_eq!(
+                got.dtype.name(),
+                t["dtype"].as_str().unwrap(),
+                "{file}: {name}"
+            );
             let shape: Vec<usize> = serde_json::from_value(t["shape"].clone()).unwrap();
             assert_eq!(got.shape, shape, "{file}: {name}");
             let values: Vec<f64> = serde_json::from_value(t["values"].clone()).unwrap();
@@ -65,13 +72,27 @@ fn unreadable_files_say_why() {
         p
     };
     let cases = [
-        (write("notes.txt", b"hello"), "unknown format: golden reads .npy, .npz, .safetensors"),
-        (write("legacy.pt", b"\x80\x02\x8a\x0al\xfc\x9cF\xf9"), "not a zip archive: golden reads torch.save's zip format"),
-        (write("empty.npz", b"PK\x05\x06"), "not a readable .npz (zip) archive"),
+        (
+            write("notes.txt", b"hello"),
+            "unknown format: golden reads .npy, .npz, .safetensors",
+        ),
+        (
+            write("legacy.pt", b"\x80\x02\x8a\x0al\xfc\x9cF\xf9"),
+            "not a zip archive: golden reads torch.save's zip format",
+        ),
+        (
+            write("empty.npz", b"PK\x05\x06"),
+            "not a readable .npz (zip) archive",
+        ),
     ];
     for (path, why) in cases {
-        let e = tensor_files::read(&path).err().unwrap_or_else(|| panic!("{path:?} read"));
-        assert!(e.contains(why) && e.contains(&*path.to_string_lossy()), "{e}");
+        let e = tensor_files::read(&path)
+            .err()
+            .unwrap_or_else(|| panic!("{path:?} read"));
+        assert!(
+            e.contains(why) && e.contains(&*path.to_string_lossy()),
+            "{e}"
+        );
     }
     let missing = tensor_files::read(&dir.join("missing.npy")).err().unwrap();
     assert!(missing.contains("No such file"), "{missing}");

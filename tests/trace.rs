@@ -104,6 +104,19 @@ fn a_bug_in_block_2_is_found_at_block_2() {
         "{reference:?}"
     );
     assert_eq!(names("port").len(), 31);
+
+    // `golden diff` on the two dump folders finds the same first divergence.
+    let trace = std::path::Path::new(dir).join("trace");
+    let diff = golden_cli::diff::run(
+        &trace.join("reference"),
+        &trace.join("port"),
+        golden_cli::diff::Tolerance::default(),
+    )
+    .unwrap();
+    let (at, row) = diff.first_divergence().expect("a divergence");
+    assert_eq!(row.name, "021_blocks.2.attn.proj");
+    assert_eq!(at, 21, "{}", diff.text());
+    assert!(!diff.all_match());
 }
 
 #[test]

@@ -137,7 +137,9 @@ impl<'a> Machine<'a> {
         Ok(Value::Str(s.into()))
     }
     fn pop(&mut self) -> Result<Value, String> {
-        self.stack.pop().ok_or_else(|| "the pickle pops an empty stack".into())
+        self.stack
+            .pop()
+            .ok_or_else(|| "the pickle pops an empty stack".into())
     }
     /// Everything above the topmost mark, and the mark.
     fn pop_mark(&mut self) -> Result<Vec<Value>, String> {
@@ -223,10 +225,7 @@ impl<'a> Machine<'a> {
                     self.put(k)?;
                 }
                 b'p' => {
-                    let k = self
-                        .line()?
-                        .parse()
-                        .map_err(|_| "a PUT without a number")?;
+                    let k = self.line()?.parse().map_err(|_| "a PUT without a number")?;
                     self.put(k)?;
                 }
                 0x94 => {
@@ -242,10 +241,7 @@ impl<'a> Machine<'a> {
                     self.get(k)?;
                 }
                 b'g' => {
-                    let k = self
-                        .line()?
-                        .parse()
-                        .map_err(|_| "a GET without a number")?;
+                    let k = self.line()?.parse().map_err(|_| "a GET without a number")?;
                     self.get(k)?;
                 }
                 b'J' => {
@@ -362,18 +358,17 @@ impl<'a> Machine<'a> {
     }
 
     fn get(&mut self, k: u32) -> Result<(), String> {
-        let v = self
-            .memo
-            .get(&k)
-            .cloned()
-            .ok_or_else(|| format!("the pickle refers to memo entry {k}, which it never set"))?;
+        let v =
+            self.memo.get(&k).cloned().ok_or_else(|| {
+                format!("the pickle refers to memo entry {k}, which it never set")
+            })?;
         self.stack.push(v);
         Ok(())
     }
 }
 
 fn pairs(items: Vec<Value>) -> Result<Vec<(Value, Value)>, String> {
-    if items.len() % 2 != 0 {
+    if !items.len().is_multiple_of(2) {
         return err("a dict of an odd number of items");
     }
     let mut it = items.into_iter();
@@ -487,7 +482,9 @@ fn reduce(callable: Value, args: Value) -> Result<Value, String> {
 fn persistent_load(pid: Value) -> Result<Value, String> {
     let items = tuple_items(&pid)?;
     match &items[..] {
-        [Value::Str(kind), Value::Global(_, class), Value::Str(key), ..] if &**kind == "storage" => {
+        [Value::Str(kind), Value::Global(_, class), Value::Str(key), ..]
+            if &**kind == "storage" =>
+        {
             Ok(Value::Storage(Storage {
                 dtype: storage_type(class)?,
                 key: key.to_string(),
@@ -579,7 +576,9 @@ fn materialise(t: &TensorRef, storage: &[u8]) -> Result<HostTensor, String> {
             .shape
             .iter()
             .zip(&t.stride)
-            .try_fold(t.offset, |acc, (d, s)| acc.checked_add((d - 1).checked_mul(*s)?))
+            .try_fold(t.offset, |acc, (d, s)| {
+                acc.checked_add((d - 1).checked_mul(*s)?)
+            })
             .ok_or("a tensor view overflows")?;
         if last >= elements {
             return err(format!(
@@ -588,7 +587,12 @@ fn materialise(t: &TensorRef, storage: &[u8]) -> Result<HostTensor, String> {
         }
         let mut index = vec![0usize; t.shape.len()];
         for _ in 0..numel {
-            let at = t.offset + index.iter().zip(&t.stride).map(|(i, s)| i * s).sum::<usize>();
+            let at = t.offset
+                + index
+                    .iter()
+                    .zip(&t.stride)
+                    .map(|(i, s)| i * s)
+                    .sum::<usize>();
             data.extend_from_slice(&storage[at * size..(at + 1) * size]);
             for axis in (0..index.len()).rev() {
                 index[axis] += 1;
@@ -690,7 +694,11 @@ pub fn read(bytes: &[u8], stem: &str) -> Result<PtContents, String> {
     let mut storages: HashMap<String, Vec<u8>> = HashMap::new();
     let mut tensors = Vec::new();
     for (name, value) in found {
-        let name = if name.is_empty() { stem.to_string() } else { name };
+        let name = if name.is_empty() {
+            stem.to_string()
+        } else {
+            name
+        };
         let tensor = match &value {
             Value::Tensor(t) => {
                 if !storages.contains_key(&t.storage.key) {

@@ -85,7 +85,9 @@ pub fn read_bytes(bytes: &[u8], path: &Path) -> Result<Contents, String> {
         skipped: Vec::new(),
     };
     match sniff(bytes, path)? {
-        Format::Npy => crate::npy::decode(bytes).map(one).map_err(|e| e.to_string()),
+        Format::Npy => crate::npy::decode(bytes)
+            .map(one)
+            .map_err(|e| e.to_string()),
         Format::Npz => read_npz(bytes),
         Format::Safetensors => read_safetensors(bytes),
         Format::Torch => crate::pickle::read(bytes, &stem).map(|c| Contents {
@@ -114,7 +116,9 @@ fn read_npz(bytes: &[u8]) -> Result<Contents, String> {
         };
         let mut data = Vec::new();
         // The declared size bounds what is read (a compressed entry cannot inflate past it).
-        let limit = file.size().min(crate::pickle::MAX_TENSOR_BYTES as u64 + 4096);
+        let limit = file
+            .size()
+            .min(crate::pickle::MAX_TENSOR_BYTES as u64 + 4096);
         (&mut file)
             .take(limit)
             .read_to_end(&mut data)

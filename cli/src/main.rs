@@ -1,0 +1,123 @@
+//! `golden`: the command line beside `cargo test`.
+//!
+//! * `golden diff A B` — compare two tensor files or folders of them, in natural layer order, and
+//!   name the first tensor that differs (exit status 1 when anything differs, 2 on errors);
+//! * `golden show FILE [NAME]` — statistics, a histogram and values of a tensor;
+//! * `golden report` — the HTML report of the last test run.
+//!
+//! Install with `cargo install --path cli`.
+
+use golden_cli::{diff, report, show};
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "golden",
+    version,
+    about = "Compare and inspect tensors; build golden's HTML report"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compare two tensor files, or two folders of them (.npy, .npz, .safetensors, .pt/.pth).
+    Diff {
+        /// The reference file or folder.
+        a: PathBuf,
+        /// The file or folder compared with it.
+        b: PathBuf,
+        /// Absolute tolerance (default: torch.testing.assert_close's for each dtype).
+        #[arg(long)]
+        atol: Option<f64>,
+        /// Relative tolerance (default: torch.testing.assert_close's for each dtype).
+        #[arg(long)]
+        rtol: Option<f64>,
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a tensor: statistics, a histogram, values.
+    Show {
+        /// The tensor file.
+        file: PathBuf,
+        /// Which tensor of the file (a file of several lists them without it).
+        name: Option<String>,
+        /// Values to print, NumPy style: `0,:,3:7`.
+        #[arg(long)]
+        slice: Option<String>,
+        /// Histogram bins.
+        #[arg(long, default_value_t = 20)]
+        bins: usize,
+    },
+    /// Build the HTML report of the last test run from target/golden/results.
+    Report {
+        /// The results folder (default: target/golden/results under the current workspace).
+        #[arg(long)]
+        results: Option<PathBuf>,
+        /// Where to write the page (default: target/golden/report.html).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Diff {
+            a,
+            b,
+            atol,
+            rtol,
+            json,
+        } => match diff::run(&a, &b, diff::Tolerance { atol, rtol }) {
+            Ok(d) => {
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&d.json()).expect("JSON"));
+                } else {
+                    print!("{}", d.text());
+                }
+                if d.has_errors() {
+                    ExitCode::from(2)
+                } else if d.all_match() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => {
+                eprintln!("golden diff: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Show {
+            file,
+            name,
+            slice,
+            bins,
+        } => match show::run(&file, name.as_deref(), slice.as_deref(), bins) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("golden show: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Report { results, out } => match report::run(results, out) {
+            Ok(path) => {
+                println!("{}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("golden report: {e}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}

@@ -1,0 +1,251 @@
+//! The `golden` binary as a user runs it: exit status, the table, the first divergence, `--json`,
+//! `show` with a slice, and the messages for unreadable files and unknown names.
+
+use golden::wire::HostTensor;
+use serde_json::Value as Json;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn golden(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_golden"))
+        .args(args)
+        .output()
+        .expect("golden runs")
+}
+
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/../tests/fixtures/tensor_files/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("golden-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Two dump folders in seed 002's layout (`{layer}_{stage}`), B with a change from layer 2 on.
+fn dumps(name: &str) -> (Dir, Dir) {
+    let (a, b) = (
+        Dir::new(&format!("{name}-a")),
+        Dir::new(&format!("{name}-b")),
+    );
+    let stages = [
+        "post_ln_pre_attn",
+        "post_attn",
+        "post_attn_pre_resid",
+        "pre_mlp",
+        "post_mlp",
+    ];
+    for layer in 0..12 {
+        for (s, stage) in stages.iter().enumerate() {
+            let values: Vec<f64> = (0..64)
+                .map(|i| ((layer * 7 + s * 3 + i) % 11) as f64 * 0.1)
+                .collect();
+            let mut changed = values.clone();
+            if layer >= 2 && *stage != "post_ln_pre_attn" {
+                changed[5] += 0.25;
+            }
+            let t = |v: &[f64]| {
+                let f = HostTensor::from_f64(vec![4, 16], v);
+                let f32s: Vec<u8> = f
+                    .to_f64()
+                    .iter()
+                    .flat_map(|x| (*x as f32).to_le_bytes())
+                    .collect();
+                HostTensor {
+                    dtype: golden::wire::WireDType::F32,
+                    shape: vec![4, 16],
+                    data: f32s.into(),
+                }
+            };
+            let file = format!("{layer}_{stage}.npy");
+            golden::npy::write(&a.path().join(&file), &t(&values)).unwrap();
+            golden::npy::write(&b.path().join(&file), &t(&changed)).unwrap();
+        }
+    }
+    (a, b)
+}
+
+#[test]
+fn diff_walks_layers_in_order_and_names_the_first_divergence() {
+    let (a, b) = dumps("order");
+    let out = golden(&[
+        "diff",
+        a.path().to_str().unwrap(),
+        b.path().to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    // Layer 2's first changed stage, not layer 10's nor an alphabetical first.
+    assert!(
+        text.contains(
+            "first divergence: `2_post_attn` (#12): 1 of 64 elements differ, max |Δ| 0.25"
+        ),
+        "{text}"
+    );
+    let order: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|n| n.starts_with("0_") || n.starts_with("10_"))
+        .collect();
+    assert_eq!(
+        &order[..5],
+        [
+            "0_post_ln_pre_attn",
+            "0_post_attn",
+            "0_post_attn_pre_resid",
+            "0_pre_mlp",
+            "0_post_mlp"
+        ]
+    );
+    // Layers 0 and 1 match, and every layer's first stage.
+    assert!(text.contains("60 tensors: 20 match, 40 differ"), "{text}");
+}
+
+#[test]
+fn diff_json_and_tolerances() {
+    let (a, b) = dumps("json");
+    let (pa, pb) = (a.path().to_str().unwrap(), b.path().to_str().unwrap());
+    let out = golden(&["diff", pa, pb, "--json"]);
+    let doc: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["first_divergence"], "2_post_attn");
+    assert_eq!(doc["match"], false);
+    let row = &doc["tensors"][11];
+    assert_eq!(row["name"], "2_post_attn");
+    assert_eq!(row["status"], "differ");
+    assert_eq!(row["mismatched"], 1);
+    assert_eq!(row["worst"]["index"], serde_json::json!([0, 5]));
+    // A tolerance wide enough passes everything, with exit status 0.
+    let out = golden(&["diff", pa, pb, "--atol", "0.3"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("all 60 tensors match"));
+}
+
+#[test]
+fn diff_of_two_files_pairs_their_tensors_by_name() {
+    let same = golden(&["diff", &fixture("state_dict.pt"), &fixture("state_dict.pt")]);
+    let text = String::from_utf8_lossy(&same.stdout);
+    assert_eq!(same.status.code(), Some(0), "{text}");
+    assert!(text.contains("all 8 tensors match"), "{text}");
+    // Different contents: only names both have are compared; the rest are listed.
+    let out = golden(&["diff", &fixture("state_dict.pt"), &fixture("checkpoint.pt")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("only in A") && text.contains("only in B"),
+        "{text}"
+    );
+    // npz plain against compressed: the same arrays.
+    let out = golden(&[
+        "diff",
+        &fixture("arrays.npz"),
+        &fixture("arrays_compressed.npz"),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn diff_says_what_it_cannot_read() {
+    let d = Dir::new("unreadable");
+    let bad = d.path().join("x.npy");
+    std::fs::write(&bad, b"not numpy").unwrap();
+    let out = golden(&["diff", bad.to_str().unwrap(), &fixture("state_dict.pt")]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("ERROR") && text.contains("x.npy: unknown format"),
+        "{text}"
+    );
+    let out = golden(&[
+        "diff",
+        d.path().to_str().unwrap(),
+        &fixture("state_dict.pt"),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("compare two files or two folders"));
+}
+
+#[test]
+fn show_prints_statistics_a_histogram_and_a_slice() {
+    let out = golden(&[
+        "show",
+        &fixture("state_dict.pt"),
+        "layers.0.weight",
+        "--slice",
+        "1,1:3",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Row 1, columns 1 and 2, as PyTorch saved them (tests/fixtures/tensor_files/expected.json).
+    let expected: Json =
+        serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
+    let w = &expected["state_dict.pt"][0];
+    assert_eq!(w["name"], "layers.0.weight");
+    let v: Vec<f64> = serde_json::from_value(w["values"].clone()).unwrap();
+    let num = |x: f64| golden::compare::num(x);
+    assert!(
+        text.contains(&format!("[{}, {}]", num(v[5]), num(v[6]))),
+        "{text}"
+    );
+    assert!(
+        text.starts_with("layers.0.weight: f32 [3, 4] (12 elements)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("histogram of the finite values:") && text.contains('█'),
+        "{text}"
+    );
+    // A Python int saved with torch.save is a 0-d tensor.
+    let out = golden(&["show", &fixture("0_sliding.pth")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("0_sliding: i64 [] (1 elements)") && text.contains("4096"),
+        "{text}"
+    );
+    // Several tensors and no name: a list.
+    let out = golden(&["show", &fixture("checkpoint.pt")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("6 tensors (name one to see it)") && text.contains("not tensors: `tag`"),
+        "{text}"
+    );
+    // A name it lacks.
+    let out = golden(&["show", &fixture("state_dict.pt"), "weight"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("has no tensor `weight` (did you mean layers.0.weight"),
+        "{err}"
+    );
+}
