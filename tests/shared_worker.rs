@@ -102,7 +102,14 @@ fn processes_starting_together_share_one_daemon() {
         // Each process got its own copy, connected to it.
         assert_ne!(info["pid"].as_u64(), Some(daemon));
     }
-    // The copies have ended with their processes; the daemon alone is left.
+    // The copies end with their processes (a copy notices its closed connection a moment after
+    // its process is gone, hence the wait); the daemon alone is left.
+    let copies: Vec<u32> = infos
+        .iter()
+        .map(|i| i["pid"].as_u64().unwrap() as u32)
+        .collect();
+    let left = processes::wait_gone(&copies, Duration::from_secs(10));
+    assert!(left.is_empty(), "served copies still running: {left:?}");
     assert_eq!(daemons_for(&shared.dir), 1);
     // A later process reuses it.
     assert_eq!(daemon_pid(&shared.info()), daemon);
