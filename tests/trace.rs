@@ -7,36 +7,10 @@
 mod common;
 
 use candle_core::Module;
-use golden::{DimExpr, Dist, IntoOutputs, Layer, PortInputs};
-use golden_zoo::model::{Config, TinyLm};
+use golden::{IntoOutputs, PortInputs};
+use golden_zoo::model::TinyLm;
 
-/// Smaller than the zoo's model (its store holds a state_dict per case), with a block after the
-/// planted bug.
-const CONFIG: Config = Config {
-    vocab: 32,
-    d_model: 16,
-    n_heads: 2,
-    hidden: 32,
-    n_layers: 4,
-};
-
-fn layer(name: &str) -> Layer {
-    Layer::module(name, "zoo_ref.TinyLM")
-        .init("vocab", CONFIG.vocab)
-        .init("d_model", CONFIG.d_model)
-        .init("n_heads", CONFIG.n_heads)
-        .init("hidden", CONFIG.hidden)
-        .init("n_layers", CONFIG.n_layers)
-        .dim("b", 1, 2)
-        .dim("t", 1, 12)
-        .arg(
-            "ids",
-            [DimExpr::Sym("b".into()), DimExpr::Sym("t".into())],
-            Dist::int(0i64, CONFIG.vocab as i64),
-        )
-        .cases(8)
-        .trace()
-}
+use common::tiny_lm::{layer, CONFIG};
 
 #[test]
 fn a_bug_in_block_2_is_found_at_block_2() {
@@ -136,18 +110,7 @@ fn a_tap_the_reference_does_not_have_is_an_error() {
 #[test]
 fn taps_outside_a_traced_check_do_nothing() {
     // The zoo's TransformerBlock taps its parts; its own (untraced) check compares only `out`.
-    let layer = Layer::module("t_untraced_block", "zoo_ref.TransformerBlock")
-        .init("d_model", 32usize)
-        .init("n_heads", 4usize)
-        .init("hidden", 64usize)
-        .dim("b", 1, 2)
-        .dim("t", 1, 4)
-        .arg(
-            "x",
-            ["b".into(), "t".into(), DimExpr::Lit(32)],
-            Dist::default(),
-        )
-        .cases(4);
+    let layer = common::tiny_lm::untraced_block_layer();
     let scratch = common::Scratch::new("t_untraced_block");
     let layer = common::declared_with_store(&layer, &scratch);
     let port = |i: &PortInputs| {

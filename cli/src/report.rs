@@ -1,7 +1,205 @@
-//! `golden report`: the HTML report (to be written).
+//! `golden report`: one static HTML page of the last test run, from the results the runtime writes
+//! after every check (`target/golden/results/<crate>/<check>.json`) and the traces it leaves
+//! (`target/golden/traces/…`, and `trace/` in a failure's artifacts).
+//!
+//! The page holds everything (its script, its style, the data as JSON, trace tensors as base64
+//! float32): it opens from a file, offline. The script renders the table of checks, per check
+//! the error histograms and, for traces, the drift against depth and a slice viewer of the two
+//! sides' tensors. See `assets/report.js`.
 
-use std::path::PathBuf;
+use golden::npy;
+use serde_json::{json, Value as Json};
+use std::path::{Path, PathBuf};
 
-pub fn run(_results: Option<PathBuf>, _out: Option<PathBuf>) -> Result<PathBuf, String> {
-    Err("not yet".into())
+const STYLE: &str = include_str!("../assets/report.css");
+const SCRIPT: &str = include_str!("../assets/report.js");
+
+/// Elements of each trace tensor the page embeds (the viewer says when a tensor is cut).
+pub const EMBEDDED_ELEMENTS: usize = 4096;
+
+/// The workspace's target folder, seen from the current directory.
+fn default_target() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(dir);
+    }
+    let mut dir = std::env::current_dir().unwrap_or_default();
+    loop {
+        if dir.join("target").join("golden").is_dir() {
+            return dir.join("target");
+        }
+        if !dir.pop() {
+            return PathBuf::from("target");
+        }
+    }
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for k in 0..4 {
+            if k <= chunk.len() {
+                out.push(TABLE[(n >> (18 - 6 * k) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// A tensor for the page: its shape and up to [`EMBEDDED_ELEMENTS`] values as float32.
+fn embed(path: &Path) -> Json {
+    match npy::read(path) {
+        Ok(t) => {
+            let values = t.to_f64();
+            let kept = values.len().min(EMBEDDED_ELEMENTS);
+            let bytes: Vec<u8> = values[..kept]
+                .iter()
+                .flat_map(|v| (*v as f32).to_le_bytes())
+                .collect();
+            json!({
+                "shape": t.shape,
+                "dtype": t.dtype.name(),
+                "numel": values.len(),
+                "data": base64(&bytes),
+            })
+        }
+        Err(e) => json!({"error": e}),
+    }
+}
+
+/// The trace points of a dump folder (`reference/NNN_<point>.npy`, `port/…`), in order, with the
+/// check's figures for each.
+fn trace_points(dir: &Path, leaves: &[Json]) -> Vec<Json> {
+    let mut files: Vec<String> = std::fs::read_dir(dir.join("reference"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".npy"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|file| {
+            let stem = file.trim_end_matches(".npy");
+            let point = stem.split_once('_').map_or(stem, |(_, p)| p);
+            let leaf = leaves
+                .iter()
+                .find(|l| l["leaf"].as_str() == Some(&format!("trace.{point}")));
+            let port = dir.join("port").join(file);
+            json!({
+                "point": point,
+                "reference": embed(&dir.join("reference").join(file)),
+                "port": if port.exists() { embed(&port) } else { Json::Null },
+                "worst_ratio": leaf.map(|l| l["worst_ratio"].clone()),
+                "max_abs": leaf.map(|l| l["max_abs"].clone()),
+            })
+        })
+        .collect()
+}
+
+/// Read every results file under `results` (one folder per crate).
+fn load(results: &Path) -> Result<Vec<Json>, String> {
+    let mut docs = Vec::new();
+    let mut stack = vec![results.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|x| x == "json") {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let mut doc: Json = serde_json::from_str(&text)
+                    .map_err(|e| format!("{}: not a results file: {e}", path.display()))?;
+                let krate = path
+                    .parent()
+                    .and_then(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned());
+                doc["crate"] = json!(krate);
+                docs.push(doc);
+            }
+        }
+    }
+    docs.sort_by(|a, b| {
+        let key = |d: &Json| {
+            (
+                d["crate"].as_str().unwrap_or_default().to_string(),
+                d["check"].as_str().unwrap_or_default().to_string(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    Ok(docs)
+}
+
+/// Build the page's data and HTML from a results folder.
+pub fn build(results: &Path) -> Result<String, String> {
+    let mut checks = load(results)?;
+    if checks.is_empty() {
+        return Err(format!(
+            "no results in {}: run the tests first (`cargo test`), then `golden report`",
+            results.display()
+        ));
+    }
+    for check in &mut checks {
+        if let Some(dir) = check["trace_dump"].as_str().map(PathBuf::from) {
+            let leaves = check["leaves"].as_array().cloned().unwrap_or_default();
+            check["trace_points"] = Json::Array(trace_points(&dir, &leaves));
+        }
+    }
+    let failing = checks.iter().filter(|c| c["status"] != "pass").count();
+    let data = json!({
+        "results": results,
+        "checks": checks,
+        "embedded_elements": EMBEDDED_ELEMENTS,
+    });
+    // `</` inside a script element would end it: JSON allows escaping the slash.
+    let data = serde_json::to_string(&data)
+        .expect("JSON")
+        .replace("</", "<\\/");
+    Ok(format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
+         <title>golden report (rendering: {} checks, {failing} failing)</title>\n<style>\n{STYLE}</style>\n\
+         </head>\n<body>\n<main id=\"report\"><p>Rendering the report needs JavaScript.</p></main>\n\
+         <script id=\"golden-data\" type=\"application/json\">{data}</script>\n\
+         <script>\n{SCRIPT}</script>\n</body>\n</html>\n",
+        checks.len()
+    ))
+}
+
+/// Run `golden report`: write the page, return its path.
+pub fn run(results: Option<PathBuf>, out: Option<PathBuf>) -> Result<PathBuf, String> {
+    let target = default_target();
+    let results = results.unwrap_or_else(|| target.join("golden").join("results"));
+    let out = out.unwrap_or_else(|| target.join("golden").join("report.html"));
+    let html = build(&results)?;
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    std::fs::write(&out, html).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard_alphabet() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
 }

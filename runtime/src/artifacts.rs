@@ -81,12 +81,31 @@ fn dtypes(tensors: &[(String, HostTensor)]) -> Json {
     )
 }
 
-/// The trace points of both sides numbered in the reference's execution order, so that a plain
-/// directory comparison (`golden diff`) walks them in that order.
-fn write_trace_dumps(dir: &Path, failure: &CaseFailure) -> Result<(), String> {
-    let Some(reference) = &failure.reference else {
-        return Ok(());
-    };
+/// Where a traced check's passing run leaves one case's trace (for `golden report`):
+/// `target/golden/traces/<crate>/<check>/`.
+pub fn trace_folder(layer: &Layer) -> Option<PathBuf> {
+    let krate = layer
+        .declared
+        .and_then(|d| d.module_path.split("::").next())
+        .unwrap_or("unknown");
+    Some(
+        env::target_dir()?
+            .join("golden")
+            .join("traces")
+            .join(krate)
+            .join(layer.check_name()),
+    )
+}
+
+/// Both sides' trace points as `<dir>/reference/NNN_<point>.npy` and `<dir>/port/NNN_<point>.npy`,
+/// numbered in the reference's execution order, so that a plain directory comparison
+/// (`golden diff`) walks them in that order. Port taps the reference lacks are `port_only_<name>`.
+pub fn write_trace(
+    dir: &Path,
+    reference: &crate::reference::ReferenceOutputs,
+    port_outputs: &[(String, HostTensor)],
+) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(dir);
     let points: Vec<&(String, HostTensor)> = reference
         .expected
         .iter()
@@ -104,9 +123,8 @@ fn write_trace_dumps(dir: &Path, failure: &CaseFailure) -> Result<(), String> {
         .enumerate()
         .map(|(i, (n, t))| (file(i, n), t.clone()))
         .collect();
-    write_all(dir, "trace/reference", &numbered)?;
-    let tapped: Vec<(String, HostTensor)> = failure
-        .port_outputs
+    write_all(dir, "reference", &numbered)?;
+    let tapped: Vec<(String, HostTensor)> = port_outputs
         .iter()
         .filter(|(n, _)| crate::trace::is_trace(n))
         .map(|(n, t)| {
@@ -117,7 +135,7 @@ fn write_trace_dumps(dir: &Path, failure: &CaseFailure) -> Result<(), String> {
             (name, t.clone())
         })
         .collect();
-    write_all(dir, "trace/port", &tapped)
+    write_all(dir, "port", &tapped)
 }
 
 /// Write a failing case's artifacts; returns the folder.
@@ -190,8 +208,8 @@ pub fn write(
         "rerun": rerun_case_command(layer, kind.test(), dtype, case),
         "trace": layer.trace && kind == Kind::Forward,
     });
-    if layer.trace {
-        write_trace_dumps(&dir, failure)?;
+    if let (true, Some(reference)) = (layer.trace, &failure.reference) {
+        write_trace(&dir.join("trace"), reference, &failure.port_outputs)?;
     }
     let text = serde_json::to_string_pretty(&case_json).expect("JSON");
     std::fs::write(dir.join("case.json"), text).map_err(|e| format!("case.json: {e}"))?;

@@ -207,6 +207,51 @@ pub struct Values {
     /// The smallest rounding factor for which every finite element would pass (0 when assert_close's
     /// bound alone suffices): what calibrates [`ROUNDING_FACTOR`].
     pub factor_needed: f64,
+    /// How the elements' `|port − ref| / allowed` spread: see [`ErrorHistogram`].
+    pub histogram: ErrorHistogram,
+}
+
+/// Counts of elements by `|port − ref| / allowed`, in powers of two: `exact` for 0, then bin `k`
+/// for `[2^(LOWEST + k), 2^(LOWEST + k + 1))`, the first and last bins taking everything beyond.
+/// Non-finite pairs are not counted (the NaN/Inf counts say what they are).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ErrorHistogram {
+    /// Elements equal on both sides.
+    pub exact: u64,
+    /// Counts per power of two, from `2^LOWEST`.
+    pub counts: Vec<u64>,
+}
+
+impl ErrorHistogram {
+    /// The exponent of the first bin.
+    pub const LOWEST: i32 = -32;
+    /// Number of bins: up to `2^8` (256× outside the tolerance) and beyond.
+    pub const BINS: usize = 41;
+
+    fn add(&mut self, ratio: f64) {
+        if ratio == 0.0 {
+            self.exact += 1;
+            return;
+        }
+        if self.counts.is_empty() {
+            self.counts = vec![0; Self::BINS];
+        }
+        // floor(log2(ratio)) from the exponent bits (subnormals land in the first bin).
+        let exponent = ((ratio.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+        let bin = (exponent - Self::LOWEST).clamp(0, Self::BINS as i32 - 1) as usize;
+        self.counts[bin] += 1;
+    }
+
+    /// Add another histogram's counts.
+    pub fn merge(&mut self, other: &ErrorHistogram) {
+        self.exact += other.exact;
+        if self.counts.is_empty() {
+            self.counts = vec![0; Self::BINS];
+        }
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+    }
 }
 
 /// What comparing one leaf found.
@@ -358,6 +403,7 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
             inf: (0, 0),
             rounding_max: None,
             factor_needed: 0.0,
+            histogram: ErrorHistogram::default(),
         };
     }
     let numel = port.numel();
@@ -432,12 +478,13 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
         inf: scan.inf,
         rounding_max: noise.map(|_| scan.rounding_max),
         factor_needed: scan.factor_needed,
+        histogram: scan.histogram,
     }
 }
 
 /// What a scan over a range of elements found. Ranges merge in order: on ties the earlier element
 /// is kept, as a single scan would.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct Scan {
     mismatched: usize,
     nan: (usize, usize),
@@ -449,6 +496,7 @@ struct Scan {
     greatest_rel: Option<(f64, usize)>,
     factor_needed: f64,
     rounding_max: f64,
+    histogram: ErrorHistogram,
 }
 
 /// Keep `candidate` if it is strictly greater (the earlier element wins ties).
@@ -523,6 +571,7 @@ impl Scan {
             0.0
         };
         self.mismatched += (ratio > 1.0) as usize;
+        self.histogram.add(ratio);
         keep_greater(&mut self.worst, Some((ratio, i)));
         keep_greater(&mut self.greatest_abs, Some((diff, i)));
         let rel = if r != 0.0 {
@@ -546,6 +595,7 @@ impl Scan {
         keep_greater(&mut self.greatest_rel, next.greatest_rel);
         self.factor_needed = self.factor_needed.max(next.factor_needed);
         self.rounding_max = self.rounding_max.max(next.rounding_max);
+        self.histogram.merge(&next.histogram);
         self
     }
 }
@@ -625,6 +675,14 @@ mod tests {
         assert_eq!(v.worst.unwrap().index, vec![150_001]);
         assert_eq!(v.first_nonfinite_mismatch.unwrap().index, vec![599_999]);
         assert_eq!(v.worst_ratio, f64::INFINITY);
+        // Every finite pair is in the histogram: 3 beyond the tolerance, the rest exact or not.
+        let h = &v.histogram;
+        assert_eq!(h.exact + h.counts.iter().sum::<u64>(), n as u64 - 1);
+        assert_eq!(h.exact, n as u64 - 4);
+        let above: u64 = h.counts[(0 - ErrorHistogram::LOWEST) as usize..]
+            .iter()
+            .sum();
+        assert_eq!(above, 2);
         // No float64 evaluation: the rule reported is assert_close's alone.
         assert!(matches!(v.rule, Rule::Default { factor, .. } if factor == 0.0));
     }

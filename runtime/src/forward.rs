@@ -20,7 +20,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// failed on the smallest failing case.
 pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     let description = layer.description(check::cases(layer, layer.cases), check::seed());
-    let runner = ForwardRunner { layer, port };
+    let runner = ForwardRunner {
+        layer,
+        port,
+        trace_written: std::cell::Cell::new(false),
+    };
     check::run(layer, Kind::Forward, layer.cases, &description, &runner)
 }
 
@@ -28,11 +32,27 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
 struct ForwardRunner<'a> {
     layer: &'a Layer,
     port: &'a Port<'a>,
+    /// Traced checks leave the first passing case's trace for `golden report`.
+    trace_written: std::cell::Cell<bool>,
 }
 
 impl CaseRunner for ForwardRunner<'_> {
     fn run(&self, source: &Source, dtype: DType, params: &CaseParams) -> Outcome {
-        run_case(self.layer, dtype, params, self.port, source)
+        let trace_to = (self.layer.trace && !self.trace_written.get())
+            .then(|| crate::artifacts::trace_folder(self.layer))
+            .flatten();
+        let outcome = run_case(
+            self.layer,
+            dtype,
+            params,
+            self.port,
+            source,
+            trace_to.as_deref(),
+        );
+        if trace_to.is_some() && matches!(outcome, Outcome::Pass(_)) {
+            self.trace_written.set(true);
+        }
+        outcome
     }
 
     fn reference_only(
@@ -64,13 +84,15 @@ impl CaseRunner for ForwardRunner<'_> {
     }
 }
 
-/// Run one case: inputs, reference, port, comparison.
+/// Run one case: inputs, reference, port, comparison. A passing case's trace is written to
+/// `trace_to` when given.
 pub(crate) fn run_case(
     layer: &Layer,
     dtype: DType,
     params: &CaseParams,
     port: &Port<'_>,
     source: &Source,
+    trace_to: Option<&std::path::Path>,
 ) -> Outcome {
     let mut failure = CaseFailure::default();
     let args = match inputs::make_args(layer, params, dtype) {
@@ -102,7 +124,7 @@ pub(crate) fn run_case(
         }
         Answer::Failed(e) => return Outcome::Fatal(e),
     };
-    match run_port(layer, dtype, params, port, &args, &reference) {
+    match run_port(layer, dtype, params, port, &args, &reference, trace_to) {
         Outcome::Fail(mut f) => {
             f.inputs = named_inputs();
             f.reference = Some(reference);
@@ -152,6 +174,7 @@ pub(crate) fn run_port(
     port: &Port<'_>,
     args: &[HostTensor],
     reference: &ReferenceOutputs,
+    trace_to: Option<&std::path::Path>,
 ) -> Outcome {
     let mut failure = CaseFailure {
         precise_error: reference.precise_error.clone(),
@@ -225,6 +248,10 @@ pub(crate) fn run_port(
     failure.untapped = untapped.into_iter().map(|l| l.name).collect();
     failure.port_outputs = port_host;
     if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
+        if let Some(dir) = trace_to {
+            // Best effort: the report shows the trace when it is there.
+            let _ = crate::artifacts::write_trace(dir, reference, &failure.port_outputs);
+        }
         Outcome::Pass(CaseRecord {
             params: params.clone(),
             leaves: failure.leaves,

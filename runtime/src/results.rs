@@ -5,7 +5,7 @@
 //! read-only target directory never fails a check.
 
 use crate::check::{Kind, Report};
-use crate::compare::Verdict;
+use crate::compare::{ErrorHistogram, Verdict};
 use crate::layer::Layer;
 use crate::reference::dtype_name;
 use crate::report::Failure;
@@ -27,6 +27,15 @@ pub fn results_dir(layer: &Layer) -> Option<PathBuf> {
     )
 }
 
+/// JSON has no infinities: those become strings.
+fn finite(x: f64) -> Json {
+    if x.is_finite() {
+        json!(x)
+    } else {
+        json!(x.to_string())
+    }
+}
+
 fn leaves_json(report: &Report) -> Vec<Json> {
     let mut out = Vec::new();
     for run in &report.runs {
@@ -37,6 +46,7 @@ fn leaves_json(report: &Report) -> Vec<Json> {
             let mut max_abs = 0.0f64;
             let mut worst = 0.0f64;
             let mut needed = 0.0f64;
+            let mut histogram = ErrorHistogram::default();
             for case in &run.cases {
                 if let Some(Verdict::Values(v)) = case.leaves.get(i).map(|l| &l.verdict) {
                     if let Some(g) = &v.greatest_abs {
@@ -44,14 +54,21 @@ fn leaves_json(report: &Report) -> Vec<Json> {
                     }
                     worst = worst.max(v.worst_ratio);
                     needed = needed.max(v.factor_needed);
+                    histogram.merge(&v.histogram);
                 }
             }
             out.push(json!({
                 "dtype": dtype_name(run.dtype),
                 "leaf": leaf.name,
-                "max_abs": max_abs,
-                "worst_ratio": worst,
-                "factor_needed": needed,
+                "shape": leaf.reference.as_ref().map(|r| r.0.clone()),
+                "max_abs": finite(max_abs),
+                "worst_ratio": finite(worst),
+                "factor_needed": finite(needed),
+                "histogram": {
+                    "exact": histogram.exact,
+                    "lowest_log2": ErrorHistogram::LOWEST,
+                    "counts": histogram.counts,
+                },
             }));
         }
     }
@@ -88,6 +105,12 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
         "reference": layer.reference,
         "dtypes": layer.dtypes.iter().map(|d| dtype_name(*d)).collect::<Vec<_>>(),
         "seconds": elapsed.as_secs_f64(),
+        "kind": match kind {
+            Kind::Forward => "forward",
+            Kind::Gradients => "gradients",
+            Kind::Overfit => "overfit",
+        },
+        "trace": layer.trace && kind == Kind::Forward,
     });
     match result {
         Ok(report) => {
@@ -101,7 +124,55 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
         Err(failure) => {
             doc["status"] = json!("fail");
             doc["failure"] = json!(failure.to_string());
+            doc["dtype"] = json!(failure.dtype);
+            doc["case"] = json!(failure.case.as_ref().map(|c| c.to_string()));
+            if let (Some(dir), true) = (
+                crate::artifacts::folder(layer, kind),
+                matches!(failure.kind, crate::report::FailureKind::Case(_)),
+            ) {
+                if dir.exists() {
+                    doc["artifacts"] = json!(dir);
+                }
+            }
+            if let Some(c) = failure.case_failure() {
+                doc["leaves"] = Json::Array(
+                    c.leaves
+                        .iter()
+                        .map(|l| {
+                            let (max_abs, worst, histogram) = match &l.verdict {
+                                Verdict::Values(v) => (
+                                    v.greatest_abs.as_ref().map_or(0.0, |g| g.diff),
+                                    v.worst_ratio,
+                                    v.histogram.clone(),
+                                ),
+                                _ => (f64::NAN, f64::INFINITY, ErrorHistogram::default()),
+                            };
+                            json!({
+                                "dtype": failure.dtype,
+                                "leaf": l.name,
+                                "shape": l.reference.as_ref().map(|r| r.0.clone()),
+                                "passes": l.passes(),
+                                "max_abs": finite(max_abs),
+                                "worst_ratio": finite(worst),
+                                "histogram": {
+                                    "exact": histogram.exact,
+                                    "lowest_log2": ErrorHistogram::LOWEST,
+                                    "counts": histogram.counts,
+                                },
+                            })
+                        })
+                        .collect(),
+                );
+            }
         }
+    }
+    let trace_dir = match (&doc["artifacts"], result) {
+        (Json::String(dir), _) => Some(PathBuf::from(dir).join("trace")),
+        (_, Ok(_)) => crate::artifacts::trace_folder(layer),
+        _ => None,
+    };
+    if let Some(dir) = trace_dir.filter(|d| layer.trace && kind == Kind::Forward && d.exists()) {
+        doc["trace_dump"] = json!(dir);
     }
     if std::fs::create_dir_all(&dir).is_ok() {
         let _ = std::fs::write(

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod processes;
+pub mod tiny_lm;
 
 use std::path::PathBuf;
 
