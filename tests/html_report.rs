@@ -13,10 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn chromium() -> PathBuf {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .map(|name| Path::new("/usr/bin").join(name))
-        .find(|p| p.exists())
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .flat_map(|dir| {
+            ["chromium", "chromium-browser", "google-chrome"].map(|name| dir.join(name))
+        })
+        .find(|p| p.is_file())
         .unwrap_or_else(|| {
             panic!(
                 "the HTML report's test needs a headless Chromium: install Debian's `chromium` \

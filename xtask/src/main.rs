@@ -5,7 +5,8 @@
 //!   `reference_py/pyproject.toml` is unchanged.
 //! * `zoo` — run the example zoo's parity checks and print their report. Without golden's venv they
 //!   replay the committed golden stores (no Python packages needed); the report says how to go live.
-//! * `test` — setup, run every test of the workspace and the Python side's unit tests.
+//! * `test` — setup (and Debian's `chromium` for the HTML report's test, installed when run as
+//!   root), run every test of the workspace and the Python side's unit tests.
 //! * `bench-suite` — time the zoo under `cargo test` and `cargo nextest run`, live with private
 //!   workers, live with the shared worker (cold and warm), and in replay; prints the figures.
 //!
@@ -90,6 +91,47 @@ fn setup() -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// Headless Chromium for the HTML report's test: found on the PATH, or installed from Debian's
+/// `chromium` package when this runs as root with apt-get (about 30 s). Without root it says what
+/// to install rather than failing half-way through the test run.
+fn chromium_setup() -> Result<(), String> {
+    let names = ["chromium", "chromium-browser", "google-chrome"];
+    let found = || {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path).any(|dir| names.iter().any(|n| dir.join(n).is_file()))
+    };
+    if found() {
+        return Ok(());
+    }
+    let root_user = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root_user || !Path::new("/usr/bin/apt-get").exists() {
+        return Err(
+            "the HTML report's test needs a headless Chromium and none is on the PATH: \
+             install Debian's `chromium` package (sudo apt-get install chromium)"
+                .into(),
+        );
+    }
+    eprintln!("golden: installing Debian's chromium for the HTML report's test (~30 s) ...");
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args([
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "chromium",
+        ])
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    if found() {
+        Ok(())
+    } else {
+        Err("apt-get installed chromium but no chromium binary is on the PATH".into())
+    }
+}
+
 fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root());
@@ -99,7 +141,11 @@ fn cargo() -> Command {
 /// Run the setup on a thread while cargo builds `build_args`.
 fn setup_while_building(build_args: &[&str]) -> Result<PathBuf, String> {
     let setup = std::thread::spawn(setup);
+    let browser = std::thread::spawn(chromium_setup);
     let built = run(cargo().args(build_args));
+    browser
+        .join()
+        .map_err(|_| "the chromium setup thread panicked".to_string())??;
     let python = setup
         .join()
         .map_err(|_| "the setup thread panicked".to_string())??;
