@@ -9,6 +9,8 @@
 //!   root), run every test of the workspace and the Python side's unit tests.
 //! * `bench-suite` — time the zoo under `cargo test` and `cargo nextest run`, live with private
 //!   workers, live with the shared worker (cold and warm), and in replay; prints the figures.
+//! * `bench-diff` — `golden diff` on two dump folders of 300 tensors (225 MiB each) against a
+//!   NumPy script doing the same comparison, in one run; prints the figures.
 //!
 //! `test` builds the Rust side while pip installs the Python side: on a fresh machine the two take
 //! about as long as each other.
@@ -425,6 +427,89 @@ fn bench_suite() -> Result<(), String> {
     Ok(())
 }
 
+/// Wall time of `cmd` in seconds; its exit status must be `expected` (the dumps differ: 1).
+fn time_exit(cmd: &mut Command, expected: i32) -> Result<(f64, String), String> {
+    let started = Instant::now();
+    let out = cmd
+        .output()
+        .map_err(|e| format!("could not run {cmd:?}: {e}"))?;
+    let seconds = started.elapsed().as_secs_f64();
+    if out.status.code() != Some(expected) {
+        return Err(format!(
+            "{cmd:?} ended with {} (expected exit code {expected}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok((seconds, String::from_utf8_lossy(&out.stdout).into_owned()))
+}
+
+/// `golden diff` on two dump folders of 300 tensors (225 MiB each) against the NumPy script a
+/// user would otherwise write (cli/benches/diff_numpy.py), alternating, in one run.
+fn bench_diff() -> Result<(), String> {
+    let python = setup()?;
+    run(cargo().args(["build", "--quiet", "--release", "-p", "golden-cli"]))?;
+    let golden = target_dir().join("release").join("golden");
+    let script = root().join("cli").join("benches").join("diff_numpy.py");
+    let data = target_dir().join("golden").join("bench-diff");
+    let _ = std::fs::remove_dir_all(&data);
+    eprintln!(
+        "golden: writing two dump folders under {} ...",
+        data.display()
+    );
+    run(Command::new(&python).arg(&script).arg("make").arg(&data))?;
+    let (a, b) = (data.join("a"), data.join("b"));
+    let bytes: u64 = std::fs::read_dir(&a)
+        .map_err(|e| format!("{a:?}: {e}"))?
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    // Both read from the page cache: one untimed run of each first.
+    let golden_run = || {
+        let mut cmd = Command::new(&golden);
+        cmd.args(["diff", "--json"]).arg(&a).arg(&b);
+        time_exit(&mut cmd, 1)
+    };
+    let numpy_run = || {
+        let mut cmd = Command::new(&python);
+        cmd.arg(&script).arg("compare").arg(&a).arg(&b);
+        time_exit(&mut cmd, 1)
+    };
+    // Both must name the planted bug (diff_numpy.py: block 13's post_attn) as the first divergence.
+    let found = serde_json::from_str::<Json>(&golden_run()?.1)
+        .map_err(|e| format!("golden diff --json: {e}"))?["first_divergence"]
+        .clone();
+    let numpy_found = numpy_run()?.1;
+    if found != "13_post_attn" || !numpy_found.contains("first divergent: 13_post_attn.npy") {
+        return Err(format!(
+            "the planted divergence was not found: golden diff {found}, NumPy: {numpy_found}"
+        ));
+    }
+    let (mut g, mut n) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        g.push(golden_run()?.0);
+        n.push(numpy_run()?.0);
+    }
+    g.sort_by(f64::total_cmp);
+    n.sort_by(f64::total_cmp);
+    let (g, n) = (g[2], n[2]);
+    let mib = bytes as f64 / (1 << 20) as f64;
+    println!(
+        "two folders of 300 float32 .npy tensors, {mib:.0} MiB each; both name {found} first; \
+         median of 5 runs:"
+    );
+    println!(
+        "  golden diff --json   {:>7.2} s  ({:.2} GB/s read across both folders)",
+        g,
+        2.0 * bytes as f64 / g / 1e9
+    );
+    println!("  NumPy script         {n:>7.2} s");
+    println!("  ratio                {:>7.1}x", n / g);
+    let _ = std::fs::remove_dir_all(&data);
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let task = std::env::args().nth(1).unwrap_or_default();
     let result = match task.as_str() {
@@ -432,7 +517,8 @@ fn main() -> ExitCode {
         "zoo" => zoo(),
         "test" => test(),
         "bench-suite" => bench_suite(),
-        _ => Err("usage: cargo xtask setup | zoo | test | bench-suite".into()),
+        "bench-diff" => bench_diff(),
+        _ => Err("usage: cargo xtask setup | zoo | test | bench-suite | bench-diff".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
