@@ -133,6 +133,11 @@ fn files_under(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
 type FilePair = (String, Option<PathBuf>, Option<PathBuf>);
 
 fn pair_files(a: &Path, b: &Path) -> Result<Vec<FilePair>, String> {
+    for path in [a, b] {
+        if let Err(e) = std::fs::metadata(path) {
+            return Err(format!("{}: {e}", path.display()));
+        }
+    }
     match (a.is_dir(), b.is_dir()) {
         (false, false) => Ok(vec![(String::new(), Some(a.into()), Some(b.into()))]),
         (true, true) => {
@@ -145,15 +150,21 @@ fn pair_files(a: &Path, b: &Path) -> Result<Vec<FilePair>, String> {
                     EXTENSIONS.join(", ")
                 ));
             }
+            let in_b: std::collections::HashMap<&String, &PathBuf> =
+                fb.iter().map(|(k, p)| (k, p)).collect();
+            let in_a: std::collections::HashSet<&String> = fa.iter().map(|(k, _)| k).collect();
             let mut pairs: Vec<FilePair> = fa
                 .iter()
                 .map(|(k, p)| {
-                    let other = fb.iter().find(|(kb, _)| kb == k).map(|(_, p)| p.clone());
-                    (k.clone(), Some(p.clone()), other)
+                    (
+                        k.clone(),
+                        Some(p.clone()),
+                        in_b.get(k).map(|p| (*p).clone()),
+                    )
                 })
                 .collect();
             for (k, p) in &fb {
-                if !fa.iter().any(|(ka, _)| ka == k) {
+                if !in_a.contains(k) {
                     pairs.push((k.clone(), None, Some(p.clone())));
                 }
             }

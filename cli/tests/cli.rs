@@ -190,6 +190,14 @@ fn diff_says_what_it_cannot_read() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("compare two files or two folders"));
+    let missing = d.path().join("missing");
+    let out = golden(&["diff", missing.to_str().unwrap(), &fixture("state_dict.pt")]);
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("missing: No such file or directory"),
+        "{text}"
+    );
 }
 
 #[test]
