@@ -95,16 +95,21 @@ fn the_report_renders_in_headless_chromium() {
         "the script did not finish: {dom:.2000}"
     );
     assert!(
-        dom.contains("first divergence at 22. blocks.2.attn.proj"),
+        dom.contains(
+            "39 reference points, 31 tapped by the port; <span class=\"point diverged\">\
+             first divergence: blocks.2.attn.proj (tapped point 18 of 31)"
+        ),
         "{dom:.3000}"
     );
-    // The drift plot has a dot per reference point (39), the slice viewer rows of both sides.
-    let dots = dom
-        .split("<circle class=\"dot\" data-i=\"")
-        .skip(1)
-        .filter(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
-        .count();
-    assert_eq!(dots, 39);
+    // The drift plot has a dot per reference point: 31 tapped, 8 not (hollow, on the axis); the
+    // slice viewer rows of both sides.
+    let dots = |class: &str| {
+        dom.split(&format!("<circle class=\"{class}\" data-i=\""))
+            .skip(1)
+            .filter(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+            .count()
+    };
+    assert_eq!((dots("dot"), dots("dot untapped")), (31, 8));
     assert!(dom.contains("<pre class=\"ref\"><span"), "{dom:.3000}");
     assert!(
         dom.contains("class=\"off\""),
@@ -118,7 +123,7 @@ fn the_report_renders_in_headless_chromium() {
     let out = headless(
         &page,
         &[
-            "--window-size=1280,2200",
+            "--window-size=1280,2600",
             "--virtual-time-budget=5000",
             &format!("--screenshot={}", shot.display()),
         ],
@@ -132,7 +137,7 @@ fn the_report_renders_in_headless_chromium() {
     let mut reader = decoder.read_info().unwrap();
     let mut buf = vec![0; reader.output_buffer_size()];
     let info = reader.next_frame(&mut buf).unwrap();
-    assert_eq!((info.width, info.height), (1280, 2200));
+    assert_eq!((info.width, info.height), (1280, 2600));
     let channels = info.color_type.samples();
     let count = |rgb: [u8; 3]| {
         buf[..info.buffer_size()]

@@ -17,6 +17,8 @@
   const badge = (status) => `<span class="badge ${status === "pass" ? "pass" : "fail"}">${status === "pass" ? "pass" : "FAIL"}</span>`;
   const id = (c) => "check-" + (c.crate + "-" + c.check).replace(/[^A-Za-z0-9_-]/g, "_");
   const worstOf = (c) => (c.leaves || []).reduce((m, l) => Math.max(m, ratio(l.worst_ratio) || 0), 0);
+  // Cases: how many ran, or for a failure how many passed before it.
+  const casesOf = (c) => (c.status === "pass" ? c.cases ?? "–" : `${c.passed_before ?? 0} + 1 failing`);
   const maxAbsOf = (c) => (c.leaves || []).reduce((m, l) => Math.max(m, ratio(l.max_abs) || 0), 0);
 
   // float32 values from base64
@@ -47,7 +49,11 @@
       `<text x="0" y="${ht - 1}">exact</text><text x="${one - 8}" y="${ht - 1}">1×</text></svg>`;
   }
 
+  // A reference point the port has no tap for: shown, but not as an error.
+  const untapped = (p) => !p.port || p.worst_ratio === null || p.worst_ratio === undefined;
+
   // Drift against depth: log10(error / allowed) at each trace point; above the red line fails.
+  // The line joins the tapped points; untapped ones are hollow grey dots on the bottom axis.
   function driftSvg(points, onPick) {
     const w = 760, h = 200, pad = 34;
     const ys = points.map((p) => {
@@ -58,7 +64,11 @@
     const y = (v) => h - pad - ((v + 8) / 12) * (h - 2 * pad);
     let path = "", dots = "";
     ys.forEach((v, i) => {
-      path += (i ? " L" : "M") + x(i).toFixed(1) + " " + y(v).toFixed(1);
+      if (untapped(points[i])) {
+        dots += `<circle class="dot untapped" data-i="${i}" cx="${x(i).toFixed(1)}" cy="${y(-8).toFixed(1)}" r="4" fill="#fff" stroke="#8c959f"><title>${esc(points[i].point)}: not tapped by the port</title></circle>`;
+        return;
+      }
+      path += (path ? " L" : "M") + x(i).toFixed(1) + " " + y(v).toFixed(1);
       const bad = v > 0;
       dots += `<circle class="dot" data-i="${i}" cx="${x(i).toFixed(1)}" cy="${y(v).toFixed(1)}" r="4" fill="${bad ? "#cf222e" : "#1a7f37"}"><title>${esc(points[i].point)}: ${num(ratio(points[i].worst_ratio))}× allowed</title></circle>`;
     });
@@ -119,7 +129,7 @@
     s.id = id(c);
     const leaves = c.leaves || [];
     let html = `<h2>${badge(c.status)} ${esc(c.check)} <span class="muted">— ${esc(c.kind || "forward")} check of <code>${esc(c.reference)}</code></span></h2>`;
-    html += `<p class="muted">${esc(c.source || "")} · ${c.cases ?? "–"} cases · ${num(c.seconds)} s${c.crate ? " · crate " + esc(c.crate) : ""}</p>`;
+    html += `<p class="muted">${esc(c.source || "")} · ${casesOf(c)} cases${c.case ? " · failing case " + esc(c.case) : ""} · ${num(c.seconds)} s${c.crate ? " · crate " + esc(c.crate) : ""}</p>`;
     if (c.failure) {
       html += `<pre class="failure">${esc(c.failure)}</pre>`;
       if (c.artifacts) html += `<p>Artifacts (inputs, outputs, repro.py): <code>${esc(c.artifacts)}</code></p>`;
@@ -141,10 +151,12 @@
     s.innerHTML = html;
     const points = c.trace_points || [];
     if (points.length) {
-      const first = points.findIndex((p) => ratio(p.worst_ratio) > 1);
+      const first = points.findIndex((p) => !untapped(p) && !(ratio(p.worst_ratio) <= 1));
+      const tapped = points.filter((p) => !untapped(p));
       const head = document.createElement("div");
-      head.innerHTML = `<h3>Trace: drift against depth</h3><p>${points.length} reference points; ` +
-        (first >= 0 ? `<span class="point diverged">first divergence at ${first + 1}. ${esc(points[first].point)}</span>` : "every tapped point within its tolerance") + `</p>`;
+      // Numbered like the failure message: among the points the port tapped.
+      head.innerHTML = `<h3>Trace: drift against depth</h3><p>${points.length} reference points, ${tapped.length} tapped by the port; ` +
+        (first >= 0 ? `<span class="point diverged">first divergence: ${esc(points[first].point)} (tapped point ${tapped.indexOf(points[first]) + 1} of ${tapped.length})</span>` : "every tapped point within its tolerance") + `</p>`;
       s.appendChild(head);
       let pickPoint = () => {};
       s.appendChild(driftSvg(points, (i) => pickPoint(i)));
@@ -162,7 +174,7 @@
     `<th>max |port − ref|</th><th>worst / allowed</th><th>seconds</th></tr>`;
   for (const c of checks) {
     top += `<tr class="clickable" data-target="${id(c)}"><td>${badge(c.status)}</td><td><code>${esc(c.check)}</code>${c.trace ? ' <span class="muted">(trace)</span>' : ""}</td>` +
-      `<td>${esc(c.kind || "forward")}</td><td>${esc((c.dtypes || []).join(", "))}</td><td class="num">${c.cases ?? "–"}</td>` +
+      `<td>${esc(c.kind || "forward")}</td><td>${esc((c.dtypes || []).join(", "))}</td><td class="num">${casesOf(c)}</td>` +
       `<td class="num">${num(maxAbsOf(c))}</td><td class="num">${num(worstOf(c))}</td><td class="num">${num(c.seconds)}</td></tr>`;
   }
   top += `</table>`;

@@ -126,6 +126,7 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
             doc["failure"] = json!(failure.to_string());
             doc["dtype"] = json!(failure.dtype);
             doc["case"] = json!(failure.case.as_ref().map(|c| c.to_string()));
+            doc["passed_before"] = json!(failure.passed_before);
             if let (Some(dir), true) = (
                 crate::artifacts::folder(layer, kind),
                 matches!(failure.kind, crate::report::FailureKind::Case(_)),
