@@ -46,15 +46,9 @@ pub fn rerun_case_command(layer: &Layer, test: &str, dtype: DType, case: &CasePa
 
 /// The folder of a check's artifacts.
 pub fn folder(layer: &Layer, kind: Kind) -> Option<PathBuf> {
-    let krate = layer
-        .declared
-        .and_then(|d| d.module_path.split("::").next())
-        .unwrap_or("unknown");
     Some(
-        env::target_dir()?
-            .join("golden")
-            .join("failures")
-            .join(krate)
+        layer
+            .golden_folder("failures")?
             .join(format!("{}{}", layer.check_name(), kind.suffix())),
     )
 }
@@ -84,17 +78,7 @@ fn dtypes(tensors: &[(String, HostTensor)]) -> Json {
 /// Where a traced check's passing run leaves one case's trace (for `golden report`):
 /// `target/golden/traces/<crate>/<check>/`.
 pub fn trace_folder(layer: &Layer) -> Option<PathBuf> {
-    let krate = layer
-        .declared
-        .and_then(|d| d.module_path.split("::").next())
-        .unwrap_or("unknown");
-    Some(
-        env::target_dir()?
-            .join("golden")
-            .join("traces")
-            .join(krate)
-            .join(layer.check_name()),
-    )
+    Some(layer.golden_folder("traces")?.join(layer.check_name()))
 }
 
 /// Both sides' trace points as `<dir>/reference/NNN_<point>.npy` and `<dir>/port/NNN_<point>.npy`,

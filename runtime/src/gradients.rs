@@ -122,6 +122,37 @@ fn random_like(t: &HostTensor, seed: u64, stream: &str, dtype: DType) -> HostTen
     inputs::float_tensor(t.shape.clone(), &values, dtype)
 }
 
+/// The cotangent of each float output, drawn from the case seed: the port's and the reference's
+/// backward passes (and a replay of a recorded one) see the same.
+fn cotangents(outputs: &Named, seed: u64, dtype: DType) -> Named {
+    outputs
+        .iter()
+        .filter(|(_, t)| t.dtype.is_float())
+        .map(|(name, t)| {
+            (
+                name.clone(),
+                random_like(t, seed, &format!("cotangent.{name}"), dtype),
+            )
+        })
+        .collect()
+}
+
+/// The reference's forward pass on one case (no trace).
+fn forward(
+    source: &Source,
+    layer: &Layer,
+    dtype: DType,
+    params: &CaseParams,
+    args: &[HostTensor],
+) -> Answer {
+    source.request(
+        layer,
+        dtype,
+        params,
+        &Request::Forward { args, trace: false },
+    )
+}
+
 fn to_f64(t: &HostTensor) -> HostTensor {
     if t.dtype.is_float() {
         HostTensor::from_f64(t.shape.clone(), &t.to_f64())
@@ -287,15 +318,7 @@ impl CaseRunner for GradRunner<'_> {
             .map(|a| a.name.clone())
             .zip(args.iter().cloned())
             .collect();
-        let forward = match source.request(
-            layer,
-            dtype,
-            params,
-            &Request::Forward {
-                args: &args,
-                trace: false,
-            },
-        ) {
+        let forward = match forward(source, layer, dtype, params, &args) {
             Answer::Outputs(r) => r,
             Answer::Unrecorded => return Outcome::Unrecorded,
             Answer::Failed(e @ WorkerError::Remote(_)) => {
@@ -304,17 +327,7 @@ impl CaseRunner for GradRunner<'_> {
             }
             Answer::Failed(e) => return Outcome::Fatal(e),
         };
-        let cotangents: Named = forward
-            .expected
-            .iter()
-            .filter(|(_, t)| t.dtype.is_float())
-            .map(|(name, t)| {
-                (
-                    name.clone(),
-                    random_like(t, params.seed, &format!("cotangent.{name}"), dtype),
-                )
-            })
-            .collect();
+        let cotangents = cotangents(&forward.expected, params.seed, dtype);
         let targets = self.targets(&forward.state_dict, &forward.buffers);
         for name in self.spec.wrt.iter().flatten() {
             let known = layer.args.iter().any(|a| &a.name == name)
@@ -395,24 +408,14 @@ impl CaseRunner for GradRunner<'_> {
     ) -> Option<WorkerError> {
         let layer = self.layer;
         let args = inputs::make_args(layer, params, dtype).ok()?;
-        let forward = match source.request(
-            layer,
-            dtype,
-            params,
-            &Request::Forward {
-                args: &args,
-                trace: false,
-            },
-        ) {
+        let forward = match forward(source, layer, dtype, params, &args) {
             Answer::Outputs(r) => r,
             Answer::Failed(e) if !matches!(e, WorkerError::Remote(_)) => return Some(e),
             _ => return None,
         };
-        let cotangents: Vec<HostTensor> = forward
-            .expected
-            .iter()
-            .filter(|(_, t)| t.dtype.is_float())
-            .map(|(name, t)| random_like(t, params.seed, &format!("cotangent.{name}"), dtype))
+        let cotangents: Vec<HostTensor> = cotangents(&forward.expected, params.seed, dtype)
+            .into_iter()
+            .map(|(_, t)| t)
             .collect();
         let targets = self.targets(&forward.state_dict, &forward.buffers);
         let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();

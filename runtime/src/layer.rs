@@ -492,6 +492,25 @@ impl Layer {
         self
     }
 
+    /// The crate that declares the check (`unknown` for a layer built without the macro), which
+    /// names its folder under `target/golden/<what>/`.
+    pub fn crate_name(&self) -> &str {
+        self.declared
+            .and_then(|d| d.module_path.split("::").next())
+            .unwrap_or("unknown")
+    }
+
+    /// The folder of this check's crate under `target/golden/<what>/` (results, failures,
+    /// traces); `None` when the target directory is unknown.
+    pub fn golden_folder(&self, what: &str) -> Option<std::path::PathBuf> {
+        Some(
+            crate::env::target_dir()?
+                .join("golden")
+                .join(what)
+                .join(self.crate_name()),
+        )
+    }
+
     /// The check's name for files: the module path without the crate, `::` as `__`, ending with
     /// the layer's name (`activations::gelu` → `activations__gelu`).
     pub fn check_name(&self) -> String {

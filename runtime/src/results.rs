@@ -15,16 +15,7 @@ use std::time::Duration;
 
 /// The folder results are written to for a check's crate.
 pub fn results_dir(layer: &Layer) -> Option<PathBuf> {
-    let krate = layer
-        .declared
-        .and_then(|d| d.module_path.split("::").next())
-        .unwrap_or("unknown");
-    Some(
-        crate::env::target_dir()?
-            .join("golden")
-            .join("results")
-            .join(krate),
-    )
+    layer.golden_folder("results")
 }
 
 /// JSON has no infinities: those become strings.
