@@ -237,15 +237,32 @@ fn print_zoo_report() -> Result<(), String> {
             );
             continue;
         }
-        for leaf in doc["leaves"].as_array().into_iter().flatten() {
+        let row = |what: String, dtype: &str, max_abs: f64, worst: f64| {
             println!(
-                "{:<52} {:<6} {status:<6} {:>6} {:>15} {:>14}",
-                format!("{check} {}", leaf["leaf"].as_str().unwrap_or("")),
-                leaf["dtype"].as_str().unwrap_or("?"),
+                "{:<52} {dtype:<6} {status:<6} {:>6} {:>15} {:>14}",
+                format!("{check} {what}"),
                 doc["cases"].as_u64().unwrap_or(0),
-                fmt_num(leaf["max_abs"].as_f64().unwrap_or(f64::NAN)),
-                format!("{:.3}", leaf["worst_ratio"].as_f64().unwrap_or(f64::NAN)),
+                fmt_num(max_abs),
+                format!("{worst:.3}"),
             );
+        };
+        // A traced check's points fold into one row per dtype: (dtype, points, max, worst).
+        let mut traces: Vec<(&str, usize, f64, f64)> = Vec::new();
+        for leaf in doc["leaves"].as_array().into_iter().flatten() {
+            let name = leaf["leaf"].as_str().unwrap_or("");
+            let dtype = leaf["dtype"].as_str().unwrap_or("?");
+            let max_abs = leaf["max_abs"].as_f64().unwrap_or(f64::NAN);
+            let worst = leaf["worst_ratio"].as_f64().unwrap_or(f64::NAN);
+            if !name.starts_with("trace.") {
+                row(name.to_string(), dtype, max_abs, worst);
+            } else if let Some(t) = traces.iter_mut().find(|t| t.0 == dtype) {
+                *t = (dtype, t.1 + 1, t.2.max(max_abs), t.3.max(worst));
+            } else {
+                traces.push((dtype, 1, max_abs, worst));
+            }
+        }
+        for (dtype, points, max_abs, worst) in traces {
+            row(format!("trace ({points} points)"), dtype, max_abs, worst);
         }
     }
     for doc in failures {
@@ -403,7 +420,7 @@ fn bench_suite() -> Result<(), String> {
             cold: None,
         },
     ];
-    println!("the zoo (26 checks), wall time, median of 3 runs:");
+    println!("the zoo (`cargo test -p golden-zoo --lib`), wall time, median of 3 runs:");
     for c in configs {
         let mut runs = Vec::new();
         for _ in 0..3 {
