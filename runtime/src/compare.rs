@@ -365,7 +365,8 @@ pub fn compare_leaf(
     ))))
 }
 
-fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+/// The multi-index of flat (row-major) index `flat` in `shape`.
+pub(crate) fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
     let mut index = vec![0; shape.len()];
     for (axis, &size) in shape.iter().enumerate().rev() {
         if size > 0 {

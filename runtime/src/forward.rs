@@ -66,10 +66,9 @@ impl CaseRunner for ForwardRunner<'_> {
             args: &args,
             trace: self.layer.trace,
         };
-        match source.request(self.layer, dtype, params, &request) {
-            Answer::Failed(e) if !matches!(e, WorkerError::Remote(_)) => Some(e),
-            _ => None,
-        }
+        source
+            .request(self.layer, dtype, params, &request)
+            .dead_worker()
     }
 
     fn finish(

@@ -16,7 +16,7 @@
 //!   has not is named with the usual cause: a fused op without backward, or a detach.
 
 use crate::check::{self, CaseRecord, CaseRunner, Kind, Outcome, Port, Report};
-use crate::compare::num;
+use crate::compare::{num, unravel};
 use crate::forward::{call_port, PortFailure};
 use crate::inputs::{self, CaseParams, Rng};
 use crate::layer::{Form, Layer};
@@ -246,6 +246,52 @@ impl GradRunner<'_> {
         Ok((PortRun { outputs, vars }, state))
     }
 
+    /// PyTorch's gradients of `Σ sum(out · cotangent)` on one case, for the same targets.
+    fn reference_gradients(
+        &self,
+        source: &Source,
+        dtype: DType,
+        params: &CaseParams,
+        args: &[HostTensor],
+        cotangents: &Named,
+        targets: &Targets,
+    ) -> Answer {
+        let layer = self.layer;
+        let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
+        let cotangents: Vec<HostTensor> = cotangents.iter().map(|(_, t)| t.clone()).collect();
+        let request = Request::Gradients {
+            args,
+            cotangents: &cotangents,
+            names: &names,
+            wrt: &targets.args,
+            params: layer.form == Form::Module,
+        };
+        source.request(layer, dtype, params, &request)
+    }
+
+    /// The port in f64 with the input or parameter `name` replaced by `moved`, differentiating
+    /// nothing: one evaluation of a finite difference.
+    fn run_moved(
+        &self,
+        args64: &[HostTensor],
+        state64: &Named,
+        name: &str,
+        moved: HostTensor,
+    ) -> Result<PortRun, String> {
+        let mut args = args64.to_vec();
+        let mut state = state64.clone();
+        if let Some(i) = self.layer.args.iter().position(|x| x.name == name) {
+            args[i] = moved;
+        } else if let Some(entry) = state.iter_mut().find(|(n, _)| n == name) {
+            entry.1 = moved;
+        }
+        let none = Targets {
+            args: Vec::new(),
+            params: Vec::new(),
+        };
+        Ok(self.run_port(&args, &state, DType::F64, &none)?.0)
+    }
+
     /// `Σ sum(out · cotangent)` per leaf (in the order of `cotangents`), as candle scalars.
     fn leaf_losses(
         outputs: &Outputs,
@@ -254,11 +300,7 @@ impl GradRunner<'_> {
         cotangents
             .iter()
             .map(|(name, c)| {
-                let (_, out) = outputs
-                    .0
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .ok_or_else(|| format!("the port returns no `{name}`"))?;
+                let out = outputs.leaf(name)?;
                 let c = c
                     .to_candle(out.device())
                     .and_then(|c| c.to_dtype(out.dtype()))
@@ -342,25 +384,16 @@ impl CaseRunner for GradRunner<'_> {
                 return Outcome::Fail(Box::new(failure));
             }
         }
-        let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
-        let cotangent_tensors: Vec<HostTensor> =
-            cotangents.iter().map(|(_, t)| t.clone()).collect();
-        let request = Request::Gradients {
-            args: &args,
-            cotangents: &cotangent_tensors,
-            names: &names,
-            wrt: &targets.args,
-            params: layer.form == Form::Module,
-        };
-        let reference = match source.request(layer, dtype, params, &request) {
-            Answer::Outputs(r) => r,
-            Answer::Unrecorded => return Outcome::Unrecorded,
-            Answer::Failed(e @ WorkerError::Remote(_)) => {
-                failure.reference_error = Some(e);
-                return Outcome::Fail(Box::new(failure));
-            }
-            Answer::Failed(e) => return Outcome::Fatal(e),
-        };
+        let reference =
+            match self.reference_gradients(source, dtype, params, &args, &cotangents, &targets) {
+                Answer::Outputs(r) => r,
+                Answer::Unrecorded => return Outcome::Unrecorded,
+                Answer::Failed(e @ WorkerError::Remote(_)) => {
+                    failure.reference_error = Some(e);
+                    return Outcome::Fail(Box::new(failure));
+                }
+                Answer::Failed(e) => return Outcome::Fatal(e),
+            };
         failure.reference = Some(reference.clone());
         match self.compare_with_pytorch(
             &args,
@@ -410,26 +443,12 @@ impl CaseRunner for GradRunner<'_> {
         let args = inputs::make_args(layer, params, dtype).ok()?;
         let forward = match forward(source, layer, dtype, params, &args) {
             Answer::Outputs(r) => r,
-            Answer::Failed(e) if !matches!(e, WorkerError::Remote(_)) => return Some(e),
-            _ => return None,
+            other => return other.dead_worker(),
         };
-        let cotangents: Vec<HostTensor> = cotangents(&forward.expected, params.seed, dtype)
-            .into_iter()
-            .map(|(_, t)| t)
-            .collect();
+        let cotangents = cotangents(&forward.expected, params.seed, dtype);
         let targets = self.targets(&forward.state_dict, &forward.buffers);
-        let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
-        let request = Request::Gradients {
-            args: &args,
-            cotangents: &cotangents,
-            names: &names,
-            wrt: &targets.args,
-            params: layer.form == Form::Module,
-        };
-        match source.request(layer, dtype, params, &request) {
-            Answer::Failed(e) if !matches!(e, WorkerError::Remote(_)) => Some(e),
-            _ => None,
-        }
+        self.reference_gradients(source, dtype, params, &args, &cotangents, &targets)
+            .dead_worker()
     }
 
     fn finish(
@@ -605,19 +624,8 @@ impl GradRunner<'_> {
         }
 
         // L per leaf at inputs with one target moved.
-        let losses_at = |name: &str, moved: &HostTensor| -> Result<Vec<f64>, String> {
-            let mut a = args64.clone();
-            let mut s = state64.clone();
-            if let Some(i) = self.layer.args.iter().position(|x| x.name == name) {
-                a[i] = moved.clone();
-            } else if let Some(entry) = s.iter_mut().find(|(n, _)| n == name) {
-                entry.1 = moved.clone();
-            }
-            let no_targets = Targets {
-                args: Vec::new(),
-                params: Vec::new(),
-            };
-            let (run, _) = self.run_port(&a, &s, DType::F64, &no_targets)?;
+        let losses_at = |name: &str, moved: HostTensor| -> Result<Vec<f64>, String> {
+            let run = self.run_moved(&args64, &state64, name, moved)?;
             Self::leaf_losses(&run.outputs, &v)?
                 .iter()
                 .map(|l| l.to_scalar::<f64>().map_err(|e| e.to_string()))
@@ -653,8 +661,8 @@ impl GradRunner<'_> {
                         .collect::<Vec<_>>(),
                 )
             };
-            let plus = losses_at(name, &shifted(1.0))?;
-            let minus = losses_at(name, &shifted(-1.0))?;
+            let plus = losses_at(name, shifted(1.0))?;
+            let minus = losses_at(name, shifted(-1.0))?;
             let numeric: f64 = plus
                 .iter()
                 .zip(&minus)
@@ -724,25 +732,14 @@ impl GradRunner<'_> {
         };
         // Analytic rows: one backward per output element.
         let (run, _) = self.run_port(args64, state64, DType::F64, &targets)?;
-        let out = run
-            .outputs
-            .0
-            .iter()
-            .find(|(n, _)| n == leaf)
-            .map(|(_, t)| t.clone())
-            .ok_or("no such output")?;
-        let n_out = out.elem_count();
+        let out_dims = run.outputs.leaf(leaf)?.dims().to_vec();
+        let n_out: usize = out_dims.iter().product();
         let mut analytic = vec![vec![0.0; w0.len()]; n_out];
         for (i, row) in analytic.iter_mut().enumerate() {
             let (run, _) = self.run_port(args64, state64, DType::F64, &targets)?;
-            let out = run
+            let pick = run
                 .outputs
-                .0
-                .iter()
-                .find(|(n, _)| n == leaf)
-                .map(|(_, t)| t.clone())
-                .ok_or("no such output")?;
-            let pick = out
+                .leaf(leaf)?
                 .flatten_all()
                 .and_then(|o| o.get(i))
                 .map_err(|e| e.to_string())?;
@@ -757,26 +754,8 @@ impl GradRunner<'_> {
                 let mut moved = w0.clone();
                 moved[j] += sign * spec.eps;
                 let moved = HostTensor::from_f64(w.shape.clone(), &moved);
-                let mut a = args64.to_vec();
-                let mut s = state64.clone();
-                if let Some(k) = self.layer.args.iter().position(|x| x.name == name) {
-                    a[k] = moved;
-                } else if let Some(e) = s.iter_mut().find(|(n, _)| n == name) {
-                    e.1 = moved;
-                }
-                let none = Targets {
-                    args: Vec::new(),
-                    params: Vec::new(),
-                };
-                let (run, _) = self.run_port(&a, &s, DType::F64, &none)?;
-                let out = run
-                    .outputs
-                    .0
-                    .iter()
-                    .find(|(n, _)| n == leaf)
-                    .map(|(_, t)| t.clone())
-                    .ok_or("no such output")?;
-                HostTensor::from_candle(&out)
+                let run = self.run_moved(args64, state64, name, moved)?;
+                HostTensor::from_candle(run.outputs.leaf(leaf)?)
                     .map(|h| h.to_f64())
                     .map_err(|e| e.to_string())
             };
@@ -793,14 +772,6 @@ impl GradRunner<'_> {
         let Some((excess, i, j, a, numeric)) = worst.filter(|w| w.0 > 1.0) else {
             return Ok(None);
         };
-        let unravel = |mut flat: usize, shape: &[usize]| {
-            let mut idx = vec![0; shape.len()];
-            for (k, &size) in shape.iter().enumerate().rev() {
-                idx[k] = flat % size.max(1);
-                flat /= size.max(1);
-            }
-            idx
-        };
         let ratio = if numeric != 0.0 {
             format!(" ({}× the finite difference)", num(a / numeric))
         } else {
@@ -808,7 +779,7 @@ impl GradRunner<'_> {
         };
         Ok(Some(format!(
             "`{name}`: ∂{leaf}{:?}/∂{name}{:?} is {} in the port's backward, {} by finite differences{ratio} — {}× outside atol {} + rtol {}·|numeric|",
-            unravel(i, out.dims()),
+            unravel(i, &out_dims),
             unravel(j, &w.shape),
             num(a),
             num(numeric),

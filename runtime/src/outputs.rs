@@ -32,6 +32,17 @@ impl PortInputs {
 #[derive(Clone, Debug)]
 pub struct Outputs(pub Vec<(String, Tensor)>);
 
+impl Outputs {
+    /// The leaf named `name`.
+    pub(crate) fn leaf(&self, name: &str) -> Result<&Tensor, String> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| format!("the port returns no `{name}`"))
+    }
+}
+
 /// Anything a port may return: a tensor, a tuple of tensors, a `Vec` of tensors, a map from names to
 /// tensors, or a `Result` of one of those.
 pub trait IntoOutputs {

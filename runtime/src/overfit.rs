@@ -262,12 +262,7 @@ fn loss_of(
 ) -> candle_core::Result<Tensor> {
     let mut total: Option<Tensor> = None;
     for (name, target) in targets {
-        let out = outputs
-            .0
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
-            .ok_or_else(|| candle_core::Error::Msg(format!("the port returns no `{name}`")))?;
+        let out = outputs.leaf(name).map_err(candle_core::Error::Msg)?;
         let l = match loss {
             Loss::Mse => out.sub(&target.to_dtype(out.dtype())?)?.sqr()?.mean_all()?,
             Loss::CrossEntropy => {

@@ -27,6 +27,17 @@ pub enum Answer {
     Failed(WorkerError),
 }
 
+impl Answer {
+    /// The worker's own failure (it died, hung, spoke garbage), as opposed to the reference
+    /// raising or a case missing from the store: what stops record mode's reference-only runs.
+    pub fn dead_worker(self) -> Option<WorkerError> {
+        match self {
+            Answer::Failed(e) if !matches!(e, WorkerError::Remote(_)) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Cases evaluated live while recording, in order.
 #[derive(Default)]
 pub struct Recording {
