@@ -11,10 +11,10 @@ use crate::env;
 use crate::inputs::{self, CaseParams};
 use crate::layer::Layer;
 use crate::outputs::{Outputs, PortInputs};
-use crate::reference::dtype_name;
+use crate::reference::{dtype_name, ReferenceOutputs};
 use crate::report::{CaseFailure, Failure, FailureKind};
 use crate::results;
-use crate::source::{rerun_command, OpenError, Source, Target};
+use crate::source::{rerun_command, Answer, OpenError, Source, Target};
 use crate::worker::WorkerError;
 use candle_core::DType;
 use proptest::test_runner::{
@@ -117,6 +117,26 @@ pub(crate) enum Outcome {
     Fatal(WorkerError),
     /// Replay: the store has nothing for this case.
     Unrecorded,
+}
+
+impl Outcome {
+    /// The reference's outputs for a case, or what the case comes to without them: not in the
+    /// store, a failing case when the reference raised (`failure` with its error), or fatal when
+    /// the worker itself is gone.
+    pub(crate) fn reference_outputs(
+        answer: Answer,
+        failure: &mut CaseFailure,
+    ) -> Result<ReferenceOutputs, Outcome> {
+        match answer {
+            Answer::Outputs(r) => Ok(r),
+            Answer::Unrecorded => Err(Outcome::Unrecorded),
+            Answer::Failed(e @ WorkerError::Remote(_)) => {
+                failure.reference_error = Some(e);
+                Err(Outcome::Fail(Box::new(std::mem::take(failure))))
+            }
+            Answer::Failed(e) => Err(Outcome::Fatal(e)),
+        }
+    }
 }
 
 /// What one kind of check does with a case.

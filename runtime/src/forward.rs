@@ -10,7 +10,7 @@ use crate::outputs::{Outputs, PortInputs};
 use crate::params::StateDict;
 use crate::reference::{ReferenceOutputs, Request};
 use crate::report::{CaseFailure, Failure, FailureKind, LeafDiagnosis, VariantMatch};
-use crate::source::{Answer, Source};
+use crate::source::Source;
 use crate::wire::HostTensor;
 use crate::worker::WorkerError;
 use candle_core::{DType, Device};
@@ -113,15 +113,14 @@ pub(crate) fn run_case(
         args: &args,
         trace: layer.trace,
     };
-    let reference = match source.request(layer, dtype, params, &request) {
-        Answer::Outputs(r) => r,
-        Answer::Unrecorded => return Outcome::Unrecorded,
-        Answer::Failed(e @ WorkerError::Remote(_)) => {
-            failure.reference_error = Some(e);
-            failure.inputs = named_inputs();
-            return Outcome::Fail(Box::new(failure));
+    let answer = source.request(layer, dtype, params, &request);
+    let reference = match Outcome::reference_outputs(answer, &mut failure) {
+        Ok(r) => r,
+        Err(Outcome::Fail(mut f)) => {
+            f.inputs = named_inputs();
+            return Outcome::Fail(f);
         }
-        Answer::Failed(e) => return Outcome::Fatal(e),
+        Err(outcome) => return outcome,
     };
     match run_port(layer, dtype, params, port, &args, &reference, trace_to) {
         Outcome::Fail(mut f) => {

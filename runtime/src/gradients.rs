@@ -360,14 +360,10 @@ impl CaseRunner for GradRunner<'_> {
             .map(|a| a.name.clone())
             .zip(args.iter().cloned())
             .collect();
-        let forward = match forward(source, layer, dtype, params, &args) {
-            Answer::Outputs(r) => r,
-            Answer::Unrecorded => return Outcome::Unrecorded,
-            Answer::Failed(e @ WorkerError::Remote(_)) => {
-                failure.reference_error = Some(e);
-                return Outcome::Fail(Box::new(failure));
-            }
-            Answer::Failed(e) => return Outcome::Fatal(e),
+        let answer = forward(source, layer, dtype, params, &args);
+        let forward = match Outcome::reference_outputs(answer, &mut failure) {
+            Ok(r) => r,
+            Err(outcome) => return outcome,
         };
         let cotangents = cotangents(&forward.expected, params.seed, dtype);
         let targets = self.targets(&forward.state_dict, &forward.buffers);
@@ -384,16 +380,11 @@ impl CaseRunner for GradRunner<'_> {
                 return Outcome::Fail(Box::new(failure));
             }
         }
-        let reference =
-            match self.reference_gradients(source, dtype, params, &args, &cotangents, &targets) {
-                Answer::Outputs(r) => r,
-                Answer::Unrecorded => return Outcome::Unrecorded,
-                Answer::Failed(e @ WorkerError::Remote(_)) => {
-                    failure.reference_error = Some(e);
-                    return Outcome::Fail(Box::new(failure));
-                }
-                Answer::Failed(e) => return Outcome::Fatal(e),
-            };
+        let answer = self.reference_gradients(source, dtype, params, &args, &cotangents, &targets);
+        let reference = match Outcome::reference_outputs(answer, &mut failure) {
+            Ok(r) => r,
+            Err(outcome) => return outcome,
+        };
         failure.reference = Some(reference.clone());
         match self.compare_with_pytorch(
             &args,
