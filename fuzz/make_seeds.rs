@@ -1,7 +1,8 @@
 //! Writes a few valid inputs of each target into fuzz/corpus/<target>/ to start from:
 //! `cargo +nightly run --manifest-path fuzz/Cargo.toml --bin make_seeds`.
 
-use golden::wire::{encode, Frame, HostTensor};
+use golden::python::wire::{encode, Frame};
+use golden_files::HostTensor;
 use serde_json::json;
 use std::path::Path;
 
@@ -40,9 +41,9 @@ fn main() {
     write(
         "golden_store",
         "seed_store",
-        &golden::store::seal(&store_frame),
+        &golden::answers::store::seal(&store_frame),
     );
     for (i, t) in tensors.iter().enumerate() {
-        write("npy", &format!("seed_{i}"), &golden::npy::encode(t));
+        write("npy", &format!("seed_{i}"), &golden_files::npy::encode(t));
     }
 }

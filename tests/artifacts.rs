@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Module};
 use common::Scratch;
-use golden::env::Mode;
+use golden::describe::env::Mode;
 use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
 use std::path::PathBuf;
 use std::process::Command;
@@ -27,7 +27,7 @@ fn folder(failure: &Failure) -> PathBuf {
 }
 
 fn run_repro(dir: &std::path::Path) -> String {
-    let out = Command::new(&golden::env::python().program)
+    let out = Command::new(&golden::describe::env::python().program)
         .arg(dir.join("repro.py"))
         .output()
         .expect("the interpreter runs");

@@ -8,7 +8,7 @@
 mod common;
 
 use common::processes;
-use golden::env::Mode;
+use golden::describe::env::Mode;
 use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -32,7 +32,7 @@ fn assert_no_stray_workers() {
     let me = std::process::id();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let idle = golden::worker::pool().idle_pids();
+        let idle = golden::python::worker::pool().idle_pids();
         let stray: Vec<u32> = processes::workers_of(me)
             .into_iter()
             .filter(|p| !idle.contains(p))
@@ -72,7 +72,7 @@ fn harmless(reference: &str) {
 /// The tests' turn, with private workers: they are this process's children, which the process
 /// table shows (the shared worker's copies are covered by `tests/shared_worker.rs`).
 fn take_turn() -> std::sync::MutexGuard<'static, ()> {
-    golden::shared_worker::set_enabled(Some(false));
+    golden::python::shared::set_enabled(Some(false));
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 

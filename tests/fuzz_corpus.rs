@@ -3,7 +3,7 @@
 //! without panicking, and some of them (the seeds' descendants) must decode. Fuzzing itself needs nightly:
 //! `cargo +nightly fuzz run <target>` in `fuzz/`.
 
-use golden::store::{seal, Store};
+use golden::answers::store::{seal, Store};
 use std::path::{Path, PathBuf};
 
 fn inputs(target: &str) -> Vec<PathBuf> {
@@ -43,7 +43,7 @@ fn replay(target: &str, decode: impl Fn(&[u8]) -> bool + std::panic::RefUnwindSa
 #[test]
 fn wire_frames() {
     let decoded = replay("wire_frame", |b| {
-        golden::wire::read_frame(&mut &b[..]).is_ok()
+        golden::python::wire::read_frame(&mut &b[..]).is_ok()
     });
     assert!(decoded > 0, "no input of the corpus is a valid frame");
 }
@@ -66,13 +66,13 @@ fn tensor_files() {
             return false;
         };
         let name = ["x.pt", "x.npz", "x.safetensors", "x.bin"][which as usize % 4];
-        golden::tensor_files::read_bytes(bytes, Path::new(name)).is_ok()
+        golden_files::formats::read_bytes(bytes, Path::new(name)).is_ok()
     });
     assert!(decoded > 0, "no input of the corpus is a valid tensor file");
 }
 
 #[test]
 fn npy_files() {
-    let decoded = replay("npy", |b| golden::npy::decode(b).is_ok());
+    let decoded = replay("npy", |b| golden_files::npy::decode(b).is_ok());
     assert!(decoded > 0, "no input of the corpus is a valid .npy file");
 }

@@ -7,7 +7,8 @@ mod common;
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Module, Result, Shape, Tensor, D};
 use common::must_fail_check;
-use golden::gradients::{self, GradSpec};
+use golden::run::gradients;
+use golden::GradSpec;
 use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
 
 fn grad_issues(f: &Failure) -> String {

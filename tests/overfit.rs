@@ -6,8 +6,10 @@ mod common;
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{linear, VarBuilder};
-use golden::overfit::{self, Optimizer, OverfitSpec, Step};
+use golden::describe::checks::Step;
+use golden::run::overfit;
 use golden::{DimExpr, Dist, Failure, IntoOutputs, Layer, PortInputs};
+use golden::{Optimizer, OverfitSpec};
 use std::sync::Arc;
 
 const D: usize = 8;
@@ -221,7 +223,7 @@ fn a_classifier_overfits_with_cross_entropy() {
         .dim("b", 4, 8)
         .arg("x", ["b".into(), DimExpr::Lit(D)], Dist::default())
         .overfit(OverfitSpec {
-            loss: overfit::Loss::CrossEntropy,
+            loss: golden::Loss::CrossEntropy,
             optimizer: Optimizer::adamw(Some(5e-2)),
             ..OverfitSpec::default()
         });

@@ -3,7 +3,7 @@
 
 mod common;
 
-use golden::env::Mode;
+use golden::describe::env::Mode;
 use golden::{Dist, IntoOutputs, Layer, PortInputs};
 
 #[test]

@@ -4,8 +4,8 @@ mod common;
 
 use candle_core::Module;
 use common::Scratch;
-use golden::env::Mode;
-use golden::store::{self, Store};
+use golden::answers::store::{self, Store};
+use golden::describe::env::Mode;
 use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
 
 fn gelu(scratch: &Scratch) -> Layer {

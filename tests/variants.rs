@@ -6,7 +6,7 @@ mod common;
 
 use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{linear, linear_no_bias, VarBuilder};
-use golden::env::Mode;
+use golden::describe::env::Mode;
 use golden::{DimExpr, Dist, Layer, PortInputs};
 use golden_zoo::blocks::{CausalSelfAttention, Mlp, Norm};
 

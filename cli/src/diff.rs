@@ -6,10 +6,10 @@
 //! pairs with the other side's one tensor). Pairs of files are read and compared on several
 //! threads; each file is read once.
 
-use golden::compare::{self, Expected, Rule, Verdict};
-use golden::layer::Tol;
-use golden::tensor_files;
-use golden::wire::{HostTensor, WireDType};
+use golden::describe::layer::Tol;
+use golden::judge::compare::{self, Expected, Rule, Verdict};
+use golden_files::formats;
+use golden_files::{HostTensor, WireDType};
 use serde_json::{json, Value as Json};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -190,7 +190,7 @@ fn join(key: &str, name: &str) -> String {
 
 /// Compare one pair of files into rows.
 fn compare_files(key: &str, a: Option<&Path>, b: Option<&Path>, tol: Tolerance) -> Vec<Row> {
-    let read = |p: Option<&Path>| p.map(tensor_files::read).transpose();
+    let read = |p: Option<&Path>| p.map(formats::read).transpose();
     let (ta, tb) = match (read(a), read(b)) {
         (Ok(ta), Ok(tb)) => (ta, tb),
         (Err(e), _) | (_, Err(e)) => {
@@ -320,8 +320,8 @@ fn compare_tensors(name: String, a: &HostTensor, b: &HostTensor, tol: Tolerance)
         Rule::Exact => "exact".into(),
         Rule::Default { atol, rtol, .. } | Rule::Explicit(Tol { atol, rtol }) => format!(
             "atol {} + rtol {}·|A|",
-            compare::num(atol),
-            compare::num(rtol)
+            golden::describe::numbers::num(atol),
+            golden::describe::numbers::num(rtol)
         ),
     };
     if let Verdict::Values(v) = &leaf.verdict {
@@ -463,7 +463,7 @@ impl Diff {
     /// The table, the first divergence and the summary.
     pub fn text(&self) -> String {
         use std::fmt::Write as _;
-        let num = |x: f64| compare::num(x);
+        let num = |x: f64| golden::describe::numbers::num(x);
         let mut s = String::new();
         let tol = match self.tolerance.explicit() {
             Some(t) => format!("atol {} + rtol {}·|A|", num(t.atol), num(t.rtol)),

@@ -7,7 +7,7 @@
 //! the error histograms and, for traces, the drift against depth and a slice viewer of the two
 //! sides' tensors. See `assets/report.js`.
 
-use golden::npy;
+use golden_files::npy;
 use serde_json::{json, Value as Json};
 use std::path::{Path, PathBuf};
 

@@ -2,9 +2,9 @@
 //! terminal, and raw values (the first ten, or a slice). A file of several tensors without a
 //! NAME lists them.
 
-use golden::compare::num;
-use golden::tensor_files;
-use golden::wire::HostTensor;
+use golden::describe::numbers::num;
+use golden_files::formats;
+use golden_files::HostTensor;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -235,7 +235,7 @@ pub fn run(
     slice: Option<&str>,
     bins: usize,
 ) -> Result<String, String> {
-    let contents = tensor_files::read(path)?;
+    let contents = formats::read(path)?;
     let mut out = String::new();
     if contents.tensors.is_empty() {
         return Err(format!(

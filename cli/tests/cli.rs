@@ -1,7 +1,7 @@
 //! The `golden` binary as a user runs it: exit status, the table, the first divergence, `--json`,
 //! `show` with a slice, and the messages for unreadable files and unknown names.
 
-use golden::wire::HostTensor;
+use golden_files::HostTensor;
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -15,7 +15,7 @@ fn golden(args: &[&str]) -> Output {
 
 fn fixture(name: &str) -> String {
     format!(
-        "{}/../tests/fixtures/tensor_files/{name}",
+        "{}/../files/tests/fixtures/tensor_files/{name}",
         env!("CARGO_MANIFEST_DIR")
     )
 }
@@ -70,14 +70,14 @@ fn dumps(name: &str) -> (Dir, Dir) {
                     .flat_map(|x| (*x as f32).to_le_bytes())
                     .collect();
                 HostTensor {
-                    dtype: golden::wire::WireDType::F32,
+                    dtype: golden_files::WireDType::F32,
                     shape: vec![4, 16],
                     data: f32s.into(),
                 }
             };
             let file = format!("{layer}_{stage}.npy");
-            golden::npy::write(&a.path().join(&file), &t(&values)).unwrap();
-            golden::npy::write(&b.path().join(&file), &t(&changed)).unwrap();
+            golden_files::npy::write(&a.path().join(&file), &t(&values)).unwrap();
+            golden_files::npy::write(&b.path().join(&file), &t(&changed)).unwrap();
         }
     }
     (a, b)
@@ -215,13 +215,13 @@ fn show_prints_statistics_a_histogram_and_a_slice() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Row 1, columns 1 and 2, as PyTorch saved them (tests/fixtures/tensor_files/expected.json).
+    // Row 1, columns 1 and 2, as PyTorch saved them (files/tests/fixtures/tensor_files/expected.json).
     let expected: Json =
         serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
     let w = &expected["state_dict.pt"][0];
     assert_eq!(w["name"], "layers.0.weight");
     let v: Vec<f64> = serde_json::from_value(w["values"].clone()).unwrap();
-    let num = |x: f64| golden::compare::num(x);
+    let num = |x: f64| golden::describe::numbers::num(x);
     assert!(
         text.contains(&format!("[{}, {}]", num(v[5]), num(v[6]))),
         "{text}"

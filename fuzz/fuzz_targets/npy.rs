@@ -4,5 +4,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = golden::npy::decode(data);
+    let _ = golden_files::npy::decode(data);
 });

@@ -11,5 +11,5 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let name = ["x.pt", "x.npz", "x.safetensors", "x.bin"][which as usize % 4];
-    let _ = golden::tensor_files::read_bytes(bytes, Path::new(name));
+    let _ = golden_files::formats::read_bytes(bytes, Path::new(name));
 });

@@ -4,6 +4,6 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = golden::wire::read_frame(&mut &data[..]);
-    let _ = golden::wire::decode_body(bytes::Bytes::copy_from_slice(data));
+    let _ = golden::python::wire::read_frame(&mut &data[..]);
+    let _ = golden::python::wire::decode_body(bytes::Bytes::copy_from_slice(data));
 });

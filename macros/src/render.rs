@@ -359,7 +359,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
         quote! {
             #[test]
             fn gradients() {
-                snapshot(&::golden::__private::passed(::golden::gradients::check(&layer(), &port)));
+                snapshot(&::golden::__private::passed(::golden::check_gradients(&layer(), &port)));
             }
         }
     });
@@ -369,7 +369,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
         quote! {
             #[test]
             fn overfits_single_batch() {
-                snapshot(&::golden::__private::passed(::golden::overfit::check(&layer(), &port)));
+                snapshot(&::golden::__private::passed(::golden::check_overfit(&layer(), &port)));
             }
         }
     });
@@ -434,23 +434,23 @@ fn overfit_spec(o: &OverfitDecl) -> TokenStream {
         None => quote!(::std::option::Option::None),
     };
     let optimizer = match o.optimizer.as_ref().map(Ident::to_string).as_deref() {
-        Some("sgd") => quote!(optimizer: ::golden::overfit::Optimizer::sgd(#lr),),
-        Some(_) => quote!(optimizer: ::golden::overfit::Optimizer::adamw(#lr),),
-        None if o.lr.is_some() => quote!(optimizer: ::golden::overfit::Optimizer::adamw(#lr),),
+        Some("sgd") => quote!(optimizer: ::golden::Optimizer::sgd(#lr),),
+        Some(_) => quote!(optimizer: ::golden::Optimizer::adamw(#lr),),
+        None if o.lr.is_some() => quote!(optimizer: ::golden::Optimizer::adamw(#lr),),
         None => quote!(),
     };
     let loss = o.loss.as_ref().map(|l| {
         if l == "mse" {
-            quote!(loss: ::golden::overfit::Loss::Mse,)
+            quote!(loss: ::golden::Loss::Mse,)
         } else {
-            quote!(loss: ::golden::overfit::Loss::CrossEntropy,)
+            quote!(loss: ::golden::Loss::CrossEntropy,)
         }
     });
     let steps = o.steps.map(|n| quote!(steps: #n,));
     let ratio = o.ratio.map(|r| quote!(ratio: #r,));
     let threshold = o.threshold.map(|t| quote!(threshold: #t,));
     quote! {
-        .overfit(::golden::overfit::OverfitSpec {
+        .overfit(::golden::OverfitSpec {
             #steps #loss #optimizer #ratio #threshold
             ..::std::default::Default::default()
         })
@@ -482,14 +482,14 @@ fn grad_spec(g: &GradDecl) -> TokenStream {
         "mode",
         g.full.map(|full| {
             if full {
-                quote!(::golden::gradients::GradMode::Full)
+                quote!(::golden::GradMode::Full)
             } else {
-                quote!(::golden::gradients::GradMode::Fast)
+                quote!(::golden::GradMode::Fast)
             }
         }),
     );
     quote! {
-        .grad(::golden::gradients::GradSpec {
+        .grad(::golden::GradSpec {
             wrt: #wrt,
             #eps #atol #rtol #cases #mode
             ..::std::default::Default::default()

@@ -5,9 +5,9 @@
 //! `torch.testing.assert_close` on the same data, in one run. torch gets the tensors from `.npy`
 //! files; only the `assert_close` call is timed.
 
-use golden::compare::{compare_all, Expected, ROUNDING_FACTOR};
-use golden::inputs::float_tensor;
-use golden::wire::HostTensor;
+use golden::describe::inputs::float_tensor;
+use golden::judge::compare::{compare_all, Expected, ROUNDING_FACTOR};
+use golden_files::HostTensor;
 use std::time::{Duration, Instant};
 
 const N: usize = 10_000_000;
@@ -72,9 +72,9 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("golden-bench-compare-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (a, b) = (dir.join("port.npy"), dir.join("reference.npy"));
-    golden::npy::write(&a, &port).unwrap();
-    golden::npy::write(&b, &reference).unwrap();
-    let out = std::process::Command::new(golden::env::python().program)
+    golden_files::npy::write(&a, &port).unwrap();
+    golden_files::npy::write(&b, &reference).unwrap();
+    let out = std::process::Command::new(golden::describe::env::python().program)
         .args(["-c", ASSERT_CLOSE])
         .arg(&a)
         .arg(&b)

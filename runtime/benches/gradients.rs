@@ -12,9 +12,10 @@
 //! Needs Python with torch (`cargo xtask setup`). Timings include the port's and PyTorch's work;
 //! the worker is started and torch imported before anything is timed.
 
-use golden::env::Mode;
-use golden::gradients::{self, GradMode, GradSpec};
+use golden::describe::env::Mode;
+use golden::run::gradients;
 use golden::{DimExpr, Dist, IntoOutputs, Layer, PortInputs};
+use golden::{GradMode, GradSpec};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -68,7 +69,7 @@ print(time.perf_counter() - start)
 "#;
 
 fn gradcheck(mode: &str) -> Duration {
-    let python = golden::env::python();
+    let python = golden::describe::env::python();
     let out = Command::new(&python.program)
         .args(["-c", GRADCHECK, mode])
         .output()

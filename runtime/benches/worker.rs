@@ -7,9 +7,11 @@
 //!
 //! All figures come from one run on one machine, so their ratios are what to read.
 
-use golden::inputs::float_tensor;
-use golden::wire::{HostTensor, TensorTable};
-use golden::worker::{Worker, WorkerKey};
+use golden::describe::inputs::float_tensor;
+use golden::python::key::WorkerKey;
+use golden::python::wire::TensorTable;
+use golden::python::worker::Worker;
+use golden_files::HostTensor;
 use serde_json::json;
 use std::time::{Duration, Instant};
 

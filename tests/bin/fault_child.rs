@@ -20,7 +20,7 @@ fn identity_check(reference: &str, timeout: Option<f64>) -> String {
         .dim("n", 1, 4)
         .arg("x", ["n"], Dist::default())
         .cases(4)
-        .mode(golden::env::Mode::Live);
+        .mode(golden::describe::env::Mode::Live);
     if let Some(t) = timeout {
         layer = layer.timeout(t);
     }
@@ -36,8 +36,10 @@ fn main() {
     let how = args.first().map(String::as_str).unwrap_or_default();
     match how {
         "info" => {
-            let key = golden::worker::WorkerKey::from_env(None);
-            let worker = golden::worker::pool().check_out(&key).expect("a worker");
+            let key = golden::python::key::WorkerKey::from_env(None);
+            let worker = golden::python::worker::pool()
+                .check_out(&key)
+                .expect("a worker");
             println!("{}", worker.info);
             return;
         }
@@ -57,7 +59,7 @@ fn main() {
     // Private workers are children of this process; the shared worker's copies are the daemon's,
     // each with a log file in the (per-test) shared folder.
     let shared_copies = || -> Vec<u32> {
-        let Some(dir) = golden::shared_worker::directory() else {
+        let Some(dir) = golden::python::shared::directory() else {
             return Vec::new();
         };
         std::fs::read_dir(dir)
@@ -73,7 +75,7 @@ fn main() {
             .collect()
     };
     let workers = loop {
-        let w = if golden::shared_worker::enabled() {
+        let w = if golden::python::shared::enabled() {
             shared_copies()
         } else {
             processes::workers_of(me)

@@ -33,7 +33,7 @@ impl Scratch {
 
     /// The golden store of a check named `layer` declared here.
     pub fn store(&self, layer: &golden::Layer) -> PathBuf {
-        golden::store::path(layer, "").expect("declared")
+        golden::answers::store::path(layer, "").expect("declared")
     }
 }
 

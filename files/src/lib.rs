@@ -1,0 +1,23 @@
+//! golden-files: the tensors golden carries and the tensor files it reads and writes.
+//!
+//! [`HostTensor`] (dtype, shape, little-endian bytes) is the one tensor type of golden: it travels
+//! to the Python worker, is kept in golden stores, and is what every file reader returns. The test
+//! runtime writes `.npy` artifacts ([`npy`]) and may read `.safetensors` checkpoints
+//! ([`safetensors`]); the `golden` command line reads every format ([`formats`]: `.npy`, `.npz`,
+//! `.safetensors`, and torch.save's `.pt`/`.pth` through [`pickle`], which runs no pickled code).
+//!
+//! No input makes a reader panic, hang or allocate far beyond its bounds (see `fuzz/`).
+
+#![warn(missing_docs)]
+
+pub mod npy;
+pub mod tensor;
+
+#[cfg(feature = "formats")]
+pub mod formats;
+#[cfg(feature = "formats")]
+pub mod pickle;
+#[cfg(feature = "safetensors")]
+pub mod safetensors;
+
+pub use tensor::{HostTensor, WireDType};

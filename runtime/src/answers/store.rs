@@ -1,0 +1,444 @@
+//! The golden store: a check's recorded reference outputs, replayable with no Python at all.
+//!
+//! `GOLDEN_MODE=record` runs the reference live and writes, beside the check's snapshot,
+//! `<snapshot dir>/<check>.golden`: for every case it evaluated, the reference's outputs in the case
+//! dtype, their rounding estimate, and in module form the state_dict — keyed by a hash of the
+//! reference, its options, the dtype, the case seed and the exact input bytes. `replay` regenerates
+//! the inputs from the seed and looks the outputs up.
+//!
+//! ```text
+//! 8 bytes   b"GOLDSTOR"
+//! u32 LE    format version
+//! u64 LE    FNV-1a 64 of everything after this field
+//! ...       one wire frame (wire.rs): a JSON header and the tensors it refers to, bf16 kept
+//! ```
+//!
+//! Byte-for-byte deterministic: entries in the order the cases ran, JSON with sorted keys. A store is
+//! bounded (`GOLDEN_STORE_LIMIT` MiB, default 4): when a check's cases would exceed it, the cases
+//! that fit are kept and the store is marked partial; a replay then runs those cases only and does
+//! not compare the snapshot, which describes all of them.
+
+use crate::answers::live::{Named, ReferenceOutputs, Request};
+use crate::describe::inputs::fnv1a;
+use crate::describe::layer::dtype_name;
+use crate::describe::layer::Layer;
+use crate::python::wire::{self, Frame, TensorTable};
+use candle_core::DType;
+use serde_json::{json, Value as Json};
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"GOLDSTOR";
+const FORMAT: u32 = 1;
+const PREAMBLE: usize = 8 + 4 + 8;
+/// Default size bound of one store, in MiB.
+pub const DEFAULT_LIMIT_MIB: f64 = 4.0;
+
+/// One recorded case.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// Hash of reference, options, dtype, seed and input bytes ([`key`]).
+    pub key: u64,
+    /// The case dtype.
+    pub dtype: DType,
+    /// The case, as printed in reports (for people reading the store).
+    pub case: String,
+    /// What the reference produced.
+    pub outputs: ReferenceOutputs,
+}
+
+/// A loaded store.
+#[derive(Debug)]
+pub struct Store {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// The description of the check it was recorded for ([`Layer::description`]).
+    pub description: String,
+    /// `Some((kept, evaluated))` when the size bound dropped cases.
+    pub partial: Option<(usize, usize)>,
+    entries: Vec<Entry>,
+    index: HashMap<u64, usize>,
+}
+
+/// Why a store cannot be used.
+#[derive(Debug)]
+pub enum StoreError {
+    /// Reading or writing failed.
+    Io(PathBuf, std::io::Error),
+    /// The file is not a valid store (truncated, wrong checksum, malformed).
+    Corrupt(PathBuf, String),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Io(p, e) => write!(f, "golden store {}: {e}", p.display()),
+            StoreError::Corrupt(p, why) => write!(
+                f,
+                "golden store {} is corrupt ({why}); it is never trusted in that state: restore it \
+                 from version control or record it again",
+                p.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// The size bound: `GOLDEN_STORE_LIMIT` MiB, default 4.
+pub fn limit_bytes() -> Result<usize, String> {
+    let mib = match std::env::var("GOLDEN_STORE_LIMIT") {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|m| *m > 0.0)
+            .ok_or_else(|| format!("GOLDEN_STORE_LIMIT={v:?} is not a positive number of MiB"))?,
+        _ => DEFAULT_LIMIT_MIB,
+    };
+    Ok((mib * 1024.0 * 1024.0) as usize)
+}
+
+/// Where a check's store lives: `<snapshot dir>/<check><suffix>.golden` (None when not declared).
+/// The suffix tells the stores of one layer's checks apart (`__gradients`).
+pub fn path(layer: &Layer, suffix: &str) -> Option<PathBuf> {
+    let declared = layer.declared?;
+    Some(Path::new(declared.snapshot_dir).join(format!("{}{suffix}.golden", layer.check_name())))
+}
+
+/// The key of a request: a hash of everything the reference's answer depends on.
+pub fn key(layer: &Layer, dtype: DType, seed: u64, request: &Request<'_>) -> u64 {
+    let json = |v: &[(String, crate::describe::layer::Value)]| {
+        serde_json::to_string(&v.iter().map(|(k, v)| (k, v.to_json())).collect::<Vec<_>>())
+            .expect("JSON")
+    };
+    let (what, tensors) = request.key_parts();
+    let mut bytes = Vec::new();
+    let consts = json(&layer.consts);
+    let init = json(&layer.init);
+    let mut parts = vec![
+        layer.reference.as_str(),
+        layer.form.as_str(),
+        layer.backend.as_str(),
+        &consts,
+        &init,
+        dtype_name(dtype),
+    ];
+    // Forward requests add nothing: their keys stay what they were before other kinds existed.
+    if !what.is_empty() {
+        parts.push(&what);
+    }
+    for part in parts {
+        bytes.extend_from_slice(part.as_bytes());
+        bytes.push(0);
+    }
+    bytes.extend_from_slice(&seed.to_le_bytes());
+    for a in tensors {
+        bytes.push(a.dtype.code());
+        for &d in &a.shape {
+            bytes.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+        bytes.push(0xff);
+        bytes.extend_from_slice(&a.data);
+    }
+    fnv1a(&bytes)
+}
+
+fn named_json(named: &Named, table: &mut TensorTable) -> Json {
+    Json::Array(
+        named
+            .iter()
+            .map(|(n, t)| json!([n, table.add(t.clone())]))
+            .collect(),
+    )
+}
+
+fn entry_size(e: &Entry) -> usize {
+    let tensors = |n: &Named| {
+        n.iter()
+            .map(|(name, t)| t.data.len() + 40 + name.len())
+            .sum::<usize>()
+    };
+    200 + e.case.len()
+        + tensors(&e.outputs.expected)
+        + tensors(&e.outputs.state_dict)
+        + e.outputs.rounding.as_ref().map_or(0, tensors)
+}
+
+/// Write a store; returns how many entries were kept and the file's size.
+pub fn save(
+    path: &Path,
+    description: &str,
+    entries: &[Entry],
+    limit: usize,
+) -> Result<(usize, usize), StoreError> {
+    let mut kept = 0;
+    let mut size = 1024 + description.len();
+    for e in entries {
+        size += entry_size(e);
+        if size > limit {
+            break;
+        }
+        kept += 1;
+    }
+    let mut table = TensorTable::default();
+    let items: Vec<Json> = entries[..kept]
+        .iter()
+        .map(|e| {
+            let mut item = json!({
+                "key": format!("{:016x}", e.key),
+                "dtype": dtype_name(e.dtype),
+                "case": e.case,
+                "state_dict": named_json(&e.outputs.state_dict, &mut table),
+                "buffers": (!e.outputs.buffers.is_empty()).then_some(&e.outputs.buffers),
+                "expected": named_json(&e.outputs.expected, &mut table),
+                "rounding": e.outputs.rounding.as_ref().map(|r| named_json(r, &mut table)),
+                "precise_error": e.outputs.precise_error,
+            });
+            // Absent rather than null: stores without buffers keep their bytes.
+            if e.outputs.buffers.is_empty() {
+                item.as_object_mut().expect("an object").remove("buffers");
+            }
+            item
+        })
+        .collect();
+    let header = json!({
+        "golden_store": FORMAT,
+        "description": description,
+        "cases": {"kept": kept, "evaluated": entries.len()},
+        "entries": items,
+    });
+    let frame = wire::encode(&Frame {
+        id: 0,
+        header,
+        tensors: table.tensors,
+    });
+    let out = seal(&frame);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Io(dir.to_path_buf(), e))?;
+    }
+    // Write beside and rename: a reader never sees half a store.
+    let tmp = path.with_extension("golden.tmp");
+    std::fs::write(&tmp, &out).map_err(|e| StoreError::Io(tmp.clone(), e))?;
+    std::fs::rename(&tmp, path).map_err(|e| StoreError::Io(path.to_path_buf(), e))?;
+    Ok((kept, out.len()))
+}
+
+/// A store's bytes around an encoded frame: magic, format and checksum. Public for the fuzz
+/// target, which must get past the checksum to reach the decoder behind it.
+pub fn seal(frame: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PREAMBLE + frame.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT.to_le_bytes());
+    out.extend_from_slice(&fnv1a(frame).to_le_bytes());
+    out.extend_from_slice(frame);
+    out
+}
+
+fn parse_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "f32" => DType::F32,
+        "f64" => DType::F64,
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        _ => return None,
+    })
+}
+
+impl Store {
+    /// Read and verify a store; `Ok(None)` when there is no file.
+    pub fn load(path: &Path) -> Result<Option<Store>, StoreError> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::Io(path.to_path_buf(), e)),
+        };
+        Self::decode(path, bytes).map(Some)
+    }
+
+    /// Verify and decode a store's bytes.
+    pub fn decode(path: &Path, bytes: Vec<u8>) -> Result<Store, StoreError> {
+        let corrupt = |why: String| StoreError::Corrupt(path.to_path_buf(), why);
+        if bytes.len() < PREAMBLE || &bytes[..8] != MAGIC {
+            return Err(corrupt(
+                "not a golden store: bad magic or truncated header".into(),
+            ));
+        }
+        let format = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+        if format != FORMAT {
+            return Err(corrupt(format!(
+                "format {format}, this golden reads format {FORMAT}"
+            )));
+        }
+        let checksum = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
+        let mut body: bytes::Bytes = bytes.into();
+        let frame_bytes = body.split_off(PREAMBLE);
+        if fnv1a(&frame_bytes) != checksum {
+            return Err(corrupt("checksum mismatch: truncated or modified".into()));
+        }
+        let mut reader = &frame_bytes[..];
+        let frame = wire::read_frame(&mut reader).map_err(|e| corrupt(e.to_string()))?;
+        if !reader.is_empty() {
+            return Err(corrupt(format!("{} bytes after the frame", reader.len())));
+        }
+        Self::from_frame(path, frame).map_err(corrupt)
+    }
+
+    fn from_frame(path: &Path, frame: Frame) -> Result<Store, String> {
+        let h = &frame.header;
+        let t = &frame.tensors;
+        let named = |v: &Json| -> Result<Named, String> {
+            v.as_array()
+                .ok_or("expected a list of [name, tensor]")?
+                .iter()
+                .map(|item| {
+                    let name = item[0].as_str().ok_or("a leaf without a name")?;
+                    let tensor = wire::tensor_ref(&item[1], t).map_err(|e| e.to_string())?;
+                    Ok((name.to_string(), tensor.clone()))
+                })
+                .collect()
+        };
+        let mut entries = Vec::new();
+        for e in h["entries"].as_array().ok_or("no entries")? {
+            let key = e["key"]
+                .as_str()
+                .and_then(|k| u64::from_str_radix(k, 16).ok())
+                .ok_or("an entry without a key")?;
+            let dtype = e["dtype"]
+                .as_str()
+                .and_then(parse_dtype)
+                .ok_or("an entry without a dtype")?;
+            entries.push(Entry {
+                key,
+                dtype,
+                case: e["case"].as_str().unwrap_or_default().to_string(),
+                outputs: ReferenceOutputs {
+                    state_dict: named(&e["state_dict"])?,
+                    buffers: crate::answers::live::strings(&e["buffers"]),
+                    expected: named(&e["expected"])?,
+                    rounding: match &e["rounding"] {
+                        Json::Null => None,
+                        r => Some(named(r)?),
+                    },
+                    precise_error: e["precise_error"].as_str().map(str::to_string),
+                },
+            });
+        }
+        let kept = h["cases"]["kept"].as_u64().unwrap_or(0) as usize;
+        let evaluated = h["cases"]["evaluated"].as_u64().unwrap_or(0) as usize;
+        let index = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.key, i))
+            .collect();
+        Ok(Store {
+            path: path.to_path_buf(),
+            description: h["description"]
+                .as_str()
+                .ok_or("no description")?
+                .to_string(),
+            partial: (kept < evaluated).then_some((kept, evaluated)),
+            entries,
+            index,
+        })
+    }
+
+    /// The recorded outputs of a case.
+    pub fn get(&self, key: u64) -> Option<&ReferenceOutputs> {
+        self.index.get(&key).map(|&i| &self.entries[i].outputs)
+    }
+
+    /// The recorded cases, in the order they ran.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// Number of recorded cases.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::describe::inputs::float_tensor;
+
+    fn entry(key: u64, n: usize) -> Entry {
+        let values: Vec<f64> = (0..n).map(|i| i as f64 * 0.5).collect();
+        Entry {
+            key,
+            dtype: DType::BF16,
+            case: format!("case {key}"),
+            outputs: ReferenceOutputs {
+                state_dict: vec![("w".into(), float_tensor(vec![n], &values, DType::BF16))],
+                buffers: Vec::new(),
+                expected: vec![("out".into(), float_tensor(vec![n], &values, DType::BF16))],
+                rounding: Some(vec![(
+                    "out".into(),
+                    float_tensor(vec![n], &values, DType::BF16),
+                )]),
+                precise_error: None,
+            },
+        }
+    }
+
+    fn temp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("golden-store-{name}-{}.golden", std::process::id()))
+    }
+
+    #[test]
+    fn round_trips_and_is_deterministic() {
+        let path = temp("round");
+        let entries = vec![entry(1, 10), entry(2, 3)];
+        save(&path, "desc", &entries, 1 << 20).unwrap();
+        let first = std::fs::read(&path).unwrap();
+        save(&path, "desc", &entries, 1 << 20).unwrap();
+        assert_eq!(first, std::fs::read(&path).unwrap(), "byte for byte");
+        let store = Store::load(&path).unwrap().unwrap();
+        assert_eq!(store.description, "desc");
+        assert_eq!(store.get(2), Some(&entries[1].outputs));
+        assert_eq!(store.partial, None);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn every_truncation_and_any_flipped_byte_is_corrupt_never_a_store() {
+        let path = temp("corrupt");
+        save(&path, "desc", &[entry(7, 4)], 1 << 20).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        for cut in 0..bytes.len() {
+            let err = Store::decode(&path, bytes[..cut].to_vec()).unwrap_err();
+            assert!(
+                matches!(err, StoreError::Corrupt(..)),
+                "cut at {cut}: {err}"
+            );
+        }
+        for at in [0, 9, 15, 30, bytes.len() / 2, bytes.len() - 1] {
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 0x40;
+            let err = Store::decode(&path, flipped).unwrap_err().to_string();
+            assert!(err.contains("is corrupt"), "flip at {at}: {err}");
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn the_size_bound_keeps_the_first_cases_and_says_so() {
+        let path = temp("bound");
+        let entries: Vec<Entry> = (0..10).map(|k| entry(k, 1000)).collect();
+        let (kept, size) = save(&path, "desc", &entries, 20_000).unwrap();
+        assert!(kept > 0 && kept < 10, "{kept}");
+        assert!(size <= 20_000, "{size}");
+        let store = Store::load(&path).unwrap().unwrap();
+        assert_eq!(store.partial, Some((kept, 10)));
+        assert!(store.get(0).is_some() && store.get(9).is_none());
+        std::fs::remove_file(path).unwrap();
+    }
+}

@@ -1,0 +1,491 @@
+//! Generated inputs: what proptest draws per case, and the tensors made from it.
+//!
+//! proptest draws only a few things per case — each dim, a 64-bit seed and a value *style* — and the
+//! tensors are filled from the seed with a small fast generator (drawing every element through
+//! proptest is what makes hypothesis' `arrays` slow). Shrinking therefore works on what a person
+//! reads in a failure: dims go toward their lower bound, the style toward zeros and small integers.
+//!
+//! Styles apply to `normal(...)` arguments only: `uniform`/`int`/`bool` declare a domain, which
+//! edge values must not leave.
+
+use crate::describe::layer::{ArgSpec, Bound, DimExpr, Dist, Layer};
+use candle_core::DType;
+use golden_files::{HostTensor, WireDType};
+use proptest::prelude::*;
+use std::fmt;
+
+/// How the float values of a case look, beyond what each argument declares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Style {
+    /// Every `normal` argument is zero.
+    Zeros,
+    /// Small integers (the declared distribution, doubled in spread and rounded).
+    Round,
+    /// As declared.
+    Declared,
+    /// Declared × 1e-3: where an `eps` (in a norm, a division) decides the result.
+    Tiny,
+    /// Declared × 100: long reductions at large magnitude, overflow in low precision.
+    Large,
+    /// Drawn from special values: 0, ±0.001, ±0.25, ±0.5, ±1, ±π/2, ±π, ±10, ±100.
+    Special,
+}
+
+impl Style {
+    /// All styles, in shrinking order (simplest first).
+    pub const ALL: [Style; 6] = [
+        Style::Zeros,
+        Style::Round,
+        Style::Declared,
+        Style::Tiny,
+        Style::Large,
+        Style::Special,
+    ];
+
+    /// Its short name in `GOLDEN_CASE` (`zeros`, `round`, `declared`, `tiny`, `large`, `special`).
+    pub fn token(self) -> &'static str {
+        match self {
+            Style::Zeros => "zeros",
+            Style::Round => "round",
+            Style::Declared => "declared",
+            Style::Tiny => "tiny",
+            Style::Large => "large",
+            Style::Special => "special",
+        }
+    }
+
+    /// Its name in reports and snapshots.
+    pub fn name(self) -> &'static str {
+        match self {
+            Style::Zeros => "zeros",
+            Style::Round => "round",
+            Style::Declared => "declared",
+            Style::Tiny => "tiny (x1e-3)",
+            Style::Large => "large (x100)",
+            Style::Special => "special values",
+        }
+    }
+}
+
+/// Everything that identifies one generated case.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CaseParams {
+    /// The value of each dim, in declaration order.
+    pub dims: Vec<(String, usize)>,
+    /// Seed of the tensor values (and of the module's initialisation in module form).
+    pub seed: u64,
+    /// How the float values look.
+    pub style: Style,
+}
+
+impl CaseParams {
+    /// The value of a dim.
+    pub fn dim(&self, name: &str) -> Option<usize> {
+        self.dims.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+    }
+
+    /// The concrete shape of an argument in this case.
+    pub fn shape(&self, arg: &ArgSpec) -> Vec<usize> {
+        arg.shape
+            .iter()
+            .map(|d| match d {
+                DimExpr::Lit(n) => *n,
+                DimExpr::Sym(s) => self.dim(s).expect("validated by Layer::validate"),
+            })
+            .collect()
+    }
+
+    /// The sizes in this case, named: every dim, and every fixed axis of an argument
+    /// (`x.shape[2]`).
+    pub fn sizes(&self, layer: &Layer) -> Vec<(String, usize)> {
+        let mut sizes = self.dims.clone();
+        for arg in &layer.args {
+            for (axis, d) in arg.shape.iter().enumerate() {
+                if let DimExpr::Lit(n) = d {
+                    sizes.push((format!("{}.shape[{axis}]", arg.name), *n));
+                }
+            }
+        }
+        sizes
+    }
+
+    /// The case as `GOLDEN_CASE` takes it: `b=1,n=1:round:0x4934c9de9c8e41db`.
+    pub fn token(&self) -> String {
+        let dims: Vec<String> = self.dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        format!(
+            "{}:{}:{:#018x}",
+            dims.join(","),
+            self.style.token(),
+            self.seed
+        )
+    }
+
+    /// Parse [`CaseParams::token`]; every dim of the layer must be given.
+    pub fn parse(token: &str, layer: &Layer) -> Result<CaseParams, String> {
+        let bad = |why: &str| {
+            format!("GOLDEN_CASE={token:?}: {why}; expected `dim=value,...:style:0xseed` as golden prints it")
+        };
+        let parts: Vec<&str> = token.trim().split(':').collect();
+        let [dims, style, seed] = parts[..] else {
+            return Err(bad("three `:`-separated parts are needed"));
+        };
+        let mut values = Vec::new();
+        for pair in dims.split(',').filter(|p| !p.is_empty()) {
+            let (name, value) = pair
+                .split_once('=')
+                .ok_or_else(|| bad("a dim without `=`"))?;
+            let value = value
+                .parse()
+                .map_err(|_| bad("a dim value is not a number"))?;
+            values.push((name.trim().to_string(), value));
+        }
+        let dims = layer
+            .dims
+            .iter()
+            .map(|d| {
+                values
+                    .iter()
+                    .find(|(n, _)| *n == d.name)
+                    .map(|&(_, v)| (d.name.clone(), v))
+                    .ok_or_else(|| bad(&format!("dim `{}` is missing", d.name)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let style = Style::ALL
+            .into_iter()
+            .find(|s| s.token() == style)
+            .ok_or_else(|| bad(&format!("unknown value style `{style}`")))?;
+        let seed = u64::from_str_radix(seed.trim_start_matches("0x"), 16)
+            .map_err(|_| bad("the seed is not hexadecimal"))?;
+        Ok(CaseParams { dims, seed, style })
+    }
+
+    fn bound(&self, b: &Bound) -> i64 {
+        match b {
+            Bound::Lit(n) => *n,
+            Bound::Dim(d) => self.dim(d).expect("validated by Layer::validate") as i64,
+        }
+    }
+}
+
+impl fmt::Display for CaseParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("dims ")?;
+        if self.dims.is_empty() {
+            f.write_str("(none)")?;
+        }
+        for (i, (name, value)) in self.dims.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{name}={value}")?;
+        }
+        write!(
+            f,
+            ", values {}, seed {:#018x}",
+            self.style.name(),
+            self.seed
+        )
+    }
+}
+
+/// The proptest strategy of a layer's cases.
+///
+/// Each dim takes its lower bound or its upper bound one time in eight each, so that a batch of one
+/// and the largest size come up in every run; otherwise uniform. The seed does not shrink (a smaller
+/// seed is not a simpler case); dims and style do.
+pub fn case_strategy(layer: &Layer) -> impl Strategy<Value = CaseParams> {
+    let dims: Vec<BoxedStrategy<(String, usize)>> = layer
+        .dims
+        .iter()
+        .map(|d| {
+            let name = d.name.clone();
+            prop_oneof![
+                1 => Just(d.lo),
+                6 => d.lo..=d.hi,
+                1 => Just(d.hi),
+            ]
+            .prop_map(move |v| (name.clone(), v))
+            .boxed()
+        })
+        .collect();
+    let style = prop_oneof![
+        1 => Just(Style::Zeros),
+        2 => Just(Style::Round),
+        16 => Just(Style::Declared),
+        4 => Just(Style::Tiny),
+        4 => Just(Style::Large),
+        3 => Just(Style::Special),
+    ];
+    (dims, any::<u64>().no_shrink(), style).prop_map(|(dims, seed, style)| CaseParams {
+        dims,
+        seed,
+        style,
+    })
+}
+
+/// xoshiro256++ seeded through splitmix64: fast, and the same numbers on every platform.
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    /// A generator for one stream, e.g. `Rng::new(case_seed, "x")`.
+    pub fn new(seed: u64, stream: &str) -> Self {
+        let mut z = seed ^ fnv1a(stream.as_bytes());
+        let mut next = || {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^ (x >> 31)
+        };
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[0].wrapping_add(s[3]).rotate_left(23).wrapping_add(s[0]);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// Uniform integer in [0, n).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() as u128 * n as u128) >> 64) as u64
+    }
+
+    /// Standard normal pair (Box–Muller).
+    fn normal_pair(&mut self) -> (f64, f64) {
+        let u1 = 1.0 - self.unit(); // (0, 1]: ln is finite
+        let u2 = self.unit();
+        let r = (-2.0 * u1.ln()).sqrt();
+        let theta = std::f64::consts::TAU * u2;
+        (r * theta.cos(), r * theta.sin())
+    }
+
+    /// `n` standard normal values.
+    pub fn normals(&mut self, n: usize) -> Vec<f64> {
+        let mut out = Vec::with_capacity(n + 1);
+        while out.len() < n {
+            let (a, b) = self.normal_pair();
+            out.push(a);
+            out.push(b);
+        }
+        out.truncate(n);
+        out
+    }
+}
+
+/// FNV-1a, to derive a stream per argument name from the case seed.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+const SPECIAL: [f64; 9] = [
+    0.0,
+    0.001,
+    0.25,
+    0.5,
+    1.0,
+    std::f64::consts::FRAC_PI_2,
+    std::f64::consts::PI,
+    10.0,
+    100.0,
+];
+
+/// The values of one argument in one case, as f64 before rounding to the dtype.
+fn float_values(arg: &ArgSpec, n: usize, case: &CaseParams) -> Vec<f64> {
+    let mut rng = Rng::new(case.seed, &arg.name);
+    match arg.dist {
+        Dist::Uniform { lo, hi } => (0..n).map(|_| lo + (hi - lo) * rng.unit()).collect(),
+        Dist::Normal { mean, std } => {
+            let z = rng.normals(n);
+            match case.style {
+                Style::Zeros => vec![0.0; n],
+                Style::Declared => z.iter().map(|z| mean + std * z).collect(),
+                Style::Tiny => z.iter().map(|z| (mean + std * z) * 1e-3).collect(),
+                Style::Large => z.iter().map(|z| (mean + std * z) * 100.0).collect(),
+                Style::Round => z.iter().map(|z| (mean + 2.0 * std * z).round()).collect(),
+                Style::Special => (0..n)
+                    .map(|_| {
+                        let v = SPECIAL[rng.below(SPECIAL.len() as u64) as usize];
+                        if rng.next_u64() & 1 == 1 {
+                            -v
+                        } else {
+                            v
+                        }
+                    })
+                    .collect(),
+            }
+        }
+        Dist::Int { .. } | Dist::Bool => unreachable!("not a float distribution"),
+    }
+}
+
+/// Make every argument's tensor for one case, in the layer's order.
+pub fn make_args(
+    layer: &Layer,
+    case: &CaseParams,
+    dtype: DType,
+) -> Result<Vec<HostTensor>, String> {
+    layer
+        .args
+        .iter()
+        .map(|a| make_arg(a, case, dtype))
+        .collect()
+}
+
+/// Make the tensor of one argument for one case: floats in `dtype`, ints as i64, bools as bool.
+pub fn make_arg(arg: &ArgSpec, case: &CaseParams, dtype: DType) -> Result<HostTensor, String> {
+    let shape = case.shape(arg);
+    let n: usize = shape.iter().product();
+    match &arg.dist {
+        Dist::Normal { .. } | Dist::Uniform { .. } => {
+            let values = float_values(arg, n, case);
+            Ok(float_tensor(shape, &values, dtype))
+        }
+        Dist::Int { lo, hi } => {
+            let (lo, hi) = (case.bound(lo), case.bound(hi));
+            if hi <= lo {
+                return Err(format!(
+                    "argument `{}`: int({lo}..{hi}) is empty in this case ({case})",
+                    arg.name
+                ));
+            }
+            let mut rng = Rng::new(case.seed, &arg.name);
+            let span = (hi - lo) as u64;
+            let data: Vec<u8> = (0..n)
+                .flat_map(|_| (lo + rng.below(span) as i64).to_le_bytes())
+                .collect();
+            Ok(HostTensor {
+                dtype: WireDType::I64,
+                shape,
+                data: data.into(),
+            })
+        }
+        Dist::Bool => {
+            let mut rng = Rng::new(case.seed, &arg.name);
+            let data: Vec<u8> = (0..n).map(|_| (rng.next_u64() >> 63) as u8).collect();
+            Ok(HostTensor {
+                dtype: WireDType::Bool,
+                shape,
+                data: data.into(),
+            })
+        }
+    }
+}
+
+/// Round f64 values to a float dtype's bytes.
+pub fn float_tensor(shape: Vec<usize>, values: &[f64], dtype: DType) -> HostTensor {
+    let wire = WireDType::from_candle(dtype).filter(|d| d.is_float());
+    HostTensor::from_floats(
+        shape,
+        values,
+        wire.unwrap_or_else(|| panic!("{dtype:?} is not a float dtype")),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    fn layer() -> Layer {
+        Layer::function("t", "m.f")
+            .dim("b", 1, 4)
+            .dim("d", 2, 64)
+            .arg("x", ["b", "d"], Dist::normal(0.0, 1.0))
+            .arg("ids", ["b"], Dist::int(0, "d"))
+    }
+
+    fn case(seed: u64, style: Style) -> CaseParams {
+        CaseParams {
+            dims: vec![("b".into(), 3), ("d".into(), 5)],
+            seed,
+            style,
+        }
+    }
+
+    #[test]
+    fn same_seed_same_tensor_other_seed_other_tensor() {
+        let layer = layer();
+        let a = make_arg(&layer.args[0], &case(1, Style::Declared), DType::F32).unwrap();
+        let b = make_arg(&layer.args[0], &case(1, Style::Declared), DType::F32).unwrap();
+        let c = make_arg(&layer.args[0], &case(2, Style::Declared), DType::F32).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a.shape, vec![3, 5]);
+    }
+
+    #[test]
+    fn styles_change_magnitude_but_not_shape() {
+        let layer = layer();
+        let max = |style| {
+            let t = make_arg(&layer.args[0], &case(9, style), DType::F64).unwrap();
+            t.to_f64().iter().fold(0.0f64, |m, v| m.max(v.abs()))
+        };
+        assert_eq!(max(Style::Zeros), 0.0);
+        assert!(max(Style::Tiny) < 0.01, "{}", max(Style::Tiny));
+        assert!(max(Style::Large) > 20.0, "{}", max(Style::Large));
+        let round = make_arg(&layer.args[0], &case(9, Style::Round), DType::F64).unwrap();
+        assert!(round.to_f64().iter().all(|v| v.fract() == 0.0));
+    }
+
+    #[test]
+    fn int_args_respect_dim_bounds() {
+        let layer = layer();
+        let ids = make_arg(&layer.args[1], &case(3, Style::Declared), DType::F32).unwrap();
+        assert_eq!(ids.dtype, WireDType::I64);
+        assert!(ids.to_i64().iter().all(|&v| (0..5).contains(&v)));
+    }
+
+    #[test]
+    fn a_case_token_round_trips() {
+        let c = case(0x4934_c9de_9c8e_41db, Style::Tiny);
+        assert_eq!(c.token(), "b=3,d=5:tiny:0x4934c9de9c8e41db");
+        assert_eq!(CaseParams::parse(&c.token(), &layer()).unwrap(), c);
+        let err = CaseParams::parse("b=3:tiny:0x1", &layer()).unwrap_err();
+        assert!(err.contains("dim `d` is missing"), "{err}");
+    }
+
+    #[test]
+    fn normals_have_unit_spread() {
+        let z = Rng::new(42, "x").normals(100_000);
+        let mean = z.iter().sum::<f64>() / z.len() as f64;
+        let var = z.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / z.len() as f64;
+        assert!(
+            mean.abs() < 0.02 && (var - 1.0).abs() < 0.02,
+            "mean {mean} var {var}"
+        );
+    }
+
+    #[test]
+    fn shrinking_reaches_the_lower_bounds_and_zeros() {
+        // A property that always fails shrinks to the simplest case: every dim at its lower bound
+        // and the zeros style.
+        let strategy = case_strategy(&layer());
+        let mut runner = TestRunner::deterministic();
+        let mut tree = strategy.new_tree(&mut runner).unwrap();
+        while tree.simplify() {}
+        let simplest = tree.current();
+        assert_eq!(simplest.dims, vec![("b".into(), 1), ("d".into(), 2)]);
+        assert_eq!(simplest.style, Style::Zeros);
+    }
+}

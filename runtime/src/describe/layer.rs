@@ -1,0 +1,652 @@
+//! What a check is about: the description of one layer and its reference.
+//!
+//! `#[golden_layer(...)]` parses its attribute into exactly this (see the macro's `render.rs`), and
+//! tests that want to drive the runtime without the macro build the same thing by hand:
+//!
+//! ```no_run
+//! use golden::{Dist, Layer};
+//! let layer = Layer::function("gelu", "zoo_ref.gelu")
+//!     .dim("n", 1, 64)
+//!     .arg("x", ["n"], Dist::normal(0.0, 1.0));
+//! ```
+
+use candle_core::DType;
+use std::fmt;
+
+/// How the reference is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// A Python callable, called with the tensors positionally and the consts as keywords.
+    Function,
+    /// An `nn.Module` class, constructed with `init(...)` under the case seed; the Rust port takes a
+    /// `VarBuilder` serving the module's `state_dict()`.
+    Module,
+}
+
+impl Form {
+    /// The name used on the wire and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Form::Function => "function",
+            Form::Module => "module",
+        }
+    }
+}
+
+/// How tensors reach the reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// As `torch.Tensor` (the default).
+    Torch,
+    /// As `numpy.ndarray` (bf16 arrives as float32; float outputs are cast to the case dtype).
+    Numpy,
+}
+
+impl Backend {
+    /// The name used on the wire and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Torch => "torch",
+            Backend::Numpy => "numpy",
+        }
+    }
+}
+
+/// One axis of an argument's shape: a symbolic dim or a fixed size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DimExpr {
+    /// A dim declared in `dims(...)`, drawn per case.
+    Sym(String),
+    /// A fixed size.
+    Lit(usize),
+}
+
+impl From<&str> for DimExpr {
+    fn from(name: &str) -> Self {
+        DimExpr::Sym(name.to_string())
+    }
+}
+
+impl From<usize> for DimExpr {
+    fn from(size: usize) -> Self {
+        DimExpr::Lit(size)
+    }
+}
+
+impl fmt::Display for DimExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DimExpr::Sym(s) => f.write_str(s),
+            DimExpr::Lit(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// A bound of an `int(lo..hi)` distribution: a number or a dim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bound {
+    /// A fixed number.
+    Lit(i64),
+    /// The value a dim takes in the case.
+    Dim(String),
+}
+
+impl fmt::Display for Bound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Bound::Lit(n) => write!(f, "{n}"),
+            Bound::Dim(d) => f.write_str(d),
+        }
+    }
+}
+
+/// How an argument's values are drawn.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Dist {
+    /// Gaussian floats. The only distribution the per-case value styles (zeros, tiny, large, round,
+    /// special values) apply to: `normal` declares "any real number, typically this big".
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation.
+        std: f64,
+    },
+    /// Uniform floats in `[lo, hi)`; a declared domain, so value styles leave it alone.
+    Uniform {
+        /// Lower bound (inclusive).
+        lo: f64,
+        /// Upper bound (exclusive).
+        hi: f64,
+    },
+    /// Uniform integers in `[lo, hi)`, as an i64 tensor.
+    Int {
+        /// Lower bound (inclusive).
+        lo: Bound,
+        /// Upper bound (exclusive).
+        hi: Bound,
+    },
+    /// Booleans (a u8 tensor of 0/1 in candle, `torch.bool` in the reference).
+    Bool,
+}
+
+impl Dist {
+    /// `normal(mean, std)`.
+    pub fn normal(mean: f64, std: f64) -> Self {
+        Dist::Normal { mean, std }
+    }
+    /// `uniform(lo, hi)`.
+    pub fn uniform(lo: f64, hi: f64) -> Self {
+        Dist::Uniform { lo, hi }
+    }
+    /// `int(lo..hi)` (hi exclusive).
+    pub fn int(lo: impl Into<BoundArg>, hi: impl Into<BoundArg>) -> Self {
+        Dist::Int {
+            lo: lo.into().0,
+            hi: hi.into().0,
+        }
+    }
+    /// Whether values of this distribution are floats (and so take the case dtype).
+    pub fn is_float(&self) -> bool {
+        matches!(self, Dist::Normal { .. } | Dist::Uniform { .. })
+    }
+}
+
+impl Default for Dist {
+    fn default() -> Self {
+        Dist::normal(0.0, 1.0)
+    }
+}
+
+impl fmt::Display for Dist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dist::Normal { mean, std } => write!(f, "normal({mean:?}, {std:?})"),
+            Dist::Uniform { lo, hi } => write!(f, "uniform({lo:?}, {hi:?})"),
+            Dist::Int { lo, hi } => write!(f, "int({lo}..{hi})"),
+            Dist::Bool => f.write_str("bool"),
+        }
+    }
+}
+
+/// Helper so that `Dist::int(0, "vocab")` accepts numbers and dim names alike.
+pub struct BoundArg(Bound);
+
+impl From<i64> for BoundArg {
+    fn from(n: i64) -> Self {
+        BoundArg(Bound::Lit(n))
+    }
+}
+
+impl From<&str> for BoundArg {
+    fn from(d: &str) -> Self {
+        BoundArg(Bound::Dim(d.to_string()))
+    }
+}
+
+/// A non-tensor value: a const (Rust argument and Python keyword) or a module constructor keyword.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A bool.
+    Bool(bool),
+    /// A string.
+    Str(String),
+    /// A list (a Rust array literal; a Python list).
+    List(Vec<Value>),
+}
+
+impl Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        match self {
+            Value::Int(n) => serde_json::Value::from(*n),
+            Value::Float(x) => serde_json::Value::from(*x),
+            Value::Bool(b) => serde_json::Value::from(*b),
+            Value::Str(s) => serde_json::Value::from(s.as_str()),
+            Value::List(items) => {
+                serde_json::Value::Array(items.iter().map(Value::to_json).collect())
+            }
+        }
+    }
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Int(n) => write!(f, "{n}"),
+            Value::Float(x) => write!(f, "{x:?}"),
+            Value::Bool(b) => write!(f, "{b}"),
+            Value::Str(s) => write!(f, "{s:?}"),
+            Value::List(items) => {
+                f.write_str("[")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
+macro_rules! value_from {
+    ($($t:ty => $variant:ident as $conv:ty),* $(,)?) => {
+        $(impl From<$t> for Value {
+            fn from(v: $t) -> Self {
+                Value::$variant(v as $conv)
+            }
+        })*
+    };
+}
+value_from!(i32 => Int as i64, i64 => Int as i64, usize => Int as i64, f32 => Float as f64, f64 => Float as f64);
+
+impl From<bool> for Value {
+    fn from(b: bool) -> Self {
+        Value::Bool(b)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(s: &str) -> Self {
+        Value::Str(s.to_string())
+    }
+}
+
+/// A symbolic dim and its inclusive range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DimSpec {
+    /// Its name, used in `args(...)` shapes.
+    pub name: String,
+    /// Smallest value (inclusive).
+    pub lo: usize,
+    /// Largest value (inclusive).
+    pub hi: usize,
+}
+
+/// A tensor parameter: its name, shape and value distribution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArgSpec {
+    /// The Rust parameter's name.
+    pub name: String,
+    /// One entry per axis.
+    pub shape: Vec<DimExpr>,
+    /// How its values are drawn.
+    pub dist: Dist,
+}
+
+/// An explicit tolerance: `|port − reference| ≤ atol + rtol·|reference|`, nothing else.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tol {
+    /// Absolute part.
+    pub atol: f64,
+    /// Relative part.
+    pub rtol: f64,
+}
+
+/// Everything a check needs to know about one layer and its reference.
+#[derive(Clone, Debug)]
+pub struct Layer {
+    /// The Rust function's name (the check's name in reports).
+    pub name: String,
+    /// Dotted Python path of the reference.
+    pub reference: String,
+    /// Function or module form.
+    pub form: Form,
+    /// How tensors reach the reference.
+    pub backend: Backend,
+    /// Symbolic dims, drawn per case.
+    pub dims: Vec<DimSpec>,
+    /// Tensor parameters, in the Rust signature's order (the reference gets them in this order).
+    pub args: Vec<ArgSpec>,
+    /// Non-tensor values given to both sides (Python keywords).
+    pub consts: Vec<(String, Value)>,
+    /// Constructor keywords of the reference module (module form).
+    pub init: Vec<(String, Value)>,
+    /// Float dtypes to check, each with the same cases.
+    pub dtypes: Vec<DType>,
+    /// An explicit tolerance; `None` means golden's default rule (see `compare.rs`).
+    pub tol: Option<Tol>,
+    /// Number of generated cases per dtype (`GOLDEN_CASES` overrides).
+    pub cases: u32,
+    /// Where the check is declared (set by the macro with [`declared!`](crate::declared)); without
+    /// it there is no regression file, no snapshot path and no golden store.
+    pub declared: Option<Declared>,
+    /// A mode for this check alone, over `GOLDEN_MODE` (tests of golden itself use it: the
+    /// environment is shared by every test thread).
+    pub mode: Option<crate::describe::env::Mode>,
+    /// The gradient check's options (`grad(...)`).
+    pub grad: Option<crate::describe::checks::GradSpec>,
+    /// The overfit check's options (`overfit(...)`); `None` runs it with the defaults.
+    pub overfit: Option<crate::describe::checks::OverfitSpec>,
+    /// How long the reference may take on one request (`timeout = secs`); `None`: `GOLDEN_TIMEOUT`,
+    /// default 60 s.
+    pub timeout: Option<std::time::Duration>,
+    /// Module form: compare the port's taps ([`crate::judge::trace::tap`]) with the reference's submodule outputs
+    /// (`trace` on the attribute; see `trace.rs`).
+    pub trace: bool,
+}
+
+/// Where a check is declared: what `golden::declared!()` captures in the crate under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Declared {
+    /// `file!()`: proptest keeps failing seeds beside it.
+    pub source_file: &'static str,
+    /// `module_path!()`: names the check's snapshot, store and results.
+    pub module_path: &'static str,
+    /// The crate's manifest dir: `<it>/reference_py` is an import root.
+    pub manifest_dir: &'static str,
+    /// The package name, for the commands golden prints (`cargo test -p <it>`).
+    pub package: &'static str,
+    /// Where the check's snapshot and golden store live (`<manifest dir>/snapshots`).
+    pub snapshot_dir: &'static str,
+}
+
+/// Capture where a check is declared, in the crate that expands it.
+#[macro_export]
+macro_rules! declared {
+    () => {
+        $crate::Declared {
+            source_file: ::std::file!(),
+            module_path: ::std::module_path!(),
+            manifest_dir: ::std::env!("CARGO_MANIFEST_DIR"),
+            package: ::std::env!("CARGO_PKG_NAME"),
+            snapshot_dir: ::std::concat!(::std::env!("CARGO_MANIFEST_DIR"), "/snapshots"),
+        }
+    };
+}
+
+/// Default number of generated cases.
+pub const DEFAULT_CASES: u32 = 32;
+
+impl Layer {
+    fn new(name: &str, reference: &str, form: Form) -> Self {
+        Layer {
+            name: name.to_string(),
+            reference: reference.to_string(),
+            form,
+            backend: Backend::Torch,
+            dims: Vec::new(),
+            args: Vec::new(),
+            consts: Vec::new(),
+            init: Vec::new(),
+            dtypes: vec![DType::F32],
+            tol: None,
+            cases: DEFAULT_CASES,
+            declared: None,
+            mode: None,
+            grad: None,
+            overfit: None,
+            timeout: None,
+            trace: false,
+        }
+    }
+
+    /// A layer whose reference is a Python callable.
+    pub fn function(name: &str, reference: &str) -> Self {
+        Self::new(name, reference, Form::Function)
+    }
+
+    /// A layer whose reference is an `nn.Module` class.
+    pub fn module(name: &str, reference: &str) -> Self {
+        Self::new(name, reference, Form::Module)
+    }
+
+    /// Use another backend.
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Declare a dim drawn from `lo..=hi`.
+    pub fn dim(mut self, name: &str, lo: usize, hi: usize) -> Self {
+        self.dims.push(DimSpec {
+            name: name.to_string(),
+            lo,
+            hi,
+        });
+        self
+    }
+
+    /// Declare the next tensor parameter.
+    pub fn arg<D: Into<DimExpr>>(
+        mut self,
+        name: &str,
+        shape: impl IntoIterator<Item = D>,
+        dist: Dist,
+    ) -> Self {
+        self.args.push(ArgSpec {
+            name: name.to_string(),
+            shape: shape.into_iter().map(Into::into).collect(),
+            dist,
+        });
+        self
+    }
+
+    /// A const: a Python keyword (the Rust port gets it as a plain argument).
+    pub fn konst(mut self, name: &str, value: impl Into<Value>) -> Self {
+        self.consts.push((name.to_string(), value.into()));
+        self
+    }
+
+    /// A constructor keyword of the reference module.
+    pub fn init(mut self, name: &str, value: impl Into<Value>) -> Self {
+        self.init.push((name.to_string(), value.into()));
+        self
+    }
+
+    /// Check in these float dtypes.
+    pub fn dtypes(mut self, dtypes: &[DType]) -> Self {
+        self.dtypes = dtypes.to_vec();
+        self
+    }
+
+    /// Replace the default tolerance rule by `atol + rtol·|reference|`.
+    pub fn tol(mut self, atol: f64, rtol: f64) -> Self {
+        self.tol = Some(Tol { atol, rtol });
+        self
+    }
+
+    /// Number of generated cases per dtype.
+    pub fn cases(mut self, cases: u32) -> Self {
+        self.cases = cases;
+        self
+    }
+
+    /// The gradient check's options (`grad(...)` in the attribute).
+    pub fn grad(mut self, spec: crate::describe::checks::GradSpec) -> Self {
+        self.grad = Some(spec);
+        self
+    }
+
+    /// The overfit check's options (`overfit(...)` in the attribute).
+    pub fn overfit(mut self, spec: crate::describe::checks::OverfitSpec) -> Self {
+        self.overfit = Some(spec);
+        self
+    }
+
+    /// How long the reference may take on one request, in seconds (over `GOLDEN_TIMEOUT`).
+    pub fn timeout(mut self, seconds: f64) -> Self {
+        self.timeout = Some(std::time::Duration::from_secs_f64(seconds));
+        self
+    }
+
+    /// Trace the forward check: the port's taps against every submodule's output.
+    pub fn trace(mut self) -> Self {
+        self.trace = true;
+        self
+    }
+
+    /// Run this check in `mode`, whatever `GOLDEN_MODE` says.
+    pub fn mode(mut self, mode: crate::describe::env::Mode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// Where the check is declared: `layer.declared_at(golden::declared!())`.
+    pub fn declared_at(mut self, declared: Declared) -> Self {
+        self.declared = Some(declared);
+        self
+    }
+
+    /// The crate that declares the check (`unknown` for a layer built without the macro), which
+    /// names its folder under `target/golden/<what>/`.
+    pub fn crate_name(&self) -> &str {
+        self.declared
+            .and_then(|d| d.module_path.split("::").next())
+            .unwrap_or("unknown")
+    }
+
+    /// The folder of this check's crate under `target/golden/<what>/` (results, failures,
+    /// traces); `None` when the target directory is unknown.
+    pub fn golden_folder(&self, what: &str) -> Option<std::path::PathBuf> {
+        Some(
+            crate::describe::env::target_dir()?
+                .join("golden")
+                .join(what)
+                .join(self.crate_name()),
+        )
+    }
+
+    /// The command that re-runs a check, with `env` before it (`GOLDEN_MODE=record`, ...). `test` is
+    /// the test function the attribute generates for this kind of check (`matches_reference`).
+    pub fn rerun_command(&self, test: &str, env: &str) -> String {
+        let Some(d) = self.declared else {
+            return format!("{env} cargo test");
+        };
+        let mut path: Vec<&str> = d.module_path.split("::").collect();
+        let krate = path.remove(0);
+        let target = if path.last() == Some(&self.name.as_str()) {
+            // Generated by the attribute: `<module path>::<test>`.
+            format!("{}::{test}", path.join("::"))
+        } else if krate == d.package.replace('-', "_") {
+            "--lib".to_string()
+        } else {
+            format!("--test {krate}")
+        };
+        format!("{env} cargo test -p {} {target}", d.package)
+            .trim_start()
+            .to_string()
+    }
+
+    /// The check's name for files: the module path without the crate, `::` as `__`, ending with
+    /// the layer's name (`activations::gelu` → `activations__gelu`).
+    pub fn check_name(&self) -> String {
+        let Some(declared) = &self.declared else {
+            return self.name.clone();
+        };
+        let mut parts: Vec<&str> = declared.module_path.split("::").skip(1).collect();
+        if parts.last() != Some(&self.name.as_str()) {
+            parts.push(&self.name);
+        }
+        parts.join("__")
+    }
+
+    /// The crate's manifest dir, if declared.
+    pub fn manifest_dir(&self) -> Option<&'static str> {
+        self.declared.map(|d| d.manifest_dir)
+    }
+
+    /// What the check is about, as the snapshot's header shows it and the golden store records it:
+    /// reference, dims, arguments, consts, init, and the cases drawn.
+    pub fn description(&self, cases: u32, seed: u64) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let _ = writeln!(s, "layer: {}", self.name);
+        let _ = writeln!(
+            s,
+            "reference: {} ({} form, {} backend)",
+            self.reference,
+            self.form.as_str(),
+            self.backend.as_str()
+        );
+        if !self.dims.is_empty() {
+            let dims: Vec<String> = self
+                .dims
+                .iter()
+                .map(|d| format!("{} in {}..={}", d.name, d.lo, d.hi))
+                .collect();
+            let _ = writeln!(s, "dims: {}", dims.join(", "));
+        }
+        let _ = writeln!(s, "args:");
+        for arg in &self.args {
+            let _ = writeln!(s, "  {}", Layer::describe_arg(arg));
+        }
+        for (title, values) in [("consts", &self.consts), ("init", &self.init)] {
+            if !values.is_empty() {
+                let v: Vec<String> = values.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                let _ = writeln!(s, "{title}: {}", v.join(", "));
+            }
+        }
+        let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
+        if self.trace {
+            let _ = writeln!(s, "trace: the port's taps against every submodule's output");
+        }
+        s
+    }
+
+    /// The symbolic description of an argument, e.g. `x [b, t, d] ~ normal(0.0, 1.0)`.
+    pub(crate) fn describe_arg(arg: &ArgSpec) -> String {
+        let shape: Vec<String> = arg.shape.iter().map(ToString::to_string).collect();
+        format!("{} [{}] ~ {}", arg.name, shape.join(", "), arg.dist)
+    }
+
+    /// Check the description for mistakes the macro would have rejected at compile time.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let known = |d: &str| self.dims.iter().any(|s| s.name == d);
+        for dim in &self.dims {
+            if dim.lo > dim.hi {
+                return Err(format!(
+                    "dim `{}` has an empty range {}..={}",
+                    dim.name, dim.lo, dim.hi
+                ));
+            }
+        }
+        for arg in &self.args {
+            for axis in &arg.shape {
+                if let DimExpr::Sym(d) = axis {
+                    if !known(d) {
+                        return Err(format!(
+                            "argument `{}` uses the unknown dim `{d}`",
+                            arg.name
+                        ));
+                    }
+                }
+            }
+            if let Dist::Int { lo, hi } = &arg.dist {
+                for bound in [lo, hi] {
+                    if let Bound::Dim(d) = bound {
+                        if !known(d) {
+                            return Err(format!(
+                                "argument `{}` uses the unknown dim `{d}`",
+                                arg.name
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if self.dtypes.is_empty() {
+            return Err("no dtype to check".into());
+        }
+        for dtype in &self.dtypes {
+            if !dtype.is_float() {
+                return Err(format!("dtype {dtype:?} is not a float dtype"));
+            }
+        }
+        if self.form == Form::Function && !self.init.is_empty() {
+            return Err("`init(...)` is for the module form (a port taking a VarBuilder)".into());
+        }
+        Ok(())
+    }
+}
+
+/// The short name of a float dtype on the wire.
+pub fn dtype_name(dtype: DType) -> &'static str {
+    golden_files::WireDType::from_candle(dtype)
+        .map(golden_files::WireDType::name)
+        .unwrap_or("?")
+}

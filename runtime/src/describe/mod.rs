@@ -1,0 +1,9 @@
+//! What a check is about: the layer and its reference, the kinds of check and their options, the
+//! generated inputs, the port's outputs, and the environment. Imports nothing else of the runtime.
+
+pub mod checks;
+pub mod env;
+pub mod inputs;
+pub mod layer;
+pub mod numbers;
+pub mod outputs;

@@ -1,0 +1,40 @@
+//! How numbers are written in messages, snapshots and descriptions: short, with as many
+//! significant digits as it takes.
+
+/// Format a number the way the reports do: short, with 4 significant digits.
+pub fn num(x: f64) -> String {
+    num_sig(x, 4)
+}
+
+/// Format two numbers with as many significant digits (4 to 9) as it takes to tell them apart.
+pub fn num_pair(a: f64, b: f64) -> (String, String) {
+    let mut sig = 4;
+    while sig < 9 && a != b && num_sig(a, sig) == num_sig(b, sig) {
+        sig += 1;
+    }
+    (num_sig(a, sig), num_sig(b, sig))
+}
+
+fn num_sig(x: f64, sig: usize) -> String {
+    if x == 0.0 {
+        return "0".into();
+    }
+    if !x.is_finite() {
+        return format!("{x}");
+    }
+    let a = x.abs();
+    if (1e-3..1e5).contains(&a) {
+        let decimals = (sig as i32 - 1 - a.log10().floor() as i32).max(0) as usize;
+        let s = format!("{x:.decimals$}");
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    } else {
+        let s = format!("{x:.*e}", sig - 1);
+        let (mantissa, exponent) = s.split_once('e').expect("exponent format");
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        format!("{mantissa}e{exponent}")
+    }
+}

@@ -1,0 +1,250 @@
+//! The shared worker: one warm interpreter for many test processes.
+//!
+//! `cargo nextest run` runs every test in its own process, and each would start its own Python and
+//! import torch (1.6–3 s). With sharing on, a worker is instead a connection to a per-user daemon
+//! (`python -m golden_ref.daemon`) listening on a Unix socket in `<target>/golden/workers/`: it
+//! imported torch once, and forks a copy of itself for each connection, which then serves it like a
+//! private worker (a crash or a hang ends that copy only). One daemon per interpreter, import roots,
+//! working directory and version of golden's Python side (hashed into the socket's name).
+//!
+//! Started on first use by whichever test process needs it, under a lock file so that two
+//! processes starting at the same moment get one daemon; it leaves the starter's session and exits
+//! after `GOLDEN_SHARED_IDLE` seconds (default 60) without connections. A copy it serves ends when
+//! its connection closes or its test process is gone. When the daemon cannot be reached or started
+//! (no target directory, a socket path too long for Unix sockets, a failing start), the check
+//! falls back to a private worker and says so once.
+//!
+//! `GOLDEN_SHARED_WORKER`: `auto` (default: on under nextest, which sets `NEXTEST`), `always` or
+//! `never`. `GOLDEN_SHARED_DIR` moves the sockets elsewhere.
+
+use crate::describe::env;
+use crate::python::key::{pythonpath, WorkerKey};
+use std::io::{BufRead, Read, Seek, SeekFrom};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+/// Unix socket paths are limited to 108 bytes (with the terminating NUL).
+const MAX_SOCKET_PATH: usize = 100;
+/// How long a starting daemon may take to import torch and listen.
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// 0: as the environment says; 1: on; 2: off.
+static OVERRIDE: AtomicU8 = AtomicU8::new(0);
+
+/// Turn sharing on or off for this process whatever `GOLDEN_SHARED_WORKER` says (`None`: as it
+/// says). For tests of golden itself that watch their own worker processes; workers already
+/// started keep their kind.
+pub fn set_enabled(on: Option<bool>) {
+    OVERRIDE.store(
+        match on {
+            None => 0,
+            Some(true) => 1,
+            Some(false) => 2,
+        },
+        Ordering::SeqCst,
+    );
+}
+
+/// Whether checks in this process use the shared worker.
+pub fn enabled() -> bool {
+    match OVERRIDE.load(Ordering::SeqCst) {
+        1 => return true,
+        2 => return false,
+        _ => {}
+    }
+    match std::env::var("GOLDEN_SHARED_WORKER").as_deref() {
+        Ok("always") | Ok("1") | Ok("on") => true,
+        Ok("never") | Ok("0") | Ok("off") => false,
+        _ => std::env::var_os("NEXTEST").is_some(),
+    }
+}
+
+/// Seconds a daemon stays without connections.
+fn idle_seconds() -> f64 {
+    std::env::var("GOLDEN_SHARED_IDLE")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|v| *v > 0.0)
+        .unwrap_or(60.0)
+}
+
+/// Where the sockets, lock files and the served copies' logs live.
+pub fn directory() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("GOLDEN_SHARED_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    Some(env::target_dir()?.join("golden").join("workers"))
+}
+
+fn fnv(hash: &mut u64, bytes: &[u8]) {
+    for b in bytes {
+        *hash ^= u64::from(*b);
+        *hash = hash.wrapping_mul(0x100_0000_01b3);
+    }
+}
+
+/// Which daemon serves `key`: the interpreter, the import roots, the working directory and the
+/// Python side's files (a daemon started before they were edited must not answer for them).
+fn identity(key: &WorkerKey) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325;
+    fnv(&mut hash, key.python.program.as_os_str().as_encoded_bytes());
+    for root in &key.roots {
+        fnv(&mut hash, root.as_os_str().as_encoded_bytes());
+        fnv(&mut hash, b"\0");
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        fnv(&mut hash, cwd.as_os_str().as_encoded_bytes());
+    }
+    let package = env::bundled_reference_root().join("golden_ref");
+    let mut files: Vec<(String, u64, u128)> = std::fs::read_dir(&package)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let meta = e.metadata().ok()?;
+            let modified = meta
+                .modified()
+                .ok()?
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()?;
+            Some((
+                e.file_name().to_string_lossy().into_owned(),
+                meta.len(),
+                modified.as_nanos(),
+            ))
+        })
+        .collect();
+    files.sort();
+    for (name, len, modified) in files {
+        fnv(&mut hash, format!("{name}:{len}:{modified};").as_bytes());
+    }
+    hash
+}
+
+/// Connect to the daemon for `key`, starting it if needed. `Err` says why a private worker must do.
+pub fn connect(key: &WorkerKey) -> Result<UnixStream, String> {
+    let dir = directory().ok_or("no target directory to put its socket in")?;
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let id = identity(key);
+    let socket = dir.join(format!("{id:016x}.sock"));
+    if socket.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(format!(
+            "its socket path would be {} bytes, more than Unix sockets allow (set \
+             GOLDEN_SHARED_DIR to a shorter folder)",
+            socket.as_os_str().len()
+        ));
+    }
+    if let Ok(stream) = UnixStream::connect(&socket) {
+        return Ok(stream);
+    }
+    // Start it, one process at a time: the others wait on the lock, then connect.
+    let lock = std::fs::File::create(dir.join(format!("{id:016x}.lock")))
+        .map_err(|e| format!("its lock file: {e}"))?;
+    // SAFETY: flock on a file descriptor this function owns; released when `lock` is dropped.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(format!(
+            "its lock file: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if let Ok(stream) = UnixStream::connect(&socket) {
+        return Ok(stream);
+    }
+    // Nobody listens: whatever file is there is left from a daemon that died.
+    let _ = std::fs::remove_file(&socket);
+    start(key, &socket)?;
+    UnixStream::connect(&socket).map_err(|e| format!("connecting after its start: {e}"))
+}
+
+/// Start a daemon listening on `socket` and wait until it says `ready`.
+fn start(key: &WorkerKey, socket: &Path) -> Result<(), String> {
+    let pythonpath = pythonpath(key)?;
+    let mut child = Command::new(&key.python.program)
+        .args(["-u", "-B", "-m", "golden_ref.daemon", "--socket"])
+        .arg(socket)
+        .arg("--idle")
+        .arg(idle_seconds().to_string())
+        .env("PYTHONPATH", pythonpath)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting `{}`: {e}", key.python.program.display()))?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
+    if !line.starts_with("ready") {
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut err = String::new();
+        let _ = stderr.read_to_string(&mut err);
+        return Err(format!(
+            "it did not start: {}",
+            err.trim().lines().last().unwrap_or("no message")
+        ));
+    }
+    // The process we started has handed over to the detached daemon and exits now.
+    let _ = child.wait();
+    Ok(())
+}
+
+/// Say once per process why a private worker is used although sharing is on.
+pub fn note_fallback(why: &str) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        eprintln!("golden: the shared worker is not available ({why}); using private workers");
+    });
+}
+
+/// Kill a copy served by the daemon (after a timeout or a broken protocol).
+pub fn kill(pid: u32) {
+    // pid 0 would be this process group: a copy that never said hello has no pid yet.
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        if pid > 0 {
+            // SAFETY: sending a signal has no memory effects; the pid is the copy's own.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The last `limit` bytes of a served copy's log.
+pub fn tail(log: &Path, limit: usize) -> String {
+    let Ok(mut file) = std::fs::File::open(log) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(limit as u64)));
+    let mut bytes = Vec::new();
+    let _ = file.take(limit as u64).read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Wait until no daemon listens on `socket` (for tests of the idle exit).
+pub fn wait_closed(socket: &Path, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if UnixStream::connect(socket).is_err() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// The socket of the daemon that serves `key` (it may not be running).
+pub fn socket_path(key: &WorkerKey) -> Option<PathBuf> {
+    Some(directory()?.join(format!("{:016x}.sock", identity(key))))
+}

@@ -1,0 +1,545 @@
+//! What a failing check says: the layer, the case, every failing leaf with its numbers, and the fix
+//! where golden knows it.
+
+use crate::answers::live::ReferenceOutputs;
+use crate::answers::params::ParamIssue;
+use crate::describe::inputs::CaseParams;
+use crate::describe::numbers::num;
+use crate::judge::compare::{Leaf, Verdict};
+use crate::judge::diagnose::Diagnosis;
+use crate::python::worker::WorkerError;
+use golden_files::HostTensor;
+use std::fmt::{self, Write as _};
+
+/// Why a check failed.
+#[derive(Debug)]
+pub enum FailureKind {
+    /// The layer description or the environment is invalid.
+    Config(String),
+    /// The reference could not be reached before any case ran: interpreter, imports, the callable.
+    Setup(WorkerError),
+    /// A case failed.
+    Case(Box<CaseFailure>),
+    /// The worker died, hung or broke the protocol during a case (not shrunk: each retry would
+    /// restart Python).
+    Worker(WorkerError),
+}
+
+/// Everything that went wrong in one case.
+#[derive(Debug, Default)]
+pub struct CaseFailure {
+    /// Module form: names, shapes and unused entries between port and state_dict.
+    pub params: Vec<ParamIssue>,
+    /// The port returned an error (or panicked: see `port_panicked`).
+    pub port_error: Option<String>,
+    /// Whether `port_error` is a panic message.
+    pub port_panicked: bool,
+    /// The reference raised or returned something that is not a tensor.
+    pub reference_error: Option<WorkerError>,
+    /// Leaf comparisons (all leaves; only failing ones are printed).
+    pub leaves: Vec<Leaf>,
+    /// Why no float64 evaluation was available (the default tolerance then has no rounding term).
+    pub precise_error: Option<String>,
+    /// Inputs could not be generated.
+    pub inputs_error: Option<String>,
+    /// The case's inputs, by argument name.
+    pub inputs: Vec<(String, HostTensor)>,
+    /// What the reference produced (None if it failed).
+    pub reference: Option<ReferenceOutputs>,
+    /// What the port produced, leaf by leaf.
+    pub port_outputs: Vec<(String, HostTensor)>,
+    /// Likely causes that fit the numbers (see `diagnose.rs`).
+    pub diagnoses: Vec<LeafDiagnosis>,
+    /// Known variants of the reference that the port matches (`golden_ref.variants`).
+    pub variants: Vec<VariantMatch>,
+    /// The gradient check: what is wrong with the port's gradients beyond their values (missing
+    /// or extra gradients, finite differences, zero cotangent, determinism).
+    pub gradient_issues: Vec<String>,
+    /// The overfit check: what went wrong in training (no overfit, a parameter never updated, a
+    /// step where the port's training parts from PyTorch's) and the gradient-health flags.
+    pub training_issues: Vec<String>,
+    /// Trace points of the reference the port did not tap (`trace.<name>`, execution order).
+    pub untapped: Vec<String>,
+}
+
+/// A known variant of the reference that the port matches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VariantMatch {
+    /// The variant's name.
+    pub name: String,
+    /// How to fix the port.
+    pub fix: String,
+    /// The port's greatest difference to it.
+    pub max_diff: f64,
+}
+
+/// A likely cause found on one leaf.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeafDiagnosis {
+    /// The leaf.
+    pub leaf: String,
+    /// The evidence and the cause.
+    pub diagnosis: Diagnosis,
+    /// Set when it showed on the first failing case rather than on the smallest one.
+    pub on_first_case: Option<CaseParams>,
+}
+
+impl CaseFailure {
+    /// One line for proptest's own bookkeeping.
+    pub fn headline(&self) -> String {
+        if let Some(p) = self.params.first() {
+            return p.to_string();
+        }
+        if let Some(e) = &self.port_error {
+            return format!("port error: {e}");
+        }
+        if let Some(e) = &self.reference_error {
+            return format!("reference error: {e}");
+        }
+        if let Some(e) = &self.inputs_error {
+            return e.clone();
+        }
+        if let Some(g) = self.gradient_issues.first() {
+            return g.clone();
+        }
+        if let Some(t) = self.training_issues.first() {
+            return t.clone();
+        }
+        let failing: Vec<&str> = self
+            .leaves
+            .iter()
+            .filter(|l| !l.passes())
+            .map(|l| l.name.as_str())
+            .collect();
+        format!("mismatch in {}", failing.join(", "))
+    }
+}
+
+/// A failed check.
+#[derive(Debug)]
+pub struct Failure {
+    /// The Rust function.
+    pub layer: String,
+    /// The reference's dotted path.
+    pub reference: String,
+    /// The dtype being checked, once cases ran.
+    pub dtype: Option<&'static str>,
+    /// The (minimal) failing case.
+    pub case: Option<CaseParams>,
+    /// The case first found to fail, when shrinking found a smaller one.
+    pub shrunk_from: Option<(CaseParams, u32)>,
+    /// How many cases passed before the failure.
+    pub passed_before: u32,
+    /// What went wrong.
+    pub kind: FailureKind,
+    /// Extra lines at the end (where artifacts are, how to re-run).
+    pub notes: Vec<String>,
+    /// Which check failed.
+    pub check: crate::describe::checks::Kind,
+}
+
+impl Failure {
+    pub(crate) fn new(layer: &crate::describe::layer::Layer, kind: FailureKind) -> Self {
+        Failure {
+            layer: layer.name.clone(),
+            reference: layer.reference.clone(),
+            dtype: None,
+            case: None,
+            shrunk_from: None,
+            passed_before: 0,
+            kind,
+            notes: Vec::new(),
+            check: crate::describe::checks::Kind::Forward,
+        }
+    }
+
+    /// The case failure, if a case failed on values or errors.
+    pub fn case_failure(&self) -> Option<&CaseFailure> {
+        match &self.kind {
+            FailureKind::Case(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
+    let WorkerError::Remote(r) = e else {
+        return None;
+    };
+    Some(match r.kind.as_str() {
+        "import" => format!(
+            "fix: make `{reference}` importable: its module must be on an import root \
+             (GOLDEN_REFERENCE_PATH, or `reference_py/` beside Cargo.toml) and import cleanly in \
+             the interpreter golden uses"
+        ),
+        "attribute" | "not_callable" => {
+            format!("fix: `reference = \"{reference}\"` must name a function or an nn.Module class")
+        }
+        "not_module" => "fix: a port that takes a VarBuilder is checked in module form; its \
+                         reference must be an nn.Module class (or drop the VarBuilder parameter)"
+            .into(),
+        "backend" => "fix: install the backend's package into golden's interpreter (`cargo xtask \
+                      setup`), or choose `backend = \"numpy\"`"
+            .into(),
+        "raised" => "the reference raised on this case; if the inputs are outside its domain, \
+                     narrow `args(...)` (e.g. `~ uniform(lo, hi)`) or `dims(...)`"
+            .into(),
+        _ => return None,
+    })
+}
+
+fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
+    let shape = |s: &Option<(Vec<usize>, golden_files::WireDType)>| match s {
+        Some((shape, dtype)) => format!("{dtype} {shape:?}"),
+        None => "nothing".into(),
+    };
+    match &leaf.verdict {
+        Verdict::Values(v) => {
+            let pct = 100.0 * v.mismatched as f64 / v.numel.max(1) as f64;
+            writeln!(
+                out,
+                "  leaf `{}` ({}): {} / {} elements differ ({pct:.1}%)",
+                leaf.name,
+                shape(&leaf.port),
+                v.mismatched,
+                v.numel
+            )?;
+            if let Some(g) = &v.greatest_abs {
+                writeln!(out, "    greatest absolute difference {} {g}", num(g.diff))?;
+            }
+            if let Some((rel, g)) = &v.greatest_rel {
+                writeln!(out, "    greatest relative difference {} {g}", num(*rel))?;
+            }
+            let shown = |i: &Vec<usize>| {
+                v.greatest_abs.as_ref().is_some_and(|g| &g.index == i)
+                    || v.greatest_rel.as_ref().is_some_and(|(_, g)| &g.index == i)
+            };
+            if let Some(w) = v
+                .worst
+                .as_ref()
+                .filter(|w| !shown(&w.index) && v.worst_ratio > 1.0)
+            {
+                writeln!(
+                    out,
+                    "    furthest outside its tolerance ({}× allowed) {w}",
+                    num(v.worst_ratio)
+                )?;
+            }
+            if let Some(g) = &v.first_nonfinite_mismatch {
+                writeln!(out, "    first NaN/Inf on one side only {g}")?;
+            }
+            writeln!(
+                out,
+                "    NaN: port {}, reference {}; Inf: port {}, reference {}",
+                v.nan.0, v.nan.1, v.inf.0, v.inf.1
+            )?;
+            write!(out, "    tolerance: |port − ref| ≤ {}", v.rule)?;
+            match v.rounding_max {
+                Some(r) => writeln!(out, " (largest rounding estimate here {})", num(r)),
+                None => writeln!(out),
+            }
+        }
+        Verdict::Shape { hint } => writeln!(
+            out,
+            "  leaf `{}`: shape {} but the reference's is {} — {hint}",
+            leaf.name,
+            shape(&leaf.port),
+            shape(&leaf.reference)
+        ),
+        Verdict::DType => writeln!(
+            out,
+            "  leaf `{}`: the port returns {}, the reference {} — convert the output \
+             (`.to_dtype(..)`) to the reference's dtype",
+            leaf.name,
+            shape(&leaf.port),
+            shape(&leaf.reference)
+        ),
+        Verdict::MissingInPort => writeln!(
+            out,
+            "  leaf `{}` ({}): the reference returns it, the port does not",
+            leaf.name,
+            shape(&leaf.reference)
+        ),
+        Verdict::MissingInReference => writeln!(
+            out,
+            "  leaf `{}` ({}): the port returns it, the reference does not",
+            leaf.name,
+            shape(&leaf.port)
+        ),
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = String::new();
+        let dtype = self.dtype.map(|d| format!(" in {d}")).unwrap_or_default();
+        match &self.kind {
+            FailureKind::Config(m) => {
+                writeln!(out, "golden: cannot check `{}`: {m}", self.layer)?;
+            }
+            FailureKind::Setup(e) => {
+                writeln!(
+                    out,
+                    "golden: `{}` could not reach its reference `{}`:\n  {e}",
+                    self.layer, self.reference
+                )?;
+                if let Some(fix) = remote_fix(e, &self.reference) {
+                    writeln!(out, "  {fix}")?;
+                }
+            }
+            FailureKind::Worker(e) => {
+                writeln!(
+                    out,
+                    "golden: `{}`: the reference `{}` failed{dtype}:\n  {e}",
+                    self.layer, self.reference
+                )?;
+            }
+            FailureKind::Case(c) if c.reference_error.is_some() => {
+                writeln!(
+                    out,
+                    "golden: `{}`: its reference `{}` failed on a generated case{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
+            FailureKind::Case(c) if c.port_error.is_some() && c.params.is_empty() => {
+                writeln!(
+                    out,
+                    "golden: `{}` failed on a generated case{dtype} (reference `{}`)",
+                    self.layer, self.reference
+                )?;
+            }
+            FailureKind::Case(c) if crate::judge::trace::first_divergence(&c.leaves).is_some() => {
+                let tapped = c
+                    .leaves
+                    .iter()
+                    .filter(|l| crate::judge::trace::is_trace(&l.name))
+                    .count();
+                let (at, leaf) = crate::judge::trace::first_divergence(&c.leaves).expect("checked");
+                writeln!(
+                    out,
+                    "golden: `{}` leaves its reference `{}` at `{}` (trace point {} of {tapped} \
+                     tapped){dtype}",
+                    self.layer,
+                    self.reference,
+                    leaf.name.trim_start_matches(crate::judge::trace::PREFIX),
+                    at + 1
+                )?;
+            }
+            FailureKind::Case(_) if self.check == crate::describe::checks::Kind::Gradients => {
+                writeln!(
+                    out,
+                    "golden: the gradients of `{}` do not match (reference `{}`){dtype}",
+                    self.layer, self.reference
+                )?;
+            }
+            FailureKind::Case(_) if self.check == crate::describe::checks::Kind::Overfit => {
+                writeln!(
+                    out,
+                    "golden: `{}` does not train like its reference `{}`{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
+            FailureKind::Case(_) => {
+                writeln!(
+                    out,
+                    "golden: `{}` does not match its reference `{}`{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
+        }
+        if let Some(case) = &self.case {
+            write!(out, "  case: {case}")?;
+            match &self.shrunk_from {
+                Some((from, steps)) if from != case => writeln!(
+                    out,
+                    "\n        (the smallest failing case; shrunk in {steps} steps from {from})"
+                )?,
+                _ => writeln!(out)?,
+            }
+            if self.passed_before > 0 {
+                writeln!(
+                    out,
+                    "  {} case{} passed before this one failed",
+                    self.passed_before,
+                    if self.passed_before == 1 { "" } else { "s" }
+                )?;
+            }
+        }
+        if let FailureKind::Case(c) = &self.kind {
+            if let Some(e) = &c.inputs_error {
+                writeln!(out, "  the inputs could not be generated: {e}")?;
+            }
+            if !c.gradient_issues.is_empty() {
+                writeln!(out, "  the port's gradients:")?;
+                for g in &c.gradient_issues {
+                    writeln!(out, "    - {g}")?;
+                }
+            }
+            if !c.training_issues.is_empty() {
+                writeln!(out, "  the training:")?;
+                for t in &c.training_issues {
+                    writeln!(out, "    - {t}")?;
+                }
+            }
+            if !c.params.is_empty() {
+                writeln!(
+                    out,
+                    "  the port and the reference module's state_dict disagree:"
+                )?;
+                for p in &c.params {
+                    writeln!(out, "    - {p}")?;
+                }
+            }
+            if let Some(e) = &c.port_error {
+                let what = if c.port_panicked {
+                    "panicked"
+                } else {
+                    "returned an error"
+                };
+                if c.params.is_empty() {
+                    writeln!(out, "  the port {what}: {e}")?;
+                }
+            }
+            if let Some(e) = &c.reference_error {
+                writeln!(out, "  {e}")?;
+                if let Some(fix) = remote_fix(e, &self.reference) {
+                    writeln!(out, "  {fix}")?;
+                }
+            }
+            let first_divergence = crate::judge::trace::first_divergence(&c.leaves).map(|(_, l)| l);
+            if first_divergence.is_some() {
+                write_trace(&mut out, c)?;
+            }
+            // Of the trace points, only the first divergence is detailed: later ones inherit it.
+            let failing: Vec<&Leaf> = c
+                .leaves
+                .iter()
+                .filter(|l| !l.passes())
+                .filter(|l| {
+                    !crate::judge::trace::is_trace(&l.name)
+                        || first_divergence.is_some_and(|f| std::ptr::eq(*l, f))
+                })
+                .collect();
+            if !failing.is_empty() {
+                let outputs = c
+                    .leaves
+                    .iter()
+                    .filter(|l| !crate::judge::trace::is_trace(&l.name));
+                let total = outputs.clone().count();
+                let differ = outputs.filter(|l| !l.passes()).count();
+                let passing = total - differ;
+                writeln!(
+                    out,
+                    "  {differ} of {total} output leaves differ{}{}:",
+                    if passing > 0 {
+                        format!(" ({passing} match)")
+                    } else {
+                        String::new()
+                    },
+                    if first_divergence.is_some() {
+                        "; of the trace points, the first that differs"
+                    } else {
+                        ""
+                    }
+                )?;
+                for leaf in failing {
+                    write_leaf(&mut out, leaf)?;
+                }
+            }
+            if !c.diagnoses.is_empty() {
+                writeln!(out, "  likely causes:")?;
+                for d in &c.diagnoses {
+                    let on = d
+                        .on_first_case
+                        .as_ref()
+                        .map(|case| format!(" (on the first failing case, {case})"))
+                        .unwrap_or_default();
+                    writeln!(out, "    - `{}`{on}: {}", d.leaf, d.diagnosis)?;
+                }
+            }
+            for v in &c.variants {
+                writeln!(
+                    out,
+                    "  the port matches `{}`, a known variant of the reference (max diff {}): {}",
+                    v.name,
+                    num(v.max_diff),
+                    v.fix
+                )?;
+            }
+            if let Some(e) = &c.precise_error {
+                if !failing_is_empty(c) {
+                    writeln!(
+                        out,
+                        "  note: the reference could not run in float64 ({e}), so the tolerance has \
+                         no rounding term"
+                    )?;
+                }
+            }
+        }
+        for note in &self.notes {
+            writeln!(out, "  {note}")?;
+        }
+        f.write_str(out.trim_end())
+    }
+}
+
+/// The trace of a failed case: every tapped point in the reference's execution order with its error
+/// relative to its tolerance, the drift line, and the points the port did not tap.
+fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
+    let points: Vec<&Leaf> = c
+        .leaves
+        .iter()
+        .filter(|l| crate::judge::trace::is_trace(&l.name))
+        .collect();
+    let first = crate::judge::trace::first_divergence(&c.leaves).map(|(i, _)| i);
+    let width = points
+        .iter()
+        .map(|l| l.name.len() - crate::judge::trace::PREFIX.len())
+        .max()
+        .unwrap_or(0);
+    writeln!(
+        out,
+        "  the trace, in the reference's execution order (|port − ref| / allowed, worst element):"
+    )?;
+    for (i, leaf) in points.iter().enumerate() {
+        let name = leaf.name.trim_start_matches(crate::judge::trace::PREFIX);
+        let figure = match &leaf.verdict {
+            Verdict::Values(v) => format!("{:>9}", num(v.worst_ratio)),
+            Verdict::Shape { .. } => "    shape".into(),
+            _ => "        —".into(),
+        };
+        let mark = match (leaf.passes(), Some(i) == first) {
+            (true, _) => "ok",
+            (false, true) => "DIFFERS  <- first divergence",
+            (false, false) => "differs",
+        };
+        writeln!(out, "    {:>3} {name:<width$} {figure}  {mark}", i + 1)?;
+    }
+    writeln!(
+        out,
+        "  drift against depth: {}  (▁ far inside the tolerance … █ 10× outside)",
+        crate::judge::trace::drift_line(&c.leaves)
+    )?;
+    if !c.untapped.is_empty() {
+        let names: Vec<&str> = c
+            .untapped
+            .iter()
+            .map(|n| n.trim_start_matches(crate::judge::trace::PREFIX))
+            .collect();
+        let shown = names.len().min(8);
+        writeln!(
+            out,
+            "  not tapped by the port ({} reference points): {}{}",
+            names.len(),
+            names[..shown].join(", "),
+            if names.len() > shown { ", …" } else { "" }
+        )?;
+    }
+    Ok(())
+}
+
+fn failing_is_empty(c: &CaseFailure) -> bool {
+    c.leaves.iter().all(Leaf::passes)
+}
+
+impl std::error::Error for Failure {}

@@ -1,0 +1,511 @@
+//! Running a check: open the reference's source, generate cases with proptest, run each (a
+//! `CaseRunner` says what a case is for this kind of check), shrink a failure to the smallest
+//! case, and collect what the snapshot records.
+//!
+//! The kinds of check: the forward comparison (`forward.rs`) and the gradient check
+//! (`gradients.rs`) share everything here; the overfit check (`overfit.rs`) runs one fixed batch.
+
+use crate::answers::live::ReferenceOutputs;
+use crate::answers::source::{Answer, OpenError, Source, Target};
+use crate::describe::checks::Kind;
+use crate::describe::env;
+use crate::describe::inputs::{self, CaseParams};
+use crate::describe::layer::dtype_name;
+use crate::describe::layer::Layer;
+use crate::describe::outputs::{Outputs, PortInputs};
+use crate::python::worker::WorkerError;
+use crate::report::artifacts;
+use crate::report::failure::{CaseFailure, Failure, FailureKind};
+use crate::report::passed::{CaseRecord, DTypeRun, Report};
+use crate::report::results;
+use candle_core::DType;
+use proptest::test_runner::{
+    Config, FailurePersistence, FileFailurePersistence, RngSeed, TestCaseError, TestError,
+    TestRunner,
+};
+use std::cell::{Cell, RefCell};
+use std::time::Instant;
+
+/// The port as the runtime calls it: the macro wraps the user's function in one of these.
+pub type Port<'a> = dyn Fn(&PortInputs) -> Result<Outputs, String> + 'a;
+
+/// What running one case found.
+pub(crate) enum Outcome {
+    Pass(CaseRecord),
+    Fail(Box<CaseFailure>),
+    /// The worker died or hung: reported as is, not shrunk.
+    Fatal(WorkerError),
+    /// Replay: the store has nothing for this case.
+    Unrecorded,
+}
+
+impl Outcome {
+    /// The reference's outputs for a case, or what the case comes to without them: not in the
+    /// store, a failing case when the reference raised (`failure` with its error), or fatal when
+    /// the worker itself is gone.
+    pub(crate) fn reference_outputs(
+        answer: Answer,
+        failure: &mut CaseFailure,
+    ) -> Result<ReferenceOutputs, Outcome> {
+        match answer {
+            Answer::Outputs(r) => Ok(r),
+            Answer::Unrecorded => Err(Outcome::Unrecorded),
+            Answer::Failed(e @ WorkerError::Remote(_)) => {
+                failure.reference_error = Some(e);
+                Err(Outcome::Fail(Box::new(std::mem::take(failure))))
+            }
+            Answer::Failed(e) => Err(Outcome::Fatal(e)),
+        }
+    }
+}
+
+/// What one kind of check does with a case.
+pub(crate) trait CaseRunner {
+    /// The port and the reference on one case.
+    fn run(&self, source: &Source, dtype: DType, params: &CaseParams) -> Outcome;
+    /// Record mode: everything this case asks of the reference, the port unseen, so that the
+    /// store holds every generated case even when the port fails early. `Some` for a dead worker.
+    fn reference_only(
+        &self,
+        source: &Source,
+        dtype: DType,
+        params: &CaseParams,
+    ) -> Option<WorkerError>;
+    /// The final failure: add what can be told about it, given the first failing case too when
+    /// shrinking found a smaller one.
+    fn finish(
+        &self,
+        source: &Source,
+        dtype: DType,
+        failure: &mut Failure,
+        first: Option<(CaseParams, Box<CaseFailure>)>,
+    );
+}
+
+/// The seed of a layer's cases: `GOLDEN_SEED` (default 0) mixed with the layer's name, so that
+/// layers of a suite do not all draw the same dims.
+fn layer_seed(base: u64, layer: &Layer) -> u64 {
+    base ^ inputs::fnv1a(layer.name.as_bytes())
+}
+
+/// `GOLDEN_SEED`, or 0 (an invalid value is reported when the check runs).
+pub(crate) fn seed() -> u64 {
+    env::seed().ok().flatten().unwrap_or(0)
+}
+
+/// The number of cases: `GOLDEN_CASES`, or what the check declares.
+pub(crate) fn cases(_layer: &Layer, declared: u32) -> u32 {
+    env::cases().ok().flatten().unwrap_or(declared)
+}
+
+struct Settings {
+    mode: env::Mode,
+    seed: u64,
+    cases: u32,
+    overridden: bool,
+}
+
+fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
+    let seed = env::seed()?;
+    let cases = env::cases()?;
+    Ok(Settings {
+        mode: match layer.mode {
+            Some(mode) => mode,
+            None => env::mode()?,
+        },
+        seed: seed.unwrap_or(0),
+        cases: cases.unwrap_or(declared_cases),
+        overridden: seed.is_some() || cases.is_some() || env::case().is_some(),
+    })
+}
+
+fn versions(info: &serde_json::Value) -> String {
+    ["python", "numpy", "torch"]
+        .iter()
+        .filter_map(|k| info.get(*k)?.as_str().map(|v| format!("{k} {v}")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Open the source for a check of `kind`: the errors a user fixes once come out here.
+pub(crate) fn open_source(
+    layer: &Layer,
+    kind: Kind,
+    mode: env::Mode,
+    description: &str,
+) -> Result<(Source, String), Failure> {
+    let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
+    let target = Target {
+        store_suffix: kind.suffix(),
+        test: kind.test(),
+        description,
+    };
+    let (source, info) = Source::open(layer, mode, &target).map_err(|e| match e {
+        OpenError::Config(m) => config_error(m),
+        OpenError::Setup(e, notes) => {
+            let mut f = Failure::new(layer, FailureKind::Setup(e));
+            f.notes = notes;
+            f
+        }
+    })?;
+    let how = match &source {
+        Source::Live(_) => format!("live ({})", versions(&info)),
+        Source::Record(..) => format!("live, recording ({})", versions(&info)),
+        Source::Replay(store) => format!("replay ({})", store.path.display()),
+    };
+    if mode == env::Mode::Auto && !source.is_replay() {
+        eprintln!("golden: `{}`: {how}", layer.name);
+    }
+    Ok((source, how))
+}
+
+/// Write a recording source's store (the store records the reference, right or wrong port alike).
+pub(crate) fn finish_source(
+    layer: &Layer,
+    kind: Kind,
+    source: &Source,
+    description: &str,
+) -> Result<(), Failure> {
+    let target = Target {
+        store_suffix: kind.suffix(),
+        test: kind.test(),
+        description,
+    };
+    match source.finish(layer, &target) {
+        Ok(Some(line)) => {
+            eprintln!("{line}");
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(Failure::new(layer, FailureKind::Config(e))),
+    }
+}
+
+/// Run a check of `kind` whose cases `runner` runs, and record its results.
+pub(crate) fn run(
+    layer: &Layer,
+    kind: Kind,
+    declared_cases: u32,
+    description: &str,
+    runner: &impl CaseRunner,
+) -> Result<Report, Failure> {
+    let started = Instant::now();
+    let result = run_inner(layer, kind, declared_cases, description, runner).map_err(|mut f| {
+        f.check = kind;
+        f
+    });
+    results::record(layer, kind, &result, started.elapsed());
+    result
+}
+
+fn run_inner(
+    layer: &Layer,
+    kind: Kind,
+    declared_cases: u32,
+    description: &str,
+    runner: &impl CaseRunner,
+) -> Result<Report, Failure> {
+    let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
+    layer.validate().map_err(config_error)?;
+    let settings = settings(layer, declared_cases).map_err(config_error)?;
+    let (source, how) = open_source(layer, kind, settings.mode, description)?;
+    let source = &source;
+    if matches!(source, Source::Record(..)) {
+        // Every generated case goes into the store, even those after a failing one.
+        for &dtype in &layer.dtypes {
+            record_generated(layer, dtype, runner, source, &settings);
+        }
+    }
+    let mut runs = Vec::new();
+    let mut failure = None;
+    if let Some(token) = env::case() {
+        match run_one_case(layer, runner, source, &token) {
+            Ok(r) => runs = r,
+            Err(f) => failure = Some(f),
+        }
+    } else {
+        for &dtype in &layer.dtypes {
+            match run_dtype(layer, kind, dtype, runner, source, &settings) {
+                Ok(run) => runs.push(run),
+                Err(f) => {
+                    failure = Some(f);
+                    break;
+                }
+            }
+        }
+    }
+    finish_source(layer, kind, source, description)?;
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    Ok(Report {
+        layer: layer.clone(),
+        kind,
+        description: description.to_string(),
+        seed: settings.seed,
+        cases: settings.cases,
+        overridden: settings.overridden,
+        source: how,
+        runs,
+        health: Vec::new(),
+    })
+}
+
+/// Write the artifacts of a failed case and end the message with how to use them; the folder's
+/// path is the last line.
+pub(crate) fn leave_artifacts(layer: &Layer, kind: Kind, dtype: DType, failure: &mut Failure) {
+    let (FailureKind::Case(c), Some(case)) = (&failure.kind, &failure.case) else {
+        return;
+    };
+    failure.notes.push(format!(
+        "re-run exactly this case: {}",
+        artifacts::rerun_case_command(layer, kind.test(), dtype, case)
+    ));
+    match artifacts::write(layer, kind, dtype, case, c) {
+        Ok(dir) if kind == Kind::Forward => failure.notes.push(format!(
+            "inputs, outputs and a repro.py that runs the reference again ({} repro.py) are in\n  {}",
+            env::python().program.display(),
+            dir.display()
+        )),
+        Ok(dir) => failure.notes.push(format!(
+            "the case's inputs and both sides' values (.npy) are in\n  {}",
+            dir.display()
+        )),
+        Err(e) => failure
+            .notes
+            .push(format!("(could not write the failure's artifacts: {e})")),
+    }
+}
+
+/// `GOLDEN_CASE`: run exactly one case (per dtype, or the dtype it names), no generation.
+fn run_one_case(
+    layer: &Layer,
+    runner: &impl CaseRunner,
+    source: &Source,
+    token: &str,
+) -> Result<Vec<DTypeRun>, Failure> {
+    let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
+    let (case_token, only) = match token.rsplit_once(':') {
+        Some((rest, d)) if ["f32", "f64", "f16", "bf16"].contains(&d) => (rest, Some(d)),
+        _ => (token, None),
+    };
+    let params = CaseParams::parse(case_token, layer).map_err(config_error)?;
+    let mut runs = Vec::new();
+    for &dtype in layer
+        .dtypes
+        .iter()
+        .filter(|d| only.is_none_or(|o| o == dtype_name(**d)))
+    {
+        let failure = |kind| {
+            let mut f = Failure::new(layer, kind);
+            f.dtype = Some(dtype_name(dtype));
+            f.case = Some(params.clone());
+            f
+        };
+        match runner.run(source, dtype, &params) {
+            Outcome::Pass(record) => runs.push(DTypeRun {
+                dtype,
+                cases: vec![record],
+                replayed: Vec::new(),
+                skipped: 0,
+            }),
+            Outcome::Fail(c) => {
+                let mut f = failure(FailureKind::Case(c));
+                runner.finish(source, dtype, &mut f, None);
+                return Err(f);
+            }
+            Outcome::Fatal(e) => return Err(failure(FailureKind::Worker(e))),
+            Outcome::Unrecorded => {
+                return Err(failure(FailureKind::Config(
+                    "GOLDEN_CASE names a case the golden store has not recorded; run it live"
+                        .into(),
+                )));
+            }
+        }
+    }
+    Ok(runs)
+}
+
+/// The proptest configuration of a check, and how many regression seeds it replays first.
+fn runner_config(layer: &Layer, settings: &Settings) -> (Config, usize) {
+    let persistence = FileFailurePersistence::SourceParallel("proptest-regressions");
+    let source_file = layer.declared.map(|d| d.source_file);
+    let replays = source_file.map_or(0, |f| persistence.load_persisted_failures2(Some(f)).len());
+    let config = Config {
+        cases: settings.cases,
+        source_file,
+        failure_persistence: source_file.map(|_| Box::new(persistence) as _),
+        rng_seed: RngSeed::Fixed(layer_seed(settings.seed, layer)),
+        max_shrink_iters: 1024,
+        max_shrink_time: 120_000,
+        ..Config::default()
+    };
+    (config, replays)
+}
+
+/// Record mode, first pass: the reference on every case the check will generate, port unseen.
+fn record_generated(
+    layer: &Layer,
+    dtype: DType,
+    runner: &impl CaseRunner,
+    source: &Source,
+    settings: &Settings,
+) {
+    let (config, _) = runner_config(layer, settings);
+    let mut proptest = TestRunner::new(config);
+    let _ = proptest.run(&inputs::case_strategy(layer), |params| {
+        match runner.reference_only(source, dtype, &params) {
+            // A dead worker: stop here, the check itself will report it.
+            Some(_) => Err(TestCaseError::fail("worker failure")),
+            None => Ok(()),
+        }
+    });
+}
+
+fn run_dtype(
+    layer: &Layer,
+    kind: Kind,
+    dtype: DType,
+    runner: &impl CaseRunner,
+    source: &Source,
+    settings: &Settings,
+) -> Result<DTypeRun, Failure> {
+    let (config, replays) = runner_config(layer, settings);
+    let partial = matches!(source, Source::Replay(store) if store.partial.is_some());
+    let mut proptest = TestRunner::new(config);
+    let records = RefCell::new(Vec::new());
+    let first_failure: RefCell<Option<(CaseParams, usize)>> = RefCell::new(None);
+    let fatal: RefCell<Option<(CaseParams, FailureKind)>> = RefCell::new(None);
+    let shrink_steps = Cell::new(0u32);
+    let skipped = Cell::new(0usize);
+    let unrecorded_shrinks = Cell::new(0u32);
+
+    let result = proptest.run(&inputs::case_strategy(layer), |params| {
+        if fatal.borrow().is_some() {
+            // The worker died (or the store is stale): stop exercising it, let proptest wind down.
+            return Err(TestCaseError::fail("aborted"));
+        }
+        let shrinking = first_failure.borrow().is_some();
+        if shrinking {
+            shrink_steps.set(shrink_steps.get() + 1);
+        }
+        match runner.run(source, dtype, &params) {
+            Outcome::Pass(record) => {
+                records.borrow_mut().push(record);
+                Ok(())
+            }
+            Outcome::Fail(f) => {
+                first_failure
+                    .borrow_mut()
+                    .get_or_insert_with(|| (params.clone(), records.borrow().len()));
+                Err(TestCaseError::fail(f.headline()))
+            }
+            Outcome::Fatal(e) => {
+                *fatal.borrow_mut() = Some((params, FailureKind::Worker(e)));
+                Err(TestCaseError::fail("worker failure"))
+            }
+            // Replay can only evaluate recorded cases: a shrink candidate that was not recorded
+            // counts as passing, so shrinking stops at the smallest recorded failing case.
+            Outcome::Unrecorded if shrinking => {
+                unrecorded_shrinks.set(unrecorded_shrinks.get() + 1);
+                Ok(())
+            }
+            Outcome::Unrecorded if partial => {
+                skipped.set(skipped.get() + 1);
+                Ok(())
+            }
+            Outcome::Unrecorded => {
+                let path = match source {
+                    Source::Replay(store) => store.path.display().to_string(),
+                    _ => unreachable!("only a replay leaves cases unrecorded"),
+                };
+                let msg = format!(
+                    "the golden store {path} has no outputs for a case this check generates \
+                     ({params}): it is out of date; record it again (needs Python with torch): {}",
+                    layer.rerun_command(kind.test(), "GOLDEN_MODE=record")
+                );
+                *fatal.borrow_mut() = Some((params, FailureKind::Config(msg)));
+                Err(TestCaseError::fail("stale store"))
+            }
+        }
+    });
+
+    let failure = |kind, case: CaseParams| {
+        let mut f = Failure::new(layer, kind);
+        f.dtype = Some(dtype_name(dtype));
+        f.case = Some(case);
+        f
+    };
+    match result {
+        Ok(()) => {
+            let mut cases = records.into_inner();
+            let replayed = cases.drain(..replays.min(cases.len())).collect();
+            Ok(DTypeRun {
+                dtype,
+                cases,
+                replayed,
+                skipped: skipped.get(),
+            })
+        }
+        Err(TestError::Fail(_, minimal)) => {
+            if let Some((case, kind)) = fatal.into_inner() {
+                return Err(failure(kind, case));
+            }
+            let (first, passed_before) =
+                first_failure.into_inner().expect("a failing case was seen");
+            let mut f = match runner.run(source, dtype, &minimal) {
+                Outcome::Fail(c) => failure(FailureKind::Case(c), minimal.clone()),
+                Outcome::Fatal(e) => failure(FailureKind::Worker(e), minimal.clone()),
+                Outcome::Pass(_) | Outcome::Unrecorded => {
+                    // Not reproducible: show the first failure as it happened.
+                    let mut f = match runner.run(source, dtype, &first) {
+                        Outcome::Fail(c) => failure(FailureKind::Case(c), first.clone()),
+                        Outcome::Fatal(e) => failure(FailureKind::Worker(e), first.clone()),
+                        Outcome::Pass(_) | Outcome::Unrecorded => failure(
+                            FailureKind::Config(
+                                "a case failed and then passed when run again: the port or the \
+                                 reference is not deterministic"
+                                    .into(),
+                            ),
+                            first.clone(),
+                        ),
+                    };
+                    f.notes.push(
+                        "note: the smallest case found by shrinking passed when run again; the \
+                         port or the reference is not deterministic"
+                            .into(),
+                    );
+                    f
+                }
+            };
+            if source.is_replay() && unrecorded_shrinks.get() > 0 {
+                f.notes.push(format!(
+                    "note: replay shrinks only through recorded cases ({} smaller candidates were \
+                     not recorded); live, golden can shrink further",
+                    unrecorded_shrinks.get()
+                ));
+            }
+            // Shrinking keeps the failure but can erase its evidence (a bias is invisible with a
+            // batch of one): the runner gets the first failing case too.
+            let first_failure = match (f.case.as_ref() != Some(&first), &f.kind) {
+                (true, FailureKind::Case(_)) => match runner.run(source, dtype, &first) {
+                    Outcome::Fail(c) => Some((first.clone(), c)),
+                    _ => None,
+                },
+                _ => None,
+            };
+            runner.finish(source, dtype, &mut f, first_failure);
+            f.shrunk_from = Some((first, shrink_steps.get()));
+            f.passed_before = passed_before as u32;
+            Err(f)
+        }
+        Err(TestError::Abort(reason)) => {
+            let mut f = Failure::new(
+                layer,
+                FailureKind::Config(format!("proptest aborted the run: {reason}")),
+            );
+            f.dtype = Some(dtype_name(dtype));
+            Err(f)
+        }
+    }
+}

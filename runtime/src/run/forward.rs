@@ -1,0 +1,394 @@
+//! The forward check: the port and the reference on the same inputs, compared leaf by leaf; on a
+//! failure, what golden can tell about it (diagnoses, known variants) and the artifacts it leaves.
+
+use crate::answers::live::{ReferenceOutputs, Request};
+use crate::answers::params::StateDict;
+use crate::answers::source::Source;
+use crate::describe::checks::Kind;
+use crate::describe::inputs::{self, CaseParams};
+use crate::describe::layer::{Form, Layer};
+use crate::describe::outputs::{Outputs, PortInputs};
+use crate::judge::compare::{self, Leaf};
+use crate::judge::diagnose;
+use crate::python::worker::WorkerError;
+use crate::report::failure::{CaseFailure, Failure, FailureKind, LeafDiagnosis, VariantMatch};
+use crate::report::passed::{CaseRecord, Report};
+use crate::run::check::{self, CaseRunner, Outcome, Port};
+use candle_core::{DType, Device};
+use golden_files::HostTensor;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Check a port against its reference: `Ok` carries what the snapshot records, `Err` says what
+/// failed on the smallest failing case.
+pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
+    let description = layer.description(check::cases(layer, layer.cases), check::seed());
+    let runner = ForwardRunner {
+        layer,
+        port,
+        trace_written: std::cell::Cell::new(false),
+    };
+    check::run(layer, Kind::Forward, layer.cases, &description, &runner)
+}
+
+/// Runs the forward comparison of a case.
+struct ForwardRunner<'a> {
+    layer: &'a Layer,
+    port: &'a Port<'a>,
+    /// Traced checks leave the first passing case's trace for `golden report`.
+    trace_written: std::cell::Cell<bool>,
+}
+
+impl CaseRunner for ForwardRunner<'_> {
+    fn run(&self, source: &Source, dtype: DType, params: &CaseParams) -> Outcome {
+        let trace_to = (self.layer.trace && !self.trace_written.get())
+            .then(|| crate::report::artifacts::trace_folder(self.layer))
+            .flatten();
+        let outcome = run_case(
+            self.layer,
+            dtype,
+            params,
+            self.port,
+            source,
+            trace_to.as_deref(),
+        );
+        if trace_to.is_some() && matches!(outcome, Outcome::Pass(_)) {
+            self.trace_written.set(true);
+        }
+        outcome
+    }
+
+    fn reference_only(
+        &self,
+        source: &Source,
+        dtype: DType,
+        params: &CaseParams,
+    ) -> Option<WorkerError> {
+        let args = inputs::make_args(self.layer, params, dtype).ok()?;
+        let request = Request::Forward {
+            args: &args,
+            trace: self.layer.trace,
+        };
+        source
+            .request(self.layer, dtype, params, &request)
+            .dead_worker()
+    }
+
+    fn finish(
+        &self,
+        source: &Source,
+        dtype: DType,
+        failure: &mut Failure,
+        first: Option<(CaseParams, Box<CaseFailure>)>,
+    ) {
+        explain(self.layer, dtype, source, failure, first);
+        check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
+    }
+}
+
+/// Run one case: inputs, reference, port, comparison. A passing case's trace is written to
+/// `trace_to` when given.
+pub(crate) fn run_case(
+    layer: &Layer,
+    dtype: DType,
+    params: &CaseParams,
+    port: &Port<'_>,
+    source: &Source,
+    trace_to: Option<&std::path::Path>,
+) -> Outcome {
+    let mut failure = CaseFailure::default();
+    let args = match inputs::make_args(layer, params, dtype) {
+        Ok(a) => a,
+        Err(e) => {
+            failure.inputs_error = Some(e);
+            return Outcome::Fail(Box::new(failure));
+        }
+    };
+    let named_inputs = || {
+        layer
+            .args
+            .iter()
+            .map(|a| a.name.clone())
+            .zip(args.iter().cloned())
+            .collect()
+    };
+    let request = Request::Forward {
+        args: &args,
+        trace: layer.trace,
+    };
+    let answer = source.request(layer, dtype, params, &request);
+    let reference = match Outcome::reference_outputs(answer, &mut failure) {
+        Ok(r) => r,
+        Err(Outcome::Fail(mut f)) => {
+            f.inputs = named_inputs();
+            return Outcome::Fail(f);
+        }
+        Err(outcome) => return outcome,
+    };
+    match run_port(layer, dtype, params, port, &args, &reference, trace_to) {
+        Outcome::Fail(mut f) => {
+            f.inputs = named_inputs();
+            f.reference = Some(reference);
+            Outcome::Fail(f)
+        }
+        other => other,
+    }
+}
+
+/// Why the port produced no outputs: its error, or its panic's message.
+pub(crate) struct PortFailure {
+    pub(crate) message: String,
+    pub(crate) panicked: bool,
+}
+
+/// Call the port on `tensors` (and, in module form, a `VarBuilder` over `state`), catching panics.
+pub(crate) fn call_port(
+    port: &Port<'_>,
+    tensors: Vec<candle_core::Tensor>,
+    state: Option<&StateDict>,
+) -> Result<Outputs, PortFailure> {
+    let inputs = PortInputs {
+        tensors,
+        var_builder: state.map(StateDict::var_builder),
+    };
+    match catch_unwind(AssertUnwindSafe(|| port(&inputs))) {
+        Ok(Ok(outputs)) => Ok(outputs),
+        Ok(Err(message)) => Err(PortFailure {
+            message,
+            panicked: false,
+        }),
+        Err(panic) => Err(PortFailure {
+            message: panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "(a panic without a message)".into()),
+            panicked: true,
+        }),
+    }
+}
+
+pub(crate) fn run_port(
+    layer: &Layer,
+    dtype: DType,
+    params: &CaseParams,
+    port: &Port<'_>,
+    args: &[HostTensor],
+    reference: &ReferenceOutputs,
+    trace_to: Option<&std::path::Path>,
+) -> Outcome {
+    let mut failure = CaseFailure {
+        precise_error: reference.precise_error.clone(),
+        ..CaseFailure::default()
+    };
+    let device = Device::Cpu;
+    let prepared = (|| -> candle_core::Result<_> {
+        let tensors = args
+            .iter()
+            .map(|a| a.to_candle(&device))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let state = match layer.form {
+            Form::Module => Some(StateDict::new(&reference.state_dict, dtype, &device)?),
+            Form::Function => None,
+        };
+        Ok((tensors, state))
+    })();
+    let (tensors, state) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            failure.inputs_error = Some(format!("could not build the port's inputs: {e}"));
+            return Outcome::Fail(Box::new(failure));
+        }
+    };
+    let (result, taps) = if layer.trace {
+        crate::judge::trace::record(|| call_port(port, tensors, state.as_ref()))
+    } else {
+        (call_port(port, tensors, state.as_ref()), Vec::new())
+    };
+    if let Some(state) = &state {
+        failure.params = state.request_issues();
+    }
+    let outputs = match result {
+        Ok(outputs) => outputs,
+        Err(PortFailure { message, panicked }) => {
+            failure.port_error = Some(message);
+            failure.port_panicked = panicked;
+            return Outcome::Fail(Box::new(failure));
+        }
+    };
+    if let Some(state) = &state {
+        failure.params.extend(state.unused());
+    }
+    let port_host: Result<Vec<(String, HostTensor)>, String> = outputs
+        .0
+        .iter()
+        .map(|(n, t)| {
+            HostTensor::from_candle(t)
+                .map(|h| (n.clone(), h))
+                .map_err(|e| format!("output `{n}`: {e}"))
+        })
+        .collect();
+    let port_host = match port_host.and_then(|mut p| {
+        p.extend(taps_as_leaves(&taps, dtype)?);
+        Ok(p)
+    }) {
+        Ok(p) => p,
+        Err(e) => {
+            failure.port_error = Some(e);
+            return Outcome::Fail(Box::new(failure));
+        }
+    };
+    failure.leaves = reference.compare(&port_host, layer.tol, compare::ROUNDING_FACTOR);
+    // Reference points the port did not tap are listed, not failed.
+    let (untapped, leaves): (Vec<Leaf>, Vec<Leaf>) = std::mem::take(&mut failure.leaves)
+        .into_iter()
+        .partition(|l| {
+            crate::judge::trace::is_trace(&l.name) && l.verdict == compare::Verdict::MissingInPort
+        });
+    failure.leaves = leaves;
+    failure.untapped = untapped.into_iter().map(|l| l.name).collect();
+    failure.port_outputs = port_host;
+    if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
+        if let Some(dir) = trace_to {
+            // Best effort: the report shows the trace when it is there.
+            let _ = crate::report::artifacts::write_trace(dir, reference, &failure.port_outputs);
+        }
+        Outcome::Pass(CaseRecord {
+            params: params.clone(),
+            leaves: failure.leaves,
+            figures: Vec::new(),
+        })
+    } else {
+        Outcome::Fail(Box::new(failure))
+    }
+}
+
+/// The port's taps as leaves `trace.<name>`, floats in the case dtype (a port may compute a point
+/// in another precision; the reference's points are in the case dtype).
+fn taps_as_leaves(
+    taps: &[(String, candle_core::Tensor)],
+    dtype: DType,
+) -> Result<Vec<(String, HostTensor)>, String> {
+    let names = crate::judge::trace::leaf_names(taps);
+    taps.iter()
+        .zip(names)
+        .map(|((tap, t), name)| {
+            let t = if t.dtype().is_float() {
+                t.to_dtype(dtype)
+            } else {
+                Ok(t.clone())
+            };
+            t.and_then(|t| HostTensor::from_candle(&t))
+                .map(|h| (name, h))
+                .map_err(|e| format!("tap `{tap}`: {e}"))
+        })
+        .collect()
+}
+
+/// Add what golden can tell about a failed case: the diagnoses that fit (on the smallest case and
+/// on the first failing one) and the known variants of the reference the port matches on both.
+fn explain(
+    layer: &Layer,
+    dtype: DType,
+    source: &Source,
+    failure: &mut Failure,
+    first: Option<(CaseParams, Box<CaseFailure>)>,
+) {
+    let (FailureKind::Case(c), Some(case)) = (&mut failure.kind, &failure.case) else {
+        return;
+    };
+    c.diagnoses = diagnoses(layer, c, case, false);
+    c.variants = variant_matches(layer, dtype, source, case, c);
+    if source.is_replay() {
+        failure.notes.push(
+            "note: known variants of the reference (golden_ref.variants) are evaluated live only; \
+             this was a replay"
+                .into(),
+        );
+    }
+    if let Some((first_case, first_failure)) = first {
+        for d in diagnoses(layer, &first_failure, &first_case, true) {
+            if !c
+                .diagnoses
+                .iter()
+                .any(|m| m.diagnosis.cause == d.diagnosis.cause)
+            {
+                c.diagnoses.push(d);
+            }
+        }
+        // A variant must explain both cases: a tiny case alone fits too many.
+        let on_first = variant_matches(layer, dtype, source, &first_case, &first_failure);
+        c.variants
+            .retain(|v| on_first.iter().any(|w| w.name == v.name));
+    }
+}
+
+/// The known variants of the reference that the port matches on this case (live only).
+fn variant_matches(
+    layer: &Layer,
+    dtype: DType,
+    source: &Source,
+    case: &CaseParams,
+    c: &CaseFailure,
+) -> Vec<VariantMatch> {
+    if c.reference.is_none() {
+        return Vec::new();
+    }
+    let args: Vec<HostTensor> = c.inputs.iter().map(|(_, t)| t.clone()).collect();
+    let Some(Ok(variants)) = source.variants(layer, dtype, case, &args) else {
+        return Vec::new();
+    };
+    let mut matches: Vec<VariantMatch> = variants
+        .into_iter()
+        .filter_map(|v| {
+            let leaves = v
+                .outputs?
+                .compare(&c.port_outputs, layer.tol, compare::ROUNDING_FACTOR);
+            if leaves.is_empty() || !leaves.iter().all(Leaf::passes) {
+                return None;
+            }
+            let max_diff = leaves
+                .iter()
+                .filter_map(|l| match &l.verdict {
+                    compare::Verdict::Values(v) => v.greatest_abs.as_ref().map(|g| g.diff),
+                    _ => None,
+                })
+                .fold(0.0, f64::max);
+            Some(VariantMatch {
+                name: v.name,
+                fix: v.fix,
+                max_diff,
+            })
+        })
+        .collect();
+    // Best fit first: close variants (eps 1e-6 and 1e-12) can both fit a case.
+    matches.sort_by(|a, b| a.max_diff.total_cmp(&b.max_diff));
+    matches
+}
+
+/// The likely causes that fit a failed case's failing leaves.
+fn diagnoses(layer: &Layer, c: &CaseFailure, case: &CaseParams, first: bool) -> Vec<LeafDiagnosis> {
+    let Some(reference) = &c.reference else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for leaf in c.leaves.iter().filter(|l| !l.passes()) {
+        let port = c.port_outputs.iter().find(|(n, _)| *n == leaf.name);
+        let expected = reference.expected.iter().find(|(n, _)| *n == leaf.name);
+        let (Some((_, port)), Some((_, expected))) = (port, expected) else {
+            continue;
+        };
+        let rounding = reference.rounding_of(&leaf.name);
+        let rule = match &leaf.verdict {
+            compare::Verdict::Values(v) => v.rule,
+            _ => compare::Rule::for_leaf(expected.dtype, layer.tol, compare::ROUNDING_FACTOR),
+        };
+        for diagnosis in diagnose::leaf(port, expected, rounding, rule, &case.sizes(layer)) {
+            out.push(LeafDiagnosis {
+                leaf: leaf.name.clone(),
+                diagnosis,
+                on_first_case: first.then(|| case.clone()),
+            });
+        }
+    }
+    out
+}

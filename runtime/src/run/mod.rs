@@ -1,0 +1,7 @@
+//! The runners: generating cases and shrinking failures (`check`), and the kinds of check that use
+//! it: the forward comparison, the gradient check and the overfit check.
+
+pub mod check;
+pub mod forward;
+pub mod gradients;
+pub mod overfit;

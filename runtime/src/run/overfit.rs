@@ -1,0 +1,654 @@
+//! The overfit check: `#[golden_layer(overfit(...))]` (module form) generates
+//! `#[test] fn overfits_single_batch()`.
+//!
+//! One fixed batch (each dim at the middle of its range, declared values, the layer's seed) and a
+//! target of each output's shape (or class ids, for cross-entropy); golden trains the port on it
+//! for `steps` steps with candle-nn's optimizer, and PyTorch trains the reference module the same
+//! way from the same weights. The check fails when
+//!
+//! * the port does not overfit: its loss before the last step is not below
+//!   `max(threshold, ratio × initial loss)` (the message shows the loss curve);
+//! * a parameter is never updated (its optimizer never sees it, or no gradient reaches it);
+//! * the two trainings part: the loss differs from PyTorch's at some step (the first such step is
+//!   reported) or the final weights differ.
+//!
+//! Gradient health is reported too, per parameter over the steps: vanishing (norm below 1e-7 at
+//! every step), exploding (above 1e3 at some step), and dead units (rows whose gradient is zero at
+//! every step: a ReLU that never fires). Both sides run in eval mode: dropout would make them differ
+//! by design.
+
+use crate::answers::live::{Named, Request};
+use crate::answers::source::{Answer, Source};
+use crate::describe::checks::{Kind, Loss, Optimizer, OverfitSpec, Step};
+use crate::describe::inputs::{self, CaseParams, Rng, Style};
+use crate::describe::layer::dtype_name;
+use crate::describe::layer::{Form, Layer};
+use crate::describe::numbers::num;
+use crate::python::worker::WorkerError;
+use crate::report::failure::{CaseFailure, Failure, FailureKind};
+use crate::report::passed::{CaseRecord, DTypeRun, Report};
+use crate::report::results;
+use crate::run::check::{self, Port};
+use crate::run::forward::call_port;
+use candle_core::{DType, Device, Tensor, Var, D};
+use candle_nn::optim::{AdamW, Optimizer as _, SGD};
+use golden_files::{HostTensor, WireDType};
+use std::time::Instant;
+
+/// How the two trainings may differ: the loss at each step, relatively; each parameter's total
+/// update (final − initial weights), in norm relative to PyTorch's, leaving out inert elements
+/// (see [`INERT_FRACTION`]): AdamW normalises a gradient of pure rounding noise to a step of ±lr, so
+/// those elements wander differently in any two implementations. Measured on the zoo (seeds 0..6):
+/// loss within 1e-5, updates within 1e-6 once inert elements are left out (3e-3..7e-3 with them).
+const PARITY_LOSS_RTOL: f64 = 1e-3;
+const PARITY_UPDATE_RTOL: f64 = 1e-2;
+
+/// Per parameter, `‖Δport − Δtorch‖ / ‖Δtorch‖` over its elements that are not inert, where Δ is
+/// the total update of the weights.
+fn update_parity(training: &Training, torch: &Named) -> Vec<(String, f64)> {
+    let initial = training.initial.iter();
+    initial
+        .zip(&training.final_weights)
+        .zip(&training.grads)
+        .map(|(((name, before), (_, after)), grads)| {
+            let torch_after = torch
+                .iter()
+                .find(|(n, _)| n.strip_prefix("final.") == Some(name))
+                .map(|(_, t)| t.to_f64());
+            let Some(torch_after) = torch_after.filter(|t| t.len() == before.numel()) else {
+                return (name.clone(), f64::NAN);
+            };
+            let (mut diff, mut norm) = (0.0, 0.0);
+            let elements = before
+                .to_f64()
+                .into_iter()
+                .zip(after.to_f64())
+                .zip(torch_after);
+            for (((b, a), t), inert) in elements.zip(grads.inert()) {
+                if !inert {
+                    diff += ((a - b) - (t - b)).powi(2);
+                    norm += (t - b).powi(2);
+                }
+            }
+            let rel = if diff == 0.0 {
+                0.0
+            } else if norm == 0.0 {
+                f64::INFINITY
+            } else {
+                (diff / norm).sqrt()
+            };
+            (name.clone(), rel)
+        })
+        .collect()
+}
+
+/// The fixed batch: every dim at the middle of its range, declared values, the layer's seed.
+fn batch(layer: &Layer, seed: u64) -> CaseParams {
+    CaseParams {
+        dims: layer
+            .dims
+            .iter()
+            .map(|d| (d.name.clone(), (d.lo + d.hi).div_ceil(2)))
+            .collect(),
+        seed: seed ^ inputs::fnv1a(layer.name.as_bytes()),
+        style: Style::Declared,
+    }
+}
+
+fn target_for(loss: Loss, name: &str, out: &HostTensor, seed: u64, dtype: DType) -> HostTensor {
+    let mut rng = Rng::new(seed, &format!("target.{name}"));
+    match loss {
+        Loss::Mse => inputs::float_tensor(out.shape.clone(), &rng.normals(out.numel()), dtype),
+        Loss::CrossEntropy => {
+            let classes = *out.shape.last().unwrap_or(&1) as u64;
+            let shape = out.shape[..out.shape.len().saturating_sub(1)].to_vec();
+            let n: usize = shape.iter().product();
+            let data: Vec<u8> = (0..n)
+                .flat_map(|_| (rng.below(classes.max(1)) as i64).to_le_bytes())
+                .collect();
+            HostTensor {
+                dtype: WireDType::I64,
+                shape,
+                data: data.into(),
+            }
+        }
+    }
+}
+
+/// The loss of the port's outputs, summed over leaves (as the worker computes it).
+fn loss_of(
+    loss: Loss,
+    outputs: &crate::describe::outputs::Outputs,
+    targets: &[(String, Tensor)],
+) -> candle_core::Result<Tensor> {
+    let mut total: Option<Tensor> = None;
+    for (name, target) in targets {
+        let out = outputs.leaf(name).map_err(candle_core::Error::Msg)?;
+        let l = match loss {
+            Loss::Mse => out.sub(&target.to_dtype(out.dtype())?)?.sqr()?.mean_all()?,
+            Loss::CrossEntropy => {
+                let classes = out.dim(D::Minus1)?;
+                let logits = out.reshape(((), classes))?;
+                let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+                let ids = target.flatten_all()?.unsqueeze(1)?;
+                log_probs.gather(&ids, 1)?.neg()?.mean_all()?
+            }
+        };
+        total = Some(match total {
+            Some(t) => (t + l)?,
+            None => l,
+        });
+    }
+    total.ok_or_else(|| candle_core::Error::Msg("no output to train".into()))
+}
+
+/// What the port's training did.
+struct Training {
+    losses: Vec<f64>,
+    grads: Vec<ParamGrads>,
+    initial: Named,
+    final_weights: Named,
+}
+
+/// One parameter's gradients over the training, for the health flags.
+struct ParamGrads {
+    name: String,
+    /// The gradient's norm at each step (0 when it got none).
+    norms: Vec<f64>,
+    /// Per element, the largest |gradient| over the steps.
+    max_abs: Vec<f64>,
+    /// Elements per row (first axis).
+    row: usize,
+}
+
+/// An element whose gradient never exceeds this fraction of its tensor's largest is inert: its
+/// gradient is zero in exact arithmetic (a key bias under softmax) and rounding noise in practice.
+const INERT_FRACTION: f64 = 1e-5;
+
+impl ParamGrads {
+    /// Rows whose gradient was exactly zero at every step, when some rows did get one.
+    fn dead_rows(&self) -> Vec<usize> {
+        let rows: Vec<bool> = self
+            .max_abs
+            .chunks(self.row.max(1))
+            .map(|r| r.iter().all(|g| *g == 0.0))
+            .collect();
+        if rows.len() < 2 || rows.iter().all(|d| *d) {
+            return Vec::new();
+        }
+        rows.iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.then_some(i))
+            .collect()
+    }
+
+    /// Elements that got only rounding noise (see [`INERT_FRACTION`]).
+    fn inert(&self) -> Vec<bool> {
+        let largest = self.max_abs.iter().copied().fold(0.0f64, f64::max);
+        // Only a finite scale says what noise is (a diverging training has infinite gradients).
+        let finite = largest.is_finite() && self.max_abs.iter().all(|g| g.is_finite());
+        self.max_abs
+            .iter()
+            .map(|g| finite && *g > 0.0 && *g <= INERT_FRACTION * largest)
+            .collect()
+    }
+}
+
+/// What both trainings start from.
+struct Batch<'a> {
+    args: &'a [HostTensor],
+    /// The reference module's initial state_dict, and which of its entries are buffers.
+    state_dict: &'a Named,
+    buffers: &'a [String],
+    targets: &'a Named,
+    dtype: DType,
+}
+
+fn train_port(port: &Port<'_>, spec: &OverfitSpec, batch: &Batch<'_>) -> Result<Training, String> {
+    let Batch {
+        args,
+        state_dict,
+        buffers,
+        targets,
+        dtype,
+    } = *batch;
+    let device = Device::Cpu;
+    let state = crate::answers::params::StateDict::new(state_dict, dtype, &device)
+        .map_err(|e| e.to_string())?;
+    let vars: Vec<(String, Var)> = {
+        let data = state.var_map().data().lock().unwrap();
+        state_dict
+            .iter()
+            .filter(|(n, _)| !buffers.contains(n))
+            .filter_map(|(n, _)| data.get(n).map(|v| (n.clone(), v.clone())))
+            .collect()
+    };
+    let inputs: Vec<Tensor> = args
+        .iter()
+        .map(|a| a.to_candle(&device))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let targets: Vec<(String, Tensor)> = targets
+        .iter()
+        .map(|(n, t)| t.to_candle(&device).map(|t| (n.clone(), t)))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let plain: Vec<Var> = vars.iter().map(|(_, v)| v.clone()).collect();
+    enum Opt {
+        Sgd(SGD),
+        AdamW(AdamW),
+        Custom(Step),
+    }
+    let mut opt = match &spec.optimizer {
+        Optimizer::Sgd { lr } => Opt::Sgd(SGD::new(plain, *lr).map_err(|e| e.to_string())?),
+        Optimizer::AdamW(p) => Opt::AdamW(AdamW::new(plain, p.clone()).map_err(|e| e.to_string())?),
+        Optimizer::Custom { step, .. } => Opt::Custom(step.clone()),
+    };
+    let snapshot = |vars: &[(String, Var)]| -> Result<Named, String> {
+        vars.iter()
+            .map(|(n, v)| HostTensor::from_candle(v.as_tensor()).map(|t| (n.clone(), t)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())
+    };
+    let initial = snapshot(&vars)?;
+    let mut losses = Vec::new();
+    let mut param_grads: Vec<ParamGrads> = vars
+        .iter()
+        .map(|(n, v)| ParamGrads {
+            name: n.clone(),
+            norms: Vec::new(),
+            max_abs: vec![0.0; v.elem_count()],
+            row: v.dims().iter().skip(1).product(),
+        })
+        .collect();
+    for _ in 0..spec.steps {
+        let outputs = call_port(port, inputs.clone(), Some(&state))
+            .map_err(|f| format!("the port failed while training: {}", f.message))?;
+        let value = loss_of(spec.loss, &outputs, &targets).map_err(|e| format!("the loss: {e}"))?;
+        losses.push(
+            value
+                .to_dtype(DType::F64)
+                .and_then(|v| v.to_scalar::<f64>())
+                .map_err(|e| e.to_string())?,
+        );
+        let grads = value.backward().map_err(|e| format!("backward: {e}"))?;
+        for ((_, var), p) in vars.iter().zip(param_grads.iter_mut()) {
+            match grads.get(var.as_tensor()) {
+                Some(g) => {
+                    let g = HostTensor::from_candle(g)
+                        .map_err(|e| e.to_string())?
+                        .to_f64();
+                    p.norms.push(g.iter().map(|x| x * x).sum::<f64>().sqrt());
+                    for (m, x) in p.max_abs.iter_mut().zip(&g) {
+                        *m = m.max(x.abs());
+                    }
+                }
+                None => p.norms.push(0.0),
+            }
+        }
+        match &mut opt {
+            Opt::Sgd(o) => o.step(&grads),
+            Opt::AdamW(o) => o.step(&grads),
+            Opt::Custom(step) => step(&vars, &grads),
+        }
+        .map_err(|e| format!("the optimizer step: {e}"))?;
+    }
+    Ok(Training {
+        losses,
+        grads: param_grads,
+        initial,
+        final_weights: snapshot(&vars)?,
+    })
+}
+
+/// The loss at a few steps, and the first step where it stopped being finite.
+fn curve(losses: &[f64]) -> String {
+    let n = losses.len();
+    let blew_up = losses.iter().position(|l| !l.is_finite());
+    let mut steps: Vec<usize> = [0, n / 10, n / 4, n / 2, 3 * n / 4]
+        .into_iter()
+        .chain(blew_up)
+        .filter(|s| *s < n)
+        .collect();
+    if n > 0 {
+        steps.push(n - 1);
+    }
+    steps.sort_unstable();
+    steps.dedup();
+    let mut text = steps
+        .iter()
+        .map(|&s| format!("step {s}: {}", num(losses[s])))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Some(s) = blew_up {
+        text.push_str(&format!(" (first not finite at step {s})"));
+    }
+    text
+}
+
+/// Run the overfit check (the layer's `overfit` options, or the defaults).
+pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
+    let started = Instant::now();
+    let result = check_inner(layer, port).map_err(|mut f| {
+        f.check = Kind::Overfit;
+        f
+    });
+    results::record(layer, Kind::Overfit, &result, started.elapsed());
+    result
+}
+
+fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
+    let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
+    layer.validate().map_err(config_error)?;
+    if layer.form != Form::Module {
+        return Err(config_error(
+            "the overfit check trains a module: its port takes a VarBuilder (module form)".into(),
+        ));
+    }
+    let spec = layer.overfit.clone().unwrap_or_default();
+    let seed = crate::describe::env::seed()
+        .map_err(config_error)?
+        .unwrap_or(0);
+    let params = batch(layer, seed);
+    let dtype = layer.dtypes[0];
+    let description = format!("{}{}\n", layer.description(1, seed), spec.describe(&params));
+    let mode = match layer.mode {
+        Some(m) => m,
+        None => crate::describe::env::mode().map_err(config_error)?,
+    };
+    let (source, how) = check::open_source(layer, Kind::Overfit, mode, &description)?;
+    let result = run(layer, port, &spec, &source, &params, dtype);
+    check::finish_source(layer, Kind::Overfit, &source, &description)?;
+    let (record, health) = result?;
+    Ok(Report {
+        layer: layer.clone(),
+        kind: Kind::Overfit,
+        description,
+        seed,
+        cases: 1,
+        overridden: crate::describe::env::seed().ok().flatten().is_some(),
+        source: how,
+        runs: vec![DTypeRun {
+            dtype,
+            cases: vec![record],
+            replayed: Vec::new(),
+            skipped: 0,
+        }],
+        health,
+    })
+}
+
+fn run(
+    layer: &Layer,
+    port: &Port<'_>,
+    spec: &OverfitSpec,
+    source: &Source,
+    params: &CaseParams,
+    dtype: DType,
+) -> Result<(CaseRecord, Vec<String>), Failure> {
+    let failure = |kind| {
+        let mut f = Failure::new(layer, kind);
+        f.dtype = Some(dtype_name(dtype));
+        f.case = Some(params.clone());
+        f
+    };
+    let ask = |request: &Request<'_>| match source.request(layer, dtype, params, request) {
+        Answer::Outputs(o) => Ok(o),
+        Answer::Unrecorded => Err(failure(FailureKind::Config(format!(
+            "the golden store has no training for this batch ({params}): it is out of date; record \
+             it again (needs Python with torch): {}",
+            layer.rerun_command(Kind::Overfit.test(), "GOLDEN_MODE=record")
+        )))),
+        Answer::Failed(e @ WorkerError::Remote(_)) => {
+            Err(failure(FailureKind::Case(Box::new(CaseFailure {
+                reference_error: Some(e),
+                ..CaseFailure::default()
+            }))))
+        }
+        Answer::Failed(e) => Err(failure(FailureKind::Worker(e))),
+    };
+    let args =
+        inputs::make_args(layer, params, dtype).map_err(|e| failure(FailureKind::Config(e)))?;
+    let forward = ask(&Request::Forward {
+        args: &args,
+        trace: false,
+    })?;
+    let targets: Named = forward
+        .expected
+        .iter()
+        .map(|(n, t)| (n.clone(), target_for(spec.loss, n, t, params.seed, dtype)))
+        .collect();
+    let target_tensors: Vec<HostTensor> = targets.iter().map(|(_, t)| t.clone()).collect();
+    let optimizer = spec.optimizer.to_json();
+    let loss_name = match spec.loss {
+        Loss::Mse => "mse",
+        Loss::CrossEntropy => "cross_entropy",
+    };
+    let torch = ask(&Request::Train {
+        args: &args,
+        targets: &target_tensors,
+        loss: loss_name,
+        optimizer: &optimizer,
+        steps: spec.steps,
+    })?;
+    let mut case = CaseFailure {
+        inputs: layer
+            .args
+            .iter()
+            .map(|a| a.name.clone())
+            .zip(args.iter().cloned())
+            .collect(),
+        ..CaseFailure::default()
+    };
+    let batch = Batch {
+        args: &args,
+        state_dict: &forward.state_dict,
+        buffers: &forward.buffers,
+        targets: &targets,
+        dtype,
+    };
+    let training = match train_port(port, spec, &batch) {
+        Ok(t) => t,
+        Err(e) => {
+            case.port_error = Some(e);
+            return Err(failure(FailureKind::Case(Box::new(case))));
+        }
+    };
+    let torch_losses = torch
+        .expected
+        .iter()
+        .find(|(n, _)| n == "losses")
+        .map(|(_, t)| t.to_f64())
+        .unwrap_or_default();
+    let mut issues = Vec::new();
+    let mut health = Vec::new();
+
+    // Does it overfit?
+    let initial = training.losses.first().copied().unwrap_or(f64::NAN);
+    let last = training.losses.last().copied().unwrap_or(f64::NAN);
+    let bound = spec.threshold.max(spec.ratio * initial);
+    if last.is_nan() || last >= bound {
+        issues.push(format!(
+            "the port does not overfit one batch: its loss went {} (it must end below {}); \
+             PyTorch's went {}",
+            curve(&training.losses),
+            num(bound),
+            curve(&torch_losses)
+        ));
+    }
+    // Parameters never updated.
+    for ((name, before), (_, after)) in training.initial.iter().zip(&training.final_weights) {
+        if before == after {
+            issues.push(format!(
+                "`{name}` was never updated in {} steps: the optimizer does not get it, or no \
+                 gradient reaches it (a detach, a fused op without backward)",
+                spec.steps
+            ));
+        }
+    }
+    // Parity with PyTorch, step by step.
+    let diverged = training
+        .losses
+        .iter()
+        .zip(&torch_losses)
+        .position(|(p, t)| (p - t).abs() > PARITY_LOSS_RTOL * t.abs() + 1e-7 || p.is_nan());
+    let loss_parity = training
+        .losses
+        .iter()
+        .zip(&torch_losses)
+        .map(|(p, t)| (p - t).abs() / t.abs().max(f64::MIN_POSITIVE))
+        .fold(0.0f64, f64::max);
+    if let Some(step) = diverged {
+        issues.push(format!(
+            "the training parts from PyTorch's at step {step}: loss {} in the port, {} in PyTorch \
+             (allowed relative difference {}); before: {}",
+            num(training.losses[step]),
+            num(torch_losses[step]),
+            num(PARITY_LOSS_RTOL),
+            if step == 0 {
+                "nothing (the first loss already differs: check the forward pass)".to_string()
+            } else {
+                format!("step {} agreed", step - 1)
+            }
+        ));
+    }
+    // An update that goes uphill where PyTorch's goes down is the wrong sign, whatever else differs.
+    if let ([p0, p1, ..], [t0, t1, ..]) = (&training.losses[..], &torch_losses[..]) {
+        if p1 > p0 && t1 < t0 {
+            issues.push(format!(
+                "likely cause: the port's first update raised the loss ({} → {}) where PyTorch's \
+                 lowered it ({} → {}): the update has the wrong sign (`w + lr·g` instead of \
+                 `w − lr·g`)",
+                num(*p0),
+                num(*p1),
+                num(*t0),
+                num(*t1)
+            ));
+        }
+    }
+    let updates = update_parity(&training, &torch.expected);
+    let worst = updates
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .filter(|(_, r)| r.is_nan() || *r > PARITY_UPDATE_RTOL);
+    if let (None, Some((name, rel))) = (diverged, worst) {
+        issues.push(format!(
+            "the losses agree with PyTorch's at every step but the weights moved differently: \
+             `{name}`'s total update differs from PyTorch's by {} of its size (allowed {})",
+            num(*rel),
+            num(PARITY_UPDATE_RTOL)
+        ));
+    }
+    // Gradient health.
+    for p in &training.grads {
+        let name = &p.name;
+        let max = p.norms.iter().copied().fold(0.0f64, f64::max);
+        if max == 0.0 {
+            health.push(format!("`{name}`: no gradient at any step"));
+        }
+        if max > 0.0 && max < 1e-7 {
+            health.push(format!(
+                "`{name}`: vanishing gradient (norm below 1e-7 at every step; max {})",
+                num(max)
+            ));
+        }
+        if max > 1e3 {
+            health.push(format!(
+                "`{name}`: exploding gradient (norm up to {})",
+                num(max)
+            ));
+        }
+        let dead = p.dead_rows();
+        if !dead.is_empty() {
+            health.push(format!(
+                "`{name}`: {} dead units (rows {:?} get a zero gradient at every step: a ReLU that \
+                 never fires?)",
+                dead.len(),
+                &dead[..dead.len().min(8)]
+            ));
+        }
+        let inert = p.inert().iter().filter(|i| **i).count();
+        if inert > 0 {
+            health.push(format!(
+                "`{name}`: {inert} of {} elements get only rounding noise as gradient (no effect on \
+                 the loss in exact arithmetic, e.g. a key bias under softmax); left out of the \
+                 update parity",
+                p.max_abs.len()
+            ));
+        }
+    }
+    let mut figures = vec![
+        ("loss.initial".to_string(), initial),
+        ("loss.final".to_string(), last),
+    ];
+    let n = training.losses.len();
+    if n > 4 {
+        figures.insert(1, (format!("loss.step{}", n / 4), training.losses[n / 4]));
+        figures.insert(2, (format!("loss.step{}", n / 2), training.losses[n / 2]));
+    }
+    figures.push(("parity.loss".to_string(), loss_parity));
+    let worst_update = updates.iter().map(|(_, r)| *r).fold(0.0f64, f64::max);
+    figures.push(("parity.update".to_string(), worst_update));
+    if issues.is_empty() {
+        Ok((
+            CaseRecord {
+                params: params.clone(),
+                leaves: Vec::new(),
+                figures,
+            },
+            health,
+        ))
+    } else {
+        case.training_issues = issues;
+        case.training_issues
+            .extend(health.iter().map(|h| format!("gradient health: {h}")));
+        Err(failure(FailureKind::Case(Box::new(case))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grads(max_abs: Vec<f64>, row: usize) -> ParamGrads {
+        ParamGrads {
+            name: "w".into(),
+            norms: vec![1.0],
+            max_abs,
+            row,
+        }
+    }
+
+    #[test]
+    fn dead_rows_are_rows_without_any_gradient() {
+        let p = grads(vec![0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 2.0, 3.0], 2);
+        assert_eq!(p.dead_rows(), vec![0, 2]);
+        // A parameter with no gradient at all is not "dead units": it is reported as such.
+        assert!(grads(vec![0.0; 4], 2).dead_rows().is_empty());
+        // One row: nothing to compare with.
+        assert!(grads(vec![0.0, 1.0], 2).dead_rows().is_empty());
+    }
+
+    #[test]
+    fn inert_elements_are_noise_next_to_the_rest() {
+        let p = grads(vec![1.0, 1e-9, 0.0, 0.5], 1);
+        assert_eq!(p.inert(), vec![false, true, false, false]);
+        // A diverged training has no scale to call anything noise.
+        assert!(!grads(vec![f64::INFINITY, 1e-9], 1)
+            .inert()
+            .iter()
+            .any(|i| *i));
+    }
+
+    #[test]
+    fn the_curve_shows_where_the_loss_stopped_being_finite() {
+        let mut losses: Vec<f64> = (0..20).map(|i| 1.0 / (1.0 + i as f64)).collect();
+        losses[7] = f64::INFINITY;
+        let c = curve(&losses);
+        assert!(c.starts_with("step 0: 1, step 2: "), "{c}");
+        assert!(
+            c.contains("step 7: inf") && c.ends_with("(first not finite at step 7)"),
+            "{c}"
+        );
+    }
+}
