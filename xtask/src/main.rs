@@ -74,7 +74,9 @@ fn setup() -> Result<PathBuf, String> {
             format!("{e}\n  golden needs python3 (3.9 or newer) with its venv module to create its venv")
         })?;
     }
-    eprintln!("golden: installing numpy and torch into it (first time: ~2 min, 5.4 GB) ...");
+    eprintln!(
+        "golden: installing numpy, torch and transformers into it (first time: ~2 min, 5.4 GB) ..."
+    );
     run(Command::new(&python)
         .args([
             "-m",
@@ -84,7 +86,7 @@ fn setup() -> Result<PathBuf, String> {
             "--disable-pip-version-check",
             "--upgrade",
         ])
-        .arg(format!("{}[torch]", root().join("reference_py").display())))?;
+        .arg(format!("{}[torch,hf]", root().join("reference_py").display())))?;
     std::fs::write(&stamp, wanted).map_err(|e| format!("{stamp:?}: {e}"))?;
     eprintln!(
         "golden: Python side ready ({:.0} s)",
