@@ -4,11 +4,19 @@ Per case the runtime needs three things from the reference:
 
 * `expected`: the reference's output in the case dtype, on exactly the inputs the port got;
 * `precise`: the same computation in float64 on the same (already rounded) inputs;
-* `rounding`: the size of the rounding error this computation makes in the case dtype, element by
-  element. It is measured at a few inputs (and parameters) nudged by one ulp of the case dtype: at
-  each, the reference's own error (case dtype against float64) and the float64 output's move. The
-  RMS over the nudges estimates the error's scale; one sample alone is often tiny by chance.
-  Rounding errors are chaotic in the input bits, so each nudge gives a fresh sample.
+* `own` and `moved`: the size of the rounding error this computation makes in the case dtype,
+  element by element. It is measured at a few inputs (and parameters) nudged by one ulp of the case
+  dtype: at each, the reference's own error (case dtype against float64: `own`) and the float64
+  output's move (`moved`). The RMS over the nudges estimates the error's scale; one sample alone is
+  often tiny by chance. Rounding errors are chaotic in the input bits, so each nudge gives a fresh
+  sample. The runtime bounds the estimate (`answers/live.rs`): where the two precisions differ by
+  far more than rounding explains, the float64 run is not the same computation.
+
+Every evaluation gets fresh copies of the inputs and of the module's parameters: a reference that
+modifies its inputs in place (`x.add_(1)`) must not change what the next evaluation sees, and is
+reported (`mutated`). The float64 evaluations run under `precision.promoted`, so that a reference's
+own upcasts (`.to(torch.float32)`) do not truncate them. With `twice`, the case-dtype evaluation is
+repeated and must give the same bits: a reference that draws unseeded noise is not deterministic.
 
 The runtime's `compare.rs` turns these into the pass/fail rule; the float64 parts are best effort
 (a reference that cannot run in float64 just gets the strict default tolerance).
@@ -21,6 +29,7 @@ import copy
 import numpy as np
 
 from .backends import OutputError, flatten_outputs
+from .precision import promoted
 from .tracebacks import format_user_traceback
 from .wire import FLOAT_DTYPES, WireTensor
 
@@ -45,6 +54,10 @@ def torch_dtype(torch, name: str):
     }[name]
 
 
+class NotDeterministic(Exception):
+    """Two evaluations of the reference on the same inputs gave different outputs."""
+
+
 class Case:
     """One request: which reference, the inputs as wire tensors, consts, init, seed, dtype."""
 
@@ -61,10 +74,20 @@ class Case:
         self.dtype = dtype
         # Module form: also record every submodule's output (forward hooks), see `_call`.
         self.trace = False
+        # Module form: the state_dict to load, by the reference's names (wire tensors in the case
+        # dtype): drawn by the runtime or read from a checkpoint. None: the module's own init.
+        self.state = None
+        # Evaluate twice in the case dtype and require the same bits (see NotDeterministic).
+        self.twice = False
 
 
-def build_module(case: Case):
-    """Construct the reference module under the case seed, in eval mode, in the case dtype."""
+def reference_module(module):
+    """The reference module inside one of golden's wrappers (variants, gradients), or itself."""
+    return module.inner if getattr(type(module), "golden_wrapper", False) else module
+
+
+def construct(case: Case):
+    """Construct the reference module under the case seed, in eval mode (module's own dtype)."""
     torch = case.backend.torch
     torch.manual_seed(case.seed)
     try:
@@ -77,8 +100,44 @@ def build_module(case: Case):
         raise OutputError(
             f"the module form needs an nn.Module class; calling it returned a {type(module).__name__}"
         )
-    module.eval()
-    return module.to(torch_dtype(torch, case.dtype))
+    return module.eval()
+
+
+def load_state(module, state, backend):
+    """Load `state` ((name, wire tensor) pairs, the reference's names) into the reference module.
+    Tied parameters appear under each of their names, with equal values."""
+    torch = backend.torch
+    inner = reference_module(module)
+    wanted = {name: backend.to_native(_copy(t)) for name, t in state}
+    have = inner.state_dict()
+    missing = [n for n in have if n not in wanted]
+    extra = [n for n in wanted if n not in have]
+    if missing or extra:
+        raise OutputError(
+            f"the parameters golden drew do not fit the module: missing {missing}, unknown {extra}"
+        )
+    with torch.no_grad():
+        for name, value in have.items():
+            value.copy_(wanted[name].to(value.dtype))
+
+
+def build_module(case: Case, dtype: str | None = None):
+    """The reference module for one evaluation: constructed under the case seed, with `case.state`
+    loaded when given, in eval mode, in `dtype` (default: the case dtype)."""
+    torch = case.backend.torch
+    module = construct(case)
+    if case.state is not None:
+        load_state(module, case.state, case.backend)
+    return module.to(torch_dtype(torch, dtype or case.dtype))
+
+
+def _copy(t: WireTensor) -> WireTensor:
+    """A private copy: what an evaluation gets, so that in-place changes stay in it."""
+    return WireTensor(t.dtype, np.array(t.array, copy=True))
+
+
+def _bits(t: WireTensor) -> bytes:
+    return t.array.tobytes()
 
 
 def _call(case: Case, target, args, phase: str):
@@ -137,44 +196,138 @@ def _trace_leaves(recorded: list):
 
 
 def forward(case: Case, perturbations: int = 4, precise: bool = True):
-    """Evaluate the reference; returns a dict of lists of (name, WireTensor) and an error note.
+    """Evaluate the reference; returns a dict of lists of (name, WireTensor) and notes.
 
     `precise=False` skips the float64 and nudged evaluations (the benchmark's transport figures)."""
     backend = case.backend
-    native = [backend.to_native(a) for a in case.args]
     module = None
-    state_dict = []
-    buffers = []
+    state_dict, buffers, aliases = [], [], []
     if case.form == "module":
         module = build_module(case)
-        parameter_names = {n[len("inner."):] if n.startswith("inner.") else n for n, _ in module.named_parameters()}
-        for name, value in module.state_dict().items():
-            # Wrappers (variants, gradients) hold the reference module as `inner`.
-            name = name[len("inner."):] if name.startswith("inner.") else name
-            state_dict.append((name, backend.from_native(value, case.dtype)))
-            if name not in parameter_names:
-                buffers.append(name)
-        target = module
-    else:
-        target = case.obj
+        inner = reference_module(module)
+        if case.state is None:
+            for name, value in inner.state_dict().items():
+                state_dict.append((name, backend.from_native(value, case.dtype)))
+        buffers, aliases = module_entries(inner)
 
-    expected_native = _call(case, target, native, f"the forward pass in {case.dtype}")
-    expected = [(name, backend.from_native(v, case.dtype)) for name, v in expected_native]
+    expected, mutated = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}")
+    if case.twice:
+        again, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, again")
+        _same_bits(expected, again)
 
-    high, rounding, precise_error = None, None, None
+    high, own, moved, precise_error = None, None, None, None
     if precise:
         try:
-            high, rounding = _precise(case, module, native, expected, perturbations)
+            high, own, moved = _precise(case, module, expected, perturbations)
         except Exception as e:  # best effort: the runtime falls back to the strict tolerance
             precise_error = f"{type(e).__name__}: {e}"
     return {
         "state_dict": state_dict,
         "buffers": buffers,
+        "aliases": aliases,
         "expected": expected,
         "precise": high,
-        "rounding": rounding,
+        "own": own,
+        "moved": moved,
         "precise_error": precise_error,
+        "mutated": mutated,
     }
+
+
+def module_entries(inner):
+    """The state_dict's buffers (entries that are not parameters: no gradient, no optimizer step),
+    and its groups of names that share one tensor (tied weights, e.g. an LM head tied to the
+    embedding)."""
+    parameters = {n for n, _ in inner.named_parameters(remove_duplicate=False)}
+    buffers = []
+    groups = {}
+    for name, value in inner.state_dict(keep_vars=True).items():
+        if name not in parameters:
+            buffers.append(name)
+        key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), tuple(value.stride()))
+        groups.setdefault(key, []).append(name)
+    return buffers, [names for names in groups.values() if len(names) > 1]
+
+
+def param_spec(case: Case):
+    """What the runtime needs to draw the module's parameters: every state_dict entry with its
+    shape, whether it is floating point, a parameter or a buffer, the names it is tied to, and the
+    statistics of its initial values (so that a drawn tensor keeps its scale and its domain: a norm
+    weight near 1, a running variance positive). Integer entries (BatchNorm's step counter) are
+    not drawn: their values come along as they are."""
+    torch = case.backend.torch
+    inner = reference_module(construct(case))
+    buffers, aliases = module_entries(inner)
+    entries, tensors = [], []
+    for name, value in inner.state_dict().items():
+        entry = {"name": name, "shape": list(value.shape), "buffer": name in buffers}
+        if value.is_floating_point():
+            v = value.detach().to(torch.float64)
+            entry["float"] = True
+            if v.numel():
+                positive = bool((v > 0).all())
+                entry.update(
+                    mean=float(v.mean()),
+                    std=float(v.std(unbiased=False)),
+                    min=float(v.min()),
+                    max=float(v.max()),
+                )
+                if positive:
+                    logs = v.log()
+                    entry.update(log_mean=float(logs.mean()), log_std=float(logs.std(unbiased=False)))
+        else:
+            entry["float"] = False
+            entry["value"] = len(tensors)
+            tensors.append(case.backend.from_native(value, case.dtype))
+        entries.append(entry)
+    return {"entries": entries, "aliases": aliases}, tensors
+
+
+def _evaluate_once(case: Case, module, args, phase: str):
+    """One evaluation in the case dtype on fresh copies of `args` (and of `module`); returns the
+    outputs and what the reference changed in place (inputs by position, parameters by name)."""
+    backend = case.backend
+    fresh = [_copy(a) for a in args]
+    native = [backend.to_native(a) for a in fresh]
+    target = copy.deepcopy(module) if module is not None else case.obj
+    leaves = _call(case, target, native, phase)
+    outputs = [(name, backend.from_native(v, case.dtype)) for name, v in leaves]
+    mutated = []
+    for i, (before, now) in enumerate(zip(args, native)):
+        after = backend.from_native(now, before.dtype) if backend.is_tensor(now) else None
+        if after is not None and (after.dtype, after.array.shape) == (before.dtype, before.array.shape):
+            if _bits(after) != _bits(before):
+                mutated.append(f"input {i}")
+    if module is not None:
+        pristine = reference_module(module).state_dict()
+        for name, value in reference_module(target).state_dict().items():
+            if name in pristine and not backend.torch.equal(value, pristine[name]):
+                mutated.append(f"parameter {name}")
+    return outputs, mutated
+
+
+def _same_bits(first, second):
+    """Raise NotDeterministic, naming the first leaf and element that differ."""
+    for (name, a), (_, b) in zip(first, second):
+        if a.array.shape != b.array.shape or _bits(a) != _bits(b):
+            x, y = _floats(a), _floats(b)
+            where = next((i for i in range(min(x.size, y.size)) if not _same(x[i], y[i])), 0)
+            index = list(np.unravel_index(where, a.array.shape)) if a.array.shape else []
+            raise NotDeterministic(
+                f"`{name}` differs between two evaluations on the same inputs, first at "
+                f"{[int(k) for k in index]}: {x[where] if x.size else '?'} then "
+                f"{y[where] if y.size else '?'}"
+            )
+
+
+def _floats(t: WireTensor) -> np.ndarray:
+    if t.dtype == "bf16":
+        return (t.array.astype(np.uint32) << 16).view(np.float32).reshape(-1).astype(np.float64)
+    return t.array.reshape(-1).astype(np.float64)
+
+
+def _same(a, b) -> bool:
+    return a == b or (a != a and b != b)
 
 
 _UINT = {"f16": np.uint16, "bf16": np.uint16, "f32": np.uint32, "f64": np.uint64}
@@ -208,11 +361,16 @@ def nudge(t: WireTensor, rng: np.random.Generator) -> WireTensor:
     return WireTensor(t.dtype, array.reshape(t.array.shape))
 
 
-def _evaluate(case: Case, module, args, phase: str):
-    """Evaluate on wire-tensor args (and, in module form, `module` as given)."""
-    target = module if module is not None else case.obj
-    native = [case.backend.to_native(a) for a in args]
-    return _call(case, target, native, phase)
+def _evaluate64(case: Case, module, args, phase: str):
+    """One float64 evaluation (under `promoted`) on fresh upcast copies of `args`; `module` is the
+    case's module in the case dtype, copied and upcast."""
+    backend = case.backend
+    native = [backend.to_float64(backend.to_native(_copy(a))) for a in args]
+    target = case.obj
+    if module is not None:
+        target = copy.deepcopy(module).to(backend.torch.float64)
+    with promoted(backend):
+        return _call(case, target, native, phase)
 
 
 def _module_with_state(module, state: dict, torch):
@@ -223,50 +381,49 @@ def _module_with_state(module, state: dict, torch):
     return copy_
 
 
-def _precise(case: Case, module, native, expected, perturbations: int):
+def _rms(sum_sq, n):
+    return np.sqrt(sum_sq / max(n, 1))
+
+
+def _precise(case: Case, module, expected, perturbations: int):
     backend = case.backend
     names = [name for name, _ in expected]
-    upcast = [backend.to_float64(x) for x in native]
-    target64 = case.obj
-    if module is not None:
-        target64 = copy.deepcopy(module).to(backend.torch.float64)
-    leaves64 = _call(case, target64, upcast, "the float64 evaluation")
+    leaves64 = _evaluate64(case, module, case.args, "the float64 evaluation")
     precise = _float64_leaves(backend, leaves64, names)
     base64 = {name: t.array for name, t in precise}
 
     # Samples of the rounding error at inputs one ulp away (see the module docstring).
-    sum_sq = {name: np.zeros(t.array.shape) for name, t in precise}
-    for k in range(perturbations):
-        rng = np.random.default_rng([case.seed & 0xFFFF_FFFF_FFFF_FFFF, k])
-        args_k = [nudge(a, rng) for a in case.args]
-        module_k = module64_k = None
-        if module is not None:
-            torch = backend.torch
-            state = {}
-            for name, value in module.state_dict().items():
-                if value.is_floating_point():
-                    wire_k = nudge(backend.from_native(value, case.dtype), rng)
-                    state[name] = backend.to_native(wire_k)
-                else:
-                    state[name] = value
-            module_k = _module_with_state(module, state, torch)
-            module64_k = copy.deepcopy(module_k).to(torch.float64)
-        low = _evaluate(case, module_k, args_k, "a nudged evaluation")
-        native_k = [backend.to_float64(backend.to_native(a)) for a in args_k]
-        high = _call(case, module64_k if module is not None else case.obj, native_k, "a nudged evaluation")
-        low64 = dict(_float64_leaves(backend, low, names))
-        high64 = dict(_float64_leaves(backend, high, names))
-        for name in sum_sq:
-            own = low64[name].array - high64[name].array  # the reference's rounding error there
-            moved = high64[name].array - base64[name]  # the output's sensitivity to the nudge
-            if own.shape != sum_sq[name].shape or moved.shape != sum_sq[name].shape:
-                raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
-            sum_sq[name] += np.maximum(own * own, moved * moved)
-    rounding = [
-        (name, WireTensor("f64", np.sqrt(sum_sq[name] / max(perturbations, 1))))
-        for name, _ in precise
-    ]
-    return precise, rounding
+    own_sq = {name: np.zeros(t.array.shape) for name, t in precise}
+    moved_sq = {name: np.zeros(t.array.shape) for name, t in precise}
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k in range(perturbations):
+            rng = np.random.default_rng([case.seed & 0xFFFF_FFFF_FFFF_FFFF, k])
+            args_k = [nudge(a, rng) for a in case.args]
+            module_k = None
+            if module is not None:
+                torch = backend.torch
+                state = {}
+                for name, value in module.state_dict().items():
+                    if value.is_floating_point():
+                        wire_k = nudge(backend.from_native(value, case.dtype), rng)
+                        state[name] = backend.to_native(wire_k)
+                    else:
+                        state[name] = value
+                module_k = _module_with_state(module, state, torch)
+            low, _ = _evaluate_once(case, module_k, args_k, "a nudged evaluation")
+            high = _evaluate64(case, module_k, args_k, "a nudged evaluation")
+            low64 = {n: WireTensor("f64", _floats(t).reshape(t.array.shape)) for n, t in low if t.dtype in FLOAT_DTYPES}
+            high64 = dict(_float64_leaves(backend, high, names))
+            for name in own_sq:
+                own = low64[name].array - high64[name].array  # the reference's rounding error there
+                moved = high64[name].array - base64[name]  # the output's sensitivity to the nudge
+                if own.shape != own_sq[name].shape or moved.shape != own_sq[name].shape:
+                    raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
+                own_sq[name] += own * own
+                moved_sq[name] += moved * moved
+    own = [(name, WireTensor("f64", _rms(own_sq[name], perturbations))) for name, _ in precise]
+    moved = [(name, WireTensor("f64", _rms(moved_sq[name], perturbations))) for name, _ in precise]
+    return precise, own, moved
 
 
 def variants(case: Case, perturbations: int = 4):
@@ -285,6 +442,7 @@ def variants(case: Case, perturbations: int = 4):
         else:
             obj = v.fn
         vcase = Case(obj, case.form, case.backend, case.args, case.kwargs, case.init, case.seed, case.dtype)
+        vcase.state = case.state
         try:
             out.append((v.name, v.fix, forward(vcase, perturbations), None))
         except (ReferenceRaised, OutputError) as e:
@@ -320,6 +478,8 @@ def gradient_case(case: Case, names: list, wrt: list, params: bool) -> Case:
         cls = case.obj
 
         class GradientOf(torch.nn.Module):
+            golden_wrapper = True
+
             def __init__(self, **init):
                 super().__init__()
                 self.inner = cls(**init)
@@ -335,7 +495,9 @@ def gradient_case(case: Case, names: list, wrt: list, params: bool) -> Case:
         def obj(*args, **kwargs):
             return gradients(lambda *a: fn(*a, **kwargs), args, [])
 
-    return Case(obj, case.form, case.backend, case.args, case.kwargs, case.init, case.seed, case.dtype)
+    gcase = Case(obj, case.form, case.backend, case.args, case.kwargs, case.init, case.seed, case.dtype)
+    gcase.state = case.state
+    return gcase
 
 
 def _variant_module(cls, fn):
@@ -344,6 +506,8 @@ def _variant_module(cls, fn):
     import torch
 
     class VariantOf(torch.nn.Module):
+        golden_wrapper = True
+
         def __init__(self, **init):
             super().__init__()
             self.inner = cls(**init)

@@ -9,6 +9,7 @@ Requests (`op` in the JSON header):
 
 * `hello` -> versions of Python, NumPy and (if the backend asked for it) torch
 * `load`  -> resolve a reference (import errors are reported with their traceback)
+* `params` -> what the runtime needs to draw a module's parameters (:func:`golden_ref.evaluate.param_spec`)
 * `forward` -> evaluate a reference on one case (see :mod:`golden_ref.evaluate`)
 * `variants` -> evaluate the reference's known variants on one case (:mod:`golden_ref.variants`)
 * `gradients` -> PyTorch's gradients of sum(out * cotangent) on one case
@@ -26,7 +27,7 @@ import traceback
 
 from . import wire
 from .backends import BACKENDS, BackendError, OutputError
-from .evaluate import Case, ReferenceRaised, forward, gradient_case, variants
+from .evaluate import Case, NotDeterministic, ReferenceRaised, forward, gradient_case, param_spec, variants
 from .training import train
 from .references import ReferenceError_, resolve
 
@@ -80,6 +81,13 @@ class Worker:
             self.reference(header["reference"], header["form"], header["backend"])
             version = self.backend(header["backend"]).check_available()
             return ({header["backend"]: version} if version else {}), []
+        if op == "params":
+            spec, spec_tensors = param_spec(self.case(header, tensors))
+            table = wire.TensorTable()
+            for entry in spec["entries"]:
+                if "value" in entry:
+                    entry["value"] = table.ref(spec_tensors[entry["value"]])
+            return {"params": spec}, table.tensors
         if op == "forward":
             return self.forward(header, tensors)
         if op == "variants":
@@ -117,6 +125,9 @@ class Worker:
             header["dtype"],
         )
         case.trace = bool(header.get("trace", False))
+        case.twice = bool(header.get("twice", False))
+        if header.get("state_dict") is not None:
+            case.state = [(name, t) for name, t in wire.resolve_refs(header["state_dict"], tensors)]
         return case
 
     def variants(self, header: dict, tensors: list):
@@ -143,10 +154,11 @@ def _outputs_json(result: dict, table) -> dict:
             return None
         return [[name, table.ref(t)] for name, t in leaves]
 
-    response = {key: named(result[key]) for key in ("state_dict", "expected", "precise", "rounding")}
+    response = {key: named(result[key]) for key in ("state_dict", "expected", "precise", "own", "moved")}
     response["precise_error"] = result["precise_error"]
-    if result.get("buffers"):
-        response["buffers"] = result["buffers"]
+    for key in ("buffers", "aliases", "mutated"):
+        if result.get(key):
+            response[key] = result[key]
     return response
 
 
@@ -154,6 +166,8 @@ def error_response(error: BaseException) -> dict:
     """Describe a failure so that the runtime can name the fix."""
     if isinstance(error, ReferenceError_):
         return {"kind": error.kind, "message": error.message, "traceback": error.traceback}
+    if isinstance(error, NotDeterministic):
+        return {"kind": "nondeterministic", "message": str(error)}
     if isinstance(error, ReferenceRaised):
         return {"kind": "raised", "message": str(error), "phase": error.phase, "traceback": error.traceback}
     if isinstance(error, OutputError):

@@ -46,3 +46,90 @@ class FlattenTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def _torch_case(fn, args, form="function", init=None, dtype="f32"):
+    import torch  # noqa: F401 - the torch backend imports it itself; fail early here if missing
+
+    from golden_ref.backends import TorchBackend
+    from golden_ref.evaluate import Case
+
+    wire = [WireTensor(dtype, np.asarray(a, dtype=np.float32)) for a in args]
+    return Case(fn, form, TorchBackend(), wire, {}, init or {}, 7, dtype)
+
+
+class EvaluateTest(unittest.TestCase):
+    def test_a_reference_that_modifies_its_input_gets_fresh_copies_and_is_reported(self):
+        from golden_ref.evaluate import forward
+
+        def add_one_inplace(x):
+            x.add_(1.0)
+            return x
+
+        x = np.arange(4, dtype=np.float32)
+        case = _torch_case(add_one_inplace, [x])
+        result = forward(case)
+        self.assertEqual(result["mutated"], ["input 0"])
+        np.testing.assert_array_equal(result["expected"][0][1].array, x + 1)
+        # The float64 run saw the original input, not the already incremented one.
+        np.testing.assert_array_equal(result["precise"][0][1].array, x + 1)
+        np.testing.assert_array_equal(case.args[0].array, x)
+
+    def test_twice_catches_unseeded_noise_and_passes_torch_noise(self):
+        import torch
+
+        from golden_ref.evaluate import NotDeterministic, forward
+
+        def numpy_noise(x):
+            return x + torch.from_numpy(np.random.standard_normal(tuple(x.shape))).to(x.dtype)
+
+        def torch_noise(x):
+            return x + torch.randn_like(x)  # golden seeds torch per case
+
+        case = _torch_case(numpy_noise, [np.zeros(3)])
+        case.twice = True
+        with self.assertRaises(NotDeterministic):
+            forward(case, precise=False)
+        case = _torch_case(torch_noise, [np.zeros(3)])
+        case.twice = True
+        forward(case, precise=False)
+
+    def test_the_float64_run_promotes_the_reference_s_own_upcasts(self):
+        import torch
+
+        def upcast(x):
+            return (x.to(torch.float32) * (1.0 / 3.0)).to(x.dtype)
+
+        result = forward_of(upcast, [np.float32([1.0])])
+        self.assertEqual(result["precise"][0][1].array.dtype, np.float64)
+        self.assertAlmostEqual(float(result["precise"][0][1].array[0]), 1.0 / 3.0, places=15)
+
+    def test_param_spec_lists_entries_with_their_statistics_and_ties(self):
+        import torch
+
+        from golden_ref.evaluate import param_spec
+
+        class Tied(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(5, 3)
+                self.norm = torch.nn.LayerNorm(3)
+                self.bn = torch.nn.BatchNorm1d(3)
+                self.head = torch.nn.Linear(3, 5, bias=False)
+                self.head.weight = self.emb.weight
+
+        spec, tensors = param_spec(_torch_case(Tied, [], form="module"))
+        entries = {e["name"]: e for e in spec["entries"]}
+        self.assertEqual(spec["aliases"], [["emb.weight", "head.weight"]])
+        self.assertEqual(entries["norm.weight"]["std"], 0.0)
+        self.assertEqual(entries["norm.weight"]["log_mean"], 0.0)  # all ones: positive
+        self.assertNotIn("log_mean", entries["norm.bias"])  # zeros
+        self.assertTrue(entries["bn.running_var"]["buffer"])
+        self.assertFalse(entries["bn.num_batches_tracked"]["float"])
+        self.assertEqual(len(tensors), 1)  # the step counter's value comes along
+
+
+def forward_of(fn, args):
+    from golden_ref.evaluate import forward
+
+    return forward(_torch_case(fn, args))
