@@ -307,6 +307,7 @@ fn compare_tensors(name: String, a: &HostTensor, b: &HostTensor, tol: Tolerance)
         &Expected {
             value: ra,
             rounding: None,
+            precise: None,
         },
         if a.dtype == b.dtype {
             tol.explicit()

@@ -22,6 +22,9 @@ pub const OPTIONS: &[&str] = &[
     "overfit",
     "timeout",
     "trace",
+    "params",
+    "weights",
+    "rename",
 ];
 
 /// `name = lo..=hi` (or `lo..hi`, or a single size).
@@ -121,6 +124,28 @@ pub struct Attr {
     pub timeout: Option<f64>,
     /// The `trace` keyword, if given.
     pub trace: Option<Ident>,
+    /// `params = init` (keep the module's own init) or `params = drawn` (the default), with the
+    /// option's keyword for errors.
+    pub params: Option<(Ident, Ident)>,
+    /// `weights = "path"`, with the keyword.
+    pub weights: Option<(Ident, LitStr)>,
+    /// `rename("from" = "to", ...)`, with the keyword.
+    pub rename: Option<(Ident, Vec<(LitStr, LitStr)>)>,
+}
+
+/// `"from" = "to"` in `rename(...)`.
+fn parse_rename(input: ParseStream) -> Result<(LitStr, LitStr)> {
+    let help = |e: Error| {
+        Error::new(
+            e.span(),
+            "expected `\"reference prefix\" = \"port prefix\"`, e.g. \
+             `rename(\"layers.\" = \"encoder.layer.\")`",
+        )
+    };
+    let from: LitStr = input.parse().map_err(help)?;
+    input.parse::<Token![=]>().map_err(help)?;
+    let to: LitStr = input.parse().map_err(help)?;
+    Ok((from, to))
 }
 
 fn comma_list<T>(input: ParseStream, item: fn(ParseStream) -> Result<T>) -> Result<Vec<T>> {
@@ -546,6 +571,26 @@ impl Parse for Attr {
                     });
                 }
                 "trace" => attr.trace = Some(key.clone()),
+                "params" => {
+                    input.parse::<Token![=]>()?;
+                    let how: Ident = input.parse()?;
+                    if how != "init" && how != "drawn" {
+                        return Err(Error::new(
+                            how.span(),
+                            "expected `params = init` (the module's own initialisation) or \
+                             `params = drawn` (the default: drawn per case)",
+                        ));
+                    }
+                    attr.params = Some((key.clone(), how));
+                }
+                "weights" => {
+                    input.parse::<Token![=]>()?;
+                    attr.weights = Some((key.clone(), input.parse()?));
+                }
+                "rename" => {
+                    parenthesized!(content in input);
+                    attr.rename = Some((key.clone(), comma_list(&content, parse_rename)?));
+                }
                 "timeout" => {
                     input.parse::<Token![=]>()?;
                     let seconds = parse_number(input)?;

@@ -289,6 +289,27 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
              module form, whose first parameter is a `VarBuilder`",
         );
     }
+    for (key, what) in [
+        (attr.params.as_ref().map(|p| &p.0), "`params`"),
+        (attr.weights.as_ref().map(|w| &w.0), "`weights`"),
+        (attr.rename.as_ref().map(|r| &r.0), "`rename`"),
+    ] {
+        if let Some(key) = key.filter(|_| !module_form) {
+            errors.push(
+                key.span(),
+                &format!(
+                    "{what} is about the reference module's parameters: it needs the module form, \
+                     whose first parameter is a `VarBuilder`"
+                ),
+            );
+        }
+    }
+    if let (Some((key, _)), Some(_)) = (&attr.weights, &attr.params) {
+        errors.push(
+            key.span(),
+            "`weights` and `params` both say where the parameters come from: give one",
+        );
+    }
     if let Some(o) = attr.overfit.as_ref().filter(|_| !module_form) {
         errors.push(
             o.key.span(),
@@ -351,6 +372,20 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
     let cases = attr.cases.map(|n| quote!(.cases(#n)));
     let timeout = attr.timeout.map(|s| quote!(.timeout(#s)));
     let trace = attr.trace.as_ref().map(|_| quote!(.trace()));
+    let params = attr
+        .params
+        .as_ref()
+        .filter(|(_, how)| how == "init")
+        .map(|_| quote!(.params_init()));
+    let weights = attr
+        .weights
+        .as_ref()
+        .map(|(_, path)| quote!(.weights(#path)));
+    let rename = attr
+        .rename
+        .iter()
+        .flat_map(|(_, pairs)| pairs)
+        .map(|(from, to)| quote!(.rename(#from, #to)));
     let name = fn_name.to_string();
     let reference = reference.unwrap_or_default();
 
@@ -390,6 +425,9 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                     #cases
                     #timeout
                     #trace
+                    #params
+                    #weights
+                    #(#rename)*
                     #grad_spec
                     #overfit_spec
             }
@@ -409,6 +447,9 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                         settings.set_snapshot_path(report.layer.declared.unwrap().snapshot_dir);
                         settings.set_prepend_module_to_snapshot(false);
                         settings.set_omit_expression(true);
+                        settings.set_comparator(::std::boxed::Box::new(
+                            ::golden::__private::SnapshotComparator,
+                        ));
                         settings.bind(|| {
                             ::golden::__private::insta::assert_snapshot!(report.snapshot_name(), text);
                         });

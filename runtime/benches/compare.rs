@@ -53,6 +53,7 @@ fn main() {
             Expected {
                 value: &reference,
                 rounding,
+                precise: None,
             },
         )];
         let runs: Vec<Duration> = (0..5)

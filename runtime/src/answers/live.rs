@@ -1,6 +1,7 @@
 //! The reference as a check sees it: given a case's inputs, its outputs (and, in module form, the
 //! state_dict the port must use). Live, this is one request to a pooled Python worker.
 
+use crate::answers::params::ParamSpec;
 use crate::describe::env;
 use crate::describe::layer::dtype_name;
 use crate::describe::layer::Layer;
@@ -17,24 +18,63 @@ use std::time::Duration;
 pub type Named = Vec<(String, HostTensor)>;
 
 /// What the reference produced for one case.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReferenceOutputs {
-    /// Module form: the module's state_dict in the case dtype (empty in function form).
+    /// Module form: the module's state_dict in the case dtype (empty in function form), by the
+    /// reference's names.
     pub state_dict: Named,
     /// Module form: which state_dict entries are buffers, not parameters (no gradient in PyTorch).
     pub buffers: Vec<String>,
+    /// Module form: groups of state_dict names that are one tensor (tied weights): a port reads
+    /// one of them.
+    pub aliases: Vec<Vec<String>>,
     /// Outputs in the case dtype.
     pub expected: Named,
     /// Per float leaf, the rounding estimate (None if the reference could not run in float64).
+    /// NaN marks an element where the float64 run is not the same computation (see
+    /// [`rounding_estimate`]): it has no estimate.
     pub rounding: Option<Named>,
+    /// Where a check needs it (gradients, and outputs in f16/bf16), the float64 result, kept in
+    /// float32 (in float64 for f64 cases).
+    pub precise: Option<Named>,
     /// Why there is no rounding estimate.
     pub precise_error: Option<String>,
+    /// Leaves at whose elements the float64 run is not the same computation.
+    pub unexplained: Vec<Unexplained>,
+    /// What the reference changed in place (`input 0`, `parameter fc.weight`): golden gives every
+    /// evaluation fresh copies, so this does not change the verdict, but a reference that does it
+    /// is reported.
+    pub mutated: Vec<String>,
+}
+
+/// Elements of a leaf where the reference in float64 is not the same computation as in the case
+/// dtype: its float64 value leaves the case dtype's finite range, or the two differ by far more
+/// than rounding explains (`torch.finfo(x.dtype).min` as a mask value, a dtype-dependent
+/// constant). They get no rounding estimate: the plain assert_close bound applies there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unexplained {
+    /// The leaf.
+    pub leaf: String,
+    /// How many of its elements.
+    pub count: usize,
+    /// The first such element.
+    pub index: Vec<usize>,
+    /// The reference's value there in the case dtype.
+    pub case_value: f64,
+    /// Its value there in float64.
+    pub float64_value: f64,
 }
 
 impl ReferenceOutputs {
     /// The rounding estimate of a leaf, if there is one.
     pub fn rounding_of(&self, leaf: &str) -> Option<&HostTensor> {
         let set = self.rounding.as_ref()?;
+        set.iter().find(|(n, _)| n == leaf).map(|(_, t)| t)
+    }
+
+    /// The float64 result of a leaf, where it was kept.
+    pub fn precise_of(&self, leaf: &str) -> Option<&HostTensor> {
+        let set = self.precise.as_ref()?;
         set.iter().find(|(n, _)| n == leaf).map(|(_, t)| t)
     }
 
@@ -51,46 +91,120 @@ impl ReferenceOutputs {
             .iter()
             .map(|(name, value)| {
                 let rounding = self.rounding_of(name);
-                (name.clone(), compare::Expected { value, rounding })
+                let precise = self.precise_of(name);
+                (
+                    name.clone(),
+                    compare::Expected {
+                        value,
+                        rounding,
+                        precise,
+                    },
+                )
             })
             .collect();
         compare::compare_all(port, &expected, tol, factor)
     }
 }
 
+/// How far beyond what rounding explains the float64 run may be from the case dtype's before an
+/// element counts as not the same computation: the reference's own error there against the
+/// larger of the float64 output's response to one-ulp nudges and one ulp of the leaf's largest
+/// value. A correct reference's error is a small multiple of these (its rounding error grows with
+/// the magnitudes it combines, and so does its response to nudging them); a dtype-dependent
+/// constant is millions of times off.
+pub const EXPLAINED_FACTOR: f64 = 4096.0;
+
+/// Unit roundoff and largest finite value of a float wire dtype.
+fn float_limits(dtype: golden_files::WireDType) -> (f64, f64) {
+    use golden_files::WireDType as W;
+    match dtype {
+        W::F16 => (2f64.powi(-11), 65504.0),
+        W::BF16 => (2f64.powi(-8), half::bf16::MAX.to_f64()),
+        W::F64 => (2f64.powi(-53), f64::MAX),
+        _ => (2f64.powi(-24), f32::MAX as f64),
+    }
+}
+
 /// The rounding error float arithmetic in the case dtype is expected to make at each element of a
-/// leaf: the larger of the reference's own error at the real inputs (`|expected − precise|`) and
-/// the worker's estimate from inputs nudged by one ulp (the RMS over four nudges of the reference's
-/// error there and of the float64 output's move; `reference_py/golden_ref/evaluate.py`).
+/// leaf: the largest of the reference's own error at the real inputs (`|expected − precise|`) and
+/// the worker's samples at inputs nudged by one ulp (`own`: the RMS over four nudges of the
+/// reference's error there; `moved`: of the float64 output's move; see
+/// `reference_py/golden_ref/evaluate.py`).
 ///
 /// Several samples matter: one sample of a zero-mean error is sometimes tiny by chance; with a single
 /// nudge the zoo's correct `linear` at inputs of ~100 needed 205× its estimate at its worst element,
 /// with four 7.5×. The estimate is kept as bf16 rounded up: a tolerance scale needs no more digits,
 /// and live runs and replays of the golden store then use bit-identical tolerances.
+///
+/// It is bounded: where the float64 value leaves the case dtype's finite range, or the reference's
+/// own error exceeds [`EXPLAINED_FACTOR`] times what rounding explains there (the output's response
+/// to the nudges, or an ulp of the largest magnitude among the leaf's values and `input_scale`,
+/// the inputs' and parameters' largest), the float64 run is
+/// not the same computation (a dtype-dependent constant such as `torch.finfo(x.dtype).min`); the
+/// element gets NaN — no estimate — and is counted in the returned [`Unexplained`]. The allowed
+/// error is never infinite.
 pub fn rounding_estimate(
+    leaf: &str,
     expected: &HostTensor,
     precise: &HostTensor,
-    nudged: Option<&HostTensor>,
-) -> HostTensor {
+    own: Option<&HostTensor>,
+    moved: Option<&HostTensor>,
+    input_scale: f64,
+) -> (HostTensor, Option<Unexplained>) {
     let e = expected.to_f64();
     let h = precise.to_f64();
-    let s = nudged
-        .map(HostTensor::to_f64)
-        .filter(|s| s.len() == e.len());
-    let finite = |x: f64| if x.is_finite() { x } else { 0.0 };
+    let sample = |t: Option<&HostTensor>| t.map(HostTensor::to_f64).filter(|s| s.len() == e.len());
+    let (own, moved) = (sample(own), sample(moved));
+    let (u, largest) = float_limits(expected.dtype);
+    let tiny = largest.recip().max(f64::MIN_POSITIVE); // about the smallest normal
+                                                       // The computation's scale: rounding error is relative to the magnitudes a computation combines
+                                                       // (its inputs', its outputs'), and where it cancels them (`1 + erf(x)` for x ≪ 0 in GELU) an
+                                                       // element's own value says nothing.
+    let scale = h
+        .iter()
+        .filter(|x| x.is_finite() && x.abs() <= largest)
+        .fold(input_scale, |m, x| m.max(x.abs()));
+    let mut unexplained: Option<Unexplained> = None;
     let estimate: Vec<u8> = (0..e.len())
         .map(|i| {
-            let own = h.get(i).map_or(0.0, |h| finite((e[i] - h).abs()));
-            let moved = s.as_ref().map_or(0.0, |s| finite(s[i]));
-            bf16_round_up(own.max(moved))
+            let (e, h) = (e[i], h.get(i).copied().unwrap_or(f64::NAN));
+            if !e.is_finite() {
+                return half::bf16::ZERO; // non-finite values must match exactly anyway
+            }
+            let own_here = (e - h).abs().max(own.as_ref().map_or(0.0, |o| o[i]));
+            let moved_here = moved.as_ref().map_or(0.0, |m| m[i]);
+            let explained = moved_here
+                .max(u * h.abs().max(e.abs()).max(scale))
+                .max(tiny);
+            let estimate = bf16_round_up(own_here.max(moved_here));
+            let same_computation = h.is_finite()
+                && h.abs() <= largest
+                && moved_here.is_finite()
+                && own_here <= EXPLAINED_FACTOR * explained
+                && estimate.is_finite();
+            if same_computation {
+                return estimate;
+            }
+            let u = unexplained.get_or_insert_with(|| Unexplained {
+                leaf: leaf.to_string(),
+                count: 0,
+                index: crate::judge::compare::unravel(i, &expected.shape),
+                case_value: e,
+                float64_value: h,
+            });
+            u.count += 1;
+            half::bf16::NAN
         })
         .flat_map(half::bf16::to_le_bytes)
         .collect();
-    HostTensor {
-        dtype: golden_files::WireDType::BF16,
-        shape: expected.shape.clone(),
-        data: estimate.into(),
-    }
+    (
+        HostTensor {
+            dtype: golden_files::WireDType::BF16,
+            shape: expected.shape.clone(),
+            data: estimate.into(),
+        },
+        unexplained,
+    )
 }
 
 /// The smallest bf16 not below `x` (x ≥ 0).
@@ -178,6 +292,19 @@ impl Live {
         Ok(versions)
     }
 
+    /// What golden needs to draw the reference module's parameters ([`ParamSpec`]): built with
+    /// the layer's `init`, it lists its state_dict.
+    pub fn param_spec(&self, layer: &Layer, dtype: DType) -> Result<ParamSpec, WorkerError> {
+        let mut table = TensorTable::default();
+        let mut header = self.header(layer, dtype, 0, &[], None, &mut table);
+        header["op"] = json!("params");
+        let mut worker = pool().check_out(&self.key)?;
+        let during = format!("constructing `{}` to list its parameters", layer.reference);
+        let (response, tensors) = worker.request(header, table.tensors, self.timeout, &during)?;
+        ParamSpec::from_json(&response["params"], &tensors)
+            .map_err(|e| WorkerError::Protocol(format!("the worker's parameter list: {e}")))
+    }
+
     /// Evaluate the reference's known variants (`golden_ref.variants`) on one case.
     pub fn variants(
         &self,
@@ -185,10 +312,12 @@ impl Live {
         dtype: DType,
         seed: u64,
         args: &[HostTensor],
+        state: Option<&Named>,
     ) -> Result<Vec<VariantOutputs>, WorkerError> {
         let mut table = TensorTable::default();
-        let mut header = self.header(layer, dtype, seed, args, &mut table);
+        let mut header = self.header(layer, dtype, seed, args, state, &mut table);
         header["op"] = json!("variants");
+        let scale = input_scale(args, state);
         let mut worker = pool().check_out(&self.key)?;
         let (response, tensors) = worker.request(
             header,
@@ -204,7 +333,7 @@ impl Live {
             .map(|v| {
                 let outputs = match &v["outputs"] {
                     Json::Null => None,
-                    o => Some(decode_outputs(o, &tensors).map_err(protocol)?),
+                    o => Some(decode_outputs(o, &tensors, None, scale).map_err(protocol)?),
                 };
                 Ok(VariantOutputs {
                     name: v["name"].as_str().unwrap_or("?").to_string(),
@@ -215,15 +344,26 @@ impl Live {
             .collect()
     }
 
-    fn header(
+    /// The header every request about one case starts from. `state`: module form, the parameters
+    /// to load into the reference module (drawn by golden, or a checkpoint's), by the reference's
+    /// names; without it the module keeps its own init.
+    pub fn header(
         &self,
         layer: &Layer,
         dtype: DType,
         seed: u64,
         args: &[HostTensor],
+        state: Option<&Named>,
         table: &mut TensorTable,
     ) -> Json {
         let arg_refs: Vec<Json> = args.iter().map(|a| table.add(a.clone())).collect();
+        let state = state.map(|s| {
+            Json::Array(
+                s.iter()
+                    .map(|(n, t)| json!([n, table.add(t.clone())]))
+                    .collect(),
+            )
+        });
         json!({
             "op": "forward",
             "reference": layer.reference,
@@ -234,25 +374,32 @@ impl Live {
             "args": arg_refs,
             "kwargs": json_map(&layer.consts),
             "init": json_map(&layer.init),
+            "state_dict": state,
             "perturbations": PERTURBATIONS,
         })
     }
 
-    /// Ask the reference for what `request` needs on one case.
+    /// Ask the reference for what `request` needs on one case (`state`: see [`Live::header`]).
     pub fn request(
         &self,
         layer: &Layer,
         dtype: DType,
         seed: u64,
         request: &Request<'_>,
+        state: Option<&Named>,
         during: &str,
     ) -> Result<ReferenceOutputs, WorkerError> {
         let mut table = TensorTable::default();
         let mut header = match request {
-            Request::Forward { args, trace } => {
-                let mut h = self.header(layer, dtype, seed, args, &mut table);
+            Request::Forward {
+                args, trace, twice, ..
+            } => {
+                let mut h = self.header(layer, dtype, seed, args, state, &mut table);
                 if *trace {
                     h["trace"] = json!(true);
+                }
+                if *twice {
+                    h["twice"] = json!(true);
                 }
                 h
             }
@@ -264,7 +411,7 @@ impl Live {
                 params,
             } => {
                 let all: Vec<HostTensor> = args.iter().chain(cotangents.iter()).cloned().collect();
-                let mut h = self.header(layer, dtype, seed, &all, &mut table);
+                let mut h = self.header(layer, dtype, seed, &all, state, &mut table);
                 h["op"] = json!("gradients");
                 h["names"] = json!(names);
                 h["wrt"] = json!(wrt);
@@ -278,7 +425,7 @@ impl Live {
                 optimizer,
                 steps,
             } => {
-                let mut h = self.header(layer, dtype, seed, args, &mut table);
+                let mut h = self.header(layer, dtype, seed, args, state, &mut table);
                 h["op"] = json!("train");
                 h["targets"] = Json::Array(targets.iter().map(|t| table.add(t.clone())).collect());
                 h["loss"] = json!(loss);
@@ -290,22 +437,45 @@ impl Live {
         if let Some(object) = header.as_object_mut() {
             object.retain(|_, v| !v.is_null());
         }
+        let scale = match request {
+            Request::Forward { args, .. }
+            | Request::Gradients { args, .. }
+            | Request::Train { args, .. } => input_scale(args, state),
+        };
         let mut worker = pool().check_out(&self.key)?;
         let (response, tensors) = worker.request(header, table.tensors, self.timeout, during)?;
         let protocol = |e: wire::WireError| WorkerError::Protocol(e.to_string());
         match request {
-            Request::Forward { .. } => decode_outputs(&response, &tensors).map_err(protocol),
+            Request::Forward { precise, .. } => {
+                // Low precision is judged against the float64 result too (`compare.rs`).
+                let keep = match (precise, dtype) {
+                    (true, _) => Some(golden_files::WireDType::F64),
+                    (false, DType::F16 | DType::BF16) => Some(golden_files::WireDType::F32),
+                    _ => None,
+                };
+                decode_outputs(&response, &tensors, keep, scale).map_err(protocol)
+            }
             Request::Gradients { .. } => {
-                let mut outputs = decode_outputs(&response, &tensors).map_err(protocol)?;
+                // Gradients are judged against PyTorch's float64 gradient.
+                let keep = match dtype {
+                    DType::F64 => golden_files::WireDType::F64,
+                    _ => golden_files::WireDType::F32,
+                };
+                let mut outputs =
+                    decode_outputs(&response, &tensors, Some(keep), scale).map_err(protocol)?;
                 // The worker names gradients like outputs (`out.x`); they are `grad.x` here.
+                let grad =
+                    |name: &str| format!("grad.{}", name.strip_prefix("out.").unwrap_or(name));
                 let rename = |set: &mut Named| {
                     for (name, _) in set.iter_mut() {
-                        *name = format!("grad.{}", name.strip_prefix("out.").unwrap_or(name));
+                        *name = grad(name);
                     }
                 };
                 rename(&mut outputs.expected);
-                if let Some(r) = outputs.rounding.as_mut() {
-                    rename(r);
+                outputs.rounding.as_mut().map(rename);
+                outputs.precise.as_mut().map(rename);
+                for u in &mut outputs.unexplained {
+                    u.leaf = grad(&u.leaf);
                 }
                 Ok(outputs)
             }
@@ -325,15 +495,23 @@ impl Live {
                     expected.push((format!("final.{name}"), t));
                 }
                 Ok(ReferenceOutputs {
-                    state_dict: Vec::new(),
-                    buffers: Vec::new(),
                     expected,
-                    rounding: None,
-                    precise_error: None,
+                    ..ReferenceOutputs::default()
                 })
             }
         }
     }
+}
+
+/// The largest finite magnitude among the float inputs and parameters of a case: part of the
+/// scale that rounding errors are relative to (see [`rounding_estimate`]).
+fn input_scale(args: &[HostTensor], state: Option<&Named>) -> f64 {
+    args.iter()
+        .chain(state.into_iter().flatten().map(|(_, t)| t))
+        .filter(|t| t.dtype.is_float())
+        .flat_map(|t| t.to_f64())
+        .filter(|x| x.is_finite())
+        .fold(0.0f64, |m, x| m.max(x.abs()))
 }
 
 /// What a check asks of the reference for one case.
@@ -346,6 +524,12 @@ pub enum Request<'a> {
         /// Module form: also every submodule's output, as leaves `trace.<name>` in execution
         /// order (the forward check of a layer with `trace`).
         trace: bool,
+        /// Evaluate twice in the case dtype: two answers that differ fail as a reference that is
+        /// not deterministic. Not part of the answer's key: the answer is the same.
+        twice: bool,
+        /// Keep the float64 result, in float64 (the gradient check tells a port that computes
+        /// below float64 by it).
+        precise: bool,
     },
     /// PyTorch's gradients of `Σ sum(out · cotangent)` with respect to the inputs `wrt` (by
     /// index) and, with `params`, the module's parameters; leaves named `grad.<name>`.
@@ -382,7 +566,7 @@ impl Request<'_> {
     /// the tensors (for the golden store's key).
     pub fn key_parts(&self) -> (String, Vec<&HostTensor>) {
         match *self {
-            Request::Forward { args, trace } => (
+            Request::Forward { args, trace, .. } => (
                 if trace { "trace".into() } else { String::new() },
                 args.iter().collect(),
             ),
@@ -410,19 +594,6 @@ impl Request<'_> {
     }
 }
 
-/// A JSON list of strings (an absent one is empty).
-pub(crate) fn strings(value: &Json) -> Vec<String> {
-    value
-        .as_array()
-        .map(|v| {
-            v.iter()
-                .filter_map(Json::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn named(value: &Json, tensors: &[HostTensor]) -> Result<Option<Named>, wire::WireError> {
     let Some(items) = value.as_array() else {
         return Ok(None);
@@ -440,32 +611,72 @@ fn named(value: &Json, tensors: &[HostTensor]) -> Result<Option<Named>, wire::Wi
         .map(Some)
 }
 
+/// Decode a worker's answer to a request about one case. `keep_precise`: keep the float64 result,
+/// in this dtype, for the checks that judge against it.
 fn decode_outputs(
     header: &Json,
     tensors: &[HostTensor],
+    keep_precise: Option<golden_files::WireDType>,
+    input_scale: f64,
 ) -> Result<ReferenceOutputs, wire::WireError> {
     let expected = named(&header["expected"], tensors)?
         .ok_or_else(|| wire::WireError::Malformed("an answer without `expected`".into()))?;
     let precise = named(&header["precise"], tensors)?;
-    let nudged = named(&header["rounding"], tensors)?;
-    let find =
-        |set: &Named, name: &str| set.iter().find(|(n, _)| n == name).map(|(_, t)| t.clone());
-    let rounding = precise.map(|precise| {
+    let own = named(&header["own"], tensors)?;
+    let moved = named(&header["moved"], tensors)?;
+    let find = |set: &Option<Named>, name: &str| {
+        set.as_ref()?
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.clone())
+    };
+    let mut unexplained = Vec::new();
+    let rounding = precise.as_ref().map(|_| {
         expected
             .iter()
             .filter_map(|(name, value)| {
                 let h = find(&precise, name)?;
-                let s = nudged.as_ref().and_then(|n| find(n, name));
-                Some((name.clone(), rounding_estimate(value, &h, s.as_ref())))
+                let (estimate, u) = rounding_estimate(
+                    name,
+                    value,
+                    &h,
+                    find(&own, name).as_ref(),
+                    find(&moved, name).as_ref(),
+                    input_scale,
+                );
+                unexplained.extend(u);
+                Some((name.clone(), estimate))
             })
             .collect()
     });
+    let precise = keep_precise.and_then(|dtype| {
+        let set = precise?;
+        Some(
+            set.into_iter()
+                .map(|(name, h)| {
+                    let kept = match dtype {
+                        golden_files::WireDType::F64 => h,
+                        _ => HostTensor::from_floats(h.shape.clone(), &h.to_f64(), dtype),
+                    };
+                    (name, kept)
+                })
+                .collect(),
+        )
+    });
+    let aliases = header["aliases"]
+        .as_array()
+        .map(|groups| groups.iter().map(wire::strings).collect())
+        .unwrap_or_default();
     Ok(ReferenceOutputs {
         state_dict: named(&header["state_dict"], tensors)?.unwrap_or_default(),
-        buffers: strings(&header["buffers"]),
+        buffers: wire::strings(&header["buffers"]),
+        aliases,
         expected,
         rounding,
+        precise,
         precise_error: header["precise_error"].as_str().map(str::to_string),
+        unexplained,
+        mutated: wire::strings(&header["mutated"]),
     })
 }
 

@@ -1,18 +1,213 @@
-//! Module form: the reference module's `state_dict()` served to the port through a `VarBuilder`.
+//! Module form: the reference module's parameters — drawn by golden per case, read from a
+//! checkpoint, or the module's own init — and the `state_dict()` served to the port through a
+//! `VarBuilder`.
 //!
-//! The tensors live in a `VarMap` (as `Var`s, so gradients w.r.t. them work), behind a backend that
-//! remembers what the port asked for. `VarBuilder::from_varmap` would silently *create* a weight the
-//! reference lacks; this backend instead records each problem — a name the module does not have, a
-//! shape that differs (a transposed Linear weight), an entry the port never reads (a forgotten
-//! bias) — so the failure names every one of them.
+//! **Drawn parameters** ([`ParamSpec::draw`]). A module's own init hides bugs: LayerNorm starts at
+//! weight 1 and bias 0, Hugging Face zeroes Linear biases, BatchNorm's running statistics start at
+//! 0 and 1; a port that ignores any of them matches at init. So by default golden re-draws every
+//! floating-point entry of the state_dict for every case, from the case seed (the same values live,
+//! recorded and replayed), keeping each tensor's scale and domain: entries whose initial values are
+//! all positive (norm weights, running variances) are drawn log-normally around them, others
+//! normally with their mean and spread, constants with a spread of a tenth of their size (at least
+//! 0.1). Integer entries keep their values; tied names are one draw.
+//!
+//! **Serving.** The tensors live in a `VarMap` (as `Var`s, so gradients w.r.t. them work), behind a
+//! backend that remembers what the port asked for. `VarBuilder::from_varmap` would silently *create*
+//! a weight the reference lacks; this backend instead records each problem — a name the module does
+//! not have, a shape that differs (a transposed Linear weight), an entry the port never reads (a
+//! forgotten bias) — so the failure names every one of them. Names the reference ties together
+//! (an LM head sharing the embedding's weight) count as one entry: reading either reads both.
+//! `rename(...)` maps the reference's names to the port's (transformers 5 renamed modules that
+//! candle ports still call by their checkpoint names).
 
+use crate::describe::inputs::Rng;
+use crate::python::wire;
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{VarBuilder, VarMap};
-use golden_files::HostTensor;
+use golden_files::{HostTensor, WireDType};
+use serde_json::{json, Value as Json};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
+
+/// One entry of the reference module's state_dict, as listed by the worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamEntry {
+    /// Its name in the reference.
+    pub name: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// A buffer, not a parameter (no gradient in PyTorch, not trained).
+    pub buffer: bool,
+    /// Integer entries are not drawn: their values, as the module has them.
+    pub value: Option<HostTensor>,
+    /// Float entries: the initial values' mean, spread, and for all-positive values the mean and
+    /// spread of their logarithms.
+    pub stats: Option<ParamStats>,
+}
+
+/// Statistics of a float entry's initial values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ParamStats {
+    /// Mean.
+    pub mean: f64,
+    /// Standard deviation.
+    pub std: f64,
+    /// `(mean, std)` of the logarithms when every value is positive.
+    pub log: Option<(f64, f64)>,
+}
+
+/// What golden needs to draw a reference module's parameters: its state_dict's entries, and the
+/// groups of names that are one tensor.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ParamSpec {
+    /// In state_dict order.
+    pub entries: Vec<ParamEntry>,
+    /// Tied names (each group one tensor).
+    pub aliases: Vec<Vec<String>>,
+}
+
+fn f64_of(v: &Json, key: &str) -> Result<f64, String> {
+    v[key]
+        .as_f64()
+        .ok_or_else(|| format!("`{key}` is not a number in {v}"))
+}
+
+impl ParamSpec {
+    /// Read the worker's answer (or a store's copy of it).
+    pub fn from_json(v: &Json, tensors: &[HostTensor]) -> Result<Self, String> {
+        let entries = v["entries"]
+            .as_array()
+            .ok_or("no `entries`")?
+            .iter()
+            .map(|e| {
+                let name = e["name"].as_str().ok_or("an entry without a name")?;
+                let shape = e["shape"]
+                    .as_array()
+                    .ok_or("an entry without a shape")?
+                    .iter()
+                    .map(|d| d.as_u64().map(|d| d as usize).ok_or("a bad dim"))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let value = match &e["value"] {
+                    Json::Null => None,
+                    r => Some(
+                        wire::tensor_ref(r, tensors)
+                            .map_err(|x| x.to_string())?
+                            .clone(),
+                    ),
+                };
+                let stats = if e["float"].as_bool() == Some(true) && e.get("mean").is_some() {
+                    let log = match (e["log_mean"].as_f64(), e["log_std"].as_f64()) {
+                        (Some(m), Some(s)) => Some((m, s)),
+                        _ => None,
+                    };
+                    Some(ParamStats {
+                        mean: f64_of(e, "mean")?,
+                        std: f64_of(e, "std")?,
+                        log,
+                    })
+                } else {
+                    None
+                };
+                Ok(ParamEntry {
+                    name: name.to_string(),
+                    shape,
+                    buffer: e["buffer"].as_bool().unwrap_or(false),
+                    value,
+                    stats,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let aliases = v["aliases"]
+            .as_array()
+            .map(|groups| groups.iter().map(wire::strings).collect::<Vec<_>>())
+            .unwrap_or_default();
+        Ok(ParamSpec { entries, aliases })
+    }
+
+    /// The spec as JSON, its integer values added to `table` (for the golden store).
+    pub fn to_json(&self, table: &mut wire::TensorTable) -> Json {
+        let entries: Vec<Json> = self
+            .entries
+            .iter()
+            .map(|e| {
+                let mut j = json!({"name": e.name, "shape": e.shape, "buffer": e.buffer});
+                match (&e.value, &e.stats) {
+                    (Some(v), _) => {
+                        j["float"] = json!(false);
+                        j["value"] = table.add(v.clone());
+                    }
+                    (None, Some(s)) => {
+                        j["float"] = json!(true);
+                        j["mean"] = json!(s.mean);
+                        j["std"] = json!(s.std);
+                        if let Some((m, sd)) = s.log {
+                            j["log_mean"] = json!(m);
+                            j["log_std"] = json!(sd);
+                        }
+                    }
+                    (None, None) => j["float"] = json!(true),
+                }
+                j
+            })
+            .collect();
+        json!({"entries": entries, "aliases": self.aliases})
+    }
+
+    /// The names tied to `name` (itself first), or just `name`.
+    fn group_of(&self, name: &str) -> Option<&Vec<String>> {
+        self.aliases.iter().find(|g| g.iter().any(|n| n == name))
+    }
+
+    /// The state_dict of one case: every float entry drawn from `seed` in `dtype` (see the module's
+    /// documentation), integer entries as listed, tied names one draw.
+    pub fn draw(&self, seed: u64, dtype: DType) -> Vec<(String, HostTensor)> {
+        let wire = WireDType::from_candle(dtype)
+            .filter(|d| d.is_float())
+            .unwrap_or(WireDType::F32);
+        let mut drawn: Vec<(String, HostTensor)> = Vec::with_capacity(self.entries.len());
+        for e in &self.entries {
+            // A tied name takes the draw of the first name of its group.
+            let first = self.group_of(&e.name).map(|g| g[0].as_str());
+            if let Some(done) = first
+                .filter(|f| *f != e.name)
+                .and_then(|f| drawn.iter().find(|(n, _)| n == f))
+            {
+                let t = done.1.clone();
+                drawn.push((e.name.clone(), t));
+                continue;
+            }
+            let t = match &e.value {
+                Some(v) => v.clone(),
+                None => {
+                    let n: usize = e.shape.iter().product();
+                    let z = Rng::new(seed, &format!("param.{}", e.name)).normals(n);
+                    let values: Vec<f64> = match e.stats {
+                        Some(ParamStats {
+                            log: Some((m, s)), ..
+                        }) => {
+                            let s = if s > 0.0 { s } else { 0.1 };
+                            z.iter().map(|z| (m + s * z).exp()).collect()
+                        }
+                        Some(ParamStats { mean, std, .. }) => {
+                            let s = if std > 0.0 {
+                                std
+                            } else {
+                                0.1 * mean.abs().max(1.0)
+                            };
+                            z.iter().map(|z| mean + s * z).collect()
+                        }
+                        None => z.iter().map(|z| 0.1 * z).collect(),
+                    };
+                    HostTensor::from_floats(e.shape.clone(), &values, wire)
+                }
+            };
+            drawn.push((e.name.clone(), t));
+        }
+        drawn
+    }
+}
 
 /// Entries that the port is not expected to read (BatchNorm's step counter).
 const NEVER_READ_OK: &[&str] = &["num_batches_tracked"];
@@ -28,6 +223,9 @@ pub enum ParamIssue {
         shape: Vec<usize>,
         /// Similar names the module does have.
         close: Vec<String>,
+        /// The one entry with the same last name and shape, when there is one: probably this
+        /// tensor under another name.
+        renamed_from: Option<String>,
     },
     /// The port asked for a tensor with another shape.
     Shape {
@@ -50,13 +248,37 @@ pub enum ParamIssue {
 impl fmt::Display for ParamIssue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ParamIssue::Missing { name, shape, close } => {
+            ParamIssue::Missing {
+                name,
+                shape,
+                close,
+                renamed_from,
+            } => {
                 write!(
                     f,
                     "the port asks for `{name}` {shape:?}, which the reference module does not have"
                 )?;
                 if !close.is_empty() {
                     write!(f, " (it has: {})", close.join(", "))?;
+                }
+                if let Some(theirs) = renamed_from {
+                    // The same tensor under another name: suggest the prefixes to map.
+                    let common = name
+                        .rsplit('.')
+                        .zip(theirs.rsplit('.'))
+                        .take_while(|(a, b)| a == b)
+                        .map(|(a, _)| a.len() + 1)
+                        .sum::<usize>();
+                    let (ours, theirs) = (
+                        &name[..name.len() - common],
+                        &theirs[..theirs.len() - common],
+                    );
+                    write!(
+                        f,
+                        " — the reference's `{theirs}{}` has this shape: if it is the same tensor \
+                         under another name, map the names with `rename(\"{theirs}.\" = \"{ours}.\")`",
+                        &name[name.len() - common..]
+                    )?;
                 }
                 Ok(())
             }
@@ -99,7 +321,12 @@ impl fmt::Display for ParamIssue {
 
 struct Tracked {
     map: VarMap,
+    /// The served (port-side) names, in state_dict order.
     names: Vec<String>,
+    /// Served name -> the reference's name, where `rename(...)` changed it.
+    renamed: std::collections::HashMap<String, String>,
+    /// Groups of served names that are one tensor.
+    aliases: Vec<Vec<String>>,
     reads: Mutex<BTreeSet<String>>,
     issues: Mutex<Vec<ParamIssue>>,
 }
@@ -119,10 +346,21 @@ impl Tracked {
         let var = self.map.data().lock().unwrap().get(name).cloned();
         let Some(var) = var else {
             let close = close_names(name, &self.names);
+            let leaf = name.rsplit('.').next().unwrap_or(name);
+            let data = self.map.data().lock().unwrap();
+            let same: Vec<&String> = self
+                .names
+                .iter()
+                .filter(|n| n.rsplit('.').next() == Some(leaf) && n.contains('.'))
+                .filter(|n| wanted.is_some_and(|s| data.get(*n).is_some_and(|v| v.shape() == s)))
+                .collect();
+            let renamed_from = (same.len() == 1 && name.contains('.')).then(|| same[0].clone());
+            drop(data);
             let issue = ParamIssue::Missing {
                 name: name.to_string(),
                 shape: wanted.map(|s| s.dims().to_vec()).unwrap_or_default(),
                 close,
+                renamed_from,
             };
             let msg = issue.to_string();
             self.issues.lock().unwrap().push(issue);
@@ -140,7 +378,12 @@ impl Tracked {
                 return Err(candle_core::Error::Msg(format!("golden: {msg}")));
             }
         }
-        self.reads.lock().unwrap().insert(name.to_string());
+        let mut reads = self.reads.lock().unwrap();
+        reads.insert(name.to_string());
+        // Reading one name of a tied group reads the tensor every name of it stands for.
+        if let Some(group) = self.aliases.iter().find(|g| g.iter().any(|n| n == name)) {
+            reads.extend(group.iter().cloned());
+        }
         Ok(var.as_tensor().clone())
     }
 }
@@ -187,6 +430,17 @@ fn close_names(name: &str, names: &[String]) -> Vec<String> {
     close
 }
 
+/// The port's name for a reference name under `rename(from = to, ...)`: the first rule whose
+/// `from` prefixes the name replaces that prefix.
+pub fn renamed(name: &str, rename: &[(String, String)]) -> String {
+    for (from, to) in rename {
+        if let Some(rest) = name.strip_prefix(from.as_str()) {
+            return format!("{to}{rest}");
+        }
+    }
+    name.to_string()
+}
+
 impl StateDict {
     /// Hold the reference's entries as `Var`s of the case dtype on `device`.
     pub fn new(
@@ -194,17 +448,50 @@ impl StateDict {
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Self> {
+        Self::serve(entries, &[], &[], dtype, device)
+    }
+
+    /// Hold the reference's entries as `Var`s, served under the port's names (`rename`), with
+    /// each group of tied names (`aliases`, the reference's names) one `Var`: gradients through
+    /// any of its names add up, as they do in PyTorch.
+    pub fn serve(
+        entries: &[(String, HostTensor)],
+        aliases: &[Vec<String>],
+        rename: &[(String, String)],
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
         let map = VarMap::new();
+        let served = |n: &str| renamed(n, rename);
+        let aliases: Vec<Vec<String>> = aliases
+            .iter()
+            .map(|g| g.iter().map(|n| served(n)).collect())
+            .collect();
         {
             let mut data = map.data().lock().unwrap();
             for (name, t) in entries {
-                data.insert(name.clone(), Var::from_tensor(&t.to_candle(device)?)?);
+                let name = served(name);
+                let tied = aliases
+                    .iter()
+                    .find(|g| g.contains(&name))
+                    .and_then(|g| g.iter().find_map(|n| data.get(n).cloned()));
+                let var = match tied {
+                    Some(var) => var,
+                    None => Var::from_tensor(&t.to_candle(device)?)?,
+                };
+                data.insert(name, var);
             }
         }
         Ok(StateDict {
             inner: Arc::new(Tracked {
                 map,
-                names: entries.iter().map(|(n, _)| n.clone()).collect(),
+                names: entries.iter().map(|(n, _)| served(n)).collect(),
+                renamed: entries
+                    .iter()
+                    .filter(|(n, _)| served(n) != *n)
+                    .map(|(n, _)| (served(n), n.clone()))
+                    .collect(),
+                aliases,
                 reads: Mutex::new(BTreeSet::new()),
                 issues: Mutex::new(Vec::new()),
             }),
@@ -222,7 +509,41 @@ impl StateDict {
         )
     }
 
-    /// The `VarMap` holding the entries (its `Var`s are what an optimizer would train).
+    /// The `Var` behind a reference name (under its served name, with `rename`).
+    pub fn var(&self, reference_name: &str) -> Option<Var> {
+        let data = self.inner.map.data().lock().unwrap();
+        let served = self
+            .inner
+            .renamed
+            .iter()
+            .find(|(_, r)| *r == reference_name)
+            .map(|(s, _)| s.as_str())
+            .unwrap_or(reference_name);
+        data.get(served).cloned()
+    }
+
+    /// Every entry's `Var` once, by the reference's name, in state_dict order (a tied group by
+    /// its first name): what an optimizer trains.
+    pub fn vars(&self) -> Vec<(String, Var)> {
+        let data = self.inner.map.data().lock().unwrap();
+        let mut seen: Vec<&Var> = Vec::new();
+        let mut out = Vec::new();
+        for name in &self.inner.names {
+            let var = &data[name];
+            if seen
+                .iter()
+                .any(|v| v.as_tensor().id() == var.as_tensor().id())
+            {
+                continue;
+            }
+            seen.push(var);
+            let reference = self.inner.renamed.get(name).unwrap_or(name);
+            out.push((reference.clone(), var.clone()));
+        }
+        out
+    }
+
+    /// The `VarMap` holding the entries, under the served names.
     pub fn var_map(&self) -> &VarMap {
         &self.inner.map
     }
@@ -232,20 +553,27 @@ impl StateDict {
         self.inner.issues.lock().unwrap().clone()
     }
 
-    /// Entries the port never read, in state_dict order.
+    /// Entries the port never read, in state_dict order (a tied group once, by its first name).
     pub fn unused(&self) -> Vec<ParamIssue> {
         let reads = self.inner.reads.lock().unwrap();
         let data = self.inner.map.data().lock().unwrap();
-        self.inner
-            .names
-            .iter()
-            .filter(|n| !reads.contains(*n))
-            .filter(|n| !NEVER_READ_OK.iter().any(|ok| n.ends_with(ok)))
-            .map(|n| ParamIssue::Unused {
+        let mut reported: Vec<&str> = Vec::new();
+        let mut out = Vec::new();
+        for n in &self.inner.names {
+            if reads.contains(n) || NEVER_READ_OK.iter().any(|ok| n.ends_with(ok)) {
+                continue;
+            }
+            let group = self.inner.aliases.iter().find(|g| g.contains(n));
+            if group.is_some_and(|g| g.iter().any(|m| reported.contains(&m.as_str()))) {
+                continue;
+            }
+            reported.push(n);
+            out.push(ParamIssue::Unused {
                 name: n.clone(),
                 shape: data[n].dims().to_vec(),
-            })
-            .collect()
+            });
+        }
+        out
     }
 }
 

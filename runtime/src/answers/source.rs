@@ -2,14 +2,21 @@
 //!
 //! `GOLDEN_MODE` picks: `live` runs the reference and fails if it cannot; `replay` never starts
 //! Python and answers from the store; `record` runs live and writes the store; `auto` (the default)
-//! is live where the interpreter and the reference import, else replay, and says which it used.
+//! is live where the interpreter and the reference import, else replay, and says which it used;
+//! `verify` runs live and fails where the store's answers differ.
+//!
+//! In module form the source also owns the reference module's parameters for each case
+//! (`answers/params.rs`): drawn from the case seed with the module's [`ParamSpec`] (asked of the
+//! worker once, or read from the store), or read from a checkpoint; they go with every request and
+//! come back as the answer's state_dict, which the port is served.
 
-use crate::answers::live::{Live, ReferenceOutputs, Request, VariantOutputs};
+use crate::answers::live::{Live, Named, ReferenceOutputs, Request, VariantOutputs};
+use crate::answers::params::{renamed, ParamSpec};
 use crate::answers::store::{self, Entry, Store};
 use crate::describe::env::Mode;
 use crate::describe::inputs::CaseParams;
-use crate::describe::layer::Layer;
-use crate::python::worker::WorkerError;
+use crate::describe::layer::{Form, Layer, Params};
+use crate::python::worker::{RemoteError, WorkerError};
 use candle_core::DType;
 use golden_files::HostTensor;
 use serde_json::Value as Json;
@@ -46,13 +53,27 @@ pub struct Recording {
 }
 
 /// Where reference outputs come from.
-pub enum Source {
+pub enum Via {
     /// The Python worker.
     Live(Live),
     /// The golden store.
     Replay(Store),
     /// The worker, remembering every answer for the store.
     Record(Live, RefCell<Recording>),
+    /// The worker, each answer checked against the store's.
+    Verify(Live, Store),
+}
+
+/// A check's source of reference answers: where they come from, and the module's parameters.
+pub struct Source {
+    /// Where answers come from.
+    pub via: Via,
+    /// Module form, drawn or checkpoint parameters: the module's state_dict entries.
+    spec: RefCell<Option<ParamSpec>>,
+    /// `weights = "..."`: the checkpoint's tensors by the reference's names, per dtype.
+    weights: RefCell<HashMap<&'static str, Named>>,
+    /// The test function of the check, for the commands golden prints.
+    test: String,
 }
 
 /// Why no source could be opened.
@@ -116,13 +137,23 @@ impl Source {
         mode: Mode,
         target: &Target<'_>,
     ) -> Result<(Source, Json), OpenError> {
+        let source = |via| Source {
+            via,
+            spec: RefCell::new(None),
+            weights: RefCell::new(HashMap::new()),
+            test: target.test.to_string(),
+        };
         if mode == Mode::Replay {
             return load_store(layer, target)
-                .map(|s| (Source::Replay(s), Json::Null))
+                .map(|s| (source(Via::Replay(s)), Json::Null))
                 .map_err(OpenError::Config);
         }
         let live = Live::new(layer).map_err(OpenError::Config)?;
         match live.load(layer) {
+            Ok(versions) if mode == Mode::Verify => {
+                let store = load_store(layer, target).map_err(OpenError::Config)?;
+                Ok((source(Via::Verify(live, store)), versions))
+            }
             Ok(versions) if mode == Mode::Record => {
                 if store::path(layer, target.store_suffix).is_none() {
                     return Err(OpenError::Config(
@@ -131,9 +162,9 @@ impl Source {
                             .into(),
                     ));
                 }
-                Ok((Source::Record(live, RefCell::default()), versions))
+                Ok((source(Via::Record(live, RefCell::default())), versions))
             }
-            Ok(versions) => Ok((Source::Live(live), versions)),
+            Ok(versions) => Ok((source(Via::Live(live)), versions)),
             Err(e) if mode == Mode::Auto => match load_store(layer, target) {
                 Ok(store) => {
                     eprintln!(
@@ -142,7 +173,7 @@ impl Source {
                         store.path.display(),
                         e.to_string().lines().next().unwrap_or_default()
                     );
-                    Ok((Source::Replay(store), Json::Null))
+                    Ok((source(Via::Replay(store)), Json::Null))
                 }
                 Err(why) => Err(OpenError::Setup(
                     e,
@@ -151,6 +182,107 @@ impl Source {
             },
             Err(e) => Err(OpenError::Setup(e, Vec::new())),
         }
+    }
+
+    /// The module's parameter spec: from the store when replaying, else asked of the worker
+    /// once.
+    fn spec(&self, layer: &Layer, dtype: DType) -> Result<ParamSpec, WorkerError> {
+        if let Some(spec) = self.spec.borrow().as_ref() {
+            return Ok(spec.clone());
+        }
+        let spec = match &self.via {
+            Via::Replay(store) => store.params.clone().ok_or_else(|| {
+                remote(
+                    "store",
+                    format!(
+                        "the golden store {} holds no parameter list for this module-form check; \
+                         record it again",
+                        store.path.display()
+                    ),
+                )
+            })?,
+            Via::Live(live) | Via::Record(live, _) | Via::Verify(live, _) => {
+                live.param_spec(layer, dtype)?
+            }
+        };
+        *self.spec.borrow_mut() = Some(spec.clone());
+        Ok(spec)
+    }
+
+    /// The parameters a module-form case runs with, by the reference's names: drawn from the case
+    /// seed, or the checkpoint's; `None` for the module's own init (and in function form).
+    fn state(
+        &self,
+        layer: &Layer,
+        dtype: DType,
+        params: &CaseParams,
+    ) -> Result<Option<(Named, ParamSpec)>, WorkerError> {
+        if layer.form != Form::Module || layer.params == Params::Init {
+            return Ok(None);
+        }
+        let spec = self.spec(layer, dtype)?;
+        let state = match &layer.params {
+            Params::Weights(_) => self.checkpoint(layer, dtype, &spec)?,
+            _ => spec.draw(params.seed, dtype),
+        };
+        Ok(Some((state, spec)))
+    }
+
+    /// `weights = "..."`: the checkpoint's tensors for every entry of the module, in `dtype`, by
+    /// the reference's names (the file may use the port's names, after `rename`, or the
+    /// reference's).
+    fn checkpoint(
+        &self,
+        layer: &Layer,
+        dtype: DType,
+        spec: &ParamSpec,
+    ) -> Result<Named, WorkerError> {
+        let name = crate::describe::layer::dtype_name(dtype);
+        if let Some(found) = self.weights.borrow().get(name) {
+            return Ok(found.clone());
+        }
+        let path = layer.weights_path().expect("weights were declared");
+        let fail = |m: String| remote("weights", m);
+        let bytes = std::fs::read(&path)
+            .map_err(|e| fail(format!("weights = {:?}: {e}", path.display().to_string())))?;
+        let file = golden_files::safetensors::read(&bytes)
+            .map_err(|e| fail(format!("weights = {:?}: {e}", path.display().to_string())))?;
+        let wire = golden_files::WireDType::from_candle(dtype).expect("a float dtype");
+        let mut out = Vec::new();
+        for entry in &spec.entries {
+            let port_name = renamed(&entry.name, &layer.rename);
+            let found = file
+                .iter()
+                .find(|(n, _)| *n == port_name || *n == entry.name)
+                .map(|(_, t)| t);
+            let t = match (found, &entry.value) {
+                (Some(t), _) if t.shape != entry.shape => {
+                    return Err(fail(format!(
+                        "weights = {:?}: `{port_name}` is {:?} in the file and {:?} in the \
+                         reference module",
+                        path.display().to_string(),
+                        t.shape,
+                        entry.shape
+                    )))
+                }
+                (Some(t), None) => HostTensor::from_floats(t.shape.clone(), &t.to_f64(), wire),
+                (Some(t), Some(_)) => t.clone(),
+                (None, Some(v)) => v.clone(),
+                (None, None) => {
+                    let names: Vec<&str> = file.iter().take(8).map(|(n, _)| n.as_str()).collect();
+                    return Err(fail(format!(
+                        "weights = {:?} has no `{port_name}` (the reference's `{}`); it has {}{}",
+                        path.display().to_string(),
+                        entry.name,
+                        names.join(", "),
+                        if file.len() > 8 { ", ..." } else { "" }
+                    )));
+                }
+            };
+            out.push((entry.name.clone(), t));
+        }
+        self.weights.borrow_mut().insert(name, out.clone());
+        Ok(out)
     }
 
     /// The reference's answer to a request on one case.
@@ -162,39 +294,87 @@ impl Source {
         request: &Request<'_>,
     ) -> Answer {
         let during = || format!("running `{}` on {params}", layer.reference);
-        let answer = |r: Result<ReferenceOutputs, WorkerError>| match r {
-            Ok(o) => Answer::Outputs(o),
-            Err(e) => Answer::Failed(e),
+        let state = match self.state(layer, dtype, params) {
+            Ok(s) => s,
+            Err(e) => return Answer::Failed(e),
         };
-        match self {
-            Source::Live(live) => {
-                answer(live.request(layer, dtype, params.seed, request, &during()))
+        let (tensors, spec) = match &state {
+            Some((t, s)) => (Some(t), Some(s)),
+            None => (None, None),
+        };
+        let key = || store::key(layer, dtype, params.seed, request, tensors);
+        let ask =
+            |live: &Live| live.request(layer, dtype, params.seed, request, tensors, &during());
+        let answer = match &self.via {
+            Via::Live(live) => ask(live),
+            Via::Replay(store) => match store.get(key()) {
+                Some(outputs) => Ok(outputs.clone()),
+                None => return Answer::Unrecorded,
+            },
+            // Evaluating twice asks the live reference again, recorded or not.
+            Via::Record(live, _) if matches!(request, Request::Forward { twice: true, .. }) => {
+                ask(live)
             }
-            Source::Replay(store) => {
-                match store.get(store::key(layer, dtype, params.seed, request)) {
-                    Some(outputs) => Answer::Outputs(outputs.clone()),
-                    None => Answer::Unrecorded,
+            Via::Record(live, recording) => {
+                let key = key();
+                let recorded = recording.borrow().index.get(&key).copied();
+                match recorded {
+                    Some(i) => Ok(recording.borrow().entries[i].outputs.clone()),
+                    None => {
+                        let outputs = ask(live);
+                        if let Ok(o) = &outputs {
+                            let mut r = recording.borrow_mut();
+                            let at = r.entries.len();
+                            r.index.insert(key, at);
+                            r.entries.push(Entry {
+                                key,
+                                dtype,
+                                case: params.to_string(),
+                                outputs: o.clone(),
+                            });
+                        }
+                        outputs
+                    }
                 }
             }
-            Source::Record(live, recording) => {
-                let key = store::key(layer, dtype, params.seed, request);
-                if let Some(&i) = recording.borrow().index.get(&key) {
-                    return Answer::Outputs(recording.borrow().entries[i].outputs.clone());
+            // A case the store has not recorded is treated as in replay (check.rs: a shrink
+            // candidate passes, a generated case means the store is out of date).
+            Via::Verify(_, store) if store.get(key()).is_none() => return Answer::Unrecorded,
+            Via::Verify(live, store) => ask(live).and_then(|outputs| {
+                match store.get(key()) {
+                    None => unreachable!("checked above"),
+                    Some(recorded) => match store::disagreement(layer, recorded, &outputs) {
+                        Some(why) => Err(remote(
+                            "store",
+                            format!(
+                                "the golden store {} disagrees with the live reference: {why}; \
+                                 a store is trusted to replay what the reference answered when it \
+                                 was recorded, so it was recorded with another reference or edited: \
+                                 {}",
+                                store.path.display(),
+                                layer.rerun_command(&self.test, "GOLDEN_MODE=record")
+                            ),
+                        )),
+                        None => Ok(outputs),
+                    },
                 }
-                let outputs = live.request(layer, dtype, params.seed, request, &during());
-                if let Ok(o) = &outputs {
-                    let mut r = recording.borrow_mut();
-                    let at = r.entries.len();
-                    r.index.insert(key, at);
-                    r.entries.push(Entry {
-                        key,
-                        dtype,
-                        case: params.to_string(),
-                        outputs: o.clone(),
-                    });
+            }),
+        };
+        match answer {
+            Ok(mut outputs) => {
+                if let (Some(state), Some(spec)) = (tensors, spec) {
+                    outputs.state_dict = state.clone();
+                    outputs.aliases = spec.aliases.clone();
+                    outputs.buffers = spec
+                        .entries
+                        .iter()
+                        .filter(|e| e.buffer)
+                        .map(|e| e.name.clone())
+                        .collect();
                 }
-                answer(outputs)
+                Answer::Outputs(outputs)
             }
+            Err(e) => Answer::Failed(e),
         }
     }
 
@@ -206,29 +386,44 @@ impl Source {
         params: &CaseParams,
         args: &[HostTensor],
     ) -> Option<Result<Vec<VariantOutputs>, WorkerError>> {
-        match self {
-            Source::Live(live) | Source::Record(live, _) => {
-                Some(live.variants(layer, dtype, params.seed, args))
-            }
-            Source::Replay(_) => None,
+        let live = self.live()?;
+        let state = match self.state(layer, dtype, params) {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(live.variants(
+            layer,
+            dtype,
+            params.seed,
+            args,
+            state.as_ref().map(|s| &s.0),
+        ))
+    }
+
+    /// The live reference, unless this is a replay.
+    pub fn live(&self) -> Option<&Live> {
+        match &self.via {
+            Via::Live(live) | Via::Record(live, _) | Via::Verify(live, _) => Some(live),
+            Via::Replay(_) => None,
         }
     }
 
     /// Whether answers come from the store.
     pub fn is_replay(&self) -> bool {
-        matches!(self, Source::Replay(_))
+        matches!(self.via, Via::Replay(_))
     }
 
     /// Write the store of a recording source; returns a line for the user.
     pub fn finish(&self, layer: &Layer, target: &Target<'_>) -> Result<Option<String>, String> {
-        let Source::Record(_, recording) = self else {
+        let Via::Record(_, recording) = &self.via else {
             return Ok(None);
         };
         let path = store::path(layer, target.store_suffix).expect("checked when opened");
         let limit = store::limit_bytes()?;
         let entries = &recording.borrow().entries;
-        let (kept, size) =
-            store::save(&path, target.description, entries, limit).map_err(|e| e.to_string())?;
+        let spec = self.spec.borrow();
+        let (kept, size) = store::save(&path, target.description, spec.as_ref(), entries, limit)
+            .map_err(|e| e.to_string())?;
         let mut line = format!(
             "golden: `{}`: recorded {kept} cases in {} ({:.0} KiB)",
             layer.name,
@@ -245,4 +440,14 @@ impl Source {
         }
         Ok(Some(line))
     }
+}
+
+/// An error the reference side reports for a case (not the worker's own failure).
+fn remote(kind: &str, message: String) -> WorkerError {
+    WorkerError::Remote(RemoteError {
+        kind: kind.to_string(),
+        message,
+        traceback: None,
+        phase: None,
+    })
 }

@@ -2,9 +2,16 @@
 //!
 //! `GOLDEN_MODE=record` runs the reference live and writes, beside the check's snapshot,
 //! `<snapshot dir>/<check>.golden`: for every case it evaluated, the reference's outputs in the case
-//! dtype, their rounding estimate, and in module form the state_dict — keyed by a hash of the
-//! reference, its options, the dtype, the case seed and the exact input bytes. `replay` regenerates
-//! the inputs from the seed and looks the outputs up.
+//! dtype and their rounding estimate (with `params = init`, the module's state_dict too) — keyed by
+//! a hash of the reference, its options, the dtype, the case seed and the exact input (and
+//! parameter) bytes. In module form with drawn or checkpoint parameters the store holds the
+//! module's parameter list once ([`ParamSpec`]): a replay draws the same parameters from it.
+//! `replay` regenerates the inputs from the seed and looks the outputs up.
+//!
+//! What a store is trusted for: to replay what the reference answered when it was recorded. The
+//! checksum catches damage, not intent; [`digest`] (SHA-256 of the file) goes into the check's
+//! snapshot, so a store that changes without its snapshot fails in review and in CI, and
+//! `GOLDEN_MODE=verify` compares a store with the live reference.
 //!
 //! ```text
 //! 8 bytes   b"GOLDSTOR"
@@ -18,7 +25,8 @@
 //! that fit are kept and the store is marked partial; a replay then runs those cases only and does
 //! not compare the snapshot, which describes all of them.
 
-use crate::answers::live::{Named, ReferenceOutputs, Request};
+use crate::answers::live::{Named, ReferenceOutputs, Request, Unexplained};
+use crate::answers::params::ParamSpec;
 use crate::describe::inputs::fnv1a;
 use crate::describe::layer::dtype_name;
 use crate::describe::layer::Layer;
@@ -30,7 +38,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"GOLDSTOR";
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 const PREAMBLE: usize = 8 + 4 + 8;
 /// Default size bound of one store, in MiB.
 pub const DEFAULT_LIMIT_MIB: f64 = 4.0;
@@ -57,6 +65,8 @@ pub struct Store {
     pub description: String,
     /// `Some((kept, evaluated))` when the size bound dropped cases.
     pub partial: Option<(usize, usize)>,
+    /// Module form with drawn or checkpoint parameters: the module's parameter list.
+    pub params: Option<ParamSpec>,
     entries: Vec<Entry>,
     index: HashMap<u64, usize>,
 }
@@ -107,8 +117,15 @@ pub fn path(layer: &Layer, suffix: &str) -> Option<PathBuf> {
     Some(Path::new(declared.snapshot_dir).join(format!("{}{suffix}.golden", layer.check_name())))
 }
 
-/// The key of a request: a hash of everything the reference's answer depends on.
-pub fn key(layer: &Layer, dtype: DType, seed: u64, request: &Request<'_>) -> u64 {
+/// The key of a request: a hash of everything the reference's answer depends on (with `state`,
+/// the module's parameters the request carries).
+pub fn key(
+    layer: &Layer,
+    dtype: DType,
+    seed: u64,
+    request: &Request<'_>,
+    state: Option<&Named>,
+) -> u64 {
     let json = |v: &[(String, crate::describe::layer::Value)]| {
         serde_json::to_string(&v.iter().map(|(k, v)| (k, v.to_json())).collect::<Vec<_>>())
             .expect("JSON")
@@ -134,7 +151,8 @@ pub fn key(layer: &Layer, dtype: DType, seed: u64, request: &Request<'_>) -> u64
         bytes.push(0);
     }
     bytes.extend_from_slice(&seed.to_le_bytes());
-    for a in tensors {
+    let state = state.into_iter().flatten().map(|(_, t)| t);
+    for a in tensors.into_iter().chain(state) {
         bytes.push(a.dtype.code());
         for &d in &a.shape {
             bytes.extend_from_slice(&(d as u64).to_le_bytes());
@@ -164,12 +182,99 @@ fn entry_size(e: &Entry) -> usize {
         + tensors(&e.outputs.expected)
         + tensors(&e.outputs.state_dict)
         + e.outputs.rounding.as_ref().map_or(0, tensors)
+        + e.outputs.precise.as_ref().map_or(0, tensors)
+}
+
+fn unexplained_json(u: &Unexplained) -> Json {
+    json!({
+        "leaf": u.leaf, "count": u.count, "index": u.index,
+        "case_value": u.case_value, "float64_value": u.float64_value,
+    })
+}
+
+fn unexplained_of(v: &Json) -> Result<Unexplained, String> {
+    Ok(Unexplained {
+        leaf: v["leaf"]
+            .as_str()
+            .ok_or("`unexplained` without a leaf")?
+            .to_string(),
+        count: v["count"].as_u64().unwrap_or(0) as usize,
+        index: v["index"]
+            .as_array()
+            .map(|i| {
+                i.iter()
+                    .filter_map(|x| x.as_u64().map(|x| x as usize))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        // JSON has no infinity or NaN: a value that is not a number was not finite.
+        case_value: v["case_value"].as_f64().unwrap_or(f64::NAN),
+        float64_value: v["float64_value"].as_f64().unwrap_or(f64::INFINITY),
+    })
+}
+
+/// How a recorded answer and a live one differ beyond the comparison's tolerance (the recorded one
+/// judged as the reference, with its rounding estimate), or `None` when they agree.
+pub fn disagreement(
+    layer: &Layer,
+    recorded: &ReferenceOutputs,
+    live: &ReferenceOutputs,
+) -> Option<String> {
+    let leaves = recorded.compare(
+        &live.expected,
+        layer.tol,
+        crate::judge::compare::ROUNDING_FACTOR,
+    );
+    let bad = leaves.iter().find(|l| !l.passes())?;
+    Some(match &bad.verdict {
+        crate::judge::compare::Verdict::Values(v) => match &v.worst {
+            Some(e) => format!(
+                "leaf `{}` is {} in the store and {} live at {:?} (allowed {})",
+                bad.name,
+                crate::describe::numbers::num(e.reference),
+                crate::describe::numbers::num(e.port),
+                e.index,
+                crate::describe::numbers::num(e.allowed)
+            ),
+            None => format!("leaf `{}` differs", bad.name),
+        },
+        crate::judge::compare::Verdict::MissingInPort => {
+            format!(
+                "leaf `{}` is in the store, not in the live answer",
+                bad.name
+            )
+        }
+        crate::judge::compare::Verdict::MissingInReference => {
+            format!(
+                "leaf `{}` is in the live answer, not in the store",
+                bad.name
+            )
+        }
+        _ => format!(
+            "leaf `{}` has another shape or dtype in the store ({:?}) than live ({:?})",
+            bad.name, bad.reference, bad.port
+        ),
+    })
+}
+
+/// SHA-256 of a store file, in hex (`None` when there is no file): what a check's snapshot records,
+/// so that a store that changes without its snapshot shows in review and fails in CI.
+pub fn digest(path: &Path) -> Option<String> {
+    use sha2::Digest as _;
+    let bytes = std::fs::read(path).ok()?;
+    Some(
+        sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+    )
 }
 
 /// Write a store; returns how many entries were kept and the file's size.
 pub fn save(
     path: &Path,
     description: &str,
+    params: Option<&ParamSpec>,
     entries: &[Entry],
     limit: usize,
 ) -> Result<(usize, usize), StoreError> {
@@ -186,29 +291,47 @@ pub fn save(
     let items: Vec<Json> = entries[..kept]
         .iter()
         .map(|e| {
+            let o = &e.outputs;
             let mut item = json!({
                 "key": format!("{:016x}", e.key),
                 "dtype": dtype_name(e.dtype),
                 "case": e.case,
-                "state_dict": named_json(&e.outputs.state_dict, &mut table),
-                "buffers": (!e.outputs.buffers.is_empty()).then_some(&e.outputs.buffers),
-                "expected": named_json(&e.outputs.expected, &mut table),
-                "rounding": e.outputs.rounding.as_ref().map(|r| named_json(r, &mut table)),
-                "precise_error": e.outputs.precise_error,
+                "expected": named_json(&o.expected, &mut table),
+                "rounding": o.rounding.as_ref().map(|r| named_json(r, &mut table)),
+                "precise_error": o.precise_error,
             });
-            // Absent rather than null: stores without buffers keep their bytes.
-            if e.outputs.buffers.is_empty() {
-                item.as_object_mut().expect("an object").remove("buffers");
+            // What most entries lack is left out rather than written empty.
+            let fields = item.as_object_mut().expect("an object");
+            if !o.state_dict.is_empty() {
+                fields.insert("state_dict".into(), named_json(&o.state_dict, &mut table));
+            }
+            if let Some(p) = &o.precise {
+                fields.insert("precise".into(), named_json(p, &mut table));
+            }
+            for (key, list) in [("buffers", &o.buffers), ("mutated", &o.mutated)] {
+                if !list.is_empty() {
+                    fields.insert(key.into(), json!(list));
+                }
+            }
+            if !o.aliases.is_empty() {
+                fields.insert("aliases".into(), json!(o.aliases));
+            }
+            if !o.unexplained.is_empty() {
+                let u: Vec<Json> = o.unexplained.iter().map(unexplained_json).collect();
+                fields.insert("unexplained".into(), Json::Array(u));
             }
             item
         })
         .collect();
-    let header = json!({
+    let mut header = json!({
         "golden_store": FORMAT,
         "description": description,
         "cases": {"kept": kept, "evaluated": entries.len()},
         "entries": items,
     });
+    if let Some(spec) = params {
+        header["params"] = spec.to_json(&mut table);
+    }
     let frame = wire::encode(&Frame {
         id: 0,
         header,
@@ -314,14 +437,32 @@ impl Store {
                 dtype,
                 case: e["case"].as_str().unwrap_or_default().to_string(),
                 outputs: ReferenceOutputs {
-                    state_dict: named(&e["state_dict"])?,
-                    buffers: crate::answers::live::strings(&e["buffers"]),
+                    state_dict: match &e["state_dict"] {
+                        Json::Null => Vec::new(),
+                        s => named(s)?,
+                    },
+                    buffers: wire::strings(&e["buffers"]),
+                    aliases: e["aliases"]
+                        .as_array()
+                        .map(|g| g.iter().map(wire::strings).collect())
+                        .unwrap_or_default(),
                     expected: named(&e["expected"])?,
                     rounding: match &e["rounding"] {
                         Json::Null => None,
                         r => Some(named(r)?),
                     },
+                    precise: match &e["precise"] {
+                        Json::Null => None,
+                        p => Some(named(p)?),
+                    },
                     precise_error: e["precise_error"].as_str().map(str::to_string),
+                    unexplained: e["unexplained"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(unexplained_of)
+                        .collect::<Result<_, _>>()?,
+                    mutated: wire::strings(&e["mutated"]),
                 },
             });
         }
@@ -339,6 +480,10 @@ impl Store {
                 .ok_or("no description")?
                 .to_string(),
             partial: (kept < evaluated).then_some((kept, evaluated)),
+            params: match &h["params"] {
+                Json::Null => None,
+                p => Some(ParamSpec::from_json(p, t).map_err(|e| format!("`params`: {e}"))?),
+            },
             entries,
             index,
         })
@@ -384,7 +529,7 @@ mod tests {
                     "out".into(),
                     float_tensor(vec![n], &values, DType::BF16),
                 )]),
-                precise_error: None,
+                ..ReferenceOutputs::default()
             },
         }
     }
@@ -397,9 +542,9 @@ mod tests {
     fn round_trips_and_is_deterministic() {
         let path = temp("round");
         let entries = vec![entry(1, 10), entry(2, 3)];
-        save(&path, "desc", &entries, 1 << 20).unwrap();
+        save(&path, "desc", None, &entries, 1 << 20).unwrap();
         let first = std::fs::read(&path).unwrap();
-        save(&path, "desc", &entries, 1 << 20).unwrap();
+        save(&path, "desc", None, &entries, 1 << 20).unwrap();
         assert_eq!(first, std::fs::read(&path).unwrap(), "byte for byte");
         let store = Store::load(&path).unwrap().unwrap();
         assert_eq!(store.description, "desc");
@@ -411,7 +556,7 @@ mod tests {
     #[test]
     fn every_truncation_and_any_flipped_byte_is_corrupt_never_a_store() {
         let path = temp("corrupt");
-        save(&path, "desc", &[entry(7, 4)], 1 << 20).unwrap();
+        save(&path, "desc", None, &[entry(7, 4)], 1 << 20).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         for cut in 0..bytes.len() {
             let err = Store::decode(&path, bytes[..cut].to_vec()).unwrap_err();
@@ -433,7 +578,7 @@ mod tests {
     fn the_size_bound_keeps_the_first_cases_and_says_so() {
         let path = temp("bound");
         let entries: Vec<Entry> = (0..10).map(|k| entry(k, 1000)).collect();
-        let (kept, size) = save(&path, "desc", &entries, 20_000).unwrap();
+        let (kept, size) = save(&path, "desc", None, &entries, 20_000).unwrap();
         assert!(kept > 0 && kept < 10, "{kept}");
         assert!(size <= 20_000, "{size}");
         let store = Store::load(&path).unwrap().unwrap();

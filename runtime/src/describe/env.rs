@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GOLDEN_PYTHON` | the interpreter that runs references |
 //! | `GOLDEN_REFERENCE_PATH` | extra import roots (`:`-separated) |
-//! | `GOLDEN_MODE` | `auto` (default), `live`, `replay`, `record` |
+//! | `GOLDEN_MODE` | `auto` (default), `live`, `replay`, `record`, `verify` |
 //! | `GOLDEN_SEED` | seed of the generated cases (default 0) |
 //! | `GOLDEN_CASES` | number of cases, overriding `cases = N` |
 //! | `GOLDEN_CASE` | run exactly this one case (as a failure prints it) |
@@ -26,6 +26,9 @@ pub enum Mode {
     Replay,
     /// Run the reference and (re)write the recorded outputs.
     Record,
+    /// Run the reference and compare its answers with the recorded ones: any difference beyond
+    /// the comparison's tolerance fails (a periodic CI job that keeps the stores honest).
+    Verify,
 }
 
 impl Mode {
@@ -36,6 +39,7 @@ impl Mode {
             Mode::Live => "live",
             Mode::Replay => "replay",
             Mode::Record => "record",
+            Mode::Verify => "verify",
         }
     }
 }
@@ -51,8 +55,9 @@ pub fn mode() -> Result<Mode, String> {
         Some("live") => Ok(Mode::Live),
         Some("replay") => Ok(Mode::Replay),
         Some("record") => Ok(Mode::Record),
+        Some("verify") => Ok(Mode::Verify),
         Some(other) => Err(format!(
-            "GOLDEN_MODE={other:?} is not one of auto, live, replay, record"
+            "GOLDEN_MODE={other:?} is not one of auto, live, replay, record, verify"
         )),
     }
 }

@@ -328,6 +328,27 @@ pub struct Layer {
     /// Module form: compare the port's taps ([`crate::judge::trace::tap`]) with the reference's submodule outputs
     /// (`trace` on the attribute; see `trace.rs`).
     pub trace: bool,
+    /// Module form: where the reference module's parameters come from (`params = init`,
+    /// `weights = "..."`; drawn per case by default).
+    pub params: Params,
+    /// Module form: `rename(from = to, ...)`: the reference's state_dict names starting with
+    /// `from` are served to the port starting with `to` instead (first match wins).
+    pub rename: Vec<(String, String)>,
+}
+
+/// Where a module-form check's parameters come from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Params {
+    /// Every floating-point entry of the reference module's state_dict re-drawn per case, seeded
+    /// like the inputs, keeping each tensor's scale and domain (`answers/params.rs`): constant
+    /// inits (a norm's 1 and 0, zeroed biases, BatchNorm's running statistics) hide bugs.
+    #[default]
+    Drawn,
+    /// The module's own initialisation under the case seed (`params = init`).
+    Init,
+    /// The tensors of a `.safetensors` checkpoint, the same on both sides (`weights = "path"`,
+    /// relative to the crate), by the port's names or the reference's.
+    Weights(String),
 }
 
 /// Where a check is declared: what `golden::declared!()` captures in the crate under test.
@@ -382,6 +403,8 @@ impl Layer {
             overfit: None,
             timeout: None,
             trace: false,
+            params: Params::Drawn,
+            rename: Vec::new(),
         }
     }
 
@@ -478,6 +501,39 @@ impl Layer {
     pub fn trace(mut self) -> Self {
         self.trace = true;
         self
+    }
+
+    /// Module form: keep the reference module's own initialisation (`params = init`) instead of
+    /// drawing its parameters per case.
+    pub fn params_init(mut self) -> Self {
+        self.params = Params::Init;
+        self
+    }
+
+    /// Module form: serve the tensors of a `.safetensors` checkpoint to both sides (`weights =
+    /// "path"`, relative to the crate's manifest dir unless absolute).
+    pub fn weights(mut self, path: &str) -> Self {
+        self.params = Params::Weights(path.to_string());
+        self
+    }
+
+    /// Module form: serve the reference's names starting with `from` to the port as starting with
+    /// `to` (`rename(from = to)`).
+    pub fn rename(mut self, from: &str, to: &str) -> Self {
+        self.rename.push((from.to_string(), to.to_string()));
+        self
+    }
+
+    /// The checkpoint of `weights = "..."`, resolved against the crate's manifest dir.
+    pub fn weights_path(&self) -> Option<std::path::PathBuf> {
+        let Params::Weights(path) = &self.params else {
+            return None;
+        };
+        let path = std::path::Path::new(path);
+        Some(match self.manifest_dir() {
+            Some(dir) if path.is_relative() => std::path::Path::new(dir).join(path),
+            _ => path.to_path_buf(),
+        })
     }
 
     /// Run this check in `mode`, whatever `GOLDEN_MODE` says.
@@ -581,6 +637,24 @@ impl Layer {
                 let _ = writeln!(s, "{title}: {}", v.join(", "));
             }
         }
+        if self.form == Form::Module {
+            let _ = match &self.params {
+                Params::Drawn => writeln!(
+                    s,
+                    "params: drawn per case (every float entry of the state_dict, seeded like the inputs)"
+                ),
+                Params::Init => writeln!(s, "params: the module's own init (params = init)"),
+                Params::Weights(path) => writeln!(s, "params: weights from {path}"),
+            };
+            if !self.rename.is_empty() {
+                let r: Vec<String> = self
+                    .rename
+                    .iter()
+                    .map(|(a, b)| format!("{a:?} = {b:?}"))
+                    .collect();
+                let _ = writeln!(s, "rename: {}", r.join(", "));
+            }
+        }
         let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
         if self.trace {
             let _ = writeln!(s, "trace: the port's taps against every submodule's output");
@@ -639,6 +713,13 @@ impl Layer {
         }
         if self.form == Form::Function && !self.init.is_empty() {
             return Err("`init(...)` is for the module form (a port taking a VarBuilder)".into());
+        }
+        if self.form == Form::Function && (self.params != Params::Drawn || !self.rename.is_empty())
+        {
+            return Err(
+                "`params`, `weights` and `rename` are for the module form (a port taking a VarBuilder)"
+                    .into(),
+            );
         }
         Ok(())
     }

@@ -15,7 +15,8 @@ pub fn num_pair(a: f64, b: f64) -> (String, String) {
     (num_sig(a, sig), num_sig(b, sig))
 }
 
-fn num_sig(x: f64, sig: usize) -> String {
+/// Format a number with `sig` significant digits, the reports' way.
+pub fn num_sig(x: f64, sig: usize) -> String {
     if x == 0.0 {
         return "0".into();
     }

@@ -36,6 +36,19 @@ pub struct Frame {
     pub tensors: Vec<HostTensor>,
 }
 
+/// A JSON list of strings (an absent one is empty).
+pub fn strings(value: &Json) -> Vec<String> {
+    value
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(Json::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Why bytes are not a valid frame.
 #[derive(Debug)]
 pub enum WireError {

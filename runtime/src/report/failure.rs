@@ -60,6 +60,8 @@ pub struct CaseFailure {
     pub training_issues: Vec<String>,
     /// Trace points of the reference the port did not tap (`trace.<name>`, execution order).
     pub untapped: Vec<String>,
+    /// What the case showed that does not fail it on its own (see `report::passed::Note`).
+    pub notes: Vec<crate::report::passed::Note>,
 }
 
 /// A known variant of the reference that the port matches.
@@ -85,6 +87,11 @@ pub struct LeafDiagnosis {
 }
 
 impl CaseFailure {
+    /// Whether the reference answered differently twice on this case's inputs.
+    pub fn reference_is_nondeterministic(&self) -> bool {
+        remote_kind(self.reference_error.as_ref()) == Some("nondeterministic")
+    }
+
     /// One line for proptest's own bookkeeping.
     pub fn headline(&self) -> String {
         if let Some(p) = self.params.first() {
@@ -184,8 +191,22 @@ fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
         "raised" => "the reference raised on this case; if the inputs are outside its domain, \
                      narrow `args(...)` (e.g. `~ uniform(lo, hi)`) or `dims(...)`"
             .into(),
+        "nondeterministic" => "fix: the reference must give the same outputs for the same inputs. \
+                               Noise from np.random or random is not seeded by golden: draw it \
+                               with torch (golden seeds torch's generator per case) or from a \
+                               generator seeded by the reference itself; a port cannot be judged \
+                               against an answer that changes"
+            .into(),
         _ => return None,
     })
+}
+
+/// The kind of a reference-side error (`raised`, `nondeterministic`, ...).
+fn remote_kind(e: Option<&WorkerError>) -> Option<&str> {
+    match e {
+        Some(WorkerError::Remote(r)) => Some(r.kind.as_str()),
+        _ => None,
+    }
 }
 
 fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
@@ -196,14 +217,23 @@ fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
     match &leaf.verdict {
         Verdict::Values(v) => {
             let pct = 100.0 * v.mismatched as f64 / v.numel.max(1) as f64;
-            writeln!(
-                out,
-                "  leaf `{}` ({}): {} / {} elements differ ({pct:.1}%)",
-                leaf.name,
-                shape(&leaf.port),
-                v.mismatched,
-                v.numel
-            )?;
+            if v.mismatched == 0 {
+                writeln!(
+                    out,
+                    "  leaf `{}` ({}): every element within its tolerance, but:",
+                    leaf.name,
+                    shape(&leaf.port),
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "  leaf `{}` ({}): {} / {} elements differ ({pct:.1}%)",
+                    leaf.name,
+                    shape(&leaf.port),
+                    v.mismatched,
+                    v.numel
+                )?;
+            }
             if let Some(g) = &v.greatest_abs {
                 writeln!(out, "    greatest absolute difference {} {g}", num(g.diff))?;
             }
@@ -235,9 +265,33 @@ fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
             )?;
             write!(out, "    tolerance: |port − ref| ≤ {}", v.rule)?;
             match v.rounding_max {
-                Some(r) => writeln!(out, " (largest rounding estimate here {})", num(r)),
-                None => writeln!(out),
+                Some(r) => writeln!(out, " (largest rounding estimate here {})", num(r))?,
+                None => writeln!(out)?,
             }
+            if v.unexplained > 0 {
+                writeln!(
+                    out,
+                    "    at {} element{} the reference in float64 is not the same computation, so \
+                     there the bound has no rounding term (see the note below)",
+                    v.unexplained,
+                    if v.unexplained == 1 { "" } else { "s" }
+                )?;
+            }
+            if let Some(a) = v.accuracy.filter(|a| !a.passes()) {
+                writeln!(
+                    out,
+                    "    the port is markedly less accurate than its reference: its RMS error \
+                     against the float64 result is {}, {}× the reference's own ({}; allowed {}×) — \
+                     it computes in {} where the reference computes in a higher precision (a \
+                     missing upcast, e.g. a norm's variance or a softmax outside float32?)",
+                    num(a.port),
+                    num(a.ratio),
+                    num(a.reference),
+                    num(crate::judge::compare::ACCURACY_FACTOR),
+                    leaf.port.as_ref().map_or("?", |p| p.1.name())
+                )?;
+            }
+            Ok(())
         }
         Verdict::Shape { hint } => writeln!(
             out,
@@ -291,6 +345,22 @@ impl fmt::Display for Failure {
                 writeln!(
                     out,
                     "golden: `{}`: the reference `{}` failed{dtype}:\n  {e}",
+                    self.layer, self.reference
+                )?;
+            }
+            FailureKind::Case(c)
+                if remote_kind(c.reference_error.as_ref()) == Some("nondeterministic") =>
+            {
+                writeln!(
+                    out,
+                    "golden: `{}`: its reference `{}` is not deterministic{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
+            FailureKind::Case(c) if remote_kind(c.reference_error.as_ref()) == Some("store") => {
+                writeln!(
+                    out,
+                    "golden: `{}`: its golden store disagrees with its reference `{}`{dtype}",
                     self.layer, self.reference
                 )?;
             }
@@ -465,6 +535,9 @@ impl fmt::Display for Failure {
                     num(v.max_diff),
                     v.fix
                 )?;
+            }
+            for note in &c.notes {
+                writeln!(out, "  note: {}", note.detail)?;
             }
             if let Some(e) = &c.precise_error {
                 if !failing_is_empty(c) {

@@ -16,6 +16,68 @@ pub struct CaseRecord {
     /// Further figures of this kind of check, by name (the gradient check's finite-difference
     /// errors relative to their tolerance).
     pub figures: Vec<(String, f64)>,
+    /// What the case showed that does not fail the check.
+    pub notes: Vec<Note>,
+}
+
+/// Something a check noticed that does not fail it: the snapshot records its summary (stable from
+/// run to run), messages and stderr its detail (with the case's numbers).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Note {
+    /// One stable line.
+    pub summary: String,
+    /// The same with the case's numbers.
+    pub detail: String,
+}
+
+/// What a reference's answer says about the reference itself: inputs or parameters it modifies in
+/// place, and elements where its float64 run is not the same computation. `inputs` names the
+/// inputs by position.
+pub fn reference_notes(
+    reference: &crate::answers::live::ReferenceOutputs,
+    inputs: &[String],
+) -> Vec<Note> {
+    let mut notes = Vec::new();
+    for m in &reference.mutated {
+        let what = match m.strip_prefix("input ") {
+            Some(i) => match i.parse::<usize>().ok().and_then(|i| inputs.get(i)) {
+                Some(name) => format!("its input `{name}`"),
+                None => format!("its {m}"),
+            },
+            None => format!("its {m}"),
+        };
+        let summary = format!("the reference modifies {what} in place");
+        notes.push(Note {
+            detail: format!(
+                "{summary}: golden gives every evaluation (case dtype, float64, nudged) its own \
+                 copy, so the verdict is not affected; a port need not do the same"
+            ),
+            summary,
+        });
+    }
+    for u in &reference.unexplained {
+        let summary = format!(
+            "at some elements of `{}` the reference in float64 is not the same computation as in \
+             the case dtype: there golden applies assert_close's bound without a rounding term",
+            u.leaf
+        );
+        notes.push(Note {
+            detail: format!(
+                "at {} element{} of `{}` the reference in float64 is not the same computation (first \
+                 at {:?}: {} in the case dtype, {} in float64 — a dtype-dependent constant such as \
+                 torch.finfo(x.dtype).min?): there golden applies assert_close's bound without a \
+                 rounding term",
+                u.count,
+                if u.count == 1 { "" } else { "s" },
+                u.leaf,
+                u.index,
+                crate::describe::numbers::num(u.case_value),
+                crate::describe::numbers::num(u.float64_value)
+            ),
+            summary,
+        });
+    }
+    notes
 }
 
 /// All cases of one dtype.
@@ -55,4 +117,7 @@ pub struct Report {
     /// The overfit check's gradient-health flags (vanishing, exploding, dead units): reported and
     /// snapshotted, not failing on their own.
     pub health: Vec<String>,
+    /// SHA-256 of the check's golden store file, when there is one: the snapshot records it, so a
+    /// store that changes without its snapshot shows in review and fails.
+    pub store: Option<String>,
 }

@@ -38,6 +38,7 @@ fn leaves_json(report: &Report) -> Vec<Json> {
             let mut max_abs = 0.0f64;
             let mut worst = 0.0f64;
             let mut needed = 0.0f64;
+            let mut accuracy: Option<f64> = None;
             let mut histogram = ErrorHistogram::default();
             for case in &run.cases {
                 if let Some(Verdict::Values(v)) = case.leaves.get(i).map(|l| &l.verdict) {
@@ -46,6 +47,9 @@ fn leaves_json(report: &Report) -> Vec<Json> {
                     }
                     worst = worst.max(v.worst_ratio);
                     needed = needed.max(v.factor_needed);
+                    if let Some(a) = v.accuracy {
+                        accuracy = Some(accuracy.unwrap_or(0.0).max(a.ratio));
+                    }
                     histogram.merge(&v.histogram);
                 }
             }
@@ -56,6 +60,7 @@ fn leaves_json(report: &Report) -> Vec<Json> {
                 "max_abs": finite(max_abs),
                 "worst_ratio": finite(worst),
                 "factor_needed": finite(needed),
+                "accuracy_ratio": accuracy.map(finite),
                 "histogram": {
                     "exact": histogram.exact,
                     "lowest_log2": ErrorHistogram::LOWEST,
@@ -112,6 +117,18 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
             doc["leaves"] = Json::Array(leaves_json(report));
             doc["figures"] = figures_json(report);
             doc["health"] = json!(report.health);
+            let mut notes: Vec<&str> = Vec::new();
+            for n in report
+                .runs
+                .iter()
+                .flat_map(|r| &r.cases)
+                .flat_map(|c| &c.notes)
+            {
+                if !notes.contains(&n.summary.as_str()) {
+                    notes.push(&n.summary);
+                }
+            }
+            doc["notes"] = json!(notes);
         }
         Err(failure) => {
             doc["status"] = json!("fail");

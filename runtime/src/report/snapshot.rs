@@ -1,12 +1,20 @@
 //! The text of a check's insta snapshot.
 //!
-//! It records what a reviewer needs to see change: the reference, the inputs, the tolerance, and
-//! per leaf how far the port is from the reference over all cases — bucketed by decade, so the file
-//! is byte-stable run to run while a ten-fold change in error (or any change of tolerance, shapes
-//! or reference) shows as a diff in the pull request.
+//! It records what a reviewer needs to see change: the reference, the inputs, the parameters, the
+//! tolerance, per leaf how far the port is from the reference over all cases, what the check
+//! noticed without failing, and the SHA-256 of the golden store it was made with.
+//!
+//! Error figures are written with two significant digits and compared by [`SnapshotComparator`]:
+//! two figures match when they are within a factor of [`FIGURE_FACTOR`], or when both are far
+//! inside their tolerance (at most [`NOISE_RATIO`] of it). Everything else must be equal. The error
+//! a correct port makes is rounding noise, and on another CPU (other kernels and cache sizes in the
+//! matmul libraries of both sides) it moves by a small factor; a decade bucket moved across its
+//! boundary on such a change. So a snapshot is the same on every machine, and a four-fold change in
+//! error (or any change of tolerance, shapes, parameters, reference or store) shows as a diff in the
+//! pull request.
 //!
 //! The assertion itself is expanded in the user's crate by the macro (insta attributes a snapshot to
-//! the code that expands `assert_snapshot!`); this module only builds the text.
+//! the code that expands `assert_snapshot!`); this module only builds the text and the comparator.
 
 use crate::describe::inputs::CaseParams;
 use crate::describe::layer::dtype_name;
@@ -16,22 +24,21 @@ use crate::judge::compare::{Leaf, Rule, Verdict};
 use crate::report::passed::Report;
 use std::fmt::Write as _;
 
-/// The decade containing `x`, e.g. `1e-7..1e-6`; `0` for zero.
-pub fn decade(x: f64) -> String {
-    if x == 0.0 {
-        return "0".into();
-    }
-    if !x.is_finite() {
-        return format!("{x}");
-    }
-    let mut e = x.abs().log10().floor() as i32;
-    // log10 is not exact at powers of ten: settle the boundary with an exact comparison.
-    if 10f64.powi(e + 1) <= x.abs() {
-        e += 1;
-    } else if 10f64.powi(e) > x.abs() {
-        e -= 1;
-    }
-    format!("1e{}..1e{}", e, e + 1)
+/// Figures within this factor of each other match ([`SnapshotComparator`]).
+pub const FIGURE_FACTOR: f64 = 4.0;
+
+/// Figures whose error is at most this fraction of the allowed error match each other: far inside
+/// the tolerance, the error is rounding noise whose size says nothing.
+pub const NOISE_RATIO: f64 = 1.0 / 64.0;
+
+/// A figure with two significant digits (`3.1e-3`, `0.19`, `0`).
+pub fn figure(x: f64) -> String {
+    crate::describe::numbers::num_sig(x, 2)
+}
+
+/// `value (R× allowed)`: an error and its ratio to the tolerance.
+fn with_ratio(value: f64, ratio: f64) -> String {
+    format!("{} ({}× allowed)", figure(value), figure(ratio))
 }
 
 /// The symbolic shape of a leaf across cases: an axis is the dim it always equals, else its size if
@@ -112,6 +119,15 @@ impl Report {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
             self.write_leaves(&mut s, &run.cases);
             Self::write_figures(&mut s, &run.cases);
+            let mut notes: Vec<&str> = Vec::new();
+            for note in run.cases.iter().flat_map(|c| &c.notes) {
+                if !notes.contains(&note.summary.as_str()) {
+                    notes.push(&note.summary);
+                }
+            }
+            for note in notes {
+                let _ = writeln!(s, "  note: {note}");
+            }
         }
         if self.kind == crate::describe::checks::Kind::Overfit {
             if self.health.is_empty() {
@@ -120,6 +136,9 @@ impl Report {
             for h in &self.health {
                 let _ = writeln!(s, "gradient health: {h}");
             }
+        }
+        if let Some(digest) = &self.store {
+            let _ = writeln!(s, "golden store: sha256 {digest}");
         }
         s
     }
@@ -139,19 +158,28 @@ impl Report {
                 .filter(|(n, _)| n == name)
                 .map(|(_, v)| *v)
                 .fold(0.0f64, f64::max);
-            let what = if let Some(input) = name.strip_prefix("fd.") {
-                format!("finite differences, {input}: |analytic - numeric| / tolerance")
+            use crate::describe::checks::{PARITY_LOSS_RTOL, PARITY_UPDATE_RTOL};
+            let line = if let Some(input) = name.strip_prefix("fd.") {
+                format!(
+                    "finite differences, {input}: |analytic - numeric| {}× allowed",
+                    figure(max)
+                )
             } else if let Some(step) = name.strip_prefix("loss.") {
-                format!("port's loss, {step}")
+                format!("port's loss, {step}: {}", figure(max))
             } else if name == "parity.loss" {
-                "loss, |port - PyTorch| / |PyTorch|, worst step".to_string()
+                format!(
+                    "loss, |port - PyTorch| / |PyTorch|, worst step: {}",
+                    with_ratio(max, max / PARITY_LOSS_RTOL)
+                )
             } else if name == "parity.update" {
-                "update (final - initial weights), |port - PyTorch| / |PyTorch|, worst parameter"
-                    .to_string()
+                format!(
+                    "update (final - initial weights), |port - PyTorch| / |PyTorch|, worst parameter: {}",
+                    with_ratio(max, max / PARITY_UPDATE_RTOL)
+                )
             } else {
-                name.to_string()
+                format!("{name}: {}", figure(max))
             };
-            let _ = writeln!(s, "  {what}: {}", decade(max));
+            let _ = writeln!(s, "  {line}");
         }
     }
 
@@ -185,7 +213,11 @@ impl Report {
                     .filter_map(|v| v.greatest_abs.as_ref().map(|g| g.diff))
                     .fold(0.0f64, f64::max);
                 let worst = values.iter().map(|v| v.worst_ratio).fold(0.0f64, f64::max);
-                (decade(max_abs), decade(worst))
+                format!(
+                    "{}, worst element {}× allowed",
+                    figure(max_abs),
+                    figure(worst)
+                )
             };
             // Trace points: one line each, the drift against depth read top to bottom.
             if let (Some(point), Some(v0)) = (
@@ -200,11 +232,11 @@ impl Report {
                         describe_rule(&v0.rule)
                     );
                 }
-                let (max_abs, worst) = figures(&values);
                 let _ = writeln!(
                     s,
-                    "    {point} {dtype} {}: max |port - ref| {max_abs}, error / allowed {worst}",
-                    symbolic_shape(&self.layer, &shapes)
+                    "    {point} {dtype} {}: max |port - ref|: {}",
+                    symbolic_shape(&self.layer, &shapes),
+                    figures(&values)
                 );
                 continue;
             }
@@ -220,9 +252,20 @@ impl Report {
                 let _ = writeln!(s, "    equal in every case");
                 continue;
             }
-            let (max_abs, worst) = figures(&values);
-            let _ = writeln!(s, "    max |port - ref|: {max_abs}");
-            let _ = writeln!(s, "    max error / allowed: {worst}");
+            let _ = writeln!(s, "    max |port - ref|: {}", figures(&values));
+            if let Some(a) = values
+                .iter()
+                .filter_map(|v| v.accuracy)
+                .max_by(|a, b| a.ratio.total_cmp(&b.ratio))
+            {
+                let _ = writeln!(
+                    s,
+                    "    accuracy against float64: port's RMS error {}, {}× allowed (the reference's own times {})",
+                    figure(a.port),
+                    figure(a.ratio / crate::judge::compare::ACCURACY_FACTOR),
+                    figure(crate::judge::compare::ACCURACY_FACTOR)
+                );
+            }
         }
     }
 }
@@ -231,16 +274,41 @@ impl Report {
 mod tests {
     use super::*;
 
+    fn text(body: &str) -> insta::internals::SnapshotContents {
+        insta::internals::TextSnapshotContents::new(body.to_string(), insta::TextSnapshotKind::File)
+            .into()
+    }
+
     #[test]
-    fn decades_are_exact_at_powers_of_ten() {
-        assert_eq!(decade(1e-6), "1e-6..1e-5");
-        assert_eq!(decade(9.99e-7), "1e-7..1e-6");
-        assert_eq!(decade(1e-3), "1e-3..1e-2");
-        assert_eq!(decade(0.0), "0");
-        // A ten-fold change always moves to another bucket.
-        for x in [1.3e-7, 4.2e-5, 0.7, 55.0] {
-            assert_ne!(decade(x), decade(10.0 * x));
-        }
+    fn figures_match_within_a_factor_and_far_inside_the_tolerance() {
+        let same = |a: &str, b: &str| figures_match(&text(a), &text(b));
+        let line =
+            |v: &str, r: &str| format!("    max |port - ref|: {v}, worst element {r}× allowed\n");
+        // A small factor: another CPU.
+        assert!(same(&line("3.1e-3", "0.19"), &line("5.5e-3", "0.31")));
+        // Four-fold and more: a change to review.
+        assert!(!same(&line("3.1e-3", "0.19"), &line("1.3e-2", "0.8")));
+        // Both far inside the tolerance: noise, whatever its size (0 included).
+        assert!(same(&line("0", "0"), &line("6e-8", "0.0061")));
+        assert!(!same(&line("0", "0"), &line("6e-5", "0.061")));
+        // Anything but figures must be equal.
+        assert!(!same("layer: a\n", "layer: b\n"));
+        assert!(!same(
+            "cases: 32 per dtype, seed 0\n",
+            "cases: 64 per dtype, seed 0\n"
+        ));
+        assert!(!same(
+            &line("3e-3", "0.19"),
+            &(line("3e-3", "0.19") + "note: x\n")
+        ));
+        assert!(same(
+            "  port's loss, final: 1.3e-5\n",
+            "  port's loss, final: 2.1e-5\n"
+        ));
+        assert!(!same(
+            "  port's loss, final: 1.3e-5\n",
+            "  port's loss, final: 1.3e-3\n"
+        ));
     }
 
     #[test]
@@ -257,4 +325,95 @@ mod tests {
         assert_eq!(layer("wrong_ports").check_name(), "gelu");
         assert_eq!(Layer::function("gelu", "m.f").check_name(), "gelu");
     }
+}
+
+/// The snapshot comparison golden installs (through the macro): the texts must be equal line by
+/// line, except that figures (numbers after a label's `: `) match within [`FIGURE_FACTOR`] of each
+/// other, or when both lines' worst error is at most [`NOISE_RATIO`] of the allowed error.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SnapshotComparator;
+
+impl insta::Comparator for SnapshotComparator {
+    fn matches(&self, reference: &insta::Snapshot, test: &insta::Snapshot) -> bool {
+        figures_match(reference.contents(), test.contents())
+    }
+
+    fn dyn_clone(&self) -> Box<dyn insta::Comparator> {
+        Box::new(*self)
+    }
+}
+
+fn figures_match(
+    reference: &insta::internals::SnapshotContents,
+    test: &insta::internals::SnapshotContents,
+) -> bool {
+    let (Some(a), Some(b)) = (reference.as_text(), test.as_text()) else {
+        return reference == test;
+    };
+    let (a, b) = (a.to_string(), b.to_string());
+    let (a, b): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| line_matches(x, y))
+}
+
+/// A figure line split into its text (numbers replaced by `#`), its numbers, and its worst error
+/// relative to the allowed one when it has it (`R× allowed`).
+fn split_figures(line: &str) -> Option<(String, Vec<f64>, Option<f64>)> {
+    let (label, rest) = line.split_once(": ")?;
+    let mut shape = String::new();
+    let mut numbers = Vec::new();
+    for word in rest.split(' ') {
+        let token = word
+            .trim_start_matches('(')
+            .trim_end_matches(')')
+            .trim_end_matches(',')
+            .trim_end_matches('×');
+        match token.parse::<f64>() {
+            Ok(x) if token.chars().any(|c| c.is_ascii_digit()) => {
+                numbers.push(x);
+                shape.push_str(&word.replacen(token, "#", 1));
+            }
+            _ => shape.push_str(word),
+        }
+        shape.push(' ');
+    }
+    let words: Vec<&str> = rest.split(' ').collect();
+    let ratio = words
+        .windows(2)
+        .find(|w| w[1].starts_with("allowed") && w[0].ends_with('×'))
+        .and_then(|w| {
+            w[0].trim_start_matches('(')
+                .trim_end_matches('×')
+                .parse()
+                .ok()
+        });
+    Some((format!("{label}: {shape}"), numbers, ratio))
+}
+
+/// Whether a line carries error figures (the only lines compared with a tolerance).
+fn is_figure_line(line: &str) -> bool {
+    line.contains("× allowed") || line.trim_start().starts_with("port's loss, ")
+}
+
+fn line_matches(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    if !is_figure_line(a) || !is_figure_line(b) {
+        return false;
+    }
+    let (Some((sa, na, ra)), Some((sb, nb, rb))) = (split_figures(a), split_figures(b)) else {
+        return false;
+    };
+    if sa != sb || na.len() != nb.len() || na.is_empty() {
+        return false;
+    }
+    if let (Some(ra), Some(rb)) = (ra, rb) {
+        if ra <= NOISE_RATIO && rb <= NOISE_RATIO {
+            return true;
+        }
+    }
+    na.iter().zip(&nb).all(|(x, y)| {
+        let (lo, hi) = (x.abs().min(y.abs()), x.abs().max(y.abs()));
+        x == y || (x.signum() == y.signum() && lo > 0.0 && hi <= FIGURE_FACTOR * lo)
+    })
 }

@@ -6,7 +6,7 @@
 //! (`gradients.rs`) share everything here; the overfit check (`overfit.rs`) runs one fixed batch.
 
 use crate::answers::live::ReferenceOutputs;
-use crate::answers::source::{Answer, OpenError, Source, Target};
+use crate::answers::source::{Answer, OpenError, Source, Target, Via};
 use crate::describe::checks::Kind;
 use crate::describe::env;
 use crate::describe::inputs::{self, CaseParams};
@@ -148,10 +148,15 @@ pub(crate) fn open_source(
             f
         }
     })?;
-    let how = match &source {
-        Source::Live(_) => format!("live ({})", versions(&info)),
-        Source::Record(..) => format!("live, recording ({})", versions(&info)),
-        Source::Replay(store) => format!("replay ({})", store.path.display()),
+    let how = match &source.via {
+        Via::Live(_) => format!("live ({})", versions(&info)),
+        Via::Record(..) => format!("live, recording ({})", versions(&info)),
+        Via::Verify(_, store) => format!(
+            "live, verifying {} ({})",
+            store.path.display(),
+            versions(&info)
+        ),
+        Via::Replay(store) => format!("replay ({})", store.path.display()),
     };
     if mode == env::Mode::Auto && !source.is_replay() {
         eprintln!("golden: `{}`: {how}", layer.name);
@@ -210,7 +215,7 @@ fn run_inner(
     let settings = settings(layer, declared_cases).map_err(config_error)?;
     let (source, how) = open_source(layer, kind, settings.mode, description)?;
     let source = &source;
-    if matches!(source, Source::Record(..)) {
+    if matches!(source.via, Via::Record(..)) {
         // Every generated case goes into the store, even those after a failing one.
         for &dtype in &layer.dtypes {
             record_generated(layer, dtype, runner, source, &settings);
@@ -248,6 +253,8 @@ fn run_inner(
         source: how,
         runs,
         health: Vec::new(),
+        store: crate::answers::store::path(layer, kind.suffix())
+            .and_then(|p| crate::answers::store::digest(&p)),
     })
 }
 
@@ -371,7 +378,7 @@ fn run_dtype(
     settings: &Settings,
 ) -> Result<DTypeRun, Failure> {
     let (config, replays) = runner_config(layer, settings);
-    let partial = matches!(source, Source::Replay(store) if store.partial.is_some());
+    let partial = matches!(&source.via, Via::Replay(store) | Via::Verify(_, store) if store.partial.is_some());
     let mut proptest = TestRunner::new(config);
     let records = RefCell::new(Vec::new());
     let first_failure: RefCell<Option<(CaseParams, usize)>> = RefCell::new(None);
@@ -394,6 +401,11 @@ fn run_dtype(
                 records.borrow_mut().push(record);
                 Ok(())
             }
+            // A reference that is not deterministic cannot be shrunk against: stop here.
+            Outcome::Fail(f) if f.reference_is_nondeterministic() => {
+                *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));
+                Err(TestCaseError::fail("the reference is not deterministic"))
+            }
             Outcome::Fail(f) => {
                 first_failure
                     .borrow_mut()
@@ -415,9 +427,9 @@ fn run_dtype(
                 Ok(())
             }
             Outcome::Unrecorded => {
-                let path = match source {
-                    Source::Replay(store) => store.path.display().to_string(),
-                    _ => unreachable!("only a replay leaves cases unrecorded"),
+                let path = match &source.via {
+                    Via::Replay(store) | Via::Verify(_, store) => store.path.display().to_string(),
+                    _ => unreachable!("only a replay or a verification leaves cases unrecorded"),
                 };
                 let msg = format!(
                     "the golden store {path} has no outputs for a case this check generates \

@@ -3,7 +3,7 @@
 
 use crate::answers::live::{ReferenceOutputs, Request};
 use crate::answers::params::StateDict;
-use crate::answers::source::Source;
+use crate::answers::source::{Answer, Source};
 use crate::describe::checks::Kind;
 use crate::describe::inputs::{self, CaseParams};
 use crate::describe::layer::{Form, Layer};
@@ -26,6 +26,7 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         layer,
         port,
         trace_written: std::cell::Cell::new(false),
+        determinism_checked: std::cell::RefCell::new(Vec::new()),
     };
     check::run(layer, Kind::Forward, layer.cases, &description, &runner)
 }
@@ -36,6 +37,8 @@ struct ForwardRunner<'a> {
     port: &'a Port<'a>,
     /// Traced checks leave the first passing case's trace for `golden report`.
     trace_written: std::cell::Cell<bool>,
+    /// The dtypes whose first case evaluated the reference twice (see [`run_case`]).
+    determinism_checked: std::cell::RefCell<Vec<DType>>,
 }
 
 impl CaseRunner for ForwardRunner<'_> {
@@ -43,6 +46,12 @@ impl CaseRunner for ForwardRunner<'_> {
         let trace_to = (self.layer.trace && !self.trace_written.get())
             .then(|| crate::report::artifacts::trace_folder(self.layer))
             .flatten();
+        // The first case of each dtype evaluates the reference twice: unseeded noise must not
+        // pass for rounding error (the two precisions would draw different noise).
+        let first = !self.determinism_checked.borrow().contains(&dtype);
+        if first {
+            self.determinism_checked.borrow_mut().push(dtype);
+        }
         let outcome = run_case(
             self.layer,
             dtype,
@@ -50,6 +59,7 @@ impl CaseRunner for ForwardRunner<'_> {
             self.port,
             source,
             trace_to.as_deref(),
+            first,
         );
         if trace_to.is_some() && matches!(outcome, Outcome::Pass(_)) {
             self.trace_written.set(true);
@@ -67,6 +77,8 @@ impl CaseRunner for ForwardRunner<'_> {
         let request = Request::Forward {
             args: &args,
             trace: self.layer.trace,
+            twice: false,
+            precise: false,
         };
         source
             .request(self.layer, dtype, params, &request)
@@ -86,7 +98,8 @@ impl CaseRunner for ForwardRunner<'_> {
 }
 
 /// Run one case: inputs, reference, port, comparison. A passing case's trace is written to
-/// `trace_to` when given.
+/// `trace_to` when given. With `twice` (and on every failing case, live) the reference is evaluated
+/// twice and must answer the same.
 pub(crate) fn run_case(
     layer: &Layer,
     dtype: DType,
@@ -94,6 +107,7 @@ pub(crate) fn run_case(
     port: &Port<'_>,
     source: &Source,
     trace_to: Option<&std::path::Path>,
+    twice: bool,
 ) -> Outcome {
     let mut failure = CaseFailure::default();
     let args = match inputs::make_args(layer, params, dtype) {
@@ -111,11 +125,13 @@ pub(crate) fn run_case(
             .zip(args.iter().cloned())
             .collect()
     };
-    let request = Request::Forward {
+    let request = |twice| Request::Forward {
         args: &args,
         trace: layer.trace,
+        twice,
+        precise: false,
     };
-    let answer = source.request(layer, dtype, params, &request);
+    let answer = source.request(layer, dtype, params, &request(twice));
     let reference = match Outcome::reference_outputs(answer, &mut failure) {
         Ok(r) => r,
         Err(Outcome::Fail(mut f)) => {
@@ -127,6 +143,13 @@ pub(crate) fn run_case(
     match run_port(layer, dtype, params, port, &args, &reference, trace_to) {
         Outcome::Fail(mut f) => {
             f.inputs = named_inputs();
+            // A failing case is only the port's fault if the reference answers the same again.
+            if !twice && source.live().is_some() {
+                let again = source.request(layer, dtype, params, &request(true));
+                if let Answer::Failed(e @ WorkerError::Remote(_)) = again {
+                    f.reference_error = Some(e);
+                }
+            }
             f.reference = Some(reference);
             Outcome::Fail(f)
         }
@@ -187,7 +210,13 @@ pub(crate) fn run_port(
             .map(|a| a.to_candle(&device))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let state = match layer.form {
-            Form::Module => Some(StateDict::new(&reference.state_dict, dtype, &device)?),
+            Form::Module => Some(StateDict::serve(
+                &reference.state_dict,
+                &reference.aliases,
+                &layer.rename,
+                dtype,
+                &device,
+            )?),
             Form::Function => None,
         };
         Ok((tensors, state))
@@ -247,6 +276,8 @@ pub(crate) fn run_port(
     failure.leaves = leaves;
     failure.untapped = untapped.into_iter().map(|l| l.name).collect();
     failure.port_outputs = port_host;
+    let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
+    failure.notes = crate::report::passed::reference_notes(reference, &names);
     if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
         if let Some(dir) = trace_to {
             // Best effort: the report shows the trace when it is there.
@@ -256,6 +287,7 @@ pub(crate) fn run_port(
             params: params.clone(),
             leaves: failure.leaves,
             figures: Vec::new(),
+            notes: failure.notes,
         })
     } else {
         Outcome::Fail(Box::new(failure))
