@@ -161,7 +161,9 @@ fn a_detached_hidden_layer_gets_no_gradient() {
 #[test]
 fn dead_relu_units_are_flagged() {
     let scratch = common::Scratch::new("o_relu_dead");
+    // The dead units are the module's init (a bias of -100): keep it rather than draw.
     let layer = Layer::module("o_relu_dead", "zoo_ref.ReluMLP")
+        .params_init()
         .init("d_model", D)
         .init("hidden", HIDDEN)
         .init("dead", 3usize)
@@ -240,4 +242,37 @@ fn a_classifier_overfits_with_cross_entropy() {
     // Random class ids over 5 classes: the untrained loss is about ln 5.
     assert!((1.0..2.5).contains(&get("loss.initial")), "{figures:?}");
     assert!(get("loss.final") < 0.1 * get("loss.initial"), "{figures:?}");
+}
+
+#[test]
+fn settings_too_weak_for_the_model_say_so_and_how_many_steps_pytorch_needs() {
+    // A right port, with too few AdamW steps for this MLP: PyTorch does not get there either.
+    let layer = Layer::module("o_mlp_too_few_steps", "zoo_ref.MLP")
+        .init("d_model", D)
+        .init("hidden", HIDDEN)
+        .dim("b", 2, 4)
+        .arg("x", ["b".into(), DimExpr::Lit(D)], Dist::default())
+        .overfit(OverfitSpec {
+            steps: 30,
+            ..OverfitSpec::default()
+        });
+    let msg = must_fail(&layer, false).to_string();
+    assert!(
+        msg.contains("the overfit settings are too weak for this model, not the port"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("PyTorch reaches it after") && msg.contains("use `overfit(steps = "),
+        "{msg}"
+    );
+    // A wrong port under the same settings is still blamed.
+    let msg = must_fail(
+        &Layer {
+            name: "o_mlp_too_few_steps_detached".into(),
+            ..layer
+        },
+        true,
+    )
+    .to_string();
+    assert!(!msg.contains("too weak"), "{msg}");
 }

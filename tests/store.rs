@@ -162,7 +162,14 @@ fn a_store_missing_a_generated_case_is_out_of_date() {
     let stored = Store::load(&path).unwrap().unwrap();
     let mut entries = stored.entries().to_vec();
     entries.remove(5);
-    store::save(&path, &stored.description, &entries, usize::MAX).unwrap();
+    store::save(
+        &path,
+        &stored.description,
+        stored.params.as_ref(),
+        &entries,
+        usize::MAX,
+    )
+    .unwrap();
     let msg = fails(&gelu(&scratch).mode(Mode::Replay), &right).to_string();
     assert!(
         msg.contains("has no outputs for a case this check generates"),
@@ -194,7 +201,14 @@ fn a_partial_store_replays_what_it_holds_and_skips_the_snapshot() {
     golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
     let path = scratch.store(&gelu(&scratch));
     let stored = Store::load(&path).unwrap().unwrap();
-    let (kept, _) = store::save(&path, &stored.description, stored.entries(), 10_000).unwrap();
+    let (kept, _) = store::save(
+        &path,
+        &stored.description,
+        stored.params.as_ref(),
+        stored.entries(),
+        10_000,
+    )
+    .unwrap();
     assert!(kept > 0 && kept < 32, "{kept}");
     let replay =
         golden::check(&gelu(&scratch).mode(Mode::Replay), &right).unwrap_or_else(|f| panic!("{f}"));
@@ -205,4 +219,104 @@ fn a_partial_store_replays_what_it_holds_and_skips_the_snapshot() {
         .snapshot_skipped()
         .unwrap()
         .contains("holds only some of the cases"));
+}
+
+fn zeros(i: &PortInputs) -> Result<golden::Outputs, String> {
+    i.tensor(0).zeros_like().into_outputs()
+}
+
+/// The digest line of a snapshot.
+fn digest_line(snapshot: &str) -> &str {
+    snapshot
+        .lines()
+        .find(|l| l.starts_with("golden store: sha256 "))
+        .unwrap_or_else(|| panic!("no store digest in:\n{snapshot}"))
+}
+
+#[test]
+fn a_tampered_store_shows_in_the_snapshot_and_fails_verify() {
+    let scratch = Scratch::new("tampered");
+    let recorded =
+        golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
+    // An edit a checksum cannot catch: every expected value set to zero, the store sealed again.
+    // A port that returns zeros now passes in replay...
+    let path = scratch.store(&gelu(&scratch));
+    let stored = Store::load(&path).unwrap().unwrap();
+    let mut entries = stored.entries().to_vec();
+    for e in &mut entries {
+        for (_, t) in &mut e.outputs.expected {
+            *t = golden::HostTensor::from_floats(t.shape.clone(), &vec![0.0; t.numel()], t.dtype);
+        }
+    }
+    store::save(
+        &path,
+        &stored.description,
+        stored.params.as_ref(),
+        &entries,
+        usize::MAX,
+    )
+    .unwrap();
+    let tampered =
+        golden::check(&gelu(&scratch).mode(Mode::Replay), &zeros).unwrap_or_else(|f| panic!("{f}"));
+    // ...but its snapshot, reviewed in the pull request, records another store: the committed
+    // snapshot fails to match (in CI insta writes nothing and fails).
+    let (before, after) = (recorded.snapshot().unwrap(), tampered.snapshot().unwrap());
+    assert_ne!(digest_line(&before), digest_line(&after));
+    // And `verify` compares the store with the live reference.
+    let msg = fails(&gelu(&scratch).mode(Mode::Verify), &right).to_string();
+    assert!(
+        msg.contains("disagrees with the live reference: leaf `out` is 0 in the store"),
+        "{msg}"
+    );
+    assert!(msg.contains("GOLDEN_MODE=record"), "{msg}");
+}
+
+#[test]
+fn verify_passes_a_store_that_matches_the_live_reference() {
+    let scratch = Scratch::new("verified");
+    golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
+    let verified =
+        golden::check(&gelu(&scratch).mode(Mode::Verify), &right).unwrap_or_else(|f| panic!("{f}"));
+    assert!(
+        verified.source.starts_with("live, verifying"),
+        "{}",
+        verified.source
+    );
+}
+
+#[test]
+fn a_module_store_holds_the_parameter_list_not_every_case_s_parameters() {
+    let scratch = Scratch::new("module_size");
+    let layer = |mode| {
+        Layer::module("mlp", "zoo_ref.MLP")
+            .init("d_model", 64usize)
+            .init("hidden", 128usize)
+            .dim("b", 1, 2)
+            .arg("x", ["b".into(), golden::DimExpr::Lit(64)], Dist::default())
+            .dtypes(&[candle_core::DType::F32, candle_core::DType::BF16])
+            .declared_at(scratch.declared)
+            .mode(mode)
+    };
+    let port = |i: &PortInputs| {
+        let vb = i.var_builder();
+        let fc1 = candle_nn::linear(64, 128, vb.pp("fc1")).map_err(|e| e.to_string())?;
+        let fc2 = candle_nn::linear(128, 64, vb.pp("fc2")).map_err(|e| e.to_string())?;
+        fc1.forward(i.tensor(0))
+            .and_then(|h| h.gelu_erf())
+            .and_then(|h| fc2.forward(&h))
+            .into_outputs()
+    };
+    golden::check(&layer(Mode::Record), &port).unwrap_or_else(|f| panic!("{f}"));
+    let stored = Store::load(&scratch.store(&layer(Mode::Replay)))
+        .unwrap()
+        .unwrap();
+    // 32 cases in two dtypes fit the 4 MiB bound (each case's 16k parameters would not).
+    assert_eq!(stored.partial, None);
+    assert_eq!(stored.len(), 64);
+    assert!(stored
+        .entries()
+        .iter()
+        .all(|e| e.outputs.state_dict.is_empty()));
+    assert_eq!(stored.params.as_ref().map(|p| p.entries.len()), Some(4));
+    golden::check(&layer(Mode::Replay), &port).unwrap_or_else(|f| panic!("{f}"));
 }

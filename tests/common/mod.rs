@@ -67,6 +67,27 @@ pub fn declared_with_store(layer: &golden::Layer, scratch: &Scratch) -> golden::
     })
 }
 
+/// Run a check of a right port that must pass, declared like [`must_fail`]'s; returns its report.
+pub fn must_pass_check(
+    check: CheckFn,
+    layer: &golden::Layer,
+    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
+) -> golden::Report {
+    use golden::IntoOutputs;
+    let scratch = Scratch::new(&layer.name);
+    let layer = declared_with_store(layer, &scratch);
+    let port = |inputs: &golden::PortInputs| port(inputs).into_outputs();
+    check(&layer, &port).unwrap_or_else(|f| panic!("the right port `{}` failed:\n{f}", layer.name))
+}
+
+/// [`must_pass_check`] for the forward check.
+pub fn must_pass(
+    layer: &golden::Layer,
+    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
+) -> golden::Report {
+    must_pass_check(golden::check, layer, port)
+}
+
 /// [`must_fail`] for any kind of check.
 pub fn must_fail_check(
     check: CheckFn,

@@ -1,0 +1,179 @@
+"""References for tests/verdicts.rs: situations in which a naive differential test passes a wrong
+port or fails a right one. Each is ordinary code a porter meets (Hugging Face's init, its masking
+and upcasting idioms, in-place updates), not a contrivance."""
+
+import random
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# --- Parameters whose default init hides bugs ---------------------------------------------------
+
+
+class Norm(nn.Module):
+    """nn.LayerNorm starts at weight 1 and bias 0."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.ln(x)
+
+
+class ZeroBiasDense(nn.Module):
+    """A Linear initialised the way Hugging Face's `_init_weights` does: normal(0, 0.02), bias 0."""
+
+    def __init__(self, d=8, out=6):
+        super().__init__()
+        self.dense = nn.Linear(d, out)
+        nn.init.normal_(self.dense.weight, std=0.02)
+        nn.init.zeros_(self.dense.bias)
+
+    def forward(self, x):
+        return self.dense(x)
+
+
+class EvalBatchNorm(nn.Module):
+    """BatchNorm in eval mode normalises with its running statistics, which start at 0 and 1."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(c)
+
+    def forward(self, x):
+        return self.bn(x)
+
+
+class TiedLM(nn.Module):
+    """An LM head tied to the embedding: both names are in the state_dict, one tensor."""
+
+    def __init__(self, vocab=11, d=8):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.emb(ids))
+
+
+class Renamed(nn.Module):
+    """A module named the transformers-5 way (`layers.0.attention.q_proj`) where candle ports keep
+    the checkpoint's older names."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.ModuleDict({"attention": nn.ModuleDict({"q_proj": nn.Linear(d, d)})})])
+
+    def forward(self, x):
+        return self.layers[0]["attention"]["q_proj"](x)
+
+
+# --- References that change their own inputs or depend on the dtype --------------------------------
+
+
+def add_one_inplace(x):
+    x.add_(1.0)
+    return x
+
+
+def masked_fill_min(x, mask):
+    """Hugging Face's masking idiom: the most negative value of the computation's dtype."""
+    return x.masked_fill(mask, torch.finfo(x.dtype).min)
+
+
+def plus_dtype_eps(x):
+    """A constant that depends on the dtype: 0.12 in float32, 2e-11 in float64."""
+    return x + torch.finfo(x.dtype).eps * 1e6
+
+
+# --- References that are not deterministic -------------------------------------------------------
+
+
+def noisy_numpy(x):
+    """Noise from NumPy's global generator, which golden does not seed."""
+    return x + torch.from_numpy(np.random.standard_normal(tuple(x.shape))).to(x.dtype) * 1e-3
+
+
+def noisy_random(x):
+    return x * (1.0 + 1e-3 * random.random())
+
+
+# --- Gradients PyTorch defines by convention, and ports that mirror Hugging Face's upcasts -------
+
+
+class PaddedEmbedding(nn.Module):
+    """Row `padding_idx` gets a zero gradient by convention, not by calculus."""
+
+    def __init__(self, vocab=7, d=4):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d, padding_idx=0)
+
+    def forward(self, ids):
+        return self.emb(ids)
+
+
+class UpcastRMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm: computes in float32 whatever the input's dtype."""
+
+    def __init__(self, d=16, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.variance_epsilon = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        variance = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * h.to(dtype)
+
+
+class TwoRMSNorms(nn.Module):
+    """Two stacked RMSNorms with eps 1e-6: on near-zero inputs the loss curves at the scale of
+    finite differences' ε."""
+
+    def __init__(self, d=8, eps=1e-6):
+        super().__init__()
+        self.a = UpcastRMSNorm(d, eps)
+        self.b = UpcastRMSNorm(d, eps)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def softmax_float32(x):
+    """Eager attention's `softmax(..., dtype=torch.float32)`, then back to the input's dtype."""
+    return F.softmax(x, dim=-1, dtype=torch.float32).to(x.dtype)
+
+
+class LlamaAttentionBlock(nn.Module):
+    """Hugging Face's own LlamaAttention (eager: softmax in float32), with its rotary embedding
+    and a causal mask the way LlamaModel builds them."""
+
+    def __init__(self, hidden=16, heads=4, kv_heads=2, theta=10000.0):
+        super().__init__()
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+        config = LlamaConfig(
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            rope_theta=theta,
+            max_position_embeddings=64,
+        )
+        config._attn_implementation = "eager"
+        self.attn = LlamaAttention(config, layer_idx=0)
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        positions = torch.arange(t)[None].expand(b, t)
+        cos, sin = self.rotary(x, positions)
+        mask = torch.full((t, t), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)[None, None]
+        out, _ = self.attn(x, position_embeddings=(cos, sin), attention_mask=mask)
+        return out
