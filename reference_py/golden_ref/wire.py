@@ -17,13 +17,27 @@ file: keep the two in step.
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import numpy as np
 
 MAGIC = b"GLD1"
 # A frame larger than this is refused rather than allocated: a corrupt length must not exhaust memory.
-MAX_FRAME = 1 << 31
+# The runtime's limit is the same 2 GiB. GOLDEN_MAX_FRAME (bytes) can only lower it: golden's own
+# tests reach the limit with small tensors that way.
+LIMIT = 1 << 31
+
+
+def _max_frame() -> int:
+    try:
+        lowered = int(os.environ.get("GOLDEN_MAX_FRAME", LIMIT))
+    except ValueError:
+        return LIMIT
+    return lowered if 0 < lowered < LIMIT else LIMIT
+
+
+MAX_FRAME = _max_frame()
 MAX_NDIM = 16
 
 
