@@ -30,8 +30,6 @@ use std::time::{Duration, Instant};
 
 /// Unix socket paths are limited to 108 bytes (with the terminating NUL).
 const MAX_SOCKET_PATH: usize = 100;
-/// How long a starting daemon may take to import torch and listen.
-const START_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// 0: as the environment says; 1: on; 2: off.
 static OVERRIDE: AtomicU8 = AtomicU8::new(0);
@@ -183,7 +181,7 @@ fn start(key: &WorkerKey, socket: &Path) -> Result<(), String> {
         let _ = std::io::BufReader::new(stdout).read_line(&mut line);
         let _ = tx.send(line);
     });
-    let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
+    let line = rx.recv_timeout(env::start_limit()).unwrap_or_default();
     if !line.starts_with("ready") {
         let _ = child.kill();
         let _ = child.wait();

@@ -29,9 +29,6 @@ use std::time::{Duration, Instant};
 
 /// How much of a worker's stderr is kept for error messages.
 const STDERR_TAIL: usize = 64 * 1024;
-/// Start-up (interpreter + numpy) and loading a reference (which may import torch) get at least
-/// this long, whatever `GOLDEN_TIMEOUT` says: a cold first `import torch` can take many seconds.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// The worker answered a request with an error.
 #[derive(Clone, Debug, PartialEq)]
@@ -414,7 +411,7 @@ impl Worker {
         let (info, _) = self.request(
             json!({"op": "hello"}),
             Vec::new(),
-            STARTUP_TIMEOUT,
+            env::start_limit(),
             "starting up",
         )?;
         self.info = info;
@@ -625,7 +622,8 @@ pub fn pool() -> &'static Pool {
             live: 0,
         }),
         freed: Condvar::new(),
-        max: env::max_workers(),
+        // An invalid GOLDEN_WORKERS is reported when a check opens its reference (`Live::new`).
+        max: env::max_workers().unwrap_or(1),
     })
 }
 
