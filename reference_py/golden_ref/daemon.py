@@ -13,6 +13,9 @@ forked copy of the warm interpreter that serves it exactly like a private worker
   `worker-<pid>.exit` ("exit code 3", "signal 11"). The runtime removes both.
 * A served copy ends at EOF on its connection, or soon after the connected test process is gone
   (its pid, from SO_PEERCRED, is watched).
+* Each copy leads its own process group, which whatever its references start joins; the copy kills
+  it when it leaves, and the daemon kills it when the copy has ended, before reaping the copy: no
+  helper or forked process of a reference outlives its copy.
 * The daemon exits after `--idle` seconds with no connection and no served copy alive, or when its
   socket file is removed or replaced.
 """
@@ -54,10 +57,20 @@ def _peer_pid(conn: socket.socket) -> int | None:
         return None
 
 
+def end_group(pgid: int) -> None:
+    """Kill the process group `pgid` (a copy's), if it still has members."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _serve_connection(conn: socket.socket, directory: str, daemon_pid: int) -> None:
     """In the forked copy: become a worker for this connection. Never returns."""
     code = 0
     try:
+        # A process group of its own, which whatever its references start joins.
+        os.setpgid(0, 0)
         pid = os.getpid()
         log_path = os.path.join(directory, f"worker-{pid}.log")
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -74,6 +87,8 @@ def _serve_connection(conn: socket.socket, directory: str, daemon_pid: int) -> N
         code = worker_module.serve(
             proto_in, proto_out, {"log": log_path, "daemon_pid": daemon_pid, "client_pid": client}
         )
+        # The client is done with this copy: so are the references' helpers.
+        worker_module.end_group()
     except BaseException:  # noqa: BLE001 - the copy must never return into the daemon's loop
         code = 70
     finally:
@@ -111,12 +126,17 @@ def run(path: str, idle: float, ready_fd: int) -> int:
     def reap():
         while children:
             try:
-                done, status = os.waitpid(-1, os.WNOHANG)
+                # Look without reaping: until the copy is reaped its pid, the id of its process
+                # group, cannot be taken by another process.
+                peeked = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 children.clear()
                 return
-            if done == 0:
+            if peeked is None or peeked.si_pid == 0:
                 return
+            done = peeked.si_pid
+            end_group(done)
+            _, status = os.waitpid(done, 0)
             children.discard(done)
             ended[done] = time.monotonic()
             try:
@@ -131,6 +151,10 @@ def run(path: str, idle: float, ready_fd: int) -> int:
         if child == 0:
             listener.close()
             _serve_connection(conn, directory, pid)
+        try:
+            os.setpgid(child, child)  # as the copy does: whichever runs first
+        except OSError:
+            pass
         children.add(child)
         conn.close()
 

@@ -176,19 +176,34 @@ fn start(key: &WorkerKey, socket: &Path) -> Result<(), String> {
     let stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
     let (tx, rx) = std::sync::mpsc::channel();
+    // What an interpreter prints as it starts (a banner, a sitecustomize) comes before `ready`:
+    // skipped here, and harmless to the copies, which speak over the socket.
     std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
+        let mut printed = String::new();
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.starts_with("ready") {
+                let _ = tx.send(Ok(()));
+                return;
+            }
+            if printed.len() < 200 {
+                printed.push_str(&line);
+                printed.push('\n');
+            }
+        }
+        let _ = tx.send(Err(printed));
     });
-    let line = rx.recv_timeout(env::start_limit()).unwrap_or_default();
-    if !line.starts_with("ready") {
+    let limit = env::start_limit();
+    let ready = rx
+        .recv_timeout(limit)
+        .map_err(|_| format!("not ready within {} s", limit.as_secs_f64()));
+    if let Err(why) = ready.and_then(|r| r.map_err(|printed| format!("printed {printed:?}"))) {
         let _ = child.kill();
         let _ = child.wait();
         let mut err = String::new();
         let _ = stderr.read_to_string(&mut err);
         return Err(format!(
-            "it did not start: {}",
+            "it did not start ({why}): {}",
             err.trim().lines().last().unwrap_or("no message")
         ));
     }
@@ -205,13 +220,16 @@ pub fn note_fallback(why: &str) {
     });
 }
 
-/// Kill a copy served by the daemon (after a timeout or a broken protocol).
+/// Kill a copy served by the daemon (after a timeout or a broken protocol), and its process group:
+/// what its reference started.
 pub fn kill(pid: u32) {
     // pid 0 would be this process group: a copy that never said hello has no pid yet.
     if let Ok(pid) = libc::pid_t::try_from(pid) {
-        if pid > 0 {
-            // SAFETY: sending a signal has no memory effects; the pid is the copy's own.
+        if pid > 1 {
+            // SAFETY: sending a signal has no memory effects; the pid is the copy's own, the leader
+            // of its own group.
             unsafe {
+                libc::killpg(pid, libc::SIGKILL);
                 libc::kill(pid, libc::SIGKILL);
             }
         }
