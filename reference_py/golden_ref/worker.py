@@ -34,6 +34,7 @@ import traceback
 from . import wire
 from .backends import BACKENDS, BackendError, OutputError
 from .evaluate import Case, ReferenceRaised, forward, gradient_case, variants
+from .limits import AnswerTooLarge
 from .training import train
 from .references import ReferenceError_, resolve
 
@@ -165,6 +166,8 @@ def error_response(error: BaseException) -> dict:
         return {"kind": "raised", "message": str(error), "phase": error.phase, "traceback": error.traceback}
     if isinstance(error, OutputError):
         return {"kind": "return_type", "message": str(error)}
+    if isinstance(error, AnswerTooLarge):
+        return {"kind": "too_large", "message": str(error)}
     if isinstance(error, BackendError):
         return {"kind": "backend", "message": str(error)}
     if isinstance(error, (wire.ProtocolError, KeyError, TypeError, ValueError)):
@@ -261,7 +264,12 @@ def serve(proto_in, proto_out, extra_info=None) -> int:
                 raise
             response, out_tensors = {"ok": False, "error": error_response(e)}, []
         try:
-            wire.write_frame(proto_out, request_id, response, out_tensors)
+            try:
+                wire.write_frame(proto_out, request_id, response, out_tensors)
+            except wire.FrameTooLarge as e:
+                # Nothing was written yet: the answer becomes an error that says why.
+                error = {"kind": "too_large", "message": f"the answer to `{header.get('op')}` is too large: {e}"}
+                wire.write_frame(proto_out, request_id, {"ok": False, "error": error}, [])
         except BrokenPipeError:
             return 0
 
