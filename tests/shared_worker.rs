@@ -283,7 +283,12 @@ fn the_socket_and_its_folder_are_private_even_under_umask_000() {
     assert_eq!(mode(&shared.dir), 0o700, "{}", shared.dir.display());
     for entry in std::fs::read_dir(&shared.dir).unwrap() {
         let path = entry.unwrap().path();
-        assert_eq!(mode(&path) & 0o077, 0, "{} is open to others", path.display());
+        assert_eq!(
+            mode(&path) & 0o077,
+            0,
+            "{} is open to others",
+            path.display()
+        );
     }
     assert_eq!(mode(&shared.socket()), 0o600);
 }
@@ -304,8 +309,8 @@ except OSError as e:
     sys.exit(0)
 header = json.dumps({"op": "hello"}).encode()
 body = b"GLD1" + struct.pack("<QI", 1, len(header)) + header + struct.pack("<I", 0)
-s.sendall(struct.pack("<I", len(body)) + body)
 try:
+    s.sendall(struct.pack("<I", len(body)) + body)
     print("answered" if s.recv(4) else "closed")
 except OSError as e:
     print("closed:", e.strerror)
@@ -313,7 +318,12 @@ except OSError as e:
     )
     .unwrap();
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+        ])
         .arg(&client)
         .arg(socket)
         .output()
@@ -328,9 +338,13 @@ except OSError as e:
 
 #[test]
 fn another_user_cannot_use_the_daemon() {
-    let root = std::process::Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
-    if !root || !Path::new("/usr/bin/setpriv").exists() || !Path::new("/usr/bin/python3").exists()
-    {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()
+        .stdout
+        == b"0\n";
+    if !root || !Path::new("/usr/bin/setpriv").exists() || !Path::new("/usr/bin/python3").exists() {
         eprintln!("skipped: needs root, setpriv and /usr/bin/python3 to connect as another user (the daemon's check of its peer is unit-tested in reference_py/tests/test_daemon.py)");
         return;
     }
@@ -366,7 +380,10 @@ fn a_copy_that_forks_and_exits_is_reported_as_dead_and_leaves_nothing() {
     let pids = helpers.pids();
     assert_eq!(pids.len(), 2, "{pids:?}");
     let left = processes::wait_gone(&pids, Duration::from_secs(10));
-    assert!(left.is_empty(), "processes {left:?} started by references are still running");
+    assert!(
+        left.is_empty(),
+        "processes {left:?} started by references are still running"
+    );
     assert_eq!(
         String::from_utf8_lossy(&shared.run(&["check", "fault_ref.identity"]).stdout).trim(),
         "pass"
@@ -377,11 +394,18 @@ fn a_copy_that_forks_and_exits_is_reported_as_dead_and_leaves_nothing() {
 fn helpers_of_a_served_copy_end_with_its_test_process() {
     let shared = Shared::new("helpers");
     let helpers = Helpers::new("helpers");
-    for reference in ["fault_ref.spawns_and_returns", "fault_ref.forks_and_returns"] {
-        assert_eq!(shared.check_with_helpers(&[reference], &helpers).trim(), "pass");
+    for reference in [
+        "fault_ref.spawns_and_returns",
+        "fault_ref.forks_and_returns",
+    ] {
+        assert_eq!(
+            shared.check_with_helpers(&[reference], &helpers).trim(),
+            "pass"
+        );
     }
+    // One per call of the references: every case, in f32, float64 and nudged.
     let pids = helpers.pids();
-    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert!(pids.len() >= 2, "{pids:?}");
     let left = processes::wait_gone(&pids, Duration::from_secs(10));
     assert!(
         left.is_empty(),
@@ -392,8 +416,9 @@ fn helpers_of_a_served_copy_end_with_its_test_process() {
 #[test]
 fn a_served_copy_reads_end_of_file_on_stdin() {
     let shared = Shared::new("stdin");
-    let msg = String::from_utf8_lossy(&shared.run(&["check", "fault_ref.reads_stdin", "60"]).stdout)
-        .into_owned();
+    let msg =
+        String::from_utf8_lossy(&shared.run(&["check", "fault_ref.reads_stdin", "60"]).stdout)
+            .into_owned();
     assert!(msg.contains("EOFError: EOF when reading a line"), "{msg}");
     assert_eq!(
         String::from_utf8_lossy(&shared.run(&["check", "fault_ref.closes_stdin"]).stdout).trim(),
@@ -414,7 +439,8 @@ fn module(root: &Path, name: &str, body: &str) {
 #[test]
 fn a_changed_pythonpath_is_what_the_next_test_process_imports() {
     let shared = Shared::new("pythonpath");
-    let (one, two) = (shared.dir.with_extension("one"), shared.dir.with_extension("two"));
+    // In the shared folder, which the test removes.
+    let (one, two) = (shared.dir.join("one"), shared.dir.join("two"));
     module(&one, "stale_ref", "x.clone()");
     module(&two, "stale_ref", "x * 2");
     let check = |root: &Path| {
@@ -427,17 +453,17 @@ fn a_changed_pythonpath_is_what_the_next_test_process_imports() {
     };
     assert_eq!(check(&one).trim(), "pass");
     let msg = check(&two);
-    assert!(msg.contains("does not match its reference `stale_ref.f`"), "{msg}");
+    assert!(
+        msg.contains("does not match its reference `stale_ref.f`"),
+        "{msg}"
+    );
     assert_eq!(check(&one).trim(), "pass");
-    for dir in [one, two] {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 #[test]
 fn an_edited_reference_is_what_the_next_test_process_runs() {
     let shared = Shared::new("edited");
-    let root = shared.dir.with_extension("refs");
+    let root = shared.dir.join("refs");
     let check = || {
         let out = shared
             .child(&["check", "edited_ref.f"])
@@ -451,8 +477,10 @@ fn an_edited_reference_is_what_the_next_test_process_runs() {
     // The same size, most likely within the same second.
     module(&root, "edited_ref", "x * 3.0");
     let msg = check();
-    assert!(msg.contains("does not match its reference `edited_ref.f`"), "{msg}");
+    assert!(
+        msg.contains("does not match its reference `edited_ref.f`"),
+        "{msg}"
+    );
     module(&root, "edited_ref", "x.clone()");
     assert_eq!(check().trim(), "pass");
-    let _ = std::fs::remove_dir_all(root);
 }
