@@ -27,7 +27,8 @@ fn identity(i: &PortInputs) -> Result<golden::Outputs, String> {
     i.tensor(0).clone().into_outputs()
 }
 
-/// No worker of this process is running except the pool's idle ones.
+/// No worker of this process is running except the pool's idle ones, and no process a reference
+/// started (as `fault_ref` records them) except in the process group of an idle worker.
 fn assert_no_stray_workers() {
     let me = std::process::id();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -37,12 +38,19 @@ fn assert_no_stray_workers() {
             .into_iter()
             .filter(|p| !idle.contains(p))
             .collect();
-        if stray.is_empty() {
+        let helpers: Vec<u32> = processes::recorded_pids(&processes::fault_pid_file(me))
+            .into_iter()
+            .filter(|&p| {
+                processes::alive(p) && !processes::group_of(p).is_some_and(|g| idle.contains(&g))
+            })
+            .collect();
+        if stray.is_empty() && helpers.is_empty() {
             return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "workers {stray:?} are still running and not in the pool (idle: {idle:?})"
+            "workers {stray:?} are still running and not in the pool (idle: {idle:?}), and \
+             processes {helpers:?} that references started"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -52,6 +60,11 @@ fn assert_no_stray_workers() {
 /// left over. Returns the failure's message.
 fn fault(layer: &Layer, port: &golden::Port<'_>) -> String {
     let _turn = take_turn();
+    fault_in_turn(layer, port)
+}
+
+/// [`fault`], the turn already taken.
+fn fault_in_turn(layer: &Layer, port: &golden::Port<'_>) -> String {
     let msg = match golden::check(layer, port) {
         Ok(_) => panic!("`{}` passed", layer.reference),
         Err(f) => f.to_string(),
@@ -236,4 +249,309 @@ fn workers_end_with_a_test_process_that_calls_exit() {
 #[test]
 fn workers_end_with_a_test_process_that_returns() {
     child_ends("return");
+}
+
+/// The processes `fault_ref`'s references start in a test: whatever is left of them is killed when
+/// the test ends, passed or failed, so that a failing test leaves nothing for an hour.
+struct Helpers {
+    file: std::path::PathBuf,
+}
+
+impl Helpers {
+    /// For the private workers of this process.
+    fn of_this_process() -> Helpers {
+        Helpers::at(processes::fault_pid_file(std::process::id()))
+    }
+
+    fn at(file: std::path::PathBuf) -> Helpers {
+        let _ = std::fs::remove_file(&file);
+        Helpers { file }
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        processes::recorded_pids(&self.file)
+    }
+}
+
+impl Drop for Helpers {
+    fn drop(&mut self) {
+        for pid in self.pids().into_iter().filter(|&p| processes::alive(p)) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+/// [`fault`] for a reference that starts processes which live for an hour and hold the worker's
+/// pipes: the check must not wait for them. If it has not returned after two minutes (it takes
+/// seconds), they are killed to free the test, which fails.
+fn fault_with_helpers(reference: &str, timeout: f64) -> String {
+    let _turn = take_turn();
+    let helpers = Helpers::of_this_process();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reference = reference.to_string();
+    let check = std::thread::spawn(move || {
+        let _ = tx.send(fault_in_turn(
+            &layer(&reference).timeout(timeout),
+            &identity,
+        ));
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(msg) => {
+            check.join().unwrap();
+            assert!(!helpers.pids().is_empty(), "the reference started nothing");
+            msg
+        }
+        Err(_) => {
+            let started = helpers.pids();
+            drop(helpers);
+            let _ = check.join();
+            panic!("the check was still waiting after 120 s for processes {started:?} that the reference started")
+        }
+    }
+}
+
+#[test]
+fn a_reference_that_forks_and_exits_is_reported_as_dead_at_once() {
+    // The forked copy holds every descriptor of the worker, its pipes included: the worker's death
+    // must be seen from the process, not from the pipes, and the copy must end with it.
+    let msg = fault_with_helpers("fault_ref.forks_then_exits", 60.0);
+    assert!(
+        msg.contains("died with exit code 3 while running `fault_ref.forks_then_exits`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_reference_that_starts_a_helper_and_exits_is_reported_as_dead_at_once() {
+    let msg = fault_with_helpers("fault_ref.spawns_then_exits", 60.0);
+    assert!(
+        msg.contains("died with exit code 3 while running `fault_ref.spawns_then_exits`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_hanging_reference_s_helper_is_killed_with_its_worker() {
+    let msg = fault_with_helpers("fault_ref.spawns_then_hangs", 2.0);
+    assert!(
+        msg.contains("did not answer within 2 s while running `fault_ref.spawns_then_hangs`"),
+        "{msg}"
+    );
+}
+
+/// Run `golden-fault-child` with private workers and these variables.
+fn child(args: &[&str], envs: &[(&str, &str)]) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_golden-fault-child"));
+    command.args(args).env("GOLDEN_SHARED_WORKER", "never");
+    for (k, v) in envs {
+        command.env(k, v);
+    }
+    command.output().expect("the child runs")
+}
+
+/// The results printed by `golden-fault-child checks`, then its stray workers.
+fn checks(args: &[&str], envs: &[(&str, &str)]) -> (Vec<String>, String) {
+    let out = child(&[&["checks"], args].concat(), envs);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the child failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut parts: Vec<String> = stdout
+        .split("----\n")
+        .map(|p| p.trim().to_string())
+        .collect();
+    let stray = parts.pop().unwrap_or_default();
+    (parts, stray)
+}
+
+#[test]
+fn helpers_of_passing_references_end_with_their_test_process() {
+    let helpers = Helpers::at(
+        std::env::temp_dir().join(format!("golden-fault-pids-passing-{}", std::process::id())),
+    );
+    let file = helpers.file.display().to_string();
+    let (results, stray) = checks(
+        &[
+            "fault_ref.spawns_and_returns",
+            "fault_ref.forks_and_returns",
+        ],
+        &[("GOLDEN_FAULT_PIDS", &file)],
+    );
+    assert_eq!(results, ["pass", "pass"], "{stray}");
+    // One per call of the references: every case, in f32, float64 and nudged.
+    let pids = helpers.pids();
+    assert!(pids.len() >= 2, "{pids:?}");
+    let left = processes::wait_gone(&pids, Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "processes {left:?} started by references outlived their test process"
+    );
+}
+
+#[test]
+fn a_reference_that_reads_stdin_reads_end_of_file() {
+    let msg = fault(&layer("fault_ref.reads_stdin").timeout(60.0), &identity);
+    assert!(!msg.contains("did not answer"), "{msg}");
+    assert!(
+        msg.contains("EOFError: EOF when reading a line")
+            && msg.contains("input(\"press enter: \")"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_reference_that_closes_stdin_does_not_break_the_protocol() {
+    harmless("fault_ref.closes_stdin");
+}
+
+/// A wrapper script that prints a banner before it runs golden's interpreter.
+fn printing_wrapper(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    let wrapper = dir.join("python");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho \"Welcome to the lab's Python (module load python/3.11)\"\nexec {} \"$@\"\n",
+            golden::describe::env::python().program.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    wrapper
+}
+
+#[test]
+fn an_interpreter_that_prints_before_the_protocol_fails_at_once() {
+    let scratch = common::Scratch::new("printing-wrapper");
+    let wrapper = printing_wrapper(&scratch.dir);
+    let started = std::time::Instant::now();
+    let out = child(
+        &["check", "fault_ref.identity"],
+        &[
+            ("GOLDEN_PYTHON", &wrapper.display().to_string()),
+            ("GOLDEN_START_TIMEOUT", "120"),
+        ],
+    );
+    let msg = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        msg.contains(&format!("`{}`", wrapper.display()))
+            && msg.contains("Welcome to the lab's Python")
+            && msg.contains("sitecustomize"),
+        "{msg}"
+    );
+    assert!(!msg.contains("did not"), "{msg}");
+    // Not a measurement: a worker that waited for its frame would take the whole 120 s.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}: {msg}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_sitecustomize_that_prints_fails_at_once_and_is_named() {
+    let scratch = common::Scratch::new("printing-sitecustomize");
+    std::fs::write(
+        scratch.dir.join("sitecustomize.py"),
+        "print('sitecustomize: proxy configured')\n",
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let out = child(
+        &["check", "fault_ref.identity"],
+        &[
+            ("GOLDEN_REFERENCE_PATH", &scratch.dir.display().to_string()),
+            ("GOLDEN_START_TIMEOUT", "120"),
+        ],
+    );
+    let msg = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        msg.contains("sitecustomize: proxy configured") && msg.contains("before golden's worker"),
+        "{msg}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}: {msg}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn an_answer_over_the_frame_limit_is_refused_with_the_leaf_and_the_limit() {
+    // The worker's limit lowered to 8 MiB; the reference's output is 4 MiB of f32, 28 MiB with its
+    // float64 value and the two halves of its rounding estimate.
+    let (results, stray) = checks(
+        &["fault_ref.returns_large", "fault_ref.identity"],
+        &[("GOLDEN_MAX_FRAME", "8388608")],
+    );
+    let msg = &results[0];
+    assert!(
+        msg.contains("`out` (f32 [1048576], 4.0 MiB)")
+            && msg.contains("28.0 MiB")
+            && msg.contains("frame limit of 8.0 MiB"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("ProtocolError") && !msg.contains("died"),
+        "{msg}"
+    );
+    assert_eq!(results[1], "pass");
+    assert_eq!(stray, "stray workers: []");
+}
+
+/// `golden-fault-child check fault_ref.identity` with one variable set: its stdout.
+fn with_env(name: &str, value: &str) -> String {
+    let out = child(&["check", "fault_ref.identity"], &[(name, value)]);
+    assert!(
+        out.status.success(),
+        "{name}={value}: the child failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn an_invalid_timeout_names_the_variable_and_the_accepted_form() {
+    for value in ["-1", "nan", "abc", "1e400x"] {
+        let msg = with_env("GOLDEN_TIMEOUT", value);
+        assert!(
+            msg.contains(&format!("GOLDEN_TIMEOUT={value:?}"))
+                && msg.contains("seconds")
+                && msg.contains("0 or inf for no limit"),
+            "{value}: {msg}"
+        );
+    }
+    for value in ["-1", "x"] {
+        let msg = with_env("GOLDEN_START_TIMEOUT", value);
+        assert!(
+            msg.contains(&format!("GOLDEN_START_TIMEOUT={value:?}")),
+            "{value}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn a_timeout_of_zero_or_inf_means_no_limit() {
+    for value in ["0", "inf"] {
+        assert_eq!(with_env("GOLDEN_TIMEOUT", value).trim(), "pass", "{value}");
+    }
+}
+
+#[test]
+fn an_invalid_worker_count_names_the_variable() {
+    for value in ["abc", "0", "-2"] {
+        let msg = with_env("GOLDEN_WORKERS", value);
+        assert!(
+            msg.contains(&format!("GOLDEN_WORKERS={value:?}")) && msg.contains("positive"),
+            "{value}: {msg}"
+        );
+    }
 }

@@ -36,6 +36,31 @@ impl Shared {
         self.child(args).output().expect("the child runs")
     }
 
+    /// The stdout of `golden-fault-child check <args>`, with `GOLDEN_FAULT_PIDS` pointing at
+    /// `helpers`; if it has not ended after two minutes (it takes seconds), the processes the
+    /// reference started are killed to free it, and the test fails.
+    fn check_with_helpers(&self, args: &[&str], helpers: &Helpers) -> String {
+        let mut child = self
+            .child(&[&["check"], args].concat())
+            .env("GOLDEN_FAULT_PIDS", &helpers.file)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("the child runs");
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let started = helpers.pids();
+                helpers.kill();
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the check was still waiting after 120 s for processes {started:?} that the reference started");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     fn info(&self) -> Json {
         let out = self.run(&["info"]);
         serde_json::from_slice(&out.stdout)
@@ -58,6 +83,39 @@ impl Drop for Shared {
             .args(["-f", "--", &format!("--socket {}", self.dir.display())])
             .status();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The processes `fault_ref`'s references record in a file; whatever is left of them is killed
+/// when the test ends.
+struct Helpers {
+    file: PathBuf,
+}
+
+impl Helpers {
+    fn new(name: &str) -> Helpers {
+        let file = PathBuf::from(format!("/tmp/gsw-{name}-{}.pids", std::process::id()));
+        let _ = std::fs::remove_file(&file);
+        Helpers { file }
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        processes::recorded_pids(&self.file)
+    }
+
+    fn kill(&self) {
+        for pid in self.pids().into_iter().filter(|&p| processes::alive(p)) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+impl Drop for Helpers {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.file);
     }
 }
 
@@ -199,4 +257,230 @@ fn without_a_usable_folder_checks_fall_back_to_a_private_worker() {
             && err.contains("using private workers"),
         "{err}"
     );
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn the_socket_and_its_folder_are_private_even_under_umask_000() {
+    let shared = Shared::new("umask");
+    // The child (and so the daemon it starts) runs with umask 000, where every file golden creates
+    // without an explicit mode would be open to every local user.
+    let out = Command::new("sh")
+        .args(["-c", "umask 000; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_golden-fault-child"))
+        .args(["check", "fault_ref.exits"])
+        .env("GOLDEN_SHARED_WORKER", "always")
+        .env("GOLDEN_SHARED_DIR", &shared.dir)
+        .env("GOLDEN_SHARED_IDLE", "3")
+        .output()
+        .unwrap();
+    let msg = String::from_utf8_lossy(&out.stdout);
+    assert!(msg.contains("died with exit code 3"), "{msg}");
+    assert_eq!(mode(&shared.dir), 0o700, "{}", shared.dir.display());
+    for entry in std::fs::read_dir(&shared.dir).unwrap() {
+        let path = entry.unwrap().path();
+        assert_eq!(
+            mode(&path) & 0o077,
+            0,
+            "{} is open to others",
+            path.display()
+        );
+    }
+    assert_eq!(mode(&shared.socket()), 0o600);
+}
+
+/// Connect to `socket` as user `nobody` and send a `hello` frame: `answered`, `closed` (the
+/// daemon hung up) or `refused: <why>` (the connection was not allowed).
+fn hello_as_nobody(socket: &Path) -> String {
+    let client = format!("/tmp/gsw-intruder-{}.py", std::process::id());
+    std::fs::write(
+        &client,
+        r#"import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(20)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print("refused:", e.strerror)
+    sys.exit(0)
+header = json.dumps({"op": "hello"}).encode()
+body = b"GLD1" + struct.pack("<QI", 1, len(header)) + header + struct.pack("<I", 0)
+try:
+    s.sendall(struct.pack("<I", len(body)) + body)
+    print("answered" if s.recv(4) else "closed")
+except OSError as e:
+    print("closed:", e.strerror)
+"#,
+    )
+    .unwrap();
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+        ])
+        .arg(&client)
+        .arg(socket)
+        .output()
+        .expect("setpriv runs");
+    let _ = std::fs::remove_file(&client);
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    )
+}
+
+#[test]
+fn another_user_cannot_use_the_daemon() {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()
+        .stdout
+        == b"0\n";
+    if !root || !Path::new("/usr/bin/setpriv").exists() || !Path::new("/usr/bin/python3").exists() {
+        eprintln!("skipped: needs root, setpriv and /usr/bin/python3 to connect as another user (the daemon's check of its peer is unit-tested in reference_py/tests/test_daemon.py)");
+        return;
+    }
+    let shared = Shared::new("intruder");
+    let daemon = daemon_pid(&shared.info());
+    let socket = shared.socket();
+    // The folder and the socket keep other users out...
+    let answer = hello_as_nobody(&socket);
+    assert!(answer.starts_with("refused: Permission denied"), "{answer}");
+    // ...and where they were opened up (an older golden, a shared folder), the daemon itself
+    // refuses a peer that is not its own user.
+    use std::os::unix::fs::PermissionsExt;
+    for path in [&shared.dir, &socket] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let answer = hello_as_nobody(&socket);
+    assert!(answer.starts_with("closed"), "{answer}");
+    // Its own user is still served, by the same daemon.
+    assert_eq!(daemon_pid(&shared.info()), daemon);
+}
+
+#[test]
+fn a_copy_that_forks_and_exits_is_reported_as_dead_and_leaves_nothing() {
+    let shared = Shared::new("fork");
+    let helpers = Helpers::new("fork");
+    let msg = shared.check_with_helpers(&["fault_ref.forks_then_exits", "60"], &helpers);
+    assert!(
+        msg.contains("died with exit code 3 while running `fault_ref.forks_then_exits`"),
+        "{msg}"
+    );
+    let msg = shared.check_with_helpers(&["fault_ref.spawns_then_hangs", "2"], &helpers);
+    assert!(msg.contains("did not answer within 2 s"), "{msg}");
+    let pids = helpers.pids();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    let left = processes::wait_gone(&pids, Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "processes {left:?} started by references are still running"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&shared.run(&["check", "fault_ref.identity"]).stdout).trim(),
+        "pass"
+    );
+}
+
+#[test]
+fn helpers_of_a_served_copy_end_with_its_test_process() {
+    let shared = Shared::new("helpers");
+    let helpers = Helpers::new("helpers");
+    for reference in [
+        "fault_ref.spawns_and_returns",
+        "fault_ref.forks_and_returns",
+    ] {
+        assert_eq!(
+            shared.check_with_helpers(&[reference], &helpers).trim(),
+            "pass"
+        );
+    }
+    // One per call of the references: every case, in f32, float64 and nudged.
+    let pids = helpers.pids();
+    assert!(pids.len() >= 2, "{pids:?}");
+    let left = processes::wait_gone(&pids, Duration::from_secs(10));
+    assert!(
+        left.is_empty(),
+        "processes {left:?} started by references outlived their test process"
+    );
+}
+
+#[test]
+fn a_served_copy_reads_end_of_file_on_stdin() {
+    let shared = Shared::new("stdin");
+    let msg =
+        String::from_utf8_lossy(&shared.run(&["check", "fault_ref.reads_stdin", "60"]).stdout)
+            .into_owned();
+    assert!(msg.contains("EOFError: EOF when reading a line"), "{msg}");
+    assert_eq!(
+        String::from_utf8_lossy(&shared.run(&["check", "fault_ref.closes_stdin"]).stdout).trim(),
+        "pass"
+    );
+}
+
+/// A folder holding the module `name` whose `f` returns `body`.
+fn module(root: &Path, name: &str, body: &str) {
+    std::fs::create_dir_all(root).unwrap();
+    std::fs::write(
+        root.join(format!("{name}.py")),
+        format!("def f(x):\n    return {body}\n"),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_changed_pythonpath_is_what_the_next_test_process_imports() {
+    let shared = Shared::new("pythonpath");
+    // In the shared folder, which the test removes.
+    let (one, two) = (shared.dir.join("one"), shared.dir.join("two"));
+    module(&one, "stale_ref", "x.clone()");
+    module(&two, "stale_ref", "x * 2");
+    let check = |root: &Path| {
+        let out = shared
+            .child(&["check", "stale_ref.f"])
+            .env("PYTHONPATH", root)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(check(&one).trim(), "pass");
+    let msg = check(&two);
+    assert!(
+        msg.contains("does not match its reference `stale_ref.f`"),
+        "{msg}"
+    );
+    assert_eq!(check(&one).trim(), "pass");
+}
+
+#[test]
+fn an_edited_reference_is_what_the_next_test_process_runs() {
+    let shared = Shared::new("edited");
+    let root = shared.dir.join("refs");
+    let check = || {
+        let out = shared
+            .child(&["check", "edited_ref.f"])
+            .env("GOLDEN_REFERENCE_PATH", &root)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    module(&root, "edited_ref", "x * 1.0");
+    assert_eq!(check().trim(), "pass");
+    // The same size, most likely within the same second.
+    module(&root, "edited_ref", "x * 3.0");
+    let msg = check();
+    assert!(
+        msg.contains("does not match its reference `edited_ref.f`"),
+        "{msg}"
+    );
+    module(&root, "edited_ref", "x.clone()");
+    assert_eq!(check().trim(), "pass");
 }

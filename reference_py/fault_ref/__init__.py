@@ -3,7 +3,9 @@ failure (never a pass, a hang or a leaked process). Not part of the installed pa
 
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -89,3 +91,88 @@ def returns_wrong_shape(x):
 
 def returns_dict_without_half(x):
     return {"double": x * 2}
+
+
+# --- references that start processes ---------------------------------------------------------------
+# Each records the pids it starts (one a line) in `GOLDEN_FAULT_PIDS`, else in
+# `<tmp>/golden-fault-pids-<GOLDEN_PARENT_PID>`, so that the tests can check that none outlives its
+# worker. The helpers inherit the worker's stdout and stderr, and a forked copy every descriptor of
+# the worker (the protocol's too): they hold its pipes open for as long as they live, an hour unless
+# GOLDEN_FAULT_HELPER_SECONDS says otherwise.
+
+HELPER_SECONDS = float(os.environ.get("GOLDEN_FAULT_HELPER_SECONDS", "3600"))
+
+
+def _record(pid: int) -> None:
+    path = os.environ.get("GOLDEN_FAULT_PIDS") or os.path.join(
+        tempfile.gettempdir(), f"golden-fault-pids-{os.environ.get('GOLDEN_PARENT_PID', 'none')}"
+    )
+    with open(path, "a") as f:
+        f.write(f"{pid}\n")
+
+
+def _helper() -> None:
+    helper = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({HELPER_SECONDS})"])
+    _record(helper.pid)
+
+
+def _fork() -> None:
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(HELPER_SECONDS)
+        os._exit(0)
+    _record(pid)
+
+
+def forks_then_exits(x):
+    _fork()
+    os._exit(3)
+
+
+def spawns_then_exits(x):
+    _helper()
+    os._exit(3)
+
+
+def spawns_then_hangs(x):
+    _helper()
+    time.sleep(3600)
+    return x.clone()
+
+
+def spawns_and_returns(x):
+    _helper()
+    return x.clone()
+
+
+def forks_and_returns(x):
+    _fork()
+    return x.clone()
+
+
+# --- references that touch the worker's descriptors -------------------------------------------------
+
+
+def reads_stdin(x):
+    """Waits for a line on stdin, as a reference left with a debugging `input()` does."""
+    input("press enter: ")
+    return x.clone()
+
+
+def closes_stdin(x):
+    sys.stdin.close()
+    try:
+        os.close(0)
+    except OSError:
+        pass
+    return x.clone()
+
+
+# --- an answer over the frame limit ------------------------------------------------------------------
+
+
+def returns_large(x):
+    """A float32 output of 2^20 elements (4 MiB): with its float64 value and rounding estimate, an
+    answer of 20 MiB. Over a frame limit lowered by GOLDEN_MAX_FRAME, as a huge output is over the
+    real one."""
+    return torch.ones(1 << 20)

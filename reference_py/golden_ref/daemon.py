@@ -13,8 +13,16 @@ forked copy of the warm interpreter that serves it exactly like a private worker
   `worker-<pid>.exit` ("exit code 3", "signal 11"). The runtime removes both.
 * A served copy ends at EOF on its connection, or soon after the connected test process is gone
   (its pid, from SO_PEERCRED, is watched).
-* The daemon exits after `--idle` seconds with no connection and no served copy alive, or when its
-  socket file is removed or replaced.
+* Only the daemon's own user gets in: the socket is created 0600 (in a folder the runtime made 0700),
+  everything the daemon writes is private (umask 077), and a peer whose uid (SO_PEERCRED) is not the
+  daemon's is hung up on before anything is forked for it.
+* Each copy leads its own process group, which whatever its references start joins; the copy kills
+  it when it leaves, and the daemon kills it when the copy has ended, before reaping the copy: no
+  helper or forked process of a reference outlives its copy.
+* A copy imports its references after the fork (the daemon imports none) and forgets the import
+  system's directory caches of the daemon: what it imports is what is on disk now.
+* The daemon exits after `--idle` seconds with no connection and no served copy alive (before its
+  first connection, at least 30 s), or when its socket file is removed or replaced.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import errno
 import faulthandler
+import importlib
 import os
 import select
 import signal
@@ -46,18 +55,38 @@ def _describe(status: int) -> str:
     return f"status {status}"
 
 
-def _peer_pid(conn: socket.socket) -> int | None:
+def peer_credentials(conn: socket.socket) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of the process at the other end of `conn` (SO_PEERCRED), None if unknown."""
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        return struct.unpack("3i", creds)[0]
-    except OSError:
+        return struct.unpack("3i", creds)
+    except (OSError, AttributeError):
         return None
 
 
-def _serve_connection(conn: socket.socket, directory: str, daemon_pid: int) -> None:
+def peer_allowed(credentials: tuple[int, int, int] | None, uid: int) -> bool:
+    """Whether a peer with these credentials may use the daemon of user `uid`: only that user, and
+    never a peer whose credentials cannot be read."""
+    return credentials is not None and credentials[1] == uid
+
+
+def end_group(pgid: int) -> None:
+    """Kill the process group `pgid` (a copy's), if it still has members."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _serve_connection(conn, directory: str, daemon_pid: int, client: int | None, user_umask: int) -> None:
     """In the forked copy: become a worker for this connection. Never returns."""
     code = 0
     try:
+        # A process group of its own, which whatever its references start joins.
+        os.setpgid(0, 0)
+        os.umask(user_umask)
+        # The daemon's directory listings may predate files added since: look again.
+        importlib.invalidate_caches()
         pid = os.getpid()
         log_path = os.path.join(directory, f"worker-{pid}.log")
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -66,7 +95,6 @@ def _serve_connection(conn: socket.socket, directory: str, daemon_pid: int) -> N
         os.close(log)
         sys.stdout = sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         faulthandler.enable(file=sys.stderr)
-        client = _peer_pid(conn)
         if client:
             worker_module.watch_process(client)
         proto_in = conn.makefile("rb", buffering=1 << 16)
@@ -74,16 +102,25 @@ def _serve_connection(conn: socket.socket, directory: str, daemon_pid: int) -> N
         code = worker_module.serve(
             proto_in, proto_out, {"log": log_path, "daemon_pid": daemon_pid, "client_pid": client}
         )
+        # The client is done with this copy: so are the references' helpers.
+        worker_module.end_group()
     except BaseException:  # noqa: BLE001 - the copy must never return into the daemon's loop
         code = 70
     finally:
         os._exit(code)
 
 
-def run(path: str, idle: float, ready_fd: int) -> int:
+def run(path: str, idle: float, ready_fd: int, user_umask: int) -> int:
     directory = os.path.dirname(os.path.abspath(path))
+    uid = os.getuid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    # 0600 from the start: no moment in which another user could connect.
+    previous = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(previous)
+    os.chmod(path, 0o600)
     listener.listen(128)
     inode = os.stat(path).st_ino
     pid = os.getpid()
@@ -92,6 +129,9 @@ def run(path: str, idle: float, ready_fd: int) -> int:
     children: set[int] = set()
     ended: dict[int, float] = {}
     last_activity = time.monotonic()
+    # The process that started the daemon connects as soon as it reads `ready`, which on a busy
+    # machine can take longer than a short --idle: until the first connection, wait at least 30 s.
+    patience = max(idle, 30.0)
 
     def forget(child: int):
         for suffix in ("log", "exit"):
@@ -111,12 +151,17 @@ def run(path: str, idle: float, ready_fd: int) -> int:
     def reap():
         while children:
             try:
-                done, status = os.waitpid(-1, os.WNOHANG)
+                # Look without reaping: until the copy is reaped its pid, the id of its process
+                # group, cannot be taken by another process.
+                peeked = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 children.clear()
                 return
-            if done == 0:
+            if peeked is None or peeked.si_pid == 0:
                 return
+            done = peeked.si_pid
+            end_group(done)
+            _, status = os.waitpid(done, 0)
             children.discard(done)
             ended[done] = time.monotonic()
             try:
@@ -127,10 +172,19 @@ def run(path: str, idle: float, ready_fd: int) -> int:
 
     def accept_one():
         conn, _ = listener.accept()
+        credentials = peer_credentials(conn)
+        if not peer_allowed(credentials, uid):
+            # Another user (the socket's modes should have stopped them): nothing runs for them.
+            conn.close()
+            return
         child = os.fork()
         if child == 0:
             listener.close()
-            _serve_connection(conn, directory, pid)
+            _serve_connection(conn, directory, pid, credentials[0], user_umask)
+        try:
+            os.setpgid(child, child)  # as the copy does: whichever runs first
+        except OSError:
+            pass
         children.add(child)
         conn.close()
 
@@ -147,12 +201,13 @@ def run(path: str, idle: float, ready_fd: int) -> int:
         if readable:
             accept_one()
             last_activity = time.monotonic()
+            patience = idle
             continue
         if children:
             last_activity = time.monotonic()
         if not still_ours():
             break
-        if time.monotonic() - last_activity > idle:
+        if time.monotonic() - last_activity > patience:
             # Leave: new clients now find no socket and start a new daemon; one that connected
             # just before the unlink is still served.
             try:
@@ -181,6 +236,8 @@ def main() -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--idle", type=float, default=60.0)
     args = parser.parse_args()
+    # Whatever the daemon creates is its user's alone; the copies get the user's umask back.
+    user_umask = os.umask(0o077)
 
     # Warm up in the starting process, so that an import error reaches the starter's stderr.
     import numpy  # noqa: F401
@@ -203,7 +260,9 @@ def main() -> int:
             answer += chunk
         sys.stdout.buffer.write(answer)
         sys.stdout.flush()
-        return 0 if answer.startswith(b"ready") else 1
+        # At once: tearing down the interpreter (torch imported) can take seconds on a busy machine,
+        # and the runtime waits for this process.
+        os._exit(0 if answer.startswith(b"ready") else 1)
     os.close(ready_r)
     os.setsid()
     if os.fork() > 0:
@@ -215,7 +274,7 @@ def main() -> int:
     os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        code = run(args.socket, args.idle, ready_w)
+        code = run(args.socket, args.idle, ready_w, user_umask)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             code = 0

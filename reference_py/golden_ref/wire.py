@@ -17,18 +17,36 @@ file: keep the two in step.
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import numpy as np
 
 MAGIC = b"GLD1"
 # A frame larger than this is refused rather than allocated: a corrupt length must not exhaust memory.
-MAX_FRAME = 1 << 31
+# The runtime's limit is the same 2 GiB. GOLDEN_MAX_FRAME (bytes) can only lower it: golden's own
+# tests reach the limit with small tensors that way.
+LIMIT = 1 << 31
+
+
+def _max_frame() -> int:
+    try:
+        lowered = int(os.environ.get("GOLDEN_MAX_FRAME", LIMIT))
+    except ValueError:
+        return LIMIT
+    return lowered if 0 < lowered < LIMIT else LIMIT
+
+
+MAX_FRAME = _max_frame()
 MAX_NDIM = 16
 
 
 class ProtocolError(Exception):
     """The bytes on the pipe are not a well-formed frame."""
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame to write would exceed MAX_FRAME (found before anything is written or copied)."""
 
 
 # code -> (name, numpy dtype used to hold the raw bytes)
@@ -149,9 +167,25 @@ def decode_body(body):
     return request_id, header, tensors
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB"
+
+
 def frame_parts(request_id: int, header: dict, tensors: list[WireTensor]) -> list:
-    """The frame as a list of buffers, length prefix first; tensor data is not copied."""
+    """The frame as a list of buffers, length prefix first; tensor data is not copied.
+
+    Raises FrameTooLarge, from the tensors' shapes alone, for a frame over MAX_FRAME."""
     header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
+    sizes = [t.array.size * DTYPES[CODES[t.dtype]][1].itemsize for t in tensors]
+    length = 4 + 12 + len(header_bytes) + 4 + sum(10 + 8 * t.array.ndim + n for t, n in zip(tensors, sizes))
+    if length > MAX_FRAME:
+        big = max(range(len(tensors)), key=sizes.__getitem__, default=None)
+        largest = "" if big is None else (
+            f"; its largest tensor is {tensors[big].dtype} {list(tensors[big].shape)} ({_size(sizes[big])})"
+        )
+        raise FrameTooLarge(
+            f"a frame of {_size(length)} exceeds the frame limit of {_size(MAX_FRAME)}{largest}"
+        )
     parts = [MAGIC, struct.pack("<QI", request_id, len(header_bytes)), header_bytes]
     parts.append(struct.pack("<I", len(tensors)))
     for t in tensors:
@@ -162,9 +196,6 @@ def frame_parts(request_id: int, header: dict, tensors: list[WireTensor]) -> lis
         parts.append(struct.pack("<Q", array.nbytes))
         if array.nbytes:
             parts.append(memoryview(array.reshape(-1)).cast("B"))
-    length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
-    if length > MAX_FRAME:
-        raise ProtocolError(f"a frame of {length} bytes exceeds the limit of {MAX_FRAME}")
     return [struct.pack("<I", length)] + parts
 
 

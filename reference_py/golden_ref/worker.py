@@ -1,9 +1,15 @@
 """The worker loop: `python -m golden_ref.worker`, one process serving many requests.
 
 Requests and responses are frames of :mod:`golden_ref.wire` on stdin/stdout. Before anything else the
-worker moves the protocol onto a private copy of stdout and points fd 1 at stderr, so a reference that
-prints cannot corrupt a frame. It exits at EOF on stdin, and also when its parent process is gone
-(checked by a watchdog thread, because a reference stuck in a long computation does not read stdin).
+worker moves the protocol onto private copies of both (which processes the reference starts do not
+inherit), points fd 1 at stderr, so that a reference that prints cannot corrupt a frame, and gives
+fd 0 /dev/null, so that a reference that reads stdin (`input()`) reads end-of-file and one that
+closes it closes nothing of golden's. It exits at EOF on its input, and also when its parent process
+is gone (checked by a watchdog thread, because a reference stuck in a long computation does not read).
+
+The runtime starts the worker as the leader of its own process group, which whatever the reference
+starts joins: when the worker leaves (EOF, or its parent gone) it kills that group, so that no helper
+or forked copy outlives it; the runtime kills the group of a worker it kills.
 
 Requests (`op` in the JSON header):
 
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -28,6 +35,7 @@ import traceback
 from . import wire
 from .backends import BACKENDS, BackendError, OutputError
 from .evaluate import Case, NotDeterministic, ReferenceRaised, forward, gradient_case, param_spec, variants
+from .limits import AnswerTooLarge
 from .training import train
 from .references import ReferenceError_, resolve
 
@@ -172,6 +180,8 @@ def error_response(error: BaseException) -> dict:
         return {"kind": "raised", "message": str(error), "phase": error.phase, "traceback": error.traceback}
     if isinstance(error, OutputError):
         return {"kind": "return_type", "message": str(error)}
+    if isinstance(error, AnswerTooLarge):
+        return {"kind": "too_large", "message": str(error)}
     if isinstance(error, BackendError):
         return {"kind": "backend", "message": str(error)}
     if isinstance(error, (wire.ProtocolError, KeyError, TypeError, ValueError)):
@@ -179,10 +189,18 @@ def error_response(error: BaseException) -> dict:
     return {"kind": "internal", "message": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
 
 
+def end_group() -> None:
+    """Kill this process's group, itself included, if it leads one: everything the references it
+    ran have started. Never another group (a worker started by hand shares its caller's)."""
+    if os.getpgid(0) == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+
+
 def _watch(gone):
     while True:
         time.sleep(0.5)
         if gone():
+            end_group()
             os._exit(0)
 
 
@@ -206,13 +224,23 @@ def watch_process(pid: int):
     threading.Thread(target=_watch, args=(gone,), daemon=True).start()
 
 
-def main() -> int:
-    # The protocol gets a private duplicate of stdout; fd 1 then points at stderr so that print()
-    # in a reference (or a C library writing to fd 1) cannot corrupt a frame.
-    proto_out = os.fdopen(os.dup(1), "wb")
+def private_stdio() -> None:
+    """Point fd 0 at /dev/null and fd 1 at stderr, for the references (the protocol has its own
+    descriptors by then). `print()` in a reference, or a C library writing to fd 1, reaches
+    stderr; `input()` reads end-of-file at once instead of waiting for the timeout."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    proto_in = sys.stdin.buffer
+
+
+def main() -> int:
+    # The protocol gets private duplicates of stdin and stdout (os.dup: not inherited by processes
+    # the reference starts); the references get /dev/null and stderr in their place.
+    proto_in = os.fdopen(os.dup(0), "rb")
+    proto_out = os.fdopen(os.dup(1), "wb")
+    private_stdio()
     # A crash in a reference (or in torch) prints the Python stack on stderr, which the runtime
     # quotes in its message.
     faulthandler.enable(file=sys.stderr)
@@ -221,7 +249,10 @@ def main() -> int:
     if os.getppid() != parent:
         return 0
     watch_parent(parent)
-    return serve(proto_in, proto_out)
+    code = serve(proto_in, proto_out)
+    # The runtime closed our input (it is done with us, or gone): so are the references' helpers.
+    end_group()
+    return code
 
 
 def serve(proto_in, proto_out, extra_info=None) -> int:
@@ -247,7 +278,12 @@ def serve(proto_in, proto_out, extra_info=None) -> int:
                 raise
             response, out_tensors = {"ok": False, "error": error_response(e)}, []
         try:
-            wire.write_frame(proto_out, request_id, response, out_tensors)
+            try:
+                wire.write_frame(proto_out, request_id, response, out_tensors)
+            except wire.FrameTooLarge as e:
+                # Nothing was written yet: the answer becomes an error that says why.
+                error = {"kind": "too_large", "message": f"the answer to `{header.get('op')}` is too large: {e}"}
+                wire.write_frame(proto_out, request_id, {"ok": False, "error": error}, [])
         except BrokenPipeError:
             return 0
 

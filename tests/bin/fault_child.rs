@@ -6,6 +6,9 @@
 //! * `info`: borrow a worker and print its `hello` answer (JSON).
 //! * `check <reference> [timeout]`: check `reference` against an identity port and print `pass` or
 //!   the failure.
+//! * `checks <reference>[@timeout]...`: check each in turn in this process, printing each result
+//!   followed by a line `----`, then `stray workers: <pids>`: this process's workers that are not
+//!   idle in the pool (private workers only).
 
 #[path = "../common/processes.rs"]
 #[allow(dead_code)]
@@ -46,6 +49,22 @@ fn main() {
         "check" => {
             let timeout = args.get(2).and_then(|t| t.parse().ok());
             println!("{}", identity_check(&args[1], timeout));
+            return;
+        }
+        "checks" => {
+            for arg in &args[1..] {
+                let (reference, timeout) = match arg.split_once('@') {
+                    Some((r, t)) => (r, t.parse().ok()),
+                    None => (arg.as_str(), None),
+                };
+                println!("{}\n----", identity_check(reference, timeout));
+            }
+            let idle = golden::python::worker::pool().idle_pids();
+            let stray: Vec<u32> = processes::workers_of(std::process::id())
+                .into_iter()
+                .filter(|p| !idle.contains(p))
+                .collect();
+            println!("stray workers: {stray:?}");
             return;
         }
         _ => {}

@@ -46,3 +46,29 @@ pub fn wait_gone(pids: &[u32], limit: Duration) -> Vec<u32> {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The process group of `pid`, while it runs.
+pub fn group_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
+}
+
+/// Where the references of `fault_ref` that start processes record their pids, for a private
+/// worker of the test process `parent` (`GOLDEN_FAULT_PIDS` names another file).
+pub fn fault_pid_file(parent: u32) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("golden-fault-pids-{parent}"))
+}
+
+/// The pids recorded in such a file.
+pub fn recorded_pids(file: &std::path::Path) -> Vec<u32> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}

@@ -249,6 +249,9 @@ fn json_map(values: &[(String, crate::describe::layer::Value)]) -> Json {
 impl Live {
     /// A live reference for a layer, with the interpreter and roots from the environment.
     pub fn new(layer: &Layer) -> Result<Self, String> {
+        // Read by the worker pool and at start-up; an invalid value is reported here, once.
+        env::max_workers()?;
+        env::start_timeout()?;
         Ok(Live {
             key: WorkerKey::from_env(layer.manifest_dir()),
             timeout: match layer.timeout {
@@ -277,7 +280,7 @@ impl Live {
                 "backend": layer.backend.as_str(),
             }),
             Vec::new(),
-            self.timeout.max(Duration::from_secs(180)),
+            self.timeout.max(env::start_limit()),
             &during,
         )?;
         let mut versions = worker.info.clone();

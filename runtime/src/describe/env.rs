@@ -8,7 +8,8 @@
 //! | `GOLDEN_SEED` | seed of the generated cases (default 0) |
 //! | `GOLDEN_CASES` | number of cases, overriding `cases = N` |
 //! | `GOLDEN_CASE` | run exactly this one case (as a failure prints it) |
-//! | `GOLDEN_TIMEOUT` | seconds a reference may take on one case (default 60) |
+//! | `GOLDEN_TIMEOUT` | seconds a reference may take on one case (default 60; `0` or `inf`: no limit) |
+//! | `GOLDEN_START_TIMEOUT` | seconds a worker may take to start or import a reference (default 180) |
 //! | `GOLDEN_WORKERS` | most Python workers per test process (default: cores, at most 4) |
 //! | `GOLDEN_VENV` | the venv `cargo xtask setup` creates and golden looks for |
 
@@ -89,25 +90,70 @@ pub fn cases() -> Result<Option<u32>, String> {
     parse_var("GOLDEN_CASES")
 }
 
-/// Per-call timeout of the reference: `GOLDEN_TIMEOUT` seconds, default 60.
-pub fn timeout() -> Result<Duration, String> {
-    Ok(Duration::from_secs_f64(
-        parse_var::<f64>("GOLDEN_TIMEOUT")?.unwrap_or(60.0),
-    ))
+/// A limit in seconds as `name` gives it: a positive number (`60`, `2.5`); `0` or `inf` for no limit
+/// ([`Duration::MAX`]). Anything else (negative, NaN, not a number) is an error naming the variable
+/// and the accepted form.
+pub fn parse_seconds(name: &str, value: &str) -> Result<Duration, String> {
+    let invalid = || {
+        format!(
+            "{name}={value:?} is not a time limit: give seconds as a positive number (like 60 or \
+             2.5), or 0 or inf for no limit"
+        )
+    };
+    let seconds: f64 = value.trim().parse().map_err(|_| invalid())?;
+    if seconds == 0.0 || seconds == f64::INFINITY {
+        return Ok(Duration::MAX);
+    }
+    if seconds.is_nan() || seconds < 0.0 {
+        return Err(invalid());
+    }
+    // Beyond what a Duration holds (~584 billion years) is no limit too.
+    Ok(Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX))
 }
 
-/// Most concurrent workers in one test process.
-pub fn max_workers() -> usize {
-    parse_var::<usize>("GOLDEN_WORKERS")
-        .ok()
-        .flatten()
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-                .min(4)
-        })
+fn seconds_var(name: &str, default: f64) -> Result<Duration, String> {
+    match var(name) {
+        None => Ok(Duration::from_secs_f64(default)),
+        Some(v) => parse_seconds(name, &v),
+    }
+}
+
+/// Per-call timeout of the reference: `GOLDEN_TIMEOUT` seconds, default 60; `0` or `inf`: none.
+pub fn timeout() -> Result<Duration, String> {
+    seconds_var("GOLDEN_TIMEOUT", 60.0)
+}
+
+/// How long a worker may take to start, and to import a reference: `GOLDEN_START_TIMEOUT` seconds,
+/// default 180 (a cold first `import torch` can take many seconds); `0` or `inf`: none.
+pub fn start_timeout() -> Result<Duration, String> {
+    seconds_var("GOLDEN_START_TIMEOUT", 180.0)
+}
+
+/// [`start_timeout`] where no error can be reported (the worker pool): an invalid value counts as
+/// the default there, and is reported when a check opens its reference.
+pub fn start_limit() -> Duration {
+    start_timeout().unwrap_or(Duration::from_secs(180))
+}
+
+/// Most concurrent workers in one test process: `GOLDEN_WORKERS`, a positive whole number; by
+/// default the number of cores, at most 4.
+pub fn max_workers() -> Result<usize, String> {
+    match var("GOLDEN_WORKERS") {
+        None => Ok(std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(4)),
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                format!(
+                    "GOLDEN_WORKERS={v:?} is not a number of workers: give a positive whole number"
+                )
+            }),
+    }
 }
 
 /// The venv golden's own set-up creates (`cargo xtask setup`): `GOLDEN_VENV`, else

@@ -4,8 +4,14 @@
 //! import torch (1.6–3 s). With sharing on, a worker is instead a connection to a per-user daemon
 //! (`python -m golden_ref.daemon`) listening on a Unix socket in `<target>/golden/workers/`: it
 //! imported torch once, and forks a copy of itself for each connection, which then serves it like a
-//! private worker (a crash or a hang ends that copy only). One daemon per interpreter, import roots,
-//! working directory and version of golden's Python side (hashed into the socket's name).
+//! private worker (a crash or a hang ends that copy only). One daemon per interpreter, import path
+//! (the whole `PYTHONPATH` a worker gets), working directory and version of golden's Python side
+//! (hashed into the socket's name). The daemon imports no reference: each copy imports its own
+//! after the fork, so an edited reference is what the next test process runs.
+//!
+//! The socket lets in only its own user: its folder is made 0700 (and must belong to the user),
+//! the socket is 0600, the daemon refuses a peer whose uid (SO_PEERCRED) is not its own, and a
+//! client refuses a daemon of another user.
 //!
 //! Started on first use by whichever test process needs it, under a lock file so that two
 //! processes starting at the same moment get one daemon; it leaves the starter's session and exits
@@ -20,6 +26,7 @@
 use crate::describe::env;
 use crate::python::key::{pythonpath, WorkerKey};
 use std::io::{BufRead, Read, Seek, SeekFrom};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -30,8 +37,14 @@ use std::time::{Duration, Instant};
 
 /// Unix socket paths are limited to 108 bytes (with the terminating NUL).
 const MAX_SOCKET_PATH: usize = 100;
-/// How long a starting daemon may take to import torch and listen.
-const START_TIMEOUT: Duration = Duration::from_secs(180);
+/// Variables besides `PYTHONPATH` that change what an interpreter imports: a daemon started under
+/// other values must not answer.
+const IMPORT_VARIABLES: [&str; 4] = [
+    "PYTHONHOME",
+    "PYTHONNOUSERSITE",
+    "PYTHONUSERBASE",
+    "PYTHONSAFEPATH",
+];
 
 /// 0: as the environment says; 1: on; 2: off.
 static OVERRIDE: AtomicU8 = AtomicU8::new(0);
@@ -88,15 +101,25 @@ fn fnv(hash: &mut u64, bytes: &[u8]) {
     }
 }
 
-/// Which daemon serves `key`: the interpreter, the import roots, the working directory and the
-/// Python side's files (a daemon started before they were edited must not answer for them).
+/// Which daemon serves `key`: the interpreter, every import root (the whole `PYTHONPATH` a worker
+/// gets, the inherited part too) and the variables that change imports, the working directory and
+/// the Python side's files (a daemon started before they were edited must not answer for them).
+/// References need not be hashed: the daemon never imports one (its copies do, after the fork).
 fn identity(key: &WorkerKey) -> u64 {
     let mut hash = 0xcbf2_9ce4_8422_2325;
     fnv(&mut hash, key.python.program.as_os_str().as_encoded_bytes());
-    for root in &key.roots {
-        fnv(&mut hash, root.as_os_str().as_encoded_bytes());
-        fnv(&mut hash, b"\0");
+    fnv(&mut hash, b"\0");
+    if let Ok(path) = pythonpath(key) {
+        fnv(&mut hash, path.as_encoded_bytes());
     }
+    for name in IMPORT_VARIABLES {
+        fnv(&mut hash, b"\0");
+        if let Some(value) = std::env::var_os(name) {
+            fnv(&mut hash, name.as_bytes());
+            fnv(&mut hash, value.as_encoded_bytes());
+        }
+    }
+    fnv(&mut hash, b"\0");
     if let Ok(cwd) = std::env::current_dir() {
         fnv(&mut hash, cwd.as_os_str().as_encoded_bytes());
     }
@@ -126,10 +149,94 @@ fn identity(key: &WorkerKey) -> u64 {
     hash
 }
 
+/// Make `dir` a folder only its user can enter: created 0700, or an existing one of this user made
+/// 0700 (an older golden, or a umask of 000, may have left it open). One of another user is refused.
+fn private_folder(dir: &Path) -> Result<(), String> {
+    let error = |e: std::io::Error| format!("{}: {e}", dir.display());
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(error)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(error(e)),
+    }
+    let meta = std::fs::metadata(dir).map_err(error)?;
+    if !meta.is_dir() {
+        return Err(format!("{} is not a folder", dir.display()));
+    }
+    let me = own_uid();
+    if meta.uid() != me {
+        return Err(format!(
+            "{} belongs to uid {}, not to this user (uid {me}): set GOLDEN_SHARED_DIR to a folder \
+             of your own",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(error)?;
+    }
+    Ok(())
+}
+
+fn own_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The uid of the process at the other end of `stream`.
+#[cfg(target_os = "linux")]
+fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the given length, which this function owns.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
+}
+
+/// The uid of the process at the other end of `stream`.
+#[cfg(not(target_os = "linux"))]
+fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    let (mut uid, mut gid) = (0, 0);
+    // SAFETY: getpeereid writes two ids this function owns.
+    let rc = unsafe { libc::getpeereid(stream.as_raw_fd(), &mut uid, &mut gid) };
+    (rc == 0).then_some(uid)
+}
+
+/// Connect to `socket`, and make sure the daemon there runs as this user: a socket planted by
+/// another user would answer for the reference.
+fn connect_own(socket: &Path) -> std::io::Result<UnixStream> {
+    let stream = UnixStream::connect(socket)?;
+    match peer_uid(&stream) {
+        Some(uid) if uid == own_uid() => Ok(stream),
+        other => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is served by {}, not by this user",
+                socket.display(),
+                other.map_or("an unknown user".to_string(), |u| format!("uid {u}"))
+            ),
+        )),
+    }
+}
+
 /// Connect to the daemon for `key`, starting it if needed. `Err` says why a private worker must do.
 pub fn connect(key: &WorkerKey) -> Result<UnixStream, String> {
     let dir = directory().ok_or("no target directory to put its socket in")?;
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    private_folder(&dir)?;
     let id = identity(key);
     let socket = dir.join(format!("{id:016x}.sock"));
     if socket.as_os_str().len() > MAX_SOCKET_PATH {
@@ -139,11 +246,19 @@ pub fn connect(key: &WorkerKey) -> Result<UnixStream, String> {
             socket.as_os_str().len()
         ));
     }
-    if let Ok(stream) = UnixStream::connect(&socket) {
-        return Ok(stream);
+    let refused = |e: &std::io::Error| e.kind() == std::io::ErrorKind::PermissionDenied;
+    match connect_own(&socket) {
+        Ok(stream) => return Ok(stream),
+        Err(e) if refused(&e) => return Err(e.to_string()),
+        Err(_) => {}
     }
     // Start it, one process at a time: the others wait on the lock, then connect.
-    let lock = std::fs::File::create(dir.join(format!("{id:016x}.lock")))
+    let lock = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(dir.join(format!("{id:016x}.lock")))
         .map_err(|e| format!("its lock file: {e}"))?;
     // SAFETY: flock on a file descriptor this function owns; released when `lock` is dropped.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
@@ -152,13 +267,15 @@ pub fn connect(key: &WorkerKey) -> Result<UnixStream, String> {
             std::io::Error::last_os_error()
         ));
     }
-    if let Ok(stream) = UnixStream::connect(&socket) {
-        return Ok(stream);
+    match connect_own(&socket) {
+        Ok(stream) => return Ok(stream),
+        Err(e) if refused(&e) => return Err(e.to_string()),
+        Err(_) => {}
     }
     // Nobody listens: whatever file is there is left from a daemon that died.
     let _ = std::fs::remove_file(&socket);
     start(key, &socket)?;
-    UnixStream::connect(&socket).map_err(|e| format!("connecting after its start: {e}"))
+    connect_own(&socket).map_err(|e| format!("connecting after its start: {e}"))
 }
 
 /// Start a daemon listening on `socket` and wait until it says `ready`.
@@ -178,19 +295,34 @@ fn start(key: &WorkerKey, socket: &Path) -> Result<(), String> {
     let stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
     let (tx, rx) = std::sync::mpsc::channel();
+    // What an interpreter prints as it starts (a banner, a sitecustomize) comes before `ready`:
+    // skipped here, and harmless to the copies, which speak over the socket.
     std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
+        let mut printed = String::new();
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.starts_with("ready") {
+                let _ = tx.send(Ok(()));
+                return;
+            }
+            if printed.len() < 200 {
+                printed.push_str(&line);
+                printed.push('\n');
+            }
+        }
+        let _ = tx.send(Err(printed));
     });
-    let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
-    if !line.starts_with("ready") {
+    let limit = env::start_limit();
+    let ready = rx
+        .recv_timeout(limit)
+        .map_err(|_| format!("not ready within {} s", limit.as_secs_f64()));
+    if let Err(why) = ready.and_then(|r| r.map_err(|printed| format!("printed {printed:?}"))) {
         let _ = child.kill();
         let _ = child.wait();
         let mut err = String::new();
         let _ = stderr.read_to_string(&mut err);
         return Err(format!(
-            "it did not start: {}",
+            "it did not start ({why}): {}",
             err.trim().lines().last().unwrap_or("no message")
         ));
     }
@@ -207,13 +339,16 @@ pub fn note_fallback(why: &str) {
     });
 }
 
-/// Kill a copy served by the daemon (after a timeout or a broken protocol).
+/// Kill a copy served by the daemon (after a timeout or a broken protocol), and its process group:
+/// what its reference started.
 pub fn kill(pid: u32) {
     // pid 0 would be this process group: a copy that never said hello has no pid yet.
     if let Ok(pid) = libc::pid_t::try_from(pid) {
-        if pid > 0 {
-            // SAFETY: sending a signal has no memory effects; the pid is the copy's own.
+        if pid > 1 {
+            // SAFETY: sending a signal has no memory effects; the pid is the copy's own, the leader
+            // of its own group.
             unsafe {
+                libc::killpg(pid, libc::SIGKILL);
                 libc::kill(pid, libc::SIGKILL);
             }
         }

@@ -58,6 +58,9 @@ pub enum WireError {
     Eof,
     /// The bytes are not a well-formed frame.
     Malformed(String),
+    /// The stream does not begin with a frame at all (no magic where it must be): these are its
+    /// first bytes. Found before anything is allocated or waited for.
+    NotAFrame(Vec<u8>),
 }
 
 impl fmt::Display for WireError {
@@ -66,6 +69,11 @@ impl fmt::Display for WireError {
             WireError::Io(e) => write!(f, "pipe error: {e}"),
             WireError::Eof => f.write_str("the stream ended"),
             WireError::Malformed(m) => write!(f, "malformed frame: {m}"),
+            WireError::NotAFrame(bytes) => write!(
+                f,
+                "not a golden frame: the bytes begin {:?}",
+                String::from_utf8_lossy(&bytes[..bytes.len().min(64)])
+            ),
         }
     }
 }
@@ -205,30 +213,61 @@ pub fn decode_body(body: Bytes) -> Result<Frame, WireError> {
     })
 }
 
-/// Read one frame. `Err(WireError::Eof)` when the stream ends before its first byte.
-pub fn read_frame(reader: &mut impl Read) -> Result<Frame, WireError> {
-    let mut len = [0u8; 4];
-    match reader.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(WireError::Eof),
-        Err(e) => return Err(WireError::Io(e)),
+/// Fill `buf` from `reader`; how many bytes arrived (fewer only at EOF).
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> Result<usize, WireError> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(WireError::Io(e)),
+        }
     }
-    let len = u32::from_le_bytes(len) as usize;
+    Ok(filled)
+}
+
+/// Read one frame. `Err(WireError::Eof)` when the stream ends before its first byte;
+/// `Err(WireError::NotAFrame)` as soon as its length and magic are not a frame's (an interpreter's
+/// banner), without waiting for the length it would claim.
+pub fn read_frame(reader: &mut impl Read) -> Result<Frame, WireError> {
+    let mut head = [0u8; 8];
+    let got = read_full(reader, &mut head)?;
+    if got == 0 {
+        return Err(WireError::Eof);
+    }
+    if got > 4 && head[4..got] != MAGIC[..got - 4] {
+        return Err(WireError::NotAFrame(head[..got].to_vec()));
+    }
+    if got < head.len() {
+        return Err(malformed(format!(
+            "stream ended inside a frame's length and magic ({got} of 8 bytes)"
+        )));
+    }
+    let len = u32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
     if len > MAX_FRAME {
         return Err(malformed(format!(
             "frame of {len} bytes exceeds {MAX_FRAME}"
         )));
     }
+    if len < MAGIC.len() {
+        return Err(malformed(format!(
+            "frame of {len} bytes is shorter than its magic"
+        )));
+    }
     // A lying length on a short stream fails at EOF having allocated at most 256 MiB up front;
     // honest frames up to that size arrive without a single reallocation.
     let mut body = Vec::with_capacity(len.min(256 << 20));
+    body.extend_from_slice(MAGIC);
+    let rest = len - MAGIC.len();
     let got = reader
-        .take(len as u64)
+        .take(rest as u64)
         .read_to_end(&mut body)
         .map_err(WireError::Io)?;
-    if got != len {
+    if got != rest {
         return Err(malformed(format!(
-            "stream ended inside a frame ({got} of {len} bytes)"
+            "stream ended inside a frame ({} of {len} bytes)",
+            got + MAGIC.len()
         )));
     }
     decode_body(body.into())
@@ -300,6 +339,24 @@ mod tests {
         for cut in 0..bytes.len() {
             let result = read_frame(&mut &bytes[..cut]);
             assert!(result.is_err(), "a frame cut at {cut} bytes decoded");
+        }
+    }
+
+    #[test]
+    fn bytes_that_are_not_a_frame_are_refused_at_once_with_their_text() {
+        // A banner whose first four bytes read as a length of ~1.8 GB: refused without waiting
+        // for (or allocating) that much.
+        let banner = b"Welcome to the lab's Python\n";
+        match read_frame(&mut &banner[..]) {
+            Err(WireError::NotAFrame(bytes)) => assert_eq!(bytes, &banner[..8]),
+            other => panic!("{other:?}"),
+        }
+        // A short one, then a real frame: the magic is not where it must be.
+        let mut bytes = b"hi\n".to_vec();
+        bytes.extend(encode(&sample()));
+        match read_frame(&mut &bytes[..]) {
+            Err(WireError::NotAFrame(got)) => assert!(got.starts_with(b"hi\n"), "{got:?}"),
+            other => panic!("{other:?}"),
         }
     }
 

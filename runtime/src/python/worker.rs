@@ -3,8 +3,16 @@
 //! One interpreter serves many cases: importing torch costs ~1.6 s, a round trip well under a
 //! millisecond. Each worker has three threads so that no pipe can block the test: one writes
 //! requests to its stdin, one reads frames from its stdout, one drains its stderr into a bounded
-//! tail (quoted in error messages). A request waits for its answer with a timeout; a worker that
-//! times out, dies or breaks the protocol is killed and replaced by a fresh one on the next request.
+//! tail (quoted in error messages). A request waits for its answer with a timeout, watching the
+//! process meanwhile: a worker that dies is reported as dead at once, even while processes it
+//! started hold its pipes. A worker that times out, dies or breaks the protocol is killed and
+//! replaced by a fresh one on the next request.
+//!
+//! Each private worker is the leader of its own process group, and whatever the reference starts
+//! (helpers, forked copies) joins it: killing a worker kills its group, so that nothing it started
+//! outlives it or holds its pipes; the worker kills its group itself when the test process goes
+//! away. The I/O threads of a worker are never joined: they end when the last holder of the pipes
+//! does, which is no business of the test's.
 //!
 //! Pool policy: at most `GOLDEN_WORKERS` (default: the number of cores, at most 4) workers per test
 //! process, started lazily when a check needs one and none is idle, kept until the process exits.
@@ -20,18 +28,19 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How much of a worker's stderr is kept for error messages.
 const STDERR_TAIL: usize = 64 * 1024;
-/// Start-up (interpreter + numpy) and loading a reference (which may import torch) get at least
-/// this long, whatever `GOLDEN_TIMEOUT` says: a cold first `import torch` can take many seconds.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
+/// How often a request waiting for its answer looks whether the worker is still alive.
+const WATCH_INTERVAL: Duration = Duration::from_millis(100);
+/// How much of what an interpreter printed before the protocol an error quotes.
+const QUOTED_BYTES: usize = 240;
 
 /// The worker answered a request with an error.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,6 +83,19 @@ pub enum WorkerError {
         limit: Duration,
         /// What it was doing.
         during: String,
+        /// The end of its stderr.
+        stderr: String,
+        /// Whether the worker was starting or importing the reference (`GOLDEN_START_TIMEOUT`),
+        /// rather than running a case (`timeout = N`, `GOLDEN_TIMEOUT`).
+        starting: bool,
+    },
+    /// The interpreter wrote something else than golden's protocol to its stdout before the
+    /// worker's first answer: a wrapper script, a banner, a `sitecustomize` that prints.
+    NotGolden {
+        /// The interpreter.
+        python: Python,
+        /// The first bytes it wrote.
+        bytes: Vec<u8>,
         /// The end of its stderr.
         stderr: String,
     },
@@ -135,13 +157,45 @@ impl fmt::Display for WorkerError {
                 limit,
                 during,
                 stderr,
+                starting: false,
             } => write!(
                 f,
-                "the reference did not answer within {:.0} s while {during}; the worker was killed \
+                "the reference did not answer within {} s while {during}; the worker was killed \
                  and will be replaced.\n  its stderr ended with:\n{}\n  \
                  fix: if the reference is just slow, give it more time: `timeout = <seconds>` in \
                  the check's attribute, or GOLDEN_TIMEOUT for every check",
-                limit.as_secs_f64(),
+                crate::describe::numbers::num(limit.as_secs_f64()),
+                indent_tail(stderr)
+            ),
+            WorkerError::Timeout {
+                limit,
+                during,
+                stderr,
+                starting: true,
+            } => write!(
+                f,
+                "the Python worker did not finish {during} within {} s; it was killed.\n  its \
+                 stderr ended with:\n{}\n  \
+                 fix: if it is just slow (a first `import torch` after a reboot can take a minute), \
+                 give it more time with GOLDEN_START_TIMEOUT=<seconds>",
+                crate::describe::numbers::num(limit.as_secs_f64()),
+                indent_tail(stderr)
+            ),
+            WorkerError::NotGolden {
+                python,
+                bytes,
+                stderr,
+            } => write!(
+                f,
+                "the Python interpreter `{}` (chosen from {}) wrote {} to its stdout before golden's \
+                 worker answered, where golden's protocol must begin: something prints to stdout \
+                 as the interpreter starts, most likely a wrapper script around it, or a \
+                 sitecustomize, usercustomize or .pth file.\n  its stderr ended with:\n{}\n  \
+                 fix: make it print to stderr (or not at all), or set GOLDEN_PYTHON to the \
+                 interpreter itself",
+                python.program.display(),
+                python.source,
+                quote(bytes),
                 indent_tail(stderr)
             ),
             WorkerError::Protocol(m) => write!(f, "the worker broke the protocol: {m}"),
@@ -158,18 +212,28 @@ impl fmt::Display for WorkerError {
 
 impl std::error::Error for WorkerError {}
 
-/// The last bytes a worker wrote to stderr.
+/// Bytes as a message quotes them: text in quotes with escapes, at most [`QUOTED_BYTES`].
+fn quote(bytes: &[u8]) -> String {
+    let shown = &bytes[..bytes.len().min(QUOTED_BYTES)];
+    let more = if bytes.len() > shown.len() { "..." } else { "" };
+    format!("{:?}{more}", String::from_utf8_lossy(shown))
+}
+
+/// The last bytes a worker wrote to stderr, and whether its stderr has closed.
 #[derive(Default)]
-struct Tail(VecDeque<u8>);
+struct Tail {
+    bytes: VecDeque<u8>,
+    closed: bool,
+}
 
 impl Tail {
     fn push(&mut self, bytes: &[u8]) {
-        self.0.extend(bytes);
-        let excess = self.0.len().saturating_sub(STDERR_TAIL);
-        self.0.drain(..excess);
+        self.bytes.extend(bytes);
+        let excess = self.bytes.len().saturating_sub(STDERR_TAIL);
+        self.bytes.drain(..excess);
     }
     fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.iter().copied().collect::<Vec<_>>()).into_owned()
+        String::from_utf8_lossy(&self.bytes.iter().copied().collect::<Vec<_>>()).into_owned()
     }
 }
 
@@ -179,6 +243,9 @@ enum Process {
     Private {
         child: Child,
         stderr: Arc<Mutex<Tail>>,
+        /// Whether `child` has been waited for: until then its pid (and so its process group's id)
+        /// cannot be taken by another process.
+        reaped: bool,
     },
     Shared {
         pid: u32,
@@ -190,22 +257,39 @@ enum Process {
 }
 
 impl Process {
-    /// How the process ended, if it has.
+    /// How the process ended, if it has. A private worker that ended is not reaped here, so that
+    /// [`Process::kill`] can still reach its process group.
     fn ended(&mut self) -> Option<String> {
         match self {
-            Process::Private { child, .. } => child.try_wait().ok().flatten().map(describe_status),
+            Process::Private {
+                child,
+                reaped: true,
+                ..
+            } => child.try_wait().ok().flatten().map(describe_status),
+            Process::Private { child, .. } => peek_exit(child.id()),
             Process::Shared { exit, .. } => std::fs::read_to_string(exit).ok(),
         }
     }
 
+    /// Kill the worker and every process in its group (what the reference started), whether the
+    /// worker still runs or not; a private worker is reaped.
     fn kill(&mut self) {
         match self {
-            Process::Private { child, .. } => {
+            Process::Private { reaped: true, .. } => {}
+            Process::Private { child, reaped, .. } => {
+                kill_group(child.id());
                 let _ = child.kill();
                 let _ = child.wait();
+                *reaped = true;
             }
-            Process::Shared { pid, stream, .. } => {
-                crate::python::shared::kill(*pid);
+            Process::Shared {
+                pid, stream, exit, ..
+            } => {
+                // Once the daemon has reaped the copy (and killed its group) the pid is free for
+                // any process to take.
+                if !exit.exists() {
+                    crate::python::shared::kill(*pid);
+                }
                 let _ = stream.shutdown(std::net::Shutdown::Both);
             }
         }
@@ -232,6 +316,17 @@ impl Process {
         }
     }
 
+    /// Wait up to `limit` for everything the process wrote to stderr to be read.
+    fn drain_stderr(&self, limit: Duration) {
+        let Process::Private { stderr, .. } = self else {
+            return;
+        };
+        let deadline = Instant::now() + limit;
+        while !stderr.lock().unwrap().closed && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn pid(&self) -> u32 {
         match self {
             Process::Private { child, .. } => child.id(),
@@ -246,7 +341,6 @@ pub struct Worker {
     process: Process,
     to_worker: Option<mpsc::Sender<Vec<u8>>>,
     from_worker: mpsc::Receiver<Result<Frame, WireError>>,
-    threads: Vec<JoinHandle<()>>,
     next_id: u64,
     healthy: bool,
     /// The worker's answer to `hello`: versions of Python and NumPy, its pid (and, from the shared
@@ -277,10 +371,52 @@ fn describe_status(status: ExitStatus) -> String {
     format!("{status}")
 }
 
-/// The thread that writes requests to the worker.
-fn writer_thread(mut sink: impl Write + Send + 'static) -> (mpsc::Sender<Vec<u8>>, JoinHandle<()>) {
+/// How the child `pid` ended, if it has, leaving it a zombie (`WNOWAIT`): its pid and process
+/// group id stay reserved until it is reaped.
+fn peek_exit(pid: u32) -> Option<String> {
+    let pid = libc::id_t::try_from(pid).ok()?;
+    // SAFETY: waitid writes into a zeroed siginfo_t this function owns; P_PID limits it to our own
+    // child, and WNOWAIT leaves that child to be reaped by `Child::wait`.
+    let info = unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_PID,
+            pid,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        if rc != 0 || info.si_pid() == 0 {
+            return None;
+        }
+        info
+    };
+    // SAFETY: si_status is valid for the SIGCHLD siginfo waitid filled in.
+    let status = unsafe { info.si_status() };
+    Some(if info.si_code == libc::CLD_EXITED {
+        format!("exit code {status}")
+    } else {
+        use std::os::unix::process::ExitStatusExt;
+        describe_status(ExitStatus::from_raw(status & 0x7f))
+    })
+}
+
+/// SIGKILL to the process group `pgid` (a worker's, whose leader has not been reaped).
+fn kill_group(pgid: u32) {
+    if let Ok(pgid) = libc::pid_t::try_from(pgid) {
+        // Never 0 or 1: those would be our own group or every process.
+        if pgid > 1 {
+            // SAFETY: sending a signal has no memory effects; the group is the worker's own.
+            unsafe {
+                libc::killpg(pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The thread that writes requests to the worker (never joined: see the module's doc).
+fn writer_thread(mut sink: impl Write + Send + 'static) -> mpsc::Sender<Vec<u8>> {
     let (to_worker, requests) = mpsc::channel::<Vec<u8>>();
-    let thread = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("golden-worker-in".into())
         .spawn(move || {
             for bytes in requests {
@@ -290,20 +426,28 @@ fn writer_thread(mut sink: impl Write + Send + 'static) -> (mpsc::Sender<Vec<u8>
             }
         })
         .expect("spawn a thread");
-    (to_worker, thread)
+    to_worker
 }
 
-/// The thread that reads the worker's answers.
+/// The thread that reads the worker's answers (never joined).
 type Answers = mpsc::Receiver<Result<Frame, WireError>>;
 
-fn reader_thread(source: impl Read + Send + 'static) -> (Answers, JoinHandle<()>) {
+fn reader_thread(source: impl Read + Send + 'static) -> Answers {
     let (answers, from_worker) = mpsc::channel();
-    let thread = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("golden-worker-out".into())
         .spawn(move || {
             let mut reader = std::io::BufReader::with_capacity(1 << 16, source);
             loop {
-                let frame = wire::read_frame(&mut reader);
+                let frame = match wire::read_frame(&mut reader) {
+                    // Quote what else arrived with the first bytes (a banner is one write).
+                    Err(WireError::NotAFrame(mut bytes)) => {
+                        let more = reader.buffer();
+                        bytes.extend_from_slice(&more[..more.len().min(QUOTED_BYTES)]);
+                        Err(WireError::NotAFrame(bytes))
+                    }
+                    frame => frame,
+                };
                 let end = frame.is_err();
                 if answers.send(frame).is_err() || end {
                     break;
@@ -311,7 +455,7 @@ fn reader_thread(source: impl Read + Send + 'static) -> (Answers, JoinHandle<()>
             }
         })
         .expect("spawn a thread");
-    (from_worker, thread)
+    from_worker
 }
 
 impl Worker {
@@ -340,6 +484,8 @@ impl Worker {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Its own process group, which what the reference starts joins (see the module doc).
+            .process_group(0)
             .spawn()
             .map_err(|e| WorkerError::Spawn {
                 python: key.python.clone(),
@@ -348,11 +494,11 @@ impl Worker {
         let stdin: ChildStdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let mut stderr = child.stderr.take().expect("piped");
-        let (to_worker, writer) = writer_thread(stdin);
-        let (from_worker, reader) = reader_thread(stdout);
+        let to_worker = writer_thread(stdin);
+        let from_worker = reader_thread(stdout);
         let tail = Arc::new(Mutex::new(Tail::default()));
         let tail_writer = Arc::clone(&tail);
-        let drain = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("golden-worker-err".into())
             .spawn(move || {
                 let mut buf = [0u8; 8192];
@@ -362,6 +508,7 @@ impl Worker {
                     }
                     tail_writer.lock().unwrap().push(&buf[..n]);
                 }
+                tail_writer.lock().unwrap().closed = true;
             })
             .expect("spawn a thread");
         let worker = Worker {
@@ -369,10 +516,10 @@ impl Worker {
             process: Process::Private {
                 child,
                 stderr: tail,
+                reaped: false,
             },
             to_worker: Some(to_worker),
             from_worker,
-            threads: vec![writer, reader, drain],
             next_id: 1,
             healthy: true,
             info: Json::Null,
@@ -383,8 +530,8 @@ impl Worker {
     /// A worker served by the shared worker daemon over `stream`.
     fn over_socket(key: &WorkerKey, stream: UnixStream) -> Result<Worker, WorkerError> {
         let io_error = |e: std::io::Error| WorkerError::Protocol(format!("the shared worker: {e}"));
-        let (to_worker, writer) = writer_thread(stream.try_clone().map_err(io_error)?);
-        let (from_worker, reader) = reader_thread(stream.try_clone().map_err(io_error)?);
+        let to_worker = writer_thread(stream.try_clone().map_err(io_error)?);
+        let from_worker = reader_thread(stream.try_clone().map_err(io_error)?);
         let worker = Worker {
             key: key.clone(),
             // Until `hello` names the served copy, errors have no pid or log to point at.
@@ -396,7 +543,6 @@ impl Worker {
             },
             to_worker: Some(to_worker),
             from_worker,
-            threads: vec![writer, reader],
             next_id: 1,
             healthy: true,
             info: Json::Null,
@@ -414,7 +560,7 @@ impl Worker {
         let (info, _) = self.request(
             json!({"op": "hello"}),
             Vec::new(),
-            STARTUP_TIMEOUT,
+            env::start_limit(),
             "starting up",
         )?;
         self.info = info;
@@ -440,19 +586,18 @@ impl Worker {
         self.process.stderr_tail()
     }
 
-    /// Mark the worker dead and describe how it ended.
+    /// Mark the worker dead, end what it started, and describe how it ended.
     fn died(&mut self, during: &str) -> WorkerError {
         self.healthy = false;
         // The process may still be writing its last words: give it a moment to exit.
         let status = match self.process.wait_ended(Duration::from_secs(2)) {
             Some(s) => s,
-            None => {
-                self.process.kill();
-                "a closed pipe (it was killed)".into()
-            }
+            None => "a closed pipe (it was killed)".into(),
         };
+        // Its group too: what the reference started would hold the pipes (and run on).
+        self.process.kill();
         // Let the stderr thread catch up with what the process wrote before exiting.
-        std::thread::sleep(Duration::from_millis(20));
+        self.process.drain_stderr(Duration::from_secs(1));
         WorkerError::Exited {
             python: self.key.python.clone(),
             status,
@@ -475,6 +620,8 @@ impl Worker {
                 "the worker is no longer usable".into(),
             ));
         }
+        // Starting and importing the reference are bounded by GOLDEN_START_TIMEOUT, and say so.
+        let starting = matches!(header["op"].as_str(), Some("hello" | "load"));
         let id = self.next_id;
         self.next_id += 1;
         let bytes = wire::encode(&Frame {
@@ -493,23 +640,34 @@ impl Worker {
         if sent != Some(true) {
             return Err(self.died(during));
         }
-        let frame = match self.from_worker.recv_timeout(timeout) {
+        let frame = match self.answer(timeout) {
             Ok(Ok(frame)) => frame,
-            Ok(Err(WireError::Eof)) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Ok(Err(WireError::Eof)) | Err(Waited::Disconnected | Waited::Ended) => {
                 return Err(self.died(during))
+            }
+            Ok(Err(WireError::NotAFrame(bytes))) if self.info.is_null() => {
+                self.healthy = false;
+                self.process.kill();
+                self.process.drain_stderr(Duration::from_millis(200));
+                return Err(WorkerError::NotGolden {
+                    python: self.key.python.clone(),
+                    bytes,
+                    stderr: self.stderr_tail(),
+                });
             }
             Ok(Err(e)) => {
                 self.healthy = false;
                 self.process.kill();
                 return Err(WorkerError::Protocol(format!("{e} while {during}")));
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
+            Err(Waited::TimedOut) => {
                 self.healthy = false;
                 self.process.kill();
                 return Err(WorkerError::Timeout {
                     limit: timeout,
                     during: during.to_string(),
                     stderr: self.stderr_tail(),
+                    starting,
                 });
             }
         };
@@ -538,6 +696,48 @@ impl Worker {
     }
 }
 
+/// Why no answer came.
+enum Waited {
+    /// The reader thread is gone.
+    Disconnected,
+    /// The worker process ended (its pipes may still be held by what it started).
+    Ended,
+    /// The time limit passed.
+    TimedOut,
+}
+
+impl Worker {
+    /// Wait up to `timeout` for the next frame, looking every [`WATCH_INTERVAL`] whether the
+    /// worker is still alive: a worker that died is noticed at once, even when its pipes stay open
+    /// (a process it started holds them).
+    fn answer(&mut self, timeout: Duration) -> Result<Result<Frame, WireError>, Waited> {
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let slice = match deadline {
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .min(WATCH_INTERVAL),
+                None => WATCH_INTERVAL,
+            };
+            match self.from_worker.recv_timeout(slice) {
+                Ok(frame) => return Ok(frame),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(Waited::Disconnected),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if self.process.ended().is_some() {
+                // An answer it wrote just before it ended is still an answer.
+                return match self.from_worker.recv_timeout(Duration::from_millis(50)) {
+                    Ok(Ok(frame)) => Ok(Ok(frame)),
+                    _ => Err(Waited::Ended),
+                };
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Waited::TimedOut);
+            }
+        }
+    }
+}
+
 fn remote_error(header: &Json) -> RemoteError {
     let error = &header["error"];
     let text = |k: &str| error.get(k).and_then(Json::as_str).map(str::to_string);
@@ -551,19 +751,17 @@ fn remote_error(header: &Json) -> RemoteError {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        // Closing its input asks the worker to exit; one that is busy in a reference gets killed.
+        // Closing its input asks the worker to exit; one that is busy in a reference gets killed,
+        // and with it, in either case, whatever the reference started.
         self.to_worker = None;
         if let Process::Shared { stream, .. } = &self.process {
             let _ = stream.shutdown(std::net::Shutdown::Write);
         }
-        if self
-            .process
-            .wait_ended(Duration::from_millis(500))
-            .is_none()
-        {
-            self.process.kill();
-            self.process.wait_ended(Duration::from_secs(2));
-        }
+        self.process.wait_ended(Duration::from_millis(500));
+        self.process.kill();
+        // A served copy: the daemon writes how it ended once it has reaped it (a private worker
+        // is reaped by now).
+        self.process.wait_ended(Duration::from_secs(2));
         if let Process::Shared {
             stream, log, exit, ..
         } = &self.process
@@ -572,9 +770,8 @@ impl Drop for Worker {
             let _ = std::fs::remove_file(log);
             let _ = std::fs::remove_file(exit);
         }
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        // The I/O threads are not joined: they end when the pipes close, which a process that
+        // escaped the group may delay; the test must not wait for it.
     }
 }
 
@@ -625,7 +822,8 @@ pub fn pool() -> &'static Pool {
             live: 0,
         }),
         freed: Condvar::new(),
-        max: env::max_workers(),
+        // An invalid GOLDEN_WORKERS is reported when a check opens its reference (`Live::new`).
+        max: env::max_workers().unwrap_or(1),
     })
 }
 
