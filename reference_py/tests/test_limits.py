@@ -27,7 +27,7 @@ class AnswerLimitTest(unittest.TestCase):
         out = [("out", np.zeros(1 << 20, dtype=np.float32))]  # 4 MiB, 20 MiB with float64 parts
         with mock.patch.object(wire, "MAX_FRAME", 8 << 20):
             limits.check_answer(out, [], "f32", precise=False)
-            with self.assertRaisesRegex(limits.AnswerTooLarge, r"20\.0 MiB with the float64"):
+            with self.assertRaisesRegex(limits.AnswerTooLarge, r"28\.0 MiB with the float64"):
                 limits.check_answer(out, [], "f32", precise=True)
 
     def test_a_leaf_is_counted_in_the_case_dtype(self):
