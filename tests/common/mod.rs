@@ -51,7 +51,11 @@ pub type CheckFn = fn(&golden::Layer, &golden::Port<'_>) -> Result<golden::Repor
 /// across the wrong-port suites) and its regression file in a scratch folder.
 pub fn must_fail(
     layer: &golden::Layer,
-    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
+    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
 ) -> golden::Failure {
     must_fail_check(golden::check, layer, port)
 }
@@ -71,12 +75,16 @@ pub fn declared_with_store(layer: &golden::Layer, scratch: &Scratch) -> golden::
 pub fn must_fail_check(
     check: CheckFn,
     layer: &golden::Layer,
-    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
+    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
 ) -> golden::Failure {
     use golden::IntoOutputs;
     let scratch = Scratch::new(&layer.name);
     let layer = declared_with_store(layer, &scratch);
-    let port = |inputs: &golden::PortInputs| port(inputs).into_outputs();
+    let port = move |inputs: &golden::PortInputs| port(inputs).into_outputs();
     match check(&layer, &port) {
         Ok(_) => panic!("the wrong port `{}` passed its check", layer.name),
         Err(failure) => failure,

@@ -12,22 +12,23 @@ use crate::describe::env;
 use crate::describe::inputs::{self, CaseParams};
 use crate::describe::layer::dtype_name;
 use crate::describe::layer::Layer;
-use crate::describe::outputs::{Outputs, PortInputs};
 use crate::python::worker::WorkerError;
 use crate::report::artifacts;
 use crate::report::failure::{CaseFailure, Failure, FailureKind};
 use crate::report::passed::{CaseRecord, DTypeRun, Report};
 use crate::report::results;
+use crate::run::port::{catching, PanicScope};
 use candle_core::DType;
 use proptest::test_runner::{
     Config, FailurePersistence, FileFailurePersistence, RngSeed, TestCaseError, TestError,
     TestRunner,
 };
 use std::cell::{Cell, RefCell};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// The port as the runtime calls it: the macro wraps the user's function in one of these.
-pub type Port<'a> = dyn Fn(&PortInputs) -> Result<Outputs, String> + 'a;
+/// The port as the runtime calls it: the macro wraps the user's function in one of these (see
+/// [`PortFn`](crate::run::port::PortFn) for what it must be).
+pub use crate::run::port::Port;
 
 /// What running one case found.
 pub(crate) enum Outcome {
@@ -98,6 +99,15 @@ pub(crate) fn cases(_layer: &Layer, declared: u32) -> u32 {
     env::cases().ok().flatten().unwrap_or(declared)
 }
 
+/// How long one call of the port may take: the check's `timeout = N`, else `GOLDEN_TIMEOUT`
+/// (default 60 s; an invalid value fails the check in `settings` before any case runs).
+pub(crate) fn port_timeout(layer: &Layer) -> Duration {
+    layer
+        .timeout
+        .or_else(|| env::timeout().ok())
+        .unwrap_or(Duration::from_secs(60))
+}
+
 struct Settings {
     mode: env::Mode,
     seed: u64,
@@ -108,6 +118,10 @@ struct Settings {
 fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
     let seed = env::seed()?;
     let cases = env::cases()?;
+    if layer.timeout.is_none() {
+        // The port's timeout as well as the reference's.
+        env::timeout()?;
+    }
     Ok(Settings {
         mode: match layer.mode {
             Some(mode) => mode,
@@ -190,6 +204,7 @@ pub(crate) fn run(
     runner: &impl CaseRunner,
 ) -> Result<Report, Failure> {
     let started = Instant::now();
+    let _quiet = PanicScope::enter();
     let result = run_inner(layer, kind, declared_cases, description, runner).map_err(|mut f| {
         f.check = kind;
         f
@@ -290,6 +305,7 @@ fn run_one_case(
         _ => (token, None),
     };
     let params = CaseParams::parse(case_token, layer).map_err(config_error)?;
+    let params = &params;
     let mut runs = Vec::new();
     for &dtype in layer
         .dtypes
@@ -302,7 +318,7 @@ fn run_one_case(
             f.case = Some(params.clone());
             f
         };
-        match runner.run(source, dtype, &params) {
+        match run_caught(runner, source, dtype, params) {
             Outcome::Pass(record) => runs.push(DTypeRun {
                 dtype,
                 cases: vec![record],
@@ -362,6 +378,27 @@ fn record_generated(
     });
 }
 
+/// Run a case, catching a panic that escapes the runner: it happened while the case ran (in code
+/// the port's graph runs outside its own calls, or in golden's), and fails that case like a
+/// panicking port, with its message.
+fn run_caught(
+    runner: &impl CaseRunner,
+    source: &Source,
+    dtype: DType,
+    params: &CaseParams,
+) -> Outcome {
+    catching(|| runner.run(source, dtype, params)).unwrap_or_else(|message| {
+        Outcome::Fail(Box::new(CaseFailure {
+            port_error: Some(format!(
+                "{message} (while golden ran the case, outside the port's own calls: the \
+                 backtrace printed with RUST_BACKTRACE=1 shows where)"
+            )),
+            port_panicked: true,
+            ..CaseFailure::default()
+        }))
+    })
+}
+
 fn run_dtype(
     layer: &Layer,
     kind: Kind,
@@ -389,10 +426,15 @@ fn run_dtype(
         if shrinking {
             shrink_steps.set(shrink_steps.get() + 1);
         }
-        match runner.run(source, dtype, &params) {
+        match run_caught(runner, source, dtype, &params) {
             Outcome::Pass(record) => {
                 records.borrow_mut().push(record);
                 Ok(())
+            }
+            // A port that did not return is not shrunk: each try would wait the whole timeout.
+            Outcome::Fail(f) if f.port_stuck => {
+                *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));
+                Err(TestCaseError::fail("the port did not return"))
             }
             Outcome::Fail(f) => {
                 first_failure
@@ -447,18 +489,32 @@ fn run_dtype(
                 skipped: skipped.get(),
             })
         }
-        Err(TestError::Fail(_, minimal)) => {
+        Err(TestError::Fail(reason, minimal)) => {
             if let Some((case, kind)) = fatal.into_inner() {
-                return Err(failure(kind, case));
+                let stuck = matches!(kind, FailureKind::Case(_));
+                let mut f = failure(kind, case);
+                if stuck {
+                    f.passed_before = records.borrow().len() as u32;
+                    runner.finish(source, dtype, &mut f, None);
+                }
+                return Err(f);
             }
-            let (first, passed_before) =
-                first_failure.into_inner().expect("a failing case was seen");
-            let mut f = match runner.run(source, dtype, &minimal) {
+            let Some((first, passed_before)) = first_failure.into_inner() else {
+                // Every failing case is recorded above; a failure proptest saw that no case
+                // recorded is proptest's own.
+                return Err(failure(
+                    FailureKind::Config(format!(
+                        "proptest reported a failure that no case recorded: {reason}"
+                    )),
+                    minimal,
+                ));
+            };
+            let mut f = match run_caught(runner, source, dtype, &minimal) {
                 Outcome::Fail(c) => failure(FailureKind::Case(c), minimal.clone()),
                 Outcome::Fatal(e) => failure(FailureKind::Worker(e), minimal.clone()),
                 Outcome::Pass(_) | Outcome::Unrecorded => {
                     // Not reproducible: show the first failure as it happened.
-                    let mut f = match runner.run(source, dtype, &first) {
+                    let mut f = match run_caught(runner, source, dtype, &first) {
                         Outcome::Fail(c) => failure(FailureKind::Case(c), first.clone()),
                         Outcome::Fatal(e) => failure(FailureKind::Worker(e), first.clone()),
                         Outcome::Pass(_) | Outcome::Unrecorded => failure(
@@ -488,7 +544,7 @@ fn run_dtype(
             // Shrinking keeps the failure but can erase its evidence (a bias is invisible with a
             // batch of one): the runner gets the first failing case too.
             let first_failure = match (f.case.as_ref() != Some(&first), &f.kind) {
-                (true, FailureKind::Case(_)) => match runner.run(source, dtype, &first) {
+                (true, FailureKind::Case(_)) => match run_caught(runner, source, dtype, &first) {
                     Outcome::Fail(c) => Some((first.clone(), c)),
                     _ => None,
                 },

@@ -28,7 +28,8 @@ use crate::python::worker::WorkerError;
 use crate::report::failure::{CaseFailure, Failure};
 use crate::report::passed::{CaseRecord, Report};
 use crate::run::check::{self, CaseRunner, Outcome, Port};
-use crate::run::forward::{call_port, PortFailure};
+use crate::run::forward::call_port;
+use crate::run::port::{PortFailure, PortThread};
 use candle_core::{DType, Device, Tensor, Var};
 use golden_files::HostTensor;
 
@@ -40,7 +41,11 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         layer.description(check::cases(layer, spec.cases), check::seed()),
         spec.describe()
     );
-    let runner = GradRunner { layer, port, spec };
+    let runner = GradRunner {
+        layer,
+        port: PortThread::new(port, check::port_timeout(layer)),
+        spec,
+    };
     check::run(
         layer,
         Kind::Gradients,
@@ -52,7 +57,7 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
 
 struct GradRunner<'a> {
     layer: &'a Layer,
-    port: &'a Port<'a>,
+    port: PortThread,
     spec: GradSpec,
 }
 
@@ -174,8 +179,10 @@ impl GradRunner<'_> {
                 }
             }
         }
-        let outputs = call_port(self.port, tensors, state.as_ref()).map_err(
-            |PortFailure { message, panicked }| {
+        let (outputs, _) = call_port(&self.port, tensors, state.as_ref(), false).map_err(
+            |PortFailure {
+                 message, panicked, ..
+             }| {
                 if panicked {
                     format!("the port panicked: {message}")
                 } else {
@@ -252,12 +259,19 @@ impl GradRunner<'_> {
             .collect()
     }
 
-    /// The port's gradients of Σ leaves, by target name (None: no gradient reaches it).
+    /// The port's gradients of Σ leaves, by target name (None: no gradient reaches it). The
+    /// backward pass runs the port's graph: on the port's thread, like the port.
     fn gradients(
+        &self,
         run: &PortRun,
         loss: &Tensor,
     ) -> Result<Vec<(String, Option<HostTensor>)>, String> {
-        let grads = loss.backward().map_err(|e| format!("backward: {e}"))?;
+        let loss = loss.clone();
+        let grads = self
+            .port
+            .run("the backward pass", move || loss.backward())
+            .map_err(|f| format!("the backward pass panicked: {}", f.message))?
+            .map_err(|e| format!("backward: {e}"))?;
         run.vars
             .iter()
             .map(|(name, var)| {
@@ -286,6 +300,7 @@ impl GradRunner<'_> {
 impl CaseRunner for GradRunner<'_> {
     fn run(&self, source: &Source, dtype: DType, params: &CaseParams) -> Outcome {
         let layer = self.layer;
+        self.port.take_fault();
         let mut failure = CaseFailure::default();
         let args = match inputs::make_args(layer, params, dtype) {
             Ok(a) => a,
@@ -337,7 +352,11 @@ impl CaseRunner for GradRunner<'_> {
         ) {
             Ok(()) => {}
             Err(e) => {
-                failure.port_error = Some(e);
+                // The port's own failure (a panic, a call that did not return) as such.
+                match self.port.take_fault() {
+                    Some(fault) => fault.report(&mut failure, params),
+                    None => failure.port_error = Some(e),
+                }
                 return Outcome::Fail(Box::new(failure));
             }
         }
@@ -345,10 +364,16 @@ impl CaseRunner for GradRunner<'_> {
         match self.finite_differences(&args, &forward, &cotangents, params, &targets, &mut failure)
         {
             Ok(f) => figures = f,
-            Err(e) => failure.gradient_issues.push(format!(
-                "finite differences run the port in float64, and there it fails: {e} (a fused \
-                 kernel without an f64 version? cast to the input's dtype rather than to f32)"
-            )),
+            Err(e) => match self.port.take_fault() {
+                Some(fault) if fault.stuck.is_some() => {
+                    fault.report(&mut failure, params);
+                    return Outcome::Fail(Box::new(failure));
+                }
+                _ => failure.gradient_issues.push(format!(
+                    "finite differences run the port in float64, and there it fails: {e} (a fused \
+                     kernel without an f64 version? cast to the input's dtype rather than to f32)"
+                )),
+            },
         }
         if failure.params.is_empty()
             && failure.gradient_issues.is_empty()
@@ -427,7 +452,7 @@ impl GradRunner<'_> {
             failure.params.extend(state.unused());
         }
         let losses = Self::leaf_losses(&run.outputs, cotangents)?;
-        let port = Self::gradients(&run, &Self::total(&losses)?)?;
+        let port = self.gradients(&run, &Self::total(&losses)?)?;
         let mut present = Vec::new();
         for (name, grad) in port {
             let leaf = format!("grad.{name}");
@@ -519,7 +544,7 @@ impl GradRunner<'_> {
                         .collect(),
                     None => losses,
                 };
-                Self::gradients(&run, &Self::total(&picked)?)
+                self.gradients(&run, &Self::total(&picked)?)
             };
         let first = gradients_of(None)?;
         let second = gradients_of(None)?;
@@ -543,7 +568,7 @@ impl GradRunner<'_> {
                 })
                 .collect();
             let losses = Self::leaf_losses(&run.outputs, &zero)?;
-            for (name, g) in Self::gradients(&run, &Self::total(&losses)?)? {
+            for (name, g) in self.gradients(&run, &Self::total(&losses)?)? {
                 let max = g.map_or(0.0, |g| {
                     g.to_f64().iter().fold(0.0f64, |m, x| m.max(x.abs()))
                 });
@@ -677,7 +702,7 @@ impl GradRunner<'_> {
                 .flatten_all()
                 .and_then(|o| o.get(i))
                 .map_err(|e| e.to_string())?;
-            if let Some(g) = &Self::gradients(&run, &pick)?[0].1 {
+            if let Some(g) = &self.gradients(&run, &pick)?[0].1 {
                 *row = g.to_f64();
             }
         }

@@ -30,6 +30,7 @@ use crate::report::passed::{CaseRecord, DTypeRun, Report};
 use crate::report::results;
 use crate::run::check::{self, Port};
 use crate::run::forward::call_port;
+use crate::run::port::{PanicScope, PortThread};
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::optim::{AdamW, Optimizer as _, SGD};
 use golden_files::{HostTensor, WireDType};
@@ -204,7 +205,13 @@ struct Batch<'a> {
     dtype: DType,
 }
 
-fn train_port(port: &Port<'_>, spec: &OverfitSpec, batch: &Batch<'_>) -> Result<Training, String> {
+/// Train the port. Its calls, the backward passes through its graph and the optimizer steps run
+/// on the port's thread, each bounded by the timeout; their failures are also `port`'s fault.
+fn train_port(
+    port: &PortThread,
+    spec: &OverfitSpec,
+    batch: &Batch<'_>,
+) -> Result<Training, String> {
     let Batch {
         args,
         state_dict,
@@ -261,8 +268,8 @@ fn train_port(port: &Port<'_>, spec: &OverfitSpec, batch: &Batch<'_>) -> Result<
             row: v.dims().iter().skip(1).product(),
         })
         .collect();
-    for _ in 0..spec.steps {
-        let outputs = call_port(port, inputs.clone(), Some(&state))
+    for step in 0..spec.steps {
+        let (outputs, _) = call_port(port, inputs.clone(), Some(&state), false)
             .map_err(|f| format!("the port failed while training: {}", f.message))?;
         let value = loss_of(spec.loss, &outputs, &targets).map_err(|e| format!("the loss: {e}"))?;
         losses.push(
@@ -271,7 +278,12 @@ fn train_port(port: &Port<'_>, spec: &OverfitSpec, batch: &Batch<'_>) -> Result<
                 .and_then(|v| v.to_scalar::<f64>())
                 .map_err(|e| e.to_string())?,
         );
-        let grads = value.backward().map_err(|e| format!("backward: {e}"))?;
+        let loss = value.clone();
+        let during = format!("the backward pass of training step {step}");
+        let grads = port
+            .run(&during, move || loss.backward())
+            .map_err(|f| f.message)?
+            .map_err(|e| format!("backward: {e}"))?;
         for ((_, var), p) in vars.iter().zip(param_grads.iter_mut()) {
             match grads.get(var.as_tensor()) {
                 Some(g) => {
@@ -286,12 +298,20 @@ fn train_port(port: &Port<'_>, spec: &OverfitSpec, batch: &Batch<'_>) -> Result<
                 None => p.norms.push(0.0),
             }
         }
-        match &mut opt {
-            Opt::Sgd(o) => o.step(&grads),
-            Opt::AdamW(o) => o.step(&grads),
-            Opt::Custom(step) => step(&vars, &grads),
-        }
-        .map_err(|e| format!("the optimizer step: {e}"))?;
+        let during = format!("the optimizer step of training step {step}");
+        let stepping = vars.clone();
+        let (stepped, result) = port
+            .run(&during, move || {
+                let result = match &mut opt {
+                    Opt::Sgd(o) => o.step(&grads),
+                    Opt::AdamW(o) => o.step(&grads),
+                    Opt::Custom(step) => step(&stepping, &grads),
+                };
+                (opt, result)
+            })
+            .map_err(|f| f.message)?;
+        opt = stepped;
+        result.map_err(|e| format!("the optimizer step: {e}"))?;
     }
     Ok(Training {
         losses,
@@ -340,6 +360,12 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
 fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
     layer.validate().map_err(config_error)?;
+    let _quiet = PanicScope::enter();
+    if layer.timeout.is_none() {
+        // The port's timeout as well as the reference's.
+        crate::describe::env::timeout().map_err(config_error)?;
+    }
+    let port = PortThread::new(port, check::port_timeout(layer));
     if layer.form != Form::Module {
         return Err(config_error(
             "the overfit check trains a module: its port takes a VarBuilder (module form)".into(),
@@ -357,7 +383,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         None => crate::describe::env::mode().map_err(config_error)?,
     };
     let (source, how) = check::open_source(layer, Kind::Overfit, mode, &description)?;
-    let result = run(layer, port, &spec, &source, &params, dtype);
+    let result = run(layer, &port, &spec, &source, &params, dtype);
     check::finish_source(layer, Kind::Overfit, &source, &description)?;
     let (record, health) = result?;
     Ok(Report {
@@ -380,7 +406,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
 
 fn run(
     layer: &Layer,
-    port: &Port<'_>,
+    port: &PortThread,
     spec: &OverfitSpec,
     source: &Source,
     params: &CaseParams,
@@ -447,10 +473,17 @@ fn run(
         targets: &targets,
         dtype,
     };
+    port.take_fault();
     let training = match train_port(port, spec, &batch) {
         Ok(t) => t,
         Err(e) => {
-            case.port_error = Some(e);
+            match port.take_fault() {
+                // The port's own failure (a panic, a call that did not return) as such.
+                Some(fault) if fault.panicked || fault.stuck.is_some() => {
+                    fault.report(&mut case, params)
+                }
+                _ => case.port_error = Some(e),
+            }
             return Err(failure(FailureKind::Case(Box::new(case))));
         }
     };
