@@ -5,8 +5,8 @@
 //! | `GOLDEN_PYTHON` | the interpreter that runs references |
 //! | `GOLDEN_REFERENCE_PATH` | extra import roots (`:`-separated) |
 //! | `GOLDEN_MODE` | `auto` (default), `live`, `replay`, `record` |
-//! | `GOLDEN_SEED` | seed of the generated cases (default 0) |
-//! | `GOLDEN_CASES` | number of cases, overriding `cases = N` |
+//! | `GOLDEN_SEED` | seed of the generated cases (default 0), decimal or `0x` hexadecimal |
+//! | `GOLDEN_CASES` | number of cases (at least 1), overriding `cases = N` |
 //! | `GOLDEN_CASE` | run exactly this one case (as a failure prints it) |
 //! | `GOLDEN_TIMEOUT` | seconds a reference may take on one case (default 60) |
 //! | `GOLDEN_WORKERS` | most Python workers per test process (default: cores, at most 4) |
@@ -68,9 +68,23 @@ fn parse_var<T: std::str::FromStr>(name: &str) -> Result<Option<T>, String> {
     }
 }
 
-/// `GOLDEN_SEED`, when set.
+/// `GOLDEN_SEED`, when set: decimal (`42`) or hexadecimal (`0x2a`, the form failures print seeds
+/// in).
 pub fn seed() -> Result<Option<u64>, String> {
-    parse_var("GOLDEN_SEED")
+    let Some(v) = var("GOLDEN_SEED") else {
+        return Ok(None);
+    };
+    let t = v.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    parsed.map(Some).map_err(|_| {
+        format!(
+            "GOLDEN_SEED={v:?} is not a seed: use a whole number from 0 to 2^64 − 1, decimal (42) \
+             or hexadecimal (0x2a)"
+        )
+    })
 }
 
 /// `GOLDEN_CASE`: one case to run instead of generating (`dims:style:seed[:dtype]`, as failures
@@ -79,9 +93,19 @@ pub fn case() -> Option<String> {
     var("GOLDEN_CASE")
 }
 
-/// `GOLDEN_CASES`, when set.
+/// `GOLDEN_CASES`, when set: at least 1 (a check of zero cases would pass without checking).
 pub fn cases() -> Result<Option<u32>, String> {
-    parse_var("GOLDEN_CASES")
+    let Some(v) = var("GOLDEN_CASES") else {
+        return Ok(None);
+    };
+    match v.trim().parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(Some(n)),
+        _ => Err(format!(
+            "GOLDEN_CASES={v:?} is not a number of cases: use a whole number of at least 1 (up to \
+             {}), or unset it for the check's own `cases = N`",
+            u32::MAX
+        )),
+    }
 }
 
 /// Per-call timeout of the reference: `GOLDEN_TIMEOUT` seconds, default 60.

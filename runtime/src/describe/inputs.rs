@@ -120,24 +120,55 @@ impl CaseParams {
         )
     }
 
-    /// Parse [`CaseParams::token`]; every dim of the layer must be given.
+    /// Parse [`CaseParams::token`], as `GOLDEN_CASE` gives it (a fourth part, the dtype, is left to
+    /// the caller): every dim of the layer, once, within its declared range; no other.
     pub fn parse(token: &str, layer: &Layer) -> Result<CaseParams, String> {
         let bad = |why: &str| {
-            format!("GOLDEN_CASE={token:?}: {why}; expected `dim=value,...:style:0xseed` as golden prints it")
+            format!(
+                "GOLDEN_CASE={token:?}: {why}; expected `dim=value,...:style:0xseed[:dtype]` as \
+                 golden prints it"
+            )
         };
         let parts: Vec<&str> = token.trim().split(':').collect();
-        let [dims, style, seed] = parts[..] else {
-            return Err(bad("three `:`-separated parts are needed"));
+        let (&[dims, style, seed] | &[dims, style, seed, _]) = &parts[..] else {
+            return Err(bad(
+                "three `:`-separated parts are needed (four with the dtype)",
+            ));
         };
-        let mut values = Vec::new();
-        for pair in dims.split(',').filter(|p| !p.is_empty()) {
+        let mut values: Vec<(String, usize)> = Vec::new();
+        for pair in dims.split(',').filter(|p| !p.trim().is_empty()) {
             let (name, value) = pair
                 .split_once('=')
                 .ok_or_else(|| bad("a dim without `=`"))?;
-            let value = value
-                .parse()
-                .map_err(|_| bad("a dim value is not a number"))?;
-            values.push((name.trim().to_string(), value));
+            let name = name.trim();
+            let Some(spec) = layer.dims.iter().find(|d| d.name == name) else {
+                let names: Vec<&str> = layer.dims.iter().map(|d| d.name.as_str()).collect();
+                return Err(bad(&format!(
+                    "`{name}` is not a dim of `{}` ({})",
+                    layer.name,
+                    if names.is_empty() {
+                        "it has no dims".to_string()
+                    } else {
+                        format!("its dims: {}", names.join(", "))
+                    }
+                )));
+            };
+            if values.iter().any(|(n, _)| n == name) {
+                return Err(bad(&format!("dim `{name}` is given twice")));
+            }
+            let value: usize = value.trim().parse().map_err(|_| {
+                bad(&format!(
+                    "the value of dim `{name}`, {:?}, is not a whole number",
+                    value.trim()
+                ))
+            })?;
+            if !(spec.lo..=spec.hi).contains(&value) {
+                return Err(bad(&format!(
+                    "dim `{name}`={value} is outside its declared range {}..={}",
+                    spec.lo, spec.hi
+                )));
+            }
+            values.push((name.to_string(), value));
         }
         let dims = layer
             .dims
@@ -463,6 +494,29 @@ mod tests {
         assert_eq!(CaseParams::parse(&c.token(), &layer()).unwrap(), c);
         let err = CaseParams::parse("b=3:tiny:0x1", &layer()).unwrap_err();
         assert!(err.contains("dim `d` is missing"), "{err}");
+        // The dtype, a fourth part, is the caller's.
+        assert_eq!(
+            CaseParams::parse(&format!("{}:f32", c.token()), &layer()),
+            Ok(c)
+        );
+        for (token, why) in [
+            (
+                "b=3,d=1:tiny:0x1",
+                "dim `d`=1 is outside its declared range 2..=64",
+            ),
+            (
+                "b=3,d=5,e=2:tiny:0x1",
+                "`e` is not a dim of `t` (its dims: b, d)",
+            ),
+            ("b=3,b=2,d=5:tiny:0x1", "dim `b` is given twice"),
+            (
+                "b=3,d=-5:tiny:0x1",
+                "the value of dim `d`, \"-5\", is not a whole number",
+            ),
+        ] {
+            let err = CaseParams::parse(token, &layer()).unwrap_err();
+            assert!(err.contains(why), "{token}: {err}");
+        }
     }
 
     #[test]

@@ -113,6 +113,8 @@ struct Settings {
     seed: u64,
     cases: u32,
     overridden: bool,
+    /// `GOLDEN_CASE`: the one case to run, and in which dtypes.
+    case: Option<(CaseParams, Vec<DType>)>,
 }
 
 fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
@@ -122,6 +124,7 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
         // The port's timeout as well as the reference's.
         env::timeout()?;
     }
+    let case = env::case().map(|v| golden_case(&v, layer)).transpose()?;
     Ok(Settings {
         mode: match layer.mode {
             Some(mode) => mode,
@@ -129,8 +132,39 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
         },
         seed: seed.unwrap_or(0),
         cases: cases.unwrap_or(declared_cases),
-        overridden: seed.is_some() || cases.is_some() || env::case().is_some(),
+        overridden: seed.is_some() || cases.is_some() || case.is_some(),
+        case,
     })
+}
+
+/// `GOLDEN_CASE` (`dims:style:seed[:dtype]`): the case, and the dtypes to run it in — the one it
+/// names, which the check must test, else each of the check's.
+fn golden_case(value: &str, layer: &Layer) -> Result<(CaseParams, Vec<DType>), String> {
+    let value = value.trim();
+    let params = CaseParams::parse(value, layer)?;
+    let dtype = match value.rsplit_once(':') {
+        Some((_, dtype)) if value.split(':').count() == 4 => Some(dtype.trim()),
+        _ => None,
+    };
+    let Some(dtype) = dtype else {
+        return Ok((params, layer.dtypes.clone()));
+    };
+    let checked: Vec<&str> = layer.dtypes.iter().map(|d| dtype_name(*d)).collect();
+    if !["f32", "f64", "f16", "bf16"].contains(&dtype) {
+        return Err(format!(
+            "GOLDEN_CASE={value:?}: `{dtype}` is not a dtype (one of f32, f64, f16, bf16); \
+             expected `dim=value,...:style:0xseed[:dtype]` as golden prints it"
+        ));
+    }
+    match layer.dtypes.iter().find(|d| dtype_name(**d) == dtype) {
+        Some(d) => Ok((params, vec![*d])),
+        None => Err(format!(
+            "GOLDEN_CASE={value:?} names the dtype {dtype}, which `{}` does not check: it checks \
+             only {}; name one of those, or drop `:{dtype}` to run the case in each",
+            layer.name,
+            checked.join(", ")
+        )),
+    }
 }
 
 fn versions(info: &serde_json::Value) -> String {
@@ -233,8 +267,8 @@ fn run_inner(
     }
     let mut runs = Vec::new();
     let mut failure = None;
-    if let Some(token) = env::case() {
-        match run_one_case(layer, runner, source, &token) {
+    if let Some((params, dtypes)) = &settings.case {
+        match run_one_case(layer, runner, source, params, dtypes) {
             Ok(r) => runs = r,
             Err(f) => failure = Some(f),
         }
@@ -292,26 +326,16 @@ pub(crate) fn leave_artifacts(layer: &Layer, kind: Kind, dtype: DType, failure: 
     }
 }
 
-/// `GOLDEN_CASE`: run exactly one case (per dtype, or the dtype it names), no generation.
+/// `GOLDEN_CASE`: run exactly one case in `dtypes`, no generation.
 fn run_one_case(
     layer: &Layer,
     runner: &impl CaseRunner,
     source: &Source,
-    token: &str,
+    params: &CaseParams,
+    dtypes: &[DType],
 ) -> Result<Vec<DTypeRun>, Failure> {
-    let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
-    let (case_token, only) = match token.rsplit_once(':') {
-        Some((rest, d)) if ["f32", "f64", "f16", "bf16"].contains(&d) => (rest, Some(d)),
-        _ => (token, None),
-    };
-    let params = CaseParams::parse(case_token, layer).map_err(config_error)?;
-    let params = &params;
     let mut runs = Vec::new();
-    for &dtype in layer
-        .dtypes
-        .iter()
-        .filter(|d| only.is_none_or(|o| o == dtype_name(**d)))
-    {
+    for &dtype in dtypes {
         let failure = |kind| {
             let mut f = Failure::new(layer, kind);
             f.dtype = Some(dtype_name(dtype));
