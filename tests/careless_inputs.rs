@@ -1,7 +1,7 @@
-//! Careless values of golden's environment variables end in a clear error naming the variable, what
-//! is wrong and the accepted form — never in a run of zero cases that passes or a silently ignored
-//! value. A test binary of its own: it sets variables that every check of the process reads, so its
-//! tests take turns.
+//! Careless values of golden's environment variables and of a check's sizes end in a clear error
+//! naming the variable, what is wrong and the accepted form — never in a run of zero cases that
+//! passes, a silently ignored value, or an allocation that aborts the test binary. A test binary of
+//! its own: it sets variables that every check of the process reads, so its tests take turns.
 
 mod common;
 
@@ -126,6 +126,24 @@ fn golden_seed_takes_the_hex_form_failures_print_and_decimal() {
     assert!(
         msg.contains("GOLDEN_SEED=\"0xnope\"")
             && msg.contains("decimal (42) or hexadecimal (0x2a)"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_declared_size_beyond_the_memory_budget_is_an_error_not_an_abort() {
+    let scratch = Scratch::new("huge_dims");
+    let layer = Layer::function("huge", "zoo_ref.gelu")
+        .dim("n", 1, 100_000)
+        .arg("x", ["n", "n"], Dist::default())
+        .declared_at(scratch.declared)
+        .mode(Mode::Live);
+    let msg = error(&[], &layer);
+    assert!(
+        msg.contains("argument `x` [n, n]")
+            && msg.contains("n=100000")
+            && msg.contains("10000000000 elements")
+            && msg.contains("GOLDEN_MEMORY_LIMIT"),
         "{msg}"
     );
 }

@@ -8,6 +8,7 @@
 //! | `GOLDEN_SEED` | seed of the generated cases (default 0), decimal or `0x` hexadecimal |
 //! | `GOLDEN_CASES` | number of cases (at least 1), overriding `cases = N` |
 //! | `GOLDEN_CASE` | run exactly this one case (as a failure prints it) |
+//! | `GOLDEN_MEMORY_LIMIT` | MiB golden may generate for one case's tensors (default 1024) |
 //! | `GOLDEN_TIMEOUT` | seconds a reference may take on one case (default 60) |
 //! | `GOLDEN_WORKERS` | most Python workers per test process (default: cores, at most 4) |
 //! | `GOLDEN_VENV` | the venv `cargo xtask setup` creates and golden looks for |
@@ -106,6 +107,27 @@ pub fn cases() -> Result<Option<u32>, String> {
             u32::MAX
         )),
     }
+}
+
+/// Default of `GOLDEN_MEMORY_LIMIT`, in MiB.
+pub const DEFAULT_MEMORY_LIMIT_MIB: u64 = 1024;
+
+/// The memory budget for one case's tensors that golden generates (inputs, cotangents, the
+/// Jacobians of `grad(mode = full)`), in bytes: `GOLDEN_MEMORY_LIMIT` MiB, default 1024. Sizes
+/// beyond it are an error that says which argument or dim is too large, rather than an allocation
+/// that aborts the test binary.
+pub fn memory_limit() -> Result<u64, String> {
+    let Some(v) = var("GOLDEN_MEMORY_LIMIT") else {
+        return Ok(DEFAULT_MEMORY_LIMIT_MIB << 20);
+    };
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|mib| *mib > 0.0 && mib.is_finite())
+        .map(|mib| (mib * (1u64 << 20) as f64).min(u64::MAX as f64) as u64)
+        .ok_or_else(|| {
+            format!("GOLDEN_MEMORY_LIMIT={v:?} is not a positive number of MiB (default {DEFAULT_MEMORY_LIMIT_MIB})")
+        })
 }
 
 /// Per-call timeout of the reference: `GOLDEN_TIMEOUT` seconds, default 60.

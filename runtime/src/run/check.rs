@@ -125,6 +125,7 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
         env::timeout()?;
     }
     let case = env::case().map(|v| golden_case(&v, layer)).transpose()?;
+    inputs::largest_case_fits(layer)?;
     Ok(Settings {
         mode: match layer.mode {
             Some(mode) => mode,

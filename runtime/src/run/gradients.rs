@@ -320,6 +320,23 @@ impl CaseRunner for GradRunner<'_> {
             Ok(r) => r,
             Err(outcome) => return outcome,
         };
+        let elements = forward
+            .expected
+            .iter()
+            .filter(|(_, t)| t.dtype.is_float())
+            .map(|(_, t)| inputs::elements(&t.shape))
+            .sum();
+        if let Err(e) = inputs::within_budget(elements, || {
+            (
+                format!(
+                    "the cotangents of the reference's outputs ({elements} elements) are too large"
+                ),
+                "make the outputs smaller (narrow the dims)".to_string(),
+            )
+        }) {
+            failure.inputs_error = Some(e);
+            return Outcome::Fail(Box::new(failure));
+        }
         let cotangents = cotangents(&forward.expected, params.seed, dtype);
         let targets = self.targets(&forward.state_dict, &forward.buffers);
         for name in self.spec.wrt.iter().flatten() {
@@ -693,6 +710,19 @@ impl GradRunner<'_> {
         let (run, _) = self.run_port(args64, state64, DType::F64, &targets)?;
         let out_dims = run.outputs.leaf(leaf)?.dims().to_vec();
         let n_out: usize = out_dims.iter().product();
+        if let Err(e) = inputs::within_budget(n_out as u128 * w0.len() as u128, || {
+            (
+                format!(
+                    "`{name}`: grad(mode = full) compares whole Jacobians, and the one of `{leaf}` \
+                     with respect to `{name}` ({n_out} × {} entries) is too large",
+                    w0.len()
+                ),
+                "use mode = fast, or narrow the dims".to_string(),
+            )
+        }) {
+            // Fast mode only locates a mismatch its directional derivative already reports.
+            return Ok((spec.mode == GradMode::Full).then_some(e));
+        }
         let mut analytic = vec![vec![0.0; w0.len()]; n_out];
         for (i, row) in analytic.iter_mut().enumerate() {
             let (run, _) = self.run_port(args64, state64, DType::F64, &targets)?;

@@ -439,6 +439,21 @@ fn run(
         args: &args,
         trace: false,
     })?;
+    let elements = forward
+        .expected
+        .iter()
+        .map(|(_, t)| inputs::elements(&t.shape))
+        .sum();
+    inputs::within_budget(elements, || {
+        (
+            format!(
+                "the training targets for the reference's outputs ({elements} elements) are too \
+                 large"
+            ),
+            "make the outputs smaller (narrow the dims)".to_string(),
+        )
+    })
+    .map_err(|e| failure(FailureKind::Config(e)))?;
     let targets: Named = forward
         .expected
         .iter()
