@@ -147,3 +147,22 @@ fn a_declared_size_beyond_the_memory_budget_is_an_error_not_an_abort() {
         "{msg}"
     );
 }
+
+#[test]
+fn record_mode_stops_at_the_store_s_bound() {
+    let scratch = Scratch::new("record_bound");
+    let layer = gelu(&scratch).mode(Mode::Record);
+    let report = with_env(
+        &[("GOLDEN_CASES", "2000"), ("GOLDEN_STORE_LIMIT", "0.02")],
+        &layer,
+    )
+    .unwrap_or_else(|f| panic!("{f}"));
+    let stored = golden::answers::store::Store::load(&scratch.store(&layer))
+        .unwrap()
+        .expect("recorded");
+    let run = &report.runs[0];
+    assert!(!stored.is_empty() && stored.len() < 100, "{}", stored.len());
+    // The port ran on the recorded cases only; the rest were neither evaluated nor checked.
+    assert_eq!(run.cases.len(), stored.len());
+    assert_eq!(run.skipped, 2000 - stored.len());
+}

@@ -43,6 +43,8 @@ impl Answer {
 pub struct Recording {
     entries: Vec<Entry>,
     index: HashMap<u64, usize>,
+    /// Their size as the store's bound counts it.
+    size: usize,
 }
 
 /// Where reference outputs come from.
@@ -192,6 +194,7 @@ impl Source {
                         case: params.to_string(),
                         outputs: o.clone(),
                     });
+                    r.size += store::entry_size(&r.entries[at]);
                 }
                 answer(outputs)
             }
@@ -211,6 +214,17 @@ impl Source {
                 Some(live.variants(layer, dtype, params.seed, args))
             }
             Source::Replay(_) => None,
+        }
+    }
+
+    /// Record mode: whether everything recorded so far fits a store of `limit` bytes (its size
+    /// bound) with this description. Other modes record nothing and always fit.
+    pub fn recording_fits(&self, description: &str, limit: usize) -> bool {
+        match self {
+            Source::Record(_, recording) => {
+                store::base_size(description) + recording.borrow().size <= limit
+            }
+            _ => true,
         }
     }
 

@@ -159,7 +159,8 @@ fn named_json(named: &Named, table: &mut TensorTable) -> Json {
     )
 }
 
-fn entry_size(e: &Entry) -> usize {
+/// What an entry adds to a store's size, as the size bound counts it.
+pub(crate) fn entry_size(e: &Entry) -> usize {
     let tensors = |n: &Named| {
         n.iter()
             .map(|(name, t)| t.data.len() + 40 + name.len())
@@ -215,6 +216,11 @@ fn check_names(e: &Entry) -> Result<(), String> {
     Ok(())
 }
 
+/// What a store's size bound counts before its entries.
+pub(crate) fn base_size(description: &str) -> usize {
+    1024 + description.len()
+}
+
 /// Write a store; returns how many entries were kept and the file's size.
 pub fn save(
     path: &Path,
@@ -237,7 +243,7 @@ pub fn save(
         })?;
     }
     let mut kept = 0;
-    let mut size = 1024 + description.len();
+    let mut size = base_size(description);
     for e in entries {
         size += entry_size(e);
         if size > limit {

@@ -260,10 +260,13 @@ fn run_inner(
     let settings = settings(layer, declared_cases).map_err(config_error)?;
     let (source, how) = open_source(layer, kind, settings.mode, description)?;
     let source = &source;
+    // Record mode: every generated case goes into the store, even those after a failing one, up
+    // to the store's size bound; the check then runs the recorded ones only.
+    let mut recorded = vec![None; layer.dtypes.len()];
     if matches!(source, Source::Record(..)) {
-        // Every generated case goes into the store, even those after a failing one.
-        for &dtype in &layer.dtypes {
-            record_generated(layer, dtype, runner, source, &settings);
+        for (i, &dtype) in layer.dtypes.iter().enumerate() {
+            recorded[i] = record_generated(layer, dtype, runner, source, &settings, description)
+                .map_err(config_error)?;
         }
     }
     let mut runs = Vec::new();
@@ -274,8 +277,8 @@ fn run_inner(
             Err(f) => failure = Some(f),
         }
     } else {
-        for &dtype in &layer.dtypes {
-            match run_dtype(layer, kind, dtype, runner, source, &settings) {
+        for (&dtype, &recorded) in layer.dtypes.iter().zip(&recorded) {
+            match run_dtype(layer, kind, dtype, runner, source, &settings, recorded) {
                 Ok(run) => runs.push(run),
                 Err(f) => {
                     failure = Some(f);
@@ -384,23 +387,64 @@ fn runner_config(layer: &Layer, settings: &Settings) -> (Config, usize) {
     (config, replays)
 }
 
-/// Record mode, first pass: the reference on every case the check will generate, port unseen.
+/// Record mode, first pass: the reference on every case the check will generate, port unseen,
+/// until the store's size bound (`GOLDEN_STORE_LIMIT`) is reached. Returns how many cases were
+/// recorded when the bound stopped it (the check then runs those only), and says so.
 fn record_generated(
     layer: &Layer,
     dtype: DType,
     runner: &impl CaseRunner,
     source: &Source,
     settings: &Settings,
-) {
+    description: &str,
+) -> Result<Option<usize>, String> {
+    let limit = crate::answers::store::limit_bytes()?;
     let (config, _) = runner_config(layer, settings);
     let mut proptest = TestRunner::new(config);
+    let seen = Cell::new(0usize);
+    let full: Cell<Option<usize>> = Cell::new(None);
     let _ = proptest.run(&inputs::case_strategy(layer), |params| {
-        match runner.reference_only(source, dtype, &params) {
+        if full.get().is_some() {
+            // The store is full: the rest of the cases are neither evaluated nor checked.
+            return Ok(());
+        }
+        let result = match runner.reference_only(source, dtype, &params) {
             // A dead worker: stop here, the check itself will report it.
             Some(_) => Err(TestCaseError::fail("worker failure")),
             None => Ok(()),
+        };
+        if !source.recording_fits(description, limit) {
+            full.set(Some(seen.get()));
         }
+        seen.set(seen.get() + 1);
+        result
     });
+    let Some(kept) = full.get() else {
+        return Ok(None);
+    };
+    let bound = format!(
+        "the golden store's size bound (GOLDEN_STORE_LIMIT, {:.2} MiB)",
+        limit as f64 / (1024.0 * 1024.0)
+    );
+    if kept == 0 {
+        return Err(format!(
+            "{bound} holds not even one {} case of this check{}; raise GOLDEN_STORE_LIMIT",
+            dtype_name(dtype),
+            if layer.dtypes.len() > 1 {
+                " after the cases of the dtypes before it"
+            } else {
+                ""
+            }
+        ));
+    }
+    eprintln!(
+        "golden: `{}`: {bound} is reached after {kept} of {} {} cases: recording stops there, and \
+         the check runs those {kept} only",
+        layer.name,
+        settings.cases,
+        dtype_name(dtype)
+    );
+    Ok(Some(kept))
 }
 
 /// Run a case, catching a panic that escapes the runner: it happened while the case ran (in code
@@ -424,6 +468,8 @@ fn run_caught(
     })
 }
 
+/// Generate, run and shrink one dtype's cases. `recorded`: record mode stopped recording at the
+/// store's bound after that many cases; the others are skipped.
 fn run_dtype(
     layer: &Layer,
     kind: Kind,
@@ -431,9 +477,11 @@ fn run_dtype(
     runner: &impl CaseRunner,
     source: &Source,
     settings: &Settings,
+    recorded: Option<usize>,
 ) -> Result<DTypeRun, Failure> {
     let (config, replays) = runner_config(layer, settings);
     let partial = matches!(source, Source::Replay(store) if store.partial.is_some());
+    let generated = Cell::new(0usize);
     let mut proptest = TestRunner::new(config);
     let records = RefCell::new(Vec::new());
     let first_failure: RefCell<Option<(CaseParams, usize)>> = RefCell::new(None);
@@ -450,6 +498,12 @@ fn run_dtype(
         let shrinking = first_failure.borrow().is_some();
         if shrinking {
             shrink_steps.set(shrink_steps.get() + 1);
+        } else {
+            generated.set(generated.get() + 1);
+            if recorded.is_some_and(|n| generated.get() > n) {
+                skipped.set(skipped.get() + 1);
+                return Ok(());
+            }
         }
         match run_caught(runner, source, dtype, &params) {
             Outcome::Pass(record) => {
