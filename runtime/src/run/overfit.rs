@@ -30,7 +30,7 @@ use crate::report::passed::{CaseRecord, DTypeRun, Report};
 use crate::report::results;
 use crate::run::check::{self, Port};
 use crate::run::forward::call_port;
-use crate::run::port::{PanicScope, PortThread};
+use crate::run::port::{catching, PanicScope, PortThread};
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::optim::{AdamW, Optimizer as _, SGD};
 use golden_files::{HostTensor, WireDType};
@@ -383,7 +383,25 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         None => crate::describe::env::mode().map_err(config_error)?,
     };
     let (source, how) = check::open_source(layer, Kind::Overfit, mode, &description)?;
-    let result = run(layer, &port, &spec, &source, &params, dtype);
+    // The port's own code is caught on its thread; this catches what golden's training code
+    // around it might raise, so that no panic escapes the check.
+    let result =
+        catching(|| run(layer, &port, &spec, &source, &params, dtype)).unwrap_or_else(|message| {
+            let mut f = Failure::new(
+                layer,
+                FailureKind::Case(Box::new(CaseFailure {
+                    port_error: Some(format!(
+                        "{message} (while golden trained the port, outside the port's own calls: \
+                         the backtrace printed with RUST_BACKTRACE=1 shows where)"
+                    )),
+                    port_panicked: true,
+                    ..CaseFailure::default()
+                })),
+            );
+            f.dtype = Some(dtype_name(dtype));
+            f.case = Some(params.clone());
+            Err(f)
+        });
     check::finish_source(layer, Kind::Overfit, &source, &description)?;
     let (record, health) = result?;
     Ok(Report {
