@@ -61,7 +61,7 @@ fn square_layer(name: &str) -> Layer {
         .grad(GradSpec::default())
 }
 
-fn square(factor: f64, ignores_grad: bool) -> impl Fn(&PortInputs) -> Result<Tensor> {
+fn square(factor: f64, ignores_grad: bool) -> impl Fn(&PortInputs) -> Result<Tensor> + Clone {
     move |i| {
         i.tensor(0).contiguous()?.apply_op1(Square {
             factor,
@@ -262,4 +262,35 @@ fn candle_gelu_backward_constants_show_in_f64() {
     );
     assert!(msg.contains("leaf `grad.x` (f64"), "{msg}");
     let _ = D::Minus1;
+}
+
+#[test]
+fn candle_conv1d_backward_panics_on_an_input_of_length_one() {
+    // candle 0.11.1's conv1d backward panics (`attempt to subtract with overflow`) when a padded
+    // input has length 1: reported as the port's panic on the smallest case that triggers it, as
+    // for any panicking port, not as golden's own.
+    let layer = Layer::function("g_candle_conv1d_length_one", "zoo_ref.conv1d")
+        .dim("b", 1, 2)
+        .dim("c", 1, 3)
+        .dim("t", 1, 6)
+        .arg("x", ["b", "c", "t"], Dist::default())
+        .arg(
+            "weight",
+            ["c".into(), "c".into(), golden::DimExpr::Lit(3)],
+            Dist::normal(0.0, 0.2),
+        )
+        .arg("bias", ["c"], Dist::default())
+        .konst("padding", 1)
+        .grad(GradSpec::default());
+    let f = must_fail_check(gradients::check, &layer, |i| {
+        i.tensor(0)
+            .conv1d(i.tensor(1), 1, 1, 1, 1)?
+            .broadcast_add(&i.tensor(2).reshape((1, (), 1))?)
+    });
+    let msg = f.to_string();
+    assert!(
+        msg.contains("the port panicked: attempt to subtract with overflow"),
+        "{msg}"
+    );
+    assert_eq!(f.case.as_ref().and_then(|c| c.dim("t")), Some(1), "{msg}");
 }

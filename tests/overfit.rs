@@ -183,7 +183,7 @@ fn dead_relu_units_are_flagged() {
             .into_outputs()
             .map_err(candle_core::Error::Msg)
     };
-    let port = |i: &PortInputs| port(i).map_err(|e| e.to_string());
+    let port = move |i: &PortInputs| port(i).map_err(|e| e.to_string());
     // Dead units do not stop the rest from overfitting: the check passes and reports them.
     let report = overfit::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
     let health = report.health.join("\n");

@@ -12,7 +12,11 @@ use golden_zoo::blocks::{CausalSelfAttention, Mlp, Norm};
 
 /// The port must fail and be recognised as the variant `name`, the best fit of those that match.
 /// (Close variants can fit the same case: eps 1e-6 and 1e-12 on unit-variance inputs.)
-fn expect_variant(layer: Layer, name: &str, port: impl Fn(&PortInputs) -> Result<Tensor>) {
+fn expect_variant(
+    layer: Layer,
+    name: &str,
+    port: impl Fn(&PortInputs) -> Result<Tensor> + Clone + Send + Sync + 'static,
+) {
     let failure = common::must_fail(&layer.mode(Mode::Live), port);
     let msg = failure.to_string();
     let c = failure.case_failure().unwrap_or_else(|| panic!("{msg}"));

@@ -176,3 +176,16 @@ def returns_large(x):
     answer of 20 MiB. Over a frame limit lowered by GOLDEN_MAX_FRAME, as a huge output is over the
     real one."""
     return torch.ones(1 << 20)
+
+
+class HostileNames(torch.nn.Module):
+    """A module whose names are paths: a parameter named `target` (an absolute path; PyTorch refuses
+    only dots in a name) and outputs under the keys `../escaped` and `ok`. Golden must keep every
+    file it writes for them inside its own folders."""
+
+    def __init__(self, target):
+        super().__init__()
+        self.register_parameter(target, torch.nn.Parameter(torch.ones(1)))
+
+    def forward(self, x):
+        return {"../escaped": x * 2, "ok": x.clone()}

@@ -20,8 +20,13 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def path(kind, name):
+    # A name that is not a plain file name (`out.a/b`) has its file under the name case.json maps.
+    return os.path.join(HERE, kind, CASE.get("file_names", {}).get(name, name) + ".npy")
+
+
 def load(kind, name):
-    return np.load(os.path.join(HERE, kind, name + ".npy"), allow_pickle=False)
+    return np.load(path(kind, name), allow_pickle=False)
 
 
 def num(x, sig=4):
@@ -166,7 +171,7 @@ def main():
         if name not in outputs:
             print(f"  leaf `{name}`: the reference no longer returns it")
             continue
-        if not os.path.exists(os.path.join(HERE, "port", name + ".npy")):
+        if not os.path.exists(path("port", name)):
             print(f"  leaf `{name}`: not tapped by the port")
             continue
         compare(name, leaf, outputs[name])

@@ -51,7 +51,11 @@ pub type CheckFn = fn(&golden::Layer, &golden::Port<'_>) -> Result<golden::Repor
 /// across the wrong-port suites) and its regression file in a scratch folder.
 pub fn must_fail(
     layer: &golden::Layer,
-    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
+    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
 ) -> golden::Failure {
     must_fail_check(golden::check, layer, port)
 }
@@ -71,19 +75,27 @@ pub fn declared_with_store(layer: &golden::Layer, scratch: &Scratch) -> golden::
 pub fn must_pass_check(
     check: CheckFn,
     layer: &golden::Layer,
-    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
+    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
 ) -> golden::Report {
     use golden::IntoOutputs;
     let scratch = Scratch::new(&layer.name);
     let layer = declared_with_store(layer, &scratch);
-    let port = |inputs: &golden::PortInputs| port(inputs).into_outputs();
+    let port = move |inputs: &golden::PortInputs| port(inputs).into_outputs();
     check(&layer, &port).unwrap_or_else(|f| panic!("the right port `{}` failed:\n{f}", layer.name))
 }
 
 /// [`must_pass_check`] for the forward check.
 pub fn must_pass(
     layer: &golden::Layer,
-    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
+    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
 ) -> golden::Report {
     must_pass_check(golden::check, layer, port)
 }
@@ -92,12 +104,16 @@ pub fn must_pass(
 pub fn must_fail_check(
     check: CheckFn,
     layer: &golden::Layer,
-    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>,
+    port: impl Fn(&golden::PortInputs) -> candle_core::Result<candle_core::Tensor>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
 ) -> golden::Failure {
     use golden::IntoOutputs;
     let scratch = Scratch::new(&layer.name);
     let layer = declared_with_store(layer, &scratch);
-    let port = |inputs: &golden::PortInputs| port(inputs).into_outputs();
+    let port = move |inputs: &golden::PortInputs| port(inputs).into_outputs();
     match check(&layer, &port) {
         Ok(_) => panic!("the wrong port `{}` passed its check", layer.name),
         Err(failure) => failure,

@@ -50,6 +50,8 @@ impl Answer {
 pub struct Recording {
     entries: Vec<Entry>,
     index: HashMap<u64, usize>,
+    /// Their size as the store's bound counts it.
+    size: usize,
 }
 
 /// Where reference outputs come from.
@@ -332,6 +334,7 @@ impl Source {
                                 case: params.to_string(),
                                 outputs: o.clone(),
                             });
+                            r.size += store::entry_size(&r.entries[at]);
                         }
                         outputs
                     }
@@ -405,6 +408,17 @@ impl Source {
         match &self.via {
             Via::Live(live) | Via::Record(live, _) | Via::Verify(live, _) => Some(live),
             Via::Replay(_) => None,
+        }
+    }
+
+    /// Record mode: whether everything recorded so far fits a store of `limit` bytes (its size
+    /// bound) with this description. Other modes record nothing and always fit.
+    pub fn recording_fits(&self, description: &str, limit: usize) -> bool {
+        match &self.via {
+            Via::Record(_, recording) => {
+                store::base_size(description) + recording.borrow().size <= limit
+            }
+            _ => true,
         }
     }
 

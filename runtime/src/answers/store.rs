@@ -20,6 +20,11 @@
 //! ...       one wire frame (wire.rs): a JSON header and the tensors it refers to, bf16 kept
 //! ```
 //!
+//! Names in a store (outputs, rounding estimates, state_dict entries, buffers) become file names when
+//! a replayed failure writes its artifacts; a name that could lead outside golden's folders (`/`,
+//! `\`, `..`, NUL, an absolute path) is refused when a store is written and makes a store corrupt
+//! when it is read ([`unsafe_name`]).
+//!
 //! Byte-for-byte deterministic: entries in the order the cases ran, JSON with sorted keys. A store is
 //! bounded (`GOLDEN_STORE_LIMIT` MiB, default 4): when a check's cases would exceed it, the cases
 //! that fit are kept and the store is marked partial; a replay then runs those cases only and does
@@ -172,7 +177,8 @@ fn named_json(named: &Named, table: &mut TensorTable) -> Json {
     )
 }
 
-fn entry_size(e: &Entry) -> usize {
+/// What an entry adds to a store's size, as the size bound counts it.
+pub(crate) fn entry_size(e: &Entry) -> usize {
     let tensors = |n: &Named| {
         n.iter()
             .map(|(name, t)| t.data.len() + 40 + name.len())
@@ -270,6 +276,55 @@ pub fn digest(path: &Path) -> Option<String> {
     )
 }
 
+/// Why `name` may not be in a store: it could name a file outside golden's folders where a failure
+/// writes its artifacts. `None` for a name a store may hold.
+pub fn unsafe_name(name: &str) -> Option<&'static str> {
+    if name.starts_with(['/', '\\']) || Path::new(name).is_absolute() {
+        Some("is an absolute path")
+    } else if name.contains("..") {
+        Some("contains `..`")
+    } else if name.contains(['/', '\\']) {
+        Some("contains a path separator")
+    } else if name.contains('\0') {
+        Some("contains a NUL character")
+    } else {
+        None
+    }
+}
+
+/// The first name of an entry a store may not hold, said as an error.
+fn check_names(e: &Entry) -> Result<(), String> {
+    let o = &e.outputs;
+    let lists: [(&str, Vec<&String>); 4] = [
+        ("output", o.expected.iter().map(|(n, _)| n).collect()),
+        (
+            "rounding estimate",
+            o.rounding.iter().flatten().map(|(n, _)| n).collect(),
+        ),
+        (
+            "state_dict entry",
+            o.state_dict.iter().map(|(n, _)| n).collect(),
+        ),
+        ("buffer", o.buffers.iter().collect()),
+    ];
+    for (what, names) in lists {
+        for name in names {
+            if let Some(why) = unsafe_name(name) {
+                return Err(format!(
+                    "the {what} name {name:?} {why}: a store never holds a name that could lead a \
+                     file outside golden's folders"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a store's size bound counts before its entries.
+pub(crate) fn base_size(description: &str) -> usize {
+    1024 + description.len()
+}
+
 /// Write a store; returns how many entries were kept and the file's size.
 pub fn save(
     path: &Path,
@@ -278,8 +333,22 @@ pub fn save(
     entries: &[Entry],
     limit: usize,
 ) -> Result<(usize, usize), StoreError> {
+    for (i, e) in entries.iter().enumerate() {
+        check_names(e).map_err(|why| {
+            let why = format!(
+                "cannot record case {} ({}): {why}; rename it in the reference (a dict key, a \
+                 parameter or submodule name)",
+                i + 1,
+                e.case
+            );
+            StoreError::Io(
+                path.to_path_buf(),
+                std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+            )
+        })?;
+    }
     let mut kept = 0;
-    let mut size = 1024 + description.len();
+    let mut size = base_size(description);
     for e in entries {
         size += entry_size(e);
         if size > limit {
@@ -466,6 +535,16 @@ impl Store {
                 },
             });
         }
+        for (i, e) in entries.iter().enumerate() {
+            check_names(e).map_err(|why| {
+                format!(
+                    "entry {} of {} ({}): {why}; a hostile or hand-edited store?",
+                    i + 1,
+                    entries.len(),
+                    e.case
+                )
+            })?;
+        }
         let kept = h["cases"]["kept"].as_u64().unwrap_or(0) as usize;
         let evaluated = h["cases"]["evaluated"].as_u64().unwrap_or(0) as usize;
         let index = entries
@@ -571,6 +650,39 @@ mod tests {
             let err = Store::decode(&path, flipped).unwrap_err().to_string();
             assert!(err.contains("is corrupt"), "flip at {at}: {err}");
         }
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn names_that_could_lead_outside_are_refused_when_written_and_corrupt_when_read() {
+        let path = temp("names");
+        for name in ["../x", "/abs", "a/b", "a\\b", "out..", "nul\0", "C:\\x"] {
+            let mut e = entry(1, 2);
+            e.outputs.state_dict[0].0 = name.to_string();
+            let err = save(&path, "desc", None, &[e], 1 << 20)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("the state_dict entry name {name:?}")),
+                "{err}"
+            );
+        }
+        // Read: a store written with a fine name, renamed afterwards and sealed again.
+        save(&path, "desc", None, &[entry(1, 2), entry(2, 2)], 1 << 20).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let mut frame = wire::read_frame(&mut &bytes[PREAMBLE..]).unwrap();
+        frame.header["entries"][1]["expected"][0][0] = "../../up".into();
+        let err = Store::decode(&path, seal(&wire::encode(&frame)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "is corrupt (entry 2 of 2 (case 2): the output name \"../../up\" contains `..`"
+            ),
+            "{err}"
+        );
+        assert_eq!(unsafe_name("fc1.weight"), None);
+        assert_eq!(unsafe_name("trace.blocks.2.attn#2"), None);
         std::fs::remove_file(path).unwrap();
     }
 

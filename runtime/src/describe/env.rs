@@ -5,10 +5,11 @@
 //! | `GOLDEN_PYTHON` | the interpreter that runs references |
 //! | `GOLDEN_REFERENCE_PATH` | extra import roots (`:`-separated) |
 //! | `GOLDEN_MODE` | `auto` (default), `live`, `replay`, `record`, `verify` |
-//! | `GOLDEN_SEED` | seed of the generated cases (default 0) |
-//! | `GOLDEN_CASES` | number of cases, overriding `cases = N` |
+//! | `GOLDEN_SEED` | seed of the generated cases (default 0), decimal or `0x` hexadecimal |
+//! | `GOLDEN_CASES` | number of cases (at least 1), overriding `cases = N` |
 //! | `GOLDEN_CASE` | run exactly this one case (as a failure prints it) |
-//! | `GOLDEN_TIMEOUT` | seconds a reference may take on one case (default 60; `0` or `inf`: no limit) |
+//! | `GOLDEN_MEMORY_LIMIT` | MiB golden may generate for one case's tensors (default 1024) |
+//! | `GOLDEN_TIMEOUT` | seconds a reference may take on one case, and the port on one call (default 60; `0` or `inf`: no limit) |
 //! | `GOLDEN_START_TIMEOUT` | seconds a worker may take to start or import a reference (default 180) |
 //! | `GOLDEN_WORKERS` | most Python workers per test process (default: cores, at most 4) |
 //! | `GOLDEN_VENV` | the venv `cargo xtask setup` creates and golden looks for |
@@ -63,20 +64,23 @@ pub fn mode() -> Result<Mode, String> {
     }
 }
 
-fn parse_var<T: std::str::FromStr>(name: &str) -> Result<Option<T>, String> {
-    match var(name) {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| format!("{name}={v:?} is not a valid number")),
-    }
-}
-
-/// `GOLDEN_SEED`, when set.
+/// `GOLDEN_SEED`, when set: decimal (`42`) or hexadecimal (`0x2a`, the form failures print seeds
+/// in).
 pub fn seed() -> Result<Option<u64>, String> {
-    parse_var("GOLDEN_SEED")
+    let Some(v) = var("GOLDEN_SEED") else {
+        return Ok(None);
+    };
+    let t = v.trim();
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    parsed.map(Some).map_err(|_| {
+        format!(
+            "GOLDEN_SEED={v:?} is not a seed: use a whole number from 0 to 2^64 − 1, decimal (42) \
+             or hexadecimal (0x2a)"
+        )
+    })
 }
 
 /// `GOLDEN_CASE`: one case to run instead of generating (`dims:style:seed[:dtype]`, as failures
@@ -85,9 +89,40 @@ pub fn case() -> Option<String> {
     var("GOLDEN_CASE")
 }
 
-/// `GOLDEN_CASES`, when set.
+/// `GOLDEN_CASES`, when set: at least 1 (a check of zero cases would pass without checking).
 pub fn cases() -> Result<Option<u32>, String> {
-    parse_var("GOLDEN_CASES")
+    let Some(v) = var("GOLDEN_CASES") else {
+        return Ok(None);
+    };
+    match v.trim().parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(Some(n)),
+        _ => Err(format!(
+            "GOLDEN_CASES={v:?} is not a number of cases: use a whole number of at least 1 (up to \
+             {}), or unset it for the check's own `cases = N`",
+            u32::MAX
+        )),
+    }
+}
+
+/// Default of `GOLDEN_MEMORY_LIMIT`, in MiB.
+pub const DEFAULT_MEMORY_LIMIT_MIB: u64 = 1024;
+
+/// The memory budget for one case's tensors that golden generates (inputs, cotangents, the
+/// Jacobians of `grad(mode = full)`), in bytes: `GOLDEN_MEMORY_LIMIT` MiB, default 1024. Sizes
+/// beyond it are an error that says which argument or dim is too large, rather than an allocation
+/// that aborts the test binary.
+pub fn memory_limit() -> Result<u64, String> {
+    let Some(v) = var("GOLDEN_MEMORY_LIMIT") else {
+        return Ok(DEFAULT_MEMORY_LIMIT_MIB << 20);
+    };
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|mib| *mib > 0.0 && mib.is_finite())
+        .map(|mib| (mib * (1u64 << 20) as f64).min(u64::MAX as f64) as u64)
+        .ok_or_else(|| {
+            format!("GOLDEN_MEMORY_LIMIT={v:?} is not a positive number of MiB (default {DEFAULT_MEMORY_LIMIT_MIB})")
+        })
 }
 
 /// A limit in seconds as `name` gives it: a positive number (`60`, `2.5`); `0` or `inf` for no limit

@@ -120,24 +120,55 @@ impl CaseParams {
         )
     }
 
-    /// Parse [`CaseParams::token`]; every dim of the layer must be given.
+    /// Parse [`CaseParams::token`], as `GOLDEN_CASE` gives it (a fourth part, the dtype, is left to
+    /// the caller): every dim of the layer, once, within its declared range; no other.
     pub fn parse(token: &str, layer: &Layer) -> Result<CaseParams, String> {
         let bad = |why: &str| {
-            format!("GOLDEN_CASE={token:?}: {why}; expected `dim=value,...:style:0xseed` as golden prints it")
+            format!(
+                "GOLDEN_CASE={token:?}: {why}; expected `dim=value,...:style:0xseed[:dtype]` as \
+                 golden prints it"
+            )
         };
         let parts: Vec<&str> = token.trim().split(':').collect();
-        let [dims, style, seed] = parts[..] else {
-            return Err(bad("three `:`-separated parts are needed"));
+        let (&[dims, style, seed] | &[dims, style, seed, _]) = &parts[..] else {
+            return Err(bad(
+                "three `:`-separated parts are needed (four with the dtype)",
+            ));
         };
-        let mut values = Vec::new();
-        for pair in dims.split(',').filter(|p| !p.is_empty()) {
+        let mut values: Vec<(String, usize)> = Vec::new();
+        for pair in dims.split(',').filter(|p| !p.trim().is_empty()) {
             let (name, value) = pair
                 .split_once('=')
                 .ok_or_else(|| bad("a dim without `=`"))?;
-            let value = value
-                .parse()
-                .map_err(|_| bad("a dim value is not a number"))?;
-            values.push((name.trim().to_string(), value));
+            let name = name.trim();
+            let Some(spec) = layer.dims.iter().find(|d| d.name == name) else {
+                let names: Vec<&str> = layer.dims.iter().map(|d| d.name.as_str()).collect();
+                return Err(bad(&format!(
+                    "`{name}` is not a dim of `{}` ({})",
+                    layer.name,
+                    if names.is_empty() {
+                        "it has no dims".to_string()
+                    } else {
+                        format!("its dims: {}", names.join(", "))
+                    }
+                )));
+            };
+            if values.iter().any(|(n, _)| n == name) {
+                return Err(bad(&format!("dim `{name}` is given twice")));
+            }
+            let value: usize = value.trim().parse().map_err(|_| {
+                bad(&format!(
+                    "the value of dim `{name}`, {:?}, is not a whole number",
+                    value.trim()
+                ))
+            })?;
+            if !(spec.lo..=spec.hi).contains(&value) {
+                return Err(bad(&format!(
+                    "dim `{name}`={value} is outside its declared range {}..={}",
+                    spec.lo, spec.hi
+                )));
+            }
+            values.push((name.to_string(), value));
         }
         let dims = layer
             .dims
@@ -338,17 +369,134 @@ fn float_values(arg: &ArgSpec, n: usize, case: &CaseParams) -> Vec<f64> {
     }
 }
 
-/// Make every argument's tensor for one case, in the layer's order.
+/// Make every argument's tensor for one case, in the layer's order; sizes beyond the memory
+/// budget are an error (see [`within_budget`]).
 pub fn make_args(
     layer: &Layer,
     case: &CaseParams,
     dtype: DType,
 ) -> Result<Vec<HostTensor>, String> {
+    let sizes: Vec<u128> = layer
+        .args
+        .iter()
+        .map(|a| elements(&case.shape(a)))
+        .collect();
+    if let Some(i) = (0..sizes.len()).max_by_key(|&i| sizes[i]) {
+        let total = sizes.iter().sum();
+        within_budget(total, || {
+            let (what, fix) = arg_size(layer, &layer.args[i], case, total);
+            (
+                format!("the inputs of this case ({case}) are too large: {what}"),
+                fix,
+            )
+        })?;
+    }
     layer
         .args
         .iter()
         .map(|a| make_arg(a, case, dtype))
         .collect()
+}
+
+/// The number of elements of a shape, exactly (no overflow for any `usize` dims).
+pub fn elements(shape: &[usize]) -> u128 {
+    shape
+        .iter()
+        .fold(1u128, |n, &d| n.saturating_mul(d as u128))
+}
+
+/// Bytes golden counts per element it generates: values are drawn in float64 first.
+const GENERATED_BYTES: u128 = 8;
+
+/// Whether `elements` values that golden is about to generate for one case (inputs, cotangents,
+/// Jacobian entries) fit its memory budget (`GOLDEN_MEMORY_LIMIT`). The error is what `what`
+/// returns — what is too large (saying how many elements of what) and how to make it smaller —
+/// with by how much it is over and how to raise the budget.
+pub fn within_budget(
+    elements: u128,
+    what: impl FnOnce() -> (String, String),
+) -> Result<(), String> {
+    let budget = crate::describe::env::memory_limit()? as u128;
+    let needed = elements.saturating_mul(GENERATED_BYTES);
+    if needed <= budget {
+        return Ok(());
+    }
+    let (what, fix) = what();
+    Err(format!(
+        "{what}; that is {} as golden generates them (float64), {}× golden's memory budget of {} \
+         per case: {fix}, or raise the budget with GOLDEN_MEMORY_LIMIT=<MiB> if the machine has \
+         the memory",
+        crate::describe::numbers::bytes(needed),
+        crate::describe::numbers::num(needed as f64 / budget.max(1) as f64),
+        crate::describe::numbers::bytes(budget)
+    ))
+}
+
+/// `argument `x` [n, n] = [100000, 100000] at n=100000 has 10000000000 of the case's
+/// 10000000000 elements`, and how to narrow its dims.
+fn arg_size(layer: &Layer, arg: &ArgSpec, case: &CaseParams, total: u128) -> (String, String) {
+    let symbolic: Vec<String> = arg.shape.iter().map(ToString::to_string).collect();
+    let dims: Vec<_> = layer
+        .dims
+        .iter()
+        .filter(|d| arg.shape.contains(&DimExpr::Sym(d.name.clone())))
+        .collect();
+    let at: Vec<String> = dims
+        .iter()
+        .map(|d| format!("{}={}", d.name, case.dim(&d.name).unwrap_or(d.hi)))
+        .collect();
+    let ranges: Vec<String> = dims
+        .iter()
+        .map(|d| format!("{} = {}..={}", d.name, d.lo, d.hi))
+        .collect();
+    let what = format!(
+        "argument `{}` [{}] = {:?}{} has {} of the case's {total} elements",
+        arg.name,
+        symbolic.join(", "),
+        case.shape(arg),
+        if at.is_empty() {
+            String::new()
+        } else {
+            format!(" at {}", at.join(" "))
+        },
+        elements(&case.shape(arg)),
+    );
+    let fix = if ranges.is_empty() {
+        format!("make `{}`'s fixed sizes smaller", arg.name)
+    } else {
+        format!("narrow dims({})", ranges.join(", "))
+    };
+    (what, fix)
+}
+
+/// The largest case a layer declares (every dim at the top of its range) must fit the memory
+/// budget: otherwise one case in eight or so would not, so the check says so before running any.
+pub fn largest_case_fits(layer: &Layer) -> Result<(), String> {
+    let largest = CaseParams {
+        dims: layer.dims.iter().map(|d| (d.name.clone(), d.hi)).collect(),
+        seed: 0,
+        style: Style::Declared,
+    };
+    let sizes: Vec<u128> = layer
+        .args
+        .iter()
+        .map(|a| elements(&largest.shape(a)))
+        .collect();
+    let Some(i) = (0..sizes.len()).max_by_key(|&i| sizes[i]) else {
+        return Ok(());
+    };
+    let total = sizes.iter().sum();
+    within_budget(total, || {
+        let (what, fix) = arg_size(layer, &layer.args[i], &largest, total);
+        (
+            format!(
+                "the largest case `{}` declares (every dim at the top of its range) is too large: \
+                 {what}",
+                layer.name
+            ),
+            fix,
+        )
+    })
 }
 
 /// Make the tensor of one argument for one case: floats in `dtype`, ints as i64, bools as bool.
@@ -463,6 +611,29 @@ mod tests {
         assert_eq!(CaseParams::parse(&c.token(), &layer()).unwrap(), c);
         let err = CaseParams::parse("b=3:tiny:0x1", &layer()).unwrap_err();
         assert!(err.contains("dim `d` is missing"), "{err}");
+        // The dtype, a fourth part, is the caller's.
+        assert_eq!(
+            CaseParams::parse(&format!("{}:f32", c.token()), &layer()),
+            Ok(c)
+        );
+        for (token, why) in [
+            (
+                "b=3,d=1:tiny:0x1",
+                "dim `d`=1 is outside its declared range 2..=64",
+            ),
+            (
+                "b=3,d=5,e=2:tiny:0x1",
+                "`e` is not a dim of `t` (its dims: b, d)",
+            ),
+            ("b=3,b=2,d=5:tiny:0x1", "dim `b` is given twice"),
+            (
+                "b=3,d=-5:tiny:0x1",
+                "the value of dim `d`, \"-5\", is not a whole number",
+            ),
+        ] {
+            let err = CaseParams::parse(token, &layer()).unwrap_err();
+            assert!(err.contains(why), "{token}: {err}");
+        }
     }
 
     #[test]

@@ -322,8 +322,8 @@ pub struct Layer {
     pub grad: Option<crate::describe::checks::GradSpec>,
     /// The overfit check's options (`overfit(...)`); `None` runs it with the defaults.
     pub overfit: Option<crate::describe::checks::OverfitSpec>,
-    /// How long the reference may take on one request (`timeout = secs`); `None`: `GOLDEN_TIMEOUT`,
-    /// default 60 s.
+    /// How long the reference may take on one request, and the port on one call
+    /// (`timeout = secs`); `None`: `GOLDEN_TIMEOUT`, default 60 s.
     pub timeout: Option<std::time::Duration>,
     /// Module form: compare the port's taps ([`crate::judge::trace::tap`]) with the reference's submodule outputs
     /// (`trace` on the attribute; see `trace.rs`).
@@ -491,7 +491,8 @@ impl Layer {
         self
     }
 
-    /// How long the reference may take on one request, in seconds (over `GOLDEN_TIMEOUT`).
+    /// How long the reference may take on one request, and the port on one call, in seconds
+    /// (over `GOLDEN_TIMEOUT`).
     pub fn timeout(mut self, seconds: f64) -> Self {
         self.timeout = Some(std::time::Duration::from_secs_f64(seconds));
         self

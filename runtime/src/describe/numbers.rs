@@ -39,3 +39,34 @@ pub fn num_sig(x: f64, sig: usize) -> String {
         format!("{mantissa}e{exponent}")
     }
 }
+
+/// A number of bytes, short: `512 B`, `3.5 KiB`, `74.51 GiB`.
+pub fn bytes(n: u128) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{} {}", num(value), UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_in_binary_units() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(3584), "3.5 KiB");
+        assert_eq!(bytes(80_000_000_000), "74.51 GiB");
+        assert_eq!(
+            bytes(u128::MAX),
+            format!("{} EiB", num(u128::MAX as f64 / 2f64.powi(60)))
+        );
+    }
+}

@@ -17,6 +17,12 @@
 //!
 //! For the gradient check, `reference/` and `port/` hold the gradients (`grad.<name>.npy`), and
 //! there is no repro.py (it reproduces forward comparisons).
+//!
+//! Names come from outside golden's code — a reference's output keys and state_dict, a golden
+//! store — so every one goes through [`file_name`] before it names a file: `/`, `\`, `%` and
+//! control characters are percent-escaped (`out.a/b` → `out.a%2Fb.npy`), and no file lands outside
+//! the folder, whatever the name. `case.json`'s `file_names` maps each name that changed to its
+//! file's stem (repro.py reads it).
 
 use crate::describe::checks::Kind;
 use crate::describe::env;
@@ -44,11 +50,55 @@ pub fn rerun_case_command(layer: &Layer, test: &str, dtype: DType, case: &CasePa
 
 /// The folder of a check's artifacts.
 pub fn folder(layer: &Layer, kind: Kind) -> Option<PathBuf> {
-    Some(
-        layer
-            .golden_folder("failures")?
-            .join(format!("{}{}", layer.check_name(), kind.suffix())),
-    )
+    Some(layer.golden_folder("failures")?.join(file_name(&format!(
+        "{}{}",
+        layer.check_name(),
+        kind.suffix()
+    ))))
+}
+
+/// Longest file name stem golden writes, in bytes (file systems allow 255, and `.npy` follows).
+const MAX_STEM: usize = 200;
+
+/// A name (a leaf, an input, a state_dict entry, a trace point) as one file name inside a folder,
+/// readable and never a path: `%`, `/`, `\`, control characters and the characters Windows
+/// refuses (`:*?"<>|`) are percent-escaped (`out.a/b` → `out.a%2Fb`); a name of only dots has its
+/// dots escaped (`..` → `%2E%2E`), the empty name is `%`; a name too long for a file system is
+/// cut and ends with a hash of the whole. Different names give different file names.
+pub fn file_name(name: &str) -> String {
+    let escape = |c: char| {
+        matches!(
+            c,
+            '%' | '/' | '\\' | ':' | '*' | '?' | '"' | '<' | '>' | '|'
+        ) || c.is_control()
+    };
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if escape(c) || (c == '.' && name.chars().all(|d| d == '.')) {
+            let mut utf8 = [0; 4];
+            for b in c.encode_utf8(&mut utf8).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    if out.is_empty() {
+        // No other name gives a lone `%` (a `%` of a name is `%25`).
+        return "%".to_string();
+    }
+    if out.len() > MAX_STEM {
+        let mut cut = MAX_STEM - 17;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out = format!(
+            "{}~{:016x}",
+            &out[..cut],
+            crate::describe::inputs::fnv1a(name.as_bytes())
+        );
+    }
+    out
 }
 
 fn write_all(dir: &Path, kind: &str, tensors: &[(String, HostTensor)]) -> Result<(), String> {
@@ -58,10 +108,23 @@ fn write_all(dir: &Path, kind: &str, tensors: &[(String, HostTensor)]) -> Result
     let sub = dir.join(kind);
     std::fs::create_dir_all(&sub).map_err(|e| format!("{}: {e}", sub.display()))?;
     for (name, t) in tensors {
-        let path = sub.join(format!("{name}.npy"));
+        let path = sub.join(format!("{}.npy", file_name(name)));
         npy::write(&path, t).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// `case.json`'s map from each name whose file is named otherwise (see [`file_name`]) to its file
+/// name's stem.
+fn file_names<'a>(names: impl Iterator<Item = &'a String>) -> Json {
+    Json::Object(
+        names
+            .filter_map(|n| {
+                let file = file_name(n);
+                (file != *n).then(|| (n.clone(), json!(file)))
+            })
+            .collect::<Map<_, _>>(),
+    )
 }
 
 fn dtypes(tensors: &[(String, HostTensor)]) -> Json {
@@ -76,7 +139,11 @@ fn dtypes(tensors: &[(String, HostTensor)]) -> Json {
 /// Where a traced check's passing run leaves one case's trace (for `golden report`):
 /// `target/golden/traces/<crate>/<check>/`.
 pub fn trace_folder(layer: &Layer) -> Option<PathBuf> {
-    Some(layer.golden_folder("traces")?.join(layer.check_name()))
+    Some(
+        layer
+            .golden_folder("traces")?
+            .join(file_name(&layer.check_name())),
+    )
 }
 
 /// Both sides' trace points as `<dir>/reference/NNN_<point>.npy` and `<dir>/port/NNN_<point>.npy`,
@@ -192,6 +259,14 @@ pub fn write(
         "python": env::python().program,
         "rerun": rerun_case_command(layer, kind.test(), dtype, case),
         "trace": layer.trace && kind == Kind::Forward,
+        "file_names": file_names(
+            failure
+                .inputs
+                .iter()
+                .chain(&failure.port_outputs)
+                .chain(failure.reference.iter().flat_map(|r| r.state_dict.iter().chain(&r.expected)))
+                .map(|(n, _)| n)
+        ),
     });
     if let (true, Some(reference)) = (layer.trace, &failure.reference) {
         write_trace(&dir.join("trace"), reference, &failure.port_outputs)?;
@@ -202,4 +277,56 @@ pub fn write(
         std::fs::write(dir.join("repro.py"), REPRO).map_err(|e| format!("repro.py: {e}"))?;
     }
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_become_one_readable_file_name_never_a_path() {
+        assert_eq!(file_name("fc1.weight"), "fc1.weight");
+        assert_eq!(file_name("trace.blocks.2.attn#2"), "trace.blocks.2.attn#2");
+        assert_eq!(file_name("out.../escaped"), "out...%2Fescaped");
+        assert_eq!(file_name("/tmp/x"), "%2Ftmp%2Fx");
+        assert_eq!(file_name("a\\b\0c%d"), "a%5Cb%00c%25d");
+        assert_eq!(file_name(".."), "%2E%2E");
+        assert_eq!(file_name(""), "%");
+        let long = "é".repeat(300);
+        let cut = file_name(&long);
+        assert!(cut.len() <= MAX_STEM && cut.contains('~'), "{cut}");
+        assert_ne!(cut, file_name(&format!("{long}x")));
+        for name in ["../../x", "/abs", "a/../../b", "..", "C:\\x"] {
+            let file = file_name(name);
+            let path = Path::new("dir").join(format!("{file}.npy"));
+            assert_eq!(path.parent(), Some(Path::new("dir")), "{name} -> {file}");
+        }
+    }
+
+    #[test]
+    fn trace_points_with_hostile_names_stay_in_their_folders() {
+        let dir = std::env::temp_dir().join(format!("golden-trace-names-{}", std::process::id()));
+        let t = HostTensor::from_f64(vec![1], &[1.0]);
+        let reference = crate::answers::live::ReferenceOutputs {
+            expected: vec![
+                ("out".into(), t.clone()),
+                ("trace./abs/x".into(), t.clone()),
+                ("trace.../up".into(), t.clone()),
+            ],
+            ..Default::default()
+        };
+        let port = vec![("trace.../up".to_string(), t.clone())];
+        write_trace(&dir, &reference, &port).unwrap();
+        let mut files: Vec<String> = ["reference", "port"]
+            .iter()
+            .flat_map(|k| std::fs::read_dir(dir.join(k)).unwrap())
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        files.sort();
+        assert_eq!(
+            files,
+            ["000_%2Fabs%2Fx.npy", "001_..%2Fup.npy", "001_..%2Fup.npy"]
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

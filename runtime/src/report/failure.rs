@@ -34,6 +34,8 @@ pub struct CaseFailure {
     pub port_error: Option<String>,
     /// Whether `port_error` is a panic message.
     pub port_panicked: bool,
+    /// Whether the port did not return within the timeout (`port_error` says on which case).
+    pub port_stuck: bool,
     /// The reference raised or returned something that is not a tensor.
     pub reference_error: Option<WorkerError>,
     /// Leaf comparisons (all leaves; only failing ones are printed).
@@ -461,12 +463,14 @@ impl fmt::Display for Failure {
                 }
             }
             if let Some(e) = &c.port_error {
-                let what = if c.port_panicked {
-                    "panicked"
-                } else {
-                    "returned an error"
-                };
-                if c.params.is_empty() {
+                if c.port_stuck {
+                    writeln!(out, "  the port {e}")?;
+                } else if c.params.is_empty() {
+                    let what = if c.port_panicked {
+                        "panicked"
+                    } else {
+                        "returned an error"
+                    };
                     writeln!(out, "  the port {what}: {e}")?;
                 }
             }

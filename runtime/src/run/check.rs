@@ -12,22 +12,23 @@ use crate::describe::env;
 use crate::describe::inputs::{self, CaseParams};
 use crate::describe::layer::dtype_name;
 use crate::describe::layer::Layer;
-use crate::describe::outputs::{Outputs, PortInputs};
 use crate::python::worker::WorkerError;
 use crate::report::artifacts;
 use crate::report::failure::{CaseFailure, Failure, FailureKind};
 use crate::report::passed::{CaseRecord, DTypeRun, Report};
 use crate::report::results;
+use crate::run::port::{catching, PanicScope};
 use candle_core::DType;
 use proptest::test_runner::{
     Config, FailurePersistence, FileFailurePersistence, RngSeed, TestCaseError, TestError,
     TestRunner,
 };
 use std::cell::{Cell, RefCell};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// The port as the runtime calls it: the macro wraps the user's function in one of these.
-pub type Port<'a> = dyn Fn(&PortInputs) -> Result<Outputs, String> + 'a;
+/// The port as the runtime calls it: the macro wraps the user's function in one of these (see
+/// [`PortFn`](crate::run::port::PortFn) for what it must be).
+pub use crate::run::port::Port;
 
 /// What running one case found.
 pub(crate) enum Outcome {
@@ -98,16 +99,33 @@ pub(crate) fn cases(_layer: &Layer, declared: u32) -> u32 {
     env::cases().ok().flatten().unwrap_or(declared)
 }
 
+/// How long one call of the port may take: the check's `timeout = N`, else `GOLDEN_TIMEOUT`
+/// (default 60 s; an invalid value fails the check in `settings` before any case runs).
+pub(crate) fn port_timeout(layer: &Layer) -> Duration {
+    layer
+        .timeout
+        .or_else(|| env::timeout().ok())
+        .unwrap_or(Duration::from_secs(60))
+}
+
 struct Settings {
     mode: env::Mode,
     seed: u64,
     cases: u32,
     overridden: bool,
+    /// `GOLDEN_CASE`: the one case to run, and in which dtypes.
+    case: Option<(CaseParams, Vec<DType>)>,
 }
 
 fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
     let seed = env::seed()?;
     let cases = env::cases()?;
+    if layer.timeout.is_none() {
+        // The port's timeout as well as the reference's.
+        env::timeout()?;
+    }
+    let case = env::case().map(|v| golden_case(&v, layer)).transpose()?;
+    inputs::largest_case_fits(layer)?;
     Ok(Settings {
         mode: match layer.mode {
             Some(mode) => mode,
@@ -115,8 +133,39 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
         },
         seed: seed.unwrap_or(0),
         cases: cases.unwrap_or(declared_cases),
-        overridden: seed.is_some() || cases.is_some() || env::case().is_some(),
+        overridden: seed.is_some() || cases.is_some() || case.is_some(),
+        case,
     })
+}
+
+/// `GOLDEN_CASE` (`dims:style:seed[:dtype]`): the case, and the dtypes to run it in — the one it
+/// names, which the check must test, else each of the check's.
+fn golden_case(value: &str, layer: &Layer) -> Result<(CaseParams, Vec<DType>), String> {
+    let value = value.trim();
+    let params = CaseParams::parse(value, layer)?;
+    let dtype = match value.rsplit_once(':') {
+        Some((_, dtype)) if value.split(':').count() == 4 => Some(dtype.trim()),
+        _ => None,
+    };
+    let Some(dtype) = dtype else {
+        return Ok((params, layer.dtypes.clone()));
+    };
+    let checked: Vec<&str> = layer.dtypes.iter().map(|d| dtype_name(*d)).collect();
+    if !["f32", "f64", "f16", "bf16"].contains(&dtype) {
+        return Err(format!(
+            "GOLDEN_CASE={value:?}: `{dtype}` is not a dtype (one of f32, f64, f16, bf16); \
+             expected `dim=value,...:style:0xseed[:dtype]` as golden prints it"
+        ));
+    }
+    match layer.dtypes.iter().find(|d| dtype_name(**d) == dtype) {
+        Some(d) => Ok((params, vec![*d])),
+        None => Err(format!(
+            "GOLDEN_CASE={value:?} names the dtype {dtype}, which `{}` does not check: it checks \
+             only {}; name one of those, or drop `:{dtype}` to run the case in each",
+            layer.name,
+            checked.join(", ")
+        )),
+    }
 }
 
 fn versions(info: &serde_json::Value) -> String {
@@ -195,6 +244,7 @@ pub(crate) fn run(
     runner: &impl CaseRunner,
 ) -> Result<Report, Failure> {
     let started = Instant::now();
+    let _quiet = PanicScope::enter();
     let result = run_inner(layer, kind, declared_cases, description, runner).map_err(|mut f| {
         f.check = kind;
         f
@@ -215,22 +265,25 @@ fn run_inner(
     let settings = settings(layer, declared_cases).map_err(config_error)?;
     let (source, how) = open_source(layer, kind, settings.mode, description)?;
     let source = &source;
+    // Record mode: every generated case goes into the store, even those after a failing one, up
+    // to the store's size bound; the check then runs the recorded ones only.
+    let mut recorded = vec![None; layer.dtypes.len()];
     if matches!(source.via, Via::Record(..)) {
-        // Every generated case goes into the store, even those after a failing one.
-        for &dtype in &layer.dtypes {
-            record_generated(layer, dtype, runner, source, &settings);
+        for (i, &dtype) in layer.dtypes.iter().enumerate() {
+            recorded[i] = record_generated(layer, dtype, runner, source, &settings, description)
+                .map_err(config_error)?;
         }
     }
     let mut runs = Vec::new();
     let mut failure = None;
-    if let Some(token) = env::case() {
-        match run_one_case(layer, runner, source, &token) {
+    if let Some((params, dtypes)) = &settings.case {
+        match run_one_case(layer, runner, source, params, dtypes) {
             Ok(r) => runs = r,
             Err(f) => failure = Some(f),
         }
     } else {
-        for &dtype in &layer.dtypes {
-            match run_dtype(layer, kind, dtype, runner, source, &settings) {
+        for (&dtype, &recorded) in layer.dtypes.iter().zip(&recorded) {
+            match run_dtype(layer, kind, dtype, runner, source, &settings, recorded) {
                 Ok(run) => runs.push(run),
                 Err(f) => {
                     failure = Some(f);
@@ -284,32 +337,23 @@ pub(crate) fn leave_artifacts(layer: &Layer, kind: Kind, dtype: DType, failure: 
     }
 }
 
-/// `GOLDEN_CASE`: run exactly one case (per dtype, or the dtype it names), no generation.
+/// `GOLDEN_CASE`: run exactly one case in `dtypes`, no generation.
 fn run_one_case(
     layer: &Layer,
     runner: &impl CaseRunner,
     source: &Source,
-    token: &str,
+    params: &CaseParams,
+    dtypes: &[DType],
 ) -> Result<Vec<DTypeRun>, Failure> {
-    let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
-    let (case_token, only) = match token.rsplit_once(':') {
-        Some((rest, d)) if ["f32", "f64", "f16", "bf16"].contains(&d) => (rest, Some(d)),
-        _ => (token, None),
-    };
-    let params = CaseParams::parse(case_token, layer).map_err(config_error)?;
     let mut runs = Vec::new();
-    for &dtype in layer
-        .dtypes
-        .iter()
-        .filter(|d| only.is_none_or(|o| o == dtype_name(**d)))
-    {
+    for &dtype in dtypes {
         let failure = |kind| {
             let mut f = Failure::new(layer, kind);
             f.dtype = Some(dtype_name(dtype));
             f.case = Some(params.clone());
             f
         };
-        match runner.run(source, dtype, &params) {
+        match run_caught(runner, source, dtype, params) {
             Outcome::Pass(record) => runs.push(DTypeRun {
                 dtype,
                 cases: vec![record],
@@ -350,25 +394,89 @@ fn runner_config(layer: &Layer, settings: &Settings) -> (Config, usize) {
     (config, replays)
 }
 
-/// Record mode, first pass: the reference on every case the check will generate, port unseen.
+/// Record mode, first pass: the reference on every case the check will generate, port unseen,
+/// until the store's size bound (`GOLDEN_STORE_LIMIT`) is reached. Returns how many cases were
+/// recorded when the bound stopped it (the check then runs those only), and says so.
 fn record_generated(
     layer: &Layer,
     dtype: DType,
     runner: &impl CaseRunner,
     source: &Source,
     settings: &Settings,
-) {
+    description: &str,
+) -> Result<Option<usize>, String> {
+    let limit = crate::answers::store::limit_bytes()?;
     let (config, _) = runner_config(layer, settings);
     let mut proptest = TestRunner::new(config);
+    let seen = Cell::new(0usize);
+    let full: Cell<Option<usize>> = Cell::new(None);
     let _ = proptest.run(&inputs::case_strategy(layer), |params| {
-        match runner.reference_only(source, dtype, &params) {
+        if full.get().is_some() {
+            // The store is full: the rest of the cases are neither evaluated nor checked.
+            return Ok(());
+        }
+        let result = match runner.reference_only(source, dtype, &params) {
             // A dead worker: stop here, the check itself will report it.
             Some(_) => Err(TestCaseError::fail("worker failure")),
             None => Ok(()),
+        };
+        if !source.recording_fits(description, limit) {
+            full.set(Some(seen.get()));
         }
+        seen.set(seen.get() + 1);
+        result
     });
+    let Some(kept) = full.get() else {
+        return Ok(None);
+    };
+    let bound = format!(
+        "the golden store's size bound (GOLDEN_STORE_LIMIT, {:.2} MiB)",
+        limit as f64 / (1024.0 * 1024.0)
+    );
+    if kept == 0 {
+        return Err(format!(
+            "{bound} holds not even one {} case of this check{}; raise GOLDEN_STORE_LIMIT",
+            dtype_name(dtype),
+            if layer.dtypes.len() > 1 {
+                " after the cases of the dtypes before it"
+            } else {
+                ""
+            }
+        ));
+    }
+    eprintln!(
+        "golden: `{}`: {bound} is reached after {kept} of {} {} cases: recording stops there, and \
+         the check runs those {kept} only",
+        layer.name,
+        settings.cases,
+        dtype_name(dtype)
+    );
+    Ok(Some(kept))
 }
 
+/// Run a case, catching a panic that escapes the runner: it happened while the case ran (in code
+/// the port's graph runs outside its own calls, or in golden's), and fails that case like a
+/// panicking port, with its message.
+fn run_caught(
+    runner: &impl CaseRunner,
+    source: &Source,
+    dtype: DType,
+    params: &CaseParams,
+) -> Outcome {
+    catching(|| runner.run(source, dtype, params)).unwrap_or_else(|message| {
+        Outcome::Fail(Box::new(CaseFailure {
+            port_error: Some(format!(
+                "{message} (while golden ran the case, outside the port's own calls: the \
+                 backtrace printed with RUST_BACKTRACE=1 shows where)"
+            )),
+            port_panicked: true,
+            ..CaseFailure::default()
+        }))
+    })
+}
+
+/// Generate, run and shrink one dtype's cases. `recorded`: record mode stopped recording at the
+/// store's bound after that many cases; the others are skipped.
 fn run_dtype(
     layer: &Layer,
     kind: Kind,
@@ -376,9 +484,11 @@ fn run_dtype(
     runner: &impl CaseRunner,
     source: &Source,
     settings: &Settings,
+    recorded: Option<usize>,
 ) -> Result<DTypeRun, Failure> {
     let (config, replays) = runner_config(layer, settings);
     let partial = matches!(&source.via, Via::Replay(store) | Via::Verify(_, store) if store.partial.is_some());
+    let generated = Cell::new(0usize);
     let mut proptest = TestRunner::new(config);
     let records = RefCell::new(Vec::new());
     let first_failure: RefCell<Option<(CaseParams, usize)>> = RefCell::new(None);
@@ -395,8 +505,14 @@ fn run_dtype(
         let shrinking = first_failure.borrow().is_some();
         if shrinking {
             shrink_steps.set(shrink_steps.get() + 1);
+        } else {
+            generated.set(generated.get() + 1);
+            if recorded.is_some_and(|n| generated.get() > n) {
+                skipped.set(skipped.get() + 1);
+                return Ok(());
+            }
         }
-        match runner.run(source, dtype, &params) {
+        match run_caught(runner, source, dtype, &params) {
             Outcome::Pass(record) => {
                 records.borrow_mut().push(record);
                 Ok(())
@@ -405,6 +521,11 @@ fn run_dtype(
             Outcome::Fail(f) if f.reference_is_nondeterministic() => {
                 *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));
                 Err(TestCaseError::fail("the reference is not deterministic"))
+            }
+            // A port that did not return is not shrunk: each try would wait the whole timeout.
+            Outcome::Fail(f) if f.port_stuck => {
+                *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));
+                Err(TestCaseError::fail("the port did not return"))
             }
             Outcome::Fail(f) => {
                 first_failure
@@ -459,18 +580,32 @@ fn run_dtype(
                 skipped: skipped.get(),
             })
         }
-        Err(TestError::Fail(_, minimal)) => {
+        Err(TestError::Fail(reason, minimal)) => {
             if let Some((case, kind)) = fatal.into_inner() {
-                return Err(failure(kind, case));
+                let stuck = matches!(kind, FailureKind::Case(_));
+                let mut f = failure(kind, case);
+                if stuck {
+                    f.passed_before = records.borrow().len() as u32;
+                    runner.finish(source, dtype, &mut f, None);
+                }
+                return Err(f);
             }
-            let (first, passed_before) =
-                first_failure.into_inner().expect("a failing case was seen");
-            let mut f = match runner.run(source, dtype, &minimal) {
+            let Some((first, passed_before)) = first_failure.into_inner() else {
+                // Every failing case is recorded above; a failure proptest saw that no case
+                // recorded is proptest's own.
+                return Err(failure(
+                    FailureKind::Config(format!(
+                        "proptest reported a failure that no case recorded: {reason}"
+                    )),
+                    minimal,
+                ));
+            };
+            let mut f = match run_caught(runner, source, dtype, &minimal) {
                 Outcome::Fail(c) => failure(FailureKind::Case(c), minimal.clone()),
                 Outcome::Fatal(e) => failure(FailureKind::Worker(e), minimal.clone()),
                 Outcome::Pass(_) | Outcome::Unrecorded => {
                     // Not reproducible: show the first failure as it happened.
-                    let mut f = match runner.run(source, dtype, &first) {
+                    let mut f = match run_caught(runner, source, dtype, &first) {
                         Outcome::Fail(c) => failure(FailureKind::Case(c), first.clone()),
                         Outcome::Fatal(e) => failure(FailureKind::Worker(e), first.clone()),
                         Outcome::Pass(_) | Outcome::Unrecorded => failure(
@@ -500,7 +635,7 @@ fn run_dtype(
             // Shrinking keeps the failure but can erase its evidence (a bias is invisible with a
             // batch of one): the runner gets the first failing case too.
             let first_failure = match (f.case.as_ref() != Some(&first), &f.kind) {
-                (true, FailureKind::Case(_)) => match runner.run(source, dtype, &first) {
+                (true, FailureKind::Case(_)) => match run_caught(runner, source, dtype, &first) {
                     Outcome::Fail(c) => Some((first.clone(), c)),
                     _ => None,
                 },

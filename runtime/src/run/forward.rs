@@ -14,9 +14,9 @@ use crate::python::worker::WorkerError;
 use crate::report::failure::{CaseFailure, Failure, FailureKind, LeafDiagnosis, VariantMatch};
 use crate::report::passed::{CaseRecord, Report};
 use crate::run::check::{self, CaseRunner, Outcome, Port};
+use crate::run::port::{PortFailure, PortThread};
 use candle_core::{DType, Device};
 use golden_files::HostTensor;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Check a port against its reference: `Ok` carries what the snapshot records, `Err` says what
 /// failed on the smallest failing case.
@@ -24,7 +24,7 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     let description = layer.description(check::cases(layer, layer.cases), check::seed());
     let runner = ForwardRunner {
         layer,
-        port,
+        port: PortThread::new(port, check::port_timeout(layer)),
         trace_written: std::cell::Cell::new(false),
         determinism_checked: std::cell::RefCell::new(Vec::new()),
     };
@@ -34,7 +34,7 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
 /// Runs the forward comparison of a case.
 struct ForwardRunner<'a> {
     layer: &'a Layer,
-    port: &'a Port<'a>,
+    port: PortThread,
     /// Traced checks leave the first passing case's trace for `golden report`.
     trace_written: std::cell::Cell<bool>,
     /// The dtypes whose first case evaluated the reference twice (see [`run_case`]).
@@ -56,7 +56,7 @@ impl CaseRunner for ForwardRunner<'_> {
             self.layer,
             dtype,
             params,
-            self.port,
+            &self.port,
             source,
             trace_to.as_deref(),
             first,
@@ -104,7 +104,7 @@ pub(crate) fn run_case(
     layer: &Layer,
     dtype: DType,
     params: &CaseParams,
-    port: &Port<'_>,
+    port: &PortThread,
     source: &Source,
     trace_to: Option<&std::path::Path>,
     twice: bool,
@@ -157,36 +157,38 @@ pub(crate) fn run_case(
     }
 }
 
-/// Why the port produced no outputs: its error, or its panic's message.
-pub(crate) struct PortFailure {
-    pub(crate) message: String,
-    pub(crate) panicked: bool,
-}
+/// The taps a traced call of the port made, in order.
+pub(crate) type Taps = Vec<(String, candle_core::Tensor)>;
 
-/// Call the port on `tensors` (and, in module form, a `VarBuilder` over `state`), catching panics.
+/// Call the port on `tensors` (and, in module form, a `VarBuilder` over `state`), recording its
+/// taps when `trace` is set. The one entry to the port's own code: every check calls it through
+/// here, on the port's thread, bounded by the timeout, its panics caught (`port.rs`).
 pub(crate) fn call_port(
-    port: &Port<'_>,
+    port: &PortThread,
     tensors: Vec<candle_core::Tensor>,
     state: Option<&StateDict>,
-) -> Result<Outputs, PortFailure> {
-    let inputs = PortInputs {
-        tensors,
-        var_builder: state.map(StateDict::var_builder),
-    };
-    match catch_unwind(AssertUnwindSafe(|| port(&inputs))) {
-        Ok(Ok(outputs)) => Ok(outputs),
-        Ok(Err(message)) => Err(PortFailure {
+    trace: bool,
+) -> Result<(Outputs, Taps), PortFailure> {
+    let var_builder = state.map(StateDict::var_builder);
+    let f = port.port();
+    let (result, taps) = port.run("", move || {
+        let inputs = PortInputs {
+            tensors,
+            var_builder,
+        };
+        if trace {
+            crate::judge::trace::record(|| f(&inputs))
+        } else {
+            (f(&inputs), Vec::new())
+        }
+    })?;
+    match result {
+        Ok(outputs) => Ok((outputs, taps)),
+        Err(message) => Err(port.fail(PortFailure {
             message,
             panicked: false,
-        }),
-        Err(panic) => Err(PortFailure {
-            message: panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "(a panic without a message)".into()),
-            panicked: true,
-        }),
+            stuck: None,
+        })),
     }
 }
 
@@ -194,7 +196,7 @@ pub(crate) fn run_port(
     layer: &Layer,
     dtype: DType,
     params: &CaseParams,
-    port: &Port<'_>,
+    port: &PortThread,
     args: &[HostTensor],
     reference: &ReferenceOutputs,
     trace_to: Option<&std::path::Path>,
@@ -228,19 +230,14 @@ pub(crate) fn run_port(
             return Outcome::Fail(Box::new(failure));
         }
     };
-    let (result, taps) = if layer.trace {
-        crate::judge::trace::record(|| call_port(port, tensors, state.as_ref()))
-    } else {
-        (call_port(port, tensors, state.as_ref()), Vec::new())
-    };
+    let result = call_port(port, tensors, state.as_ref(), layer.trace);
     if let Some(state) = &state {
         failure.params = state.request_issues();
     }
-    let outputs = match result {
-        Ok(outputs) => outputs,
-        Err(PortFailure { message, panicked }) => {
-            failure.port_error = Some(message);
-            failure.port_panicked = panicked;
+    let (outputs, taps) = match result {
+        Ok(called) => called,
+        Err(fault) => {
+            fault.report(&mut failure, params);
             return Outcome::Fail(Box::new(failure));
         }
     };

@@ -35,7 +35,8 @@ use crate::python::worker::WorkerError;
 use crate::report::failure::{CaseFailure, Failure};
 use crate::report::passed::{reference_notes, CaseRecord, Note, Report};
 use crate::run::check::{self, CaseRunner, Outcome, Port};
-use crate::run::forward::{call_port, PortFailure};
+use crate::run::forward::call_port;
+use crate::run::port::{PortFailure, PortThread};
 use candle_core::{DType, Device, Tensor, Var};
 use golden_files::HostTensor;
 
@@ -47,7 +48,11 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         layer.description(check::cases(layer, spec.cases), check::seed()),
         spec.describe()
     );
-    let runner = GradRunner { layer, port, spec };
+    let runner = GradRunner {
+        layer,
+        port: PortThread::new(port, check::port_timeout(layer)),
+        spec,
+    };
     check::run(
         layer,
         Kind::Gradients,
@@ -59,7 +64,7 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
 
 struct GradRunner<'a> {
     layer: &'a Layer,
-    port: &'a Port<'a>,
+    port: PortThread,
     spec: GradSpec,
 }
 
@@ -206,8 +211,10 @@ impl GradRunner<'_> {
                 }
             }
         }
-        let outputs = call_port(self.port, tensors, state.as_ref()).map_err(
-            |PortFailure { message, panicked }| {
+        let (outputs, _) = call_port(&self.port, tensors, state.as_ref(), false).map_err(
+            |PortFailure {
+                 message, panicked, ..
+             }| {
                 if panicked {
                     format!("the port panicked: {message}")
                 } else {
@@ -294,12 +301,19 @@ impl GradRunner<'_> {
             .collect()
     }
 
-    /// The port's gradients of Σ leaves, by target name (None: no gradient reaches it).
+    /// The port's gradients of Σ leaves, by target name (None: no gradient reaches it). The
+    /// backward pass runs the port's graph: on the port's thread, like the port.
     fn gradients(
+        &self,
         run: &PortRun,
         loss: &Tensor,
     ) -> Result<Vec<(String, Option<HostTensor>)>, String> {
-        let grads = loss.backward().map_err(|e| format!("backward: {e}"))?;
+        let loss = loss.clone();
+        let grads = self
+            .port
+            .run("the backward pass", move || loss.backward())
+            .map_err(|f| format!("the backward pass panicked: {}", f.message))?
+            .map_err(|e| format!("backward: {e}"))?;
         run.vars
             .iter()
             .map(|(name, var)| {
@@ -328,6 +342,7 @@ impl GradRunner<'_> {
 impl CaseRunner for GradRunner<'_> {
     fn run(&self, source: &Source, dtype: DType, params: &CaseParams) -> Outcome {
         let layer = self.layer;
+        self.port.take_fault();
         let mut failure = CaseFailure::default();
         let args = match inputs::make_args(layer, params, dtype) {
             Ok(a) => a,
@@ -347,6 +362,23 @@ impl CaseRunner for GradRunner<'_> {
             Ok(r) => r,
             Err(outcome) => return outcome,
         };
+        let elements = forward
+            .expected
+            .iter()
+            .filter(|(_, t)| t.dtype.is_float())
+            .map(|(_, t)| inputs::elements(&t.shape))
+            .sum();
+        if let Err(e) = inputs::within_budget(elements, || {
+            (
+                format!(
+                    "the cotangents of the reference's outputs ({elements} elements) are too large"
+                ),
+                "make the outputs smaller (narrow the dims)".to_string(),
+            )
+        }) {
+            failure.inputs_error = Some(e);
+            return Outcome::Fail(Box::new(failure));
+        }
         let cotangents = cotangents(&forward.expected, params.seed, dtype);
         let targets = self.targets(&forward.state_dict, &forward.buffers, &forward.aliases);
         for name in self.spec.wrt.iter().flatten() {
@@ -381,7 +413,11 @@ impl CaseRunner for GradRunner<'_> {
                 &targets,
                 &mut failure,
             ) {
-                failure.port_error = Some(e);
+                // The port's own failure (a panic, a call that did not return) as such.
+                match self.port.take_fault() {
+                    Some(fault) => fault.report(&mut failure, params),
+                    None => failure.port_error = Some(e),
+                }
                 return Outcome::Fail(Box::new(failure));
             }
         }
@@ -406,10 +442,16 @@ impl CaseRunner for GradRunner<'_> {
                     }
                 }
             }
-            Err(e) => failure.gradient_issues.push(format!(
-                "finite differences run the port in float64, and there it fails: {e} (a fused \
-                 kernel without an f64 version? cast to the input's dtype rather than to f32)"
-            )),
+            Err(e) => match self.port.take_fault() {
+                Some(fault) if fault.stuck.is_some() => {
+                    fault.report(&mut failure, params);
+                    return Outcome::Fail(Box::new(failure));
+                }
+                _ => failure.gradient_issues.push(format!(
+                    "finite differences run the port in float64, and there it fails: {e} (a fused \
+                     kernel without an f64 version? cast to the input's dtype rather than to f32)"
+                )),
+            },
         }
         if failure.params.is_empty()
             && failure.gradient_issues.is_empty()
@@ -496,7 +538,7 @@ impl GradRunner<'_> {
             failure.params.extend(state.unused());
         }
         let losses = Self::leaf_losses(&run.outputs, cotangents)?;
-        let port = Self::gradients(&run, &Self::total(&losses)?)?;
+        let port = self.gradients(&run, &Self::total(&losses)?)?;
         let mut present = Vec::new();
         for (name, grad) in port {
             let leaf = format!("grad.{name}");
@@ -657,7 +699,7 @@ impl GradRunner<'_> {
                         .collect(),
                     None => losses,
                 };
-                Self::gradients(&run, &Self::total(&picked)?)
+                self.gradients(&run, &Self::total(&picked)?)
             };
         let first = gradients_of(None)?;
         let second = gradients_of(None)?;
@@ -682,7 +724,7 @@ impl GradRunner<'_> {
                 })
                 .collect();
             let losses = Self::leaf_losses(&run.outputs, &zero)?;
-            for (name, g) in Self::gradients(&run, &Self::total(&losses)?)? {
+            for (name, g) in self.gradients(&run, &Self::total(&losses)?)? {
                 let max = g.map_or(0.0, |g| {
                     g.to_f64().iter().fold(0.0f64, |m, x| m.max(x.abs()))
                 });
@@ -858,6 +900,19 @@ impl GradRunner<'_> {
             self.run_port(&case.args, &case.state, &case.aliases, DType::F64, &targets)?;
         let out_dims = run.outputs.leaf(leaf)?.dims().to_vec();
         let n_out: usize = out_dims.iter().product();
+        if let Err(e) = inputs::within_budget(n_out as u128 * w0.len() as u128, || {
+            (
+                format!(
+                    "`{name}`: grad(mode = full) compares whole Jacobians, and the one of `{leaf}` \
+                     with respect to `{name}` ({n_out} × {} entries) is too large",
+                    w0.len()
+                ),
+                "use mode = fast, or narrow the dims".to_string(),
+            )
+        }) {
+            // Fast mode only locates a mismatch its directional derivative already reports.
+            return Ok((spec.mode == GradMode::Full).then_some(e));
+        }
         let mut analytic = vec![vec![0.0; w0.len()]; n_out];
         for (i, row) in analytic.iter_mut().enumerate() {
             let (run, _) =
@@ -868,7 +923,7 @@ impl GradRunner<'_> {
                 .flatten_all()
                 .and_then(|o| o.get(i))
                 .map_err(|e| e.to_string())?;
-            if let Some(g) = &Self::gradients(&run, &pick)?[0].1 {
+            if let Some(g) = &self.gradients(&run, &pick)?[0].1 {
                 *row = g.to_f64();
             }
         }

@@ -1,7 +1,9 @@
 //! The runners: generating cases and shrinking failures (`check`), and the kinds of check that use
-//! it: the forward comparison, the gradient check and the overfit check.
+//! it: the forward comparison, the gradient check and the overfit check; how they call the port
+//! (`port`: on a thread of its own, bounded by the timeout, panics caught).
 
 pub mod check;
 pub mod forward;
 pub mod gradients;
 pub mod overfit;
+pub mod port;

@@ -30,6 +30,7 @@ use crate::report::passed::{CaseRecord, DTypeRun, Report};
 use crate::report::results;
 use crate::run::check::{self, Port};
 use crate::run::forward::call_port;
+use crate::run::port::{catching, PanicScope, PortThread};
 use candle_core::{DType, Device, Tensor, Var, D};
 use candle_nn::optim::{AdamW, Optimizer as _, SGD};
 use golden_files::{HostTensor, WireDType};
@@ -216,7 +217,13 @@ struct Batch<'a> {
     dtype: DType,
 }
 
-fn train_port(port: &Port<'_>, spec: &OverfitSpec, batch: &Batch<'_>) -> Result<Training, String> {
+/// Train the port. Its calls, the backward passes through its graph and the optimizer steps run
+/// on the port's thread, each bounded by the timeout; their failures are also `port`'s fault.
+fn train_port(
+    port: &PortThread,
+    spec: &OverfitSpec,
+    batch: &Batch<'_>,
+) -> Result<Training, String> {
     let Batch {
         args,
         state_dict,
@@ -275,8 +282,8 @@ fn train_port(port: &Port<'_>, spec: &OverfitSpec, batch: &Batch<'_>) -> Result<
             row: v.dims().iter().skip(1).product(),
         })
         .collect();
-    for _ in 0..spec.steps {
-        let outputs = call_port(port, inputs.clone(), Some(&state))
+    for step in 0..spec.steps {
+        let (outputs, _) = call_port(port, inputs.clone(), Some(&state), false)
             .map_err(|f| format!("the port failed while training: {}", f.message))?;
         let value = loss_of(spec.loss, &outputs, &targets).map_err(|e| format!("the loss: {e}"))?;
         losses.push(
@@ -285,7 +292,12 @@ fn train_port(port: &Port<'_>, spec: &OverfitSpec, batch: &Batch<'_>) -> Result<
                 .and_then(|v| v.to_scalar::<f64>())
                 .map_err(|e| e.to_string())?,
         );
-        let grads = value.backward().map_err(|e| format!("backward: {e}"))?;
+        let loss = value.clone();
+        let during = format!("the backward pass of training step {step}");
+        let grads = port
+            .run(&during, move || loss.backward())
+            .map_err(|f| f.message)?
+            .map_err(|e| format!("backward: {e}"))?;
         for ((_, var), p) in vars.iter().zip(param_grads.iter_mut()) {
             match grads.get(var.as_tensor()) {
                 Some(g) => {
@@ -300,12 +312,20 @@ fn train_port(port: &Port<'_>, spec: &OverfitSpec, batch: &Batch<'_>) -> Result<
                 None => p.norms.push(0.0),
             }
         }
-        match &mut opt {
-            Opt::Sgd(o) => o.step(&grads),
-            Opt::AdamW(o) => o.step(&grads),
-            Opt::Custom(step) => step(&vars, &grads),
-        }
-        .map_err(|e| format!("the optimizer step: {e}"))?;
+        let during = format!("the optimizer step of training step {step}");
+        let stepping = vars.clone();
+        let (stepped, result) = port
+            .run(&during, move || {
+                let result = match &mut opt {
+                    Opt::Sgd(o) => o.step(&grads),
+                    Opt::AdamW(o) => o.step(&grads),
+                    Opt::Custom(step) => step(&stepping, &grads),
+                };
+                (opt, result)
+            })
+            .map_err(|f| f.message)?;
+        opt = stepped;
+        result.map_err(|e| format!("the optimizer step: {e}"))?;
     }
     Ok(Training {
         losses,
@@ -354,6 +374,12 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
 fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
     layer.validate().map_err(config_error)?;
+    let _quiet = PanicScope::enter();
+    if layer.timeout.is_none() {
+        // The port's timeout as well as the reference's.
+        crate::describe::env::timeout().map_err(config_error)?;
+    }
+    let port = PortThread::new(port, check::port_timeout(layer));
     if layer.form != Form::Module {
         return Err(config_error(
             "the overfit check trains a module: its port takes a VarBuilder (module form)".into(),
@@ -371,7 +397,25 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         None => crate::describe::env::mode().map_err(config_error)?,
     };
     let (source, how) = check::open_source(layer, Kind::Overfit, mode, &description)?;
-    let result = run(layer, port, &spec, &source, &params, dtype);
+    // The port's own code is caught on its thread; this catches what golden's training code
+    // around it might raise, so that no panic escapes the check.
+    let result =
+        catching(|| run(layer, &port, &spec, &source, &params, dtype)).unwrap_or_else(|message| {
+            let mut f = Failure::new(
+                layer,
+                FailureKind::Case(Box::new(CaseFailure {
+                    port_error: Some(format!(
+                        "{message} (while golden trained the port, outside the port's own calls: \
+                         the backtrace printed with RUST_BACKTRACE=1 shows where)"
+                    )),
+                    port_panicked: true,
+                    ..CaseFailure::default()
+                })),
+            );
+            f.dtype = Some(dtype_name(dtype));
+            f.case = Some(params.clone());
+            Err(f)
+        });
     check::finish_source(layer, Kind::Overfit, &source, &description)?;
     let (record, health) = result?;
     Ok(Report {
@@ -396,7 +440,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
 
 fn run(
     layer: &Layer,
-    port: &Port<'_>,
+    port: &PortThread,
     spec: &OverfitSpec,
     source: &Source,
     params: &CaseParams,
@@ -431,6 +475,21 @@ fn run(
         twice: false,
         precise: false,
     })?;
+    let elements = forward
+        .expected
+        .iter()
+        .map(|(_, t)| inputs::elements(&t.shape))
+        .sum();
+    inputs::within_budget(elements, || {
+        (
+            format!(
+                "the training targets for the reference's outputs ({elements} elements) are too \
+                 large"
+            ),
+            "make the outputs smaller (narrow the dims)".to_string(),
+        )
+    })
+    .map_err(|e| failure(FailureKind::Config(e)))?;
     let targets: Named = forward
         .expected
         .iter()
@@ -467,10 +526,17 @@ fn run(
         targets: &targets,
         dtype,
     };
+    port.take_fault();
     let training = match train_port(port, spec, &batch) {
         Ok(t) => t,
         Err(e) => {
-            case.port_error = Some(e);
+            match port.take_fault() {
+                // The port's own failure (a panic, a call that did not return) as such.
+                Some(fault) if fault.panicked || fault.stuck.is_some() => {
+                    fault.report(&mut case, params)
+                }
+                _ => case.port_error = Some(e),
+            }
             return Err(failure(FailureKind::Case(Box::new(case))));
         }
     };

@@ -1,0 +1,168 @@
+//! Careless values of golden's environment variables and of a check's sizes end in a clear error
+//! naming the variable, what is wrong and the accepted form — never in a run of zero cases that
+//! passes, a silently ignored value, or an allocation that aborts the test binary. A test binary of
+//! its own: it sets variables that every check of the process reads, so its tests take turns.
+
+mod common;
+
+use common::Scratch;
+use golden::describe::env::Mode;
+use golden::{Dist, IntoOutputs, Layer, PortInputs, Report};
+use std::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn gelu(scratch: &Scratch) -> Layer {
+    Layer::function("gelu", "zoo_ref.gelu")
+        .dim("b", 1, 4)
+        .dim("n", 1, 64)
+        .arg("x", ["b", "n"], Dist::default())
+        .cases(4)
+        .declared_at(scratch.declared)
+        .mode(Mode::Live)
+}
+
+fn right(i: &PortInputs) -> Result<golden::Outputs, String> {
+    i.tensor(0).gelu_erf().into_outputs()
+}
+
+/// Run `layer`'s check with the variables `vars` set (and unset after); a failure as its message.
+fn with_env(vars: &[(&str, &str)], layer: &Layer) -> Result<Report, String> {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (k, v) in vars {
+        std::env::set_var(k, v);
+    }
+    let result = golden::check(layer, &right).map_err(|f| f.to_string());
+    for (k, _) in vars {
+        std::env::remove_var(k);
+    }
+    result
+}
+
+fn error(vars: &[(&str, &str)], layer: &Layer) -> String {
+    match with_env(vars, layer) {
+        Ok(r) => panic!(
+            "{vars:?} passed with {} cases",
+            r.runs.iter().map(|r| r.cases.len()).sum::<usize>()
+        ),
+        Err(msg) => msg,
+    }
+}
+
+#[test]
+fn zero_cases_is_an_error_not_a_pass() {
+    let scratch = Scratch::new("zero_cases");
+    let msg = error(&[("GOLDEN_CASES", "0")], &gelu(&scratch));
+    assert!(
+        msg.contains("GOLDEN_CASES=\"0\"") && msg.contains("at least 1"),
+        "{msg}"
+    );
+    let msg = error(&[("GOLDEN_CASES", "many")], &gelu(&scratch));
+    assert!(msg.contains("GOLDEN_CASES=\"many\""), "{msg}");
+}
+
+#[test]
+fn golden_case_naming_a_dtype_the_check_does_not_test_is_an_error() {
+    let scratch = Scratch::new("case_dtype");
+    let msg = error(
+        &[("GOLDEN_CASE", "b=1,n=3:declared:0x1:f64")],
+        &gelu(&scratch),
+    );
+    assert!(
+        msg.contains("GOLDEN_CASE") && msg.contains("f64") && msg.contains("checks only f32"),
+        "{msg}"
+    );
+    let msg = error(
+        &[("GOLDEN_CASE", "b=1,n=3:declared:0x1:f8")],
+        &gelu(&scratch),
+    );
+    assert!(
+        msg.contains("`f8` is not a dtype") && msg.contains("f32, f64, f16, bf16"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn golden_case_dims_outside_their_range_or_unknown_are_errors() {
+    let scratch = Scratch::new("case_dims");
+    for (value, shown) in [("0", "0"), ("4000000000", "4000000000")] {
+        let token = format!("b=1,n={value}:declared:0x1:f32");
+        let msg = error(&[("GOLDEN_CASE", &token)], &gelu(&scratch));
+        assert!(
+            msg.contains(&format!(
+                "dim `n`={shown} is outside its declared range 1..=64"
+            )),
+            "{msg}"
+        );
+    }
+    let msg = error(
+        &[("GOLDEN_CASE", "b=1,n=3,q=2:declared:0x1:f32")],
+        &gelu(&scratch),
+    );
+    assert!(
+        msg.contains("`q` is not a dim of `gelu` (its dims: b, n)"),
+        "{msg}"
+    );
+    let msg = error(
+        &[("GOLDEN_CASE", "b=1,n=3,n=4:declared:0x1:f32")],
+        &gelu(&scratch),
+    );
+    assert!(msg.contains("dim `n` is given twice"), "{msg}");
+}
+
+#[test]
+fn golden_seed_takes_the_hex_form_failures_print_and_decimal() {
+    let scratch = Scratch::new("seed_forms");
+    for (value, seed) in [
+        ("0x4934c9de9c8e41db", 0x4934_c9de_9c8e_41db_u64),
+        ("0X2A", 42),
+        ("42", 42),
+    ] {
+        let report =
+            with_env(&[("GOLDEN_SEED", value)], &gelu(&scratch)).unwrap_or_else(|f| panic!("{f}"));
+        assert_eq!(report.seed, seed, "{value}");
+    }
+    let msg = error(&[("GOLDEN_SEED", "0xnope")], &gelu(&scratch));
+    assert!(
+        msg.contains("GOLDEN_SEED=\"0xnope\"")
+            && msg.contains("decimal (42) or hexadecimal (0x2a)"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_declared_size_beyond_the_memory_budget_is_an_error_not_an_abort() {
+    let scratch = Scratch::new("huge_dims");
+    let layer = Layer::function("huge", "zoo_ref.gelu")
+        .dim("n", 1, 100_000)
+        .arg("x", ["n", "n"], Dist::default())
+        .declared_at(scratch.declared)
+        .mode(Mode::Live);
+    let msg = error(&[], &layer);
+    assert!(
+        msg.contains("argument `x` [n, n]")
+            && msg.contains("n=100000")
+            && msg.contains("10000000000 elements")
+            && msg.contains("GOLDEN_MEMORY_LIMIT"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn record_mode_stops_at_the_store_s_bound() {
+    let scratch = Scratch::new("record_bound");
+    let layer = gelu(&scratch).mode(Mode::Record);
+    let report = with_env(
+        &[("GOLDEN_CASES", "2000"), ("GOLDEN_STORE_LIMIT", "0.02")],
+        &layer,
+    )
+    .unwrap_or_else(|f| panic!("{f}"));
+    let stored = golden::answers::store::Store::load(&scratch.store(&layer))
+        .unwrap()
+        .expect("recorded");
+    let run = &report.runs[0];
+    assert!(!stored.is_empty() && stored.len() < 100, "{}", stored.len());
+    // The port ran on the recorded cases only; the rest were neither evaluated nor checked.
+    assert_eq!(run.cases.len(), stored.len());
+    assert_eq!(run.skipped, 2000 - stored.len());
+}
