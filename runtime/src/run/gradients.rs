@@ -146,6 +146,10 @@ struct Case64 {
     v: Named,
 }
 
+/// What finite differences found: per target the figure `|analytic − numeric| / allowed`, and the
+/// disagreements.
+type FdFindings = (Vec<(String, f64)>, Vec<FdIssue>);
+
 /// A disagreement between the port's analytic gradient and finite differences.
 struct FdIssue {
     /// The input or parameter.
@@ -679,7 +683,7 @@ impl GradRunner<'_> {
         params: &CaseParams,
         targets: &Targets,
         failure: &mut CaseFailure,
-    ) -> Result<(Vec<(String, f64)>, Vec<FdIssue>), String> {
+    ) -> Result<FdFindings, String> {
         let spec = &self.spec;
         let case = self.case64(args, forward, cotangents);
         let v = &case.v;

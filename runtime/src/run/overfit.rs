@@ -554,7 +554,8 @@ fn run(
     let last = training.losses.last().copied().unwrap_or(f64::NAN);
     let bound = spec.threshold.max(spec.ratio * initial);
     let torch_last = torch_losses.last().copied().unwrap_or(f64::NAN);
-    let too_weak = !(torch_last < bound);
+    // A NaN loss does not reach the bound either.
+    let too_weak = torch_last.is_nan() || torch_last >= bound;
     if last.is_nan() || last >= bound {
         issues.push(format!(
             "the port does not overfit one batch: its loss went {} (it must end below {}); \
