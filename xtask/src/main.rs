@@ -86,7 +86,10 @@ fn setup() -> Result<PathBuf, String> {
             "--disable-pip-version-check",
             "--upgrade",
         ])
-        .arg(format!("{}[torch,hf]", root().join("reference_py").display())))?;
+        .arg(format!(
+            "{}[torch,hf]",
+            root().join("reference_py").display()
+        )))?;
     std::fs::write(&stamp, wanted).map_err(|e| format!("{stamp:?}: {e}"))?;
     eprintln!(
         "golden: Python side ready ({:.0} s)",
