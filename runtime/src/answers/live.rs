@@ -149,6 +149,11 @@ impl Live {
         &self.key
     }
 
+    /// How long the reference may take on one request.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Start (or reuse) a worker and resolve the reference: the errors a user fixes once
     /// (interpreter, imports, a misspelt callable) surface here, before any case runs. Returns the
     /// versions of Python, NumPy and the backend.
@@ -215,7 +220,7 @@ impl Live {
             .collect()
     }
 
-    fn header(
+    pub(crate) fn header(
         &self,
         layer: &Layer,
         dtype: DType,
@@ -440,7 +445,7 @@ fn named(value: &Json, tensors: &[HostTensor]) -> Result<Option<Named>, wire::Wi
         .map(Some)
 }
 
-fn decode_outputs(
+pub(crate) fn decode_outputs(
     header: &Json,
     tensors: &[HostTensor],
 ) -> Result<ReferenceOutputs, wire::WireError> {

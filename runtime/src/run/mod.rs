@@ -4,4 +4,5 @@
 pub mod check;
 pub mod forward;
 pub mod gradients;
+pub mod mutations;
 pub mod overfit;
