@@ -122,8 +122,29 @@ fn a_failure_only_on_tiny_values_is_named_eps_like() {
     assert!(msg.contains("an eps-like constant differs"), "{msg}");
 }
 
-/// Every wrong port of the project with a value mismatch a mutation could explain: the variant
-/// ports (variants off) and the catalogue's. Prints what was named; at least 80 % must be right.
+/// In a replay, the reference's outputs come from the golden store, and the diagnosis still runs
+/// where Python with torch is at hand (the worker is started for it, on the failure only).
+/// `GOLDEN_MODE=record cargo test --test mutations replay` records the store.
+#[test]
+fn replay_diagnoses_where_python_is_reachable() {
+    variants_off();
+    let wrong = mutation_ports::attention_scaled_by_one_over_d();
+    let mut layer = wrong.layer;
+    layer.name = "m_attn_one_over_d_replay".into();
+    let mode = match golden::describe::env::mode() {
+        Ok(Mode::Record) => Mode::Record,
+        _ => Mode::Replay,
+    };
+    let failure = common::must_fail(&layer.mode(mode), &wrong.port);
+    let msg = failure.to_string();
+    let found = &failure.case_failure().expect("a failing case").mutations;
+    assert!(names(found, wrong.cause, wrong.site), "{msg}");
+    assert!(!msg.contains("mutation diagnosis was skipped"), "{msg}");
+}
+
+/// Every wrong port of the project that fails on values: the variant ports (variants off), those of
+/// `tests/wrong_ports.rs` and `tests/diagnosis.rs`, and the catalogue's. Prints what was named; at
+/// least 80 % must be named right (cause and site).
 #[test]
 fn hit_rate() {
     let mut rows = Vec::new();
@@ -131,6 +152,10 @@ fn hit_rate() {
         let expected = variant_ports::expected_mutation(&wrong.layer.name);
         let (_, found) = diagnose(&wrong.layer, &wrong.port);
         rows.push((wrong.layer.name.clone(), expected, found));
+    }
+    for (layer, port, expected) in mutation_ports::project_value_ports() {
+        let (_, found) = diagnose(&layer, &port);
+        rows.push((layer.name.clone(), expected, found));
     }
     for (_, wrong) in mutation_ports::all() {
         let (_, found) = diagnose(&wrong.layer, &wrong.port);

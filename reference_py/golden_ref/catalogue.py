@@ -412,7 +412,8 @@ def _softmax_options(c):
     if not isinstance(c.input, torch.Tensor) or _softmax_dim(c) is None:
         return []
     rank = _dims(c.input)
-    out = [f"dim={d}" for d in range(rank) if d != _softmax_dim(c) and c.input.shape[d] > 1]
+    # Size-one dims too: a softmax over one of those is all ones, which a port does produce.
+    out = [f"dim={d}" for d in range(rank) if d != _softmax_dim(c)]
     return out + ["log" if c.op == "softmax" else "exp"]
 
 

@@ -104,16 +104,15 @@ def display_path(filename: str) -> str:
 class Site:
     """Where the reference calls an op: the innermost frame outside torch and golden."""
 
-    __slots__ = ("key", "op", "name", "file", "line", "function", "callers", "calls")
+    __slots__ = ("key", "op", "file", "line", "function", "callers", "calls")
 
-    def __init__(self, key, op, name, file, line, function):
+    def __init__(self, key, op, file, line, function):
         self.key = key
         self.op = op
-        self.name = name
         self.file = file
         self.line = line
         self.function = function
-        self.callers = []  # `file:line` of the callers in other files (library helpers' users)
+        self.callers = []  # chains of callers in other files, see `_callers`
         self.calls = 0
 
     @property
@@ -136,7 +135,7 @@ class _Ids:
         return ref is not None and ref() is t
 
 
-def _site_of(frame, op: str, sites: dict, name: str):
+def _site_of(frame, op: str, sites: dict, callers: bool):
     """The call site of the op being dispatched, registered in `sites` (key -> Site)."""
     start = frame
     while frame is not None and _internal(frame.f_code.co_filename):
@@ -154,35 +153,40 @@ def _site_of(frame, op: str, sites: dict, name: str):
     key = f"{code.co_filename}:{frame.f_lasti}:{op}"
     site = sites.get(key)
     if site is None:
-        site = Site(key, op, name, display_path(code.co_filename), frame.f_lineno,
+        site = Site(key, op, display_path(code.co_filename), frame.f_lineno,
                     f"{code.co_filename}:{code.co_name}:{code.co_firstlineno}")
         sites[key] = site
-        caller = frame.f_back
-        while caller is not None and (_internal(caller.f_code.co_filename)
-                                      or caller.f_code.co_filename == code.co_filename):
-            caller = caller.f_back
-        if caller is not None:
-            site.callers.append(f"{display_path(caller.f_code.co_filename)}:{caller.f_lineno}")
-    elif site.calls and len(site.callers) < 4:
-        caller = frame.f_back
-        while caller is not None and (_internal(caller.f_code.co_filename)
-                                      or caller.f_code.co_filename == code.co_filename):
-            caller = caller.f_back
-        if caller is not None:
-            where = f"{display_path(caller.f_code.co_filename)}:{caller.f_lineno}"
-            if where not in site.callers:
-                site.callers.append(where)
+    if callers and len(site.callers) < 8:
+        chain = _callers(frame)
+        if chain and chain not in site.callers:
+            site.callers.append(chain)
     return site
+
+
+def _callers(frame, depth: int = 8) -> tuple:
+    """The frames that lead to `frame` from other files (`file:line`, innermost first), without
+    torch's, golden's and decorators' (functions defined inside functions: `wrapper`)."""
+    out = []
+    here = frame.f_code.co_filename
+    caller = frame.f_back
+    while caller is not None and len(out) < depth:
+        code = caller.f_code
+        if not (_internal(code.co_filename) or code.co_filename == here
+                or "<locals>" in getattr(code, "co_qualname", "")):
+            out.append((display_path(code.co_filename), caller.f_lineno))
+        caller = caller.f_back
+    return tuple(out)
 
 
 class _Mode(TorchFunctionMode):
     """Sees the reference's torch calls; `on_call(call)` computes each of the ops in `ops`."""
 
-    def __init__(self, ops, on_call, sites):
+    def __init__(self, ops, on_call, sites, callers=False):
         super().__init__()
         self.ops = ops
         self.on_call = on_call
         self.sites = sites
+        self.callers = callers  # record who calls each site (the recording only)
         self.negated = _Ids()
         self.counts = {}
 
@@ -195,7 +199,7 @@ class _Mode(TorchFunctionMode):
             return out
         if op not in self.ops:
             return func(*args, **kwargs)
-        site = _site_of(sys._getframe(1), op, self.sites, "")
+        site = _site_of(sys._getframe(1), op, self.sites, self.callers)
         if site is None:
             return func(*args, **kwargs)
         index = self.counts.get(site.key, 0)
@@ -339,7 +343,7 @@ class Recording:
     def run(self, call_reference, constructing=False):
         self.constructing = constructing
         try:
-            with _Mode(self.ops, self._record, self.sites):
+            with _Mode(self.ops, self._record, self.sites, callers=True):
                 return call_reference()
         finally:
             self.constructing = False
@@ -428,14 +432,19 @@ class Recording:
         return f"{site.file}:{site.line}:{key.rsplit(':', 2)[1]}:{site.op}"
 
     def _where(self, keys) -> str:
+        """The sites as `file:line`, and, for a site in a helper (an activation module, a rotary
+        function), the lines of model code that call it: the nearest caller in a file where the
+        reference calls torch ops too."""
+        files = {site.file for site in self.sites.values()}
         places, callers = [], []
         for key in keys:
             site = self.sites[key]
             if site.where not in places:
                 places.append(site.where)
-            for c in site.callers:
-                if c not in callers:
-                    callers.append(c)
+            for chain in site.callers:
+                caller = next((f"{f}:{line}" for f, line in chain if f in files), None)
+                if caller and caller not in callers and caller not in places:
+                    callers.append(caller)
         text = _join_places(places)
         if callers:
             text += ", called from " + _join_places(callers[:4])

@@ -732,3 +732,145 @@ pub fn all() -> Vec<(&'static str, MutationPort)> {
         llama_gelu_for_silu,
     ]
 }
+
+// --- the value mismatches of tests/wrong_ports.rs and tests/diagnosis.rs ---------------------------
+
+/// The wrong ports of `tests/wrong_ports.rs` and `tests/diagnosis.rs` that fail on values, as
+/// there (renamed: `h_` + their name), with the mutation that must be named, or `None` where none
+/// is the mistake (an output transposed or scaled, a bias added twice: the numbers' own
+/// hypotheses name those).
+pub fn project_value_ports() -> Vec<(Layer, BoxedPort, Option<(&'static str, &'static str)>)> {
+    let unary = |name: &str, reference: &str, n: usize| {
+        Layer::function(name, reference)
+            .dim("b", 1, 4)
+            .dim("n", 1, n)
+            .arg("x", ["b", "n"], Dist::default())
+    };
+    let softmax3 = |name: &str, n: usize| {
+        Layer::function(name, "zoo_ref.softmax")
+            .dim("b", 1, 4)
+            .dim("t", 1, 16)
+            .dim("n", 1, n)
+            .arg("x", ["b", "t", "n"], Dist::default())
+    };
+    let linear64 = |name: &str| {
+        Layer::function(name, "zoo_ref.linear")
+            .dim("b", 1, 4)
+            .dim("t", 1, 8)
+            .dim("d_out", 1, 16)
+            .arg(
+                "x",
+                ["b".into(), "t".into(), DimExpr::Lit(64)],
+                Dist::default(),
+            )
+            .arg(
+                "weight",
+                ["d_out".into(), DimExpr::Lit(64)],
+                Dist::normal(0.0, 0.1),
+            )
+            .arg("bias", ["d_out"], Dist::default())
+    };
+    fn dense(i: &PortInputs) -> Result<Tensor> {
+        Linear::new(i.tensor(1).clone(), Some(i.tensor(2).clone())).forward(i.tensor(0))
+    }
+    let layer_norm3 = Layer::function("h_layer_norm", "zoo_ref.layer_norm")
+        .dim("b", 1, 4)
+        .dim("t", 1, 16)
+        .dim("d", 1, 64)
+        .arg("x", ["b", "t", "d"], Dist::default())
+        .arg("weight", ["d"], Dist::normal(1.0, 0.1))
+        .arg("bias", ["d"], Dist::normal(0.0, 0.1))
+        .konst("eps", 1e-5);
+    let linear_any = Layer::function("h_linear_missing_transpose", "zoo_ref.linear")
+        .dim("b", 1, 4)
+        .dim("d_in", 1, 32)
+        .dim("d_out", 1, 32)
+        .arg("x", ["b", "d_in"], Dist::default())
+        .arg("weight", ["d_out", "d_in"], Dist::default())
+        .arg("bias", ["d_out"], Dist::default());
+    let square_softmax = Layer::function("h_softmax_transposed", "zoo_ref.softmax")
+        .dim("n", 2, 8)
+        .arg("x", ["n", "n"], Dist::default());
+    let one_axis = |name: &str, reference: &str| {
+        Layer::function(name, reference)
+            .dim("n", 1, 64)
+            .arg("x", ["n"], Dist::default())
+    };
+    let gelu: (&str, &str) = ("F.gelu(approximate='tanh')", "zoo_ref/functional.py:9");
+    let softmax_dim1: (&str, &str) = ("torch.softmax(dim=1)", "zoo_ref/functional.py:23");
+    vec![
+        (
+            unary("h_gelu", "zoo_ref.gelu", 256),
+            Box::new(|i: &PortInputs| i.tensor(0).gelu()) as BoxedPort,
+            Some(gelu),
+        ),
+        (
+            softmax3("h_softmax", 128),
+            Box::new(|i: &PortInputs| candle_nn::ops::softmax(i.tensor(0), 1)),
+            Some(softmax_dim1),
+        ),
+        (
+            layer_norm3,
+            Box::new(|i: &PortInputs| {
+                let x = i.tensor(0);
+                let centered = x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?;
+                let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+                centered
+                    .broadcast_div(&(var + 1e-3)?.sqrt()?)?
+                    .broadcast_mul(i.tensor(1))?
+                    .broadcast_add(i.tensor(2))
+            }),
+            Some(("F.layer_norm(eps=0.001)", "zoo_ref/functional.py:27")),
+        ),
+        (
+            linear_any,
+            Box::new(|i: &PortInputs| dense(i)?.t()?.contiguous()),
+            None,
+        ),
+        (
+            square_softmax,
+            Box::new(|i: &PortInputs| {
+                candle_nn::ops::softmax(i.tensor(0), D::Minus1)?
+                    .t()?
+                    .contiguous()
+            }),
+            None,
+        ),
+        (
+            linear64("h_linear_scaled"),
+            Box::new(|i: &PortInputs| dense(i)? / 8.0),
+            None,
+        ),
+        (
+            one_axis("h_gelu_doubled", "zoo_ref.gelu"),
+            Box::new(|i: &PortInputs| i.tensor(0).gelu_erf()? * 2.0),
+            None,
+        ),
+        (
+            linear64("h_linear_bias_twice"),
+            Box::new(|i: &PortInputs| dense(i)?.broadcast_add(i.tensor(2))),
+            None,
+        ),
+        (
+            softmax3("h_softmax_wrong_dim", 32),
+            Box::new(|i: &PortInputs| candle_nn::ops::softmax(i.tensor(0), 1)),
+            Some(softmax_dim1),
+        ),
+        (
+            one_axis("h_silu_zeros", "zoo_ref.silu"),
+            Box::new(|i: &PortInputs| i.tensor(0).zeros_like()),
+            None,
+        ),
+        (
+            Layer::function("h_softmax_naive", "zoo_ref.softmax")
+                .dim("b", 1, 4)
+                .dim("n", 1, 64)
+                .arg("x", ["b", "n"], Dist::default()),
+            Box::new(|i: &PortInputs| {
+                let e = i.tensor(0).exp()?;
+                e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+            }),
+            None,
+        ),
+    ]
+}
