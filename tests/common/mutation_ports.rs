@@ -8,6 +8,9 @@ use candle_core::{DType, Module, Result, Tensor, D};
 use candle_nn::{Linear, VarBuilder};
 use golden::{DimExpr, Dist, Layer, PortInputs};
 
+/// The cause and the site a diagnosis must name.
+pub type Expected = (&'static str, &'static str);
+
 /// A wrong port and what the diagnosis must say about it.
 pub struct MutationPort {
     /// The check (its name is unique across the suites).
@@ -739,7 +742,7 @@ pub fn all() -> Vec<(&'static str, MutationPort)> {
 /// there (renamed: `h_` + their name), with the mutation that must be named, or `None` where none
 /// is the mistake (an output transposed or scaled, a bias added twice: the numbers' own
 /// hypotheses name those).
-pub fn project_value_ports() -> Vec<(Layer, BoxedPort, Option<(&'static str, &'static str)>)> {
+pub fn project_value_ports() -> Vec<(Layer, BoxedPort, Option<Expected>)> {
     let unary = |name: &str, reference: &str, n: usize| {
         Layer::function(name, reference)
             .dim("b", 1, 4)
