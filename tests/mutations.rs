@@ -13,7 +13,7 @@ use common::mutation_ports::{self, MutationPort};
 use common::variant_ports;
 use golden::describe::env::Mode;
 use golden::judge::mutations::MutationMatch;
-use golden::Layer;
+use golden::{Dist, Layer};
 
 /// Declared variants off: the diagnosis must stand on its own.
 fn variants_off() {
@@ -199,4 +199,68 @@ fn hit_rate() {
         100.0 * rate
     );
     assert!(rate >= 0.8, "hit rate {:.0} % is below 80 %", 100.0 * rate);
+}
+
+/// The diagnosis's cost on a failure of a 2-layer transformer (the zoo's TinyLM with two blocks,
+/// both without their causal mask, as a port whose block code forgets it): the same failing check with `GOLDEN_MUTATIONS=off` and on,
+/// warm worker, median of 3 each; the difference is the diagnosis (two searches and the
+/// comparisons). Printed, not asserted: `cargo xtask bench-mutations`.
+#[test]
+#[ignore = "a benchmark: cargo xtask bench-mutations"]
+fn diagnosis_cost() {
+    use golden_zoo::model::{Config, TinyLm};
+    let config = Config {
+        vocab: 64,
+        d_model: 32,
+        n_heads: 4,
+        hidden: 64,
+        n_layers: 2,
+    };
+    let layer = Layer::module("m_cost_tiny_lm", "zoo_ref.TinyLM")
+        .init("vocab", config.vocab)
+        .init("d_model", config.d_model)
+        .init("n_heads", config.n_heads)
+        .init("hidden", config.hidden)
+        .init("n_layers", config.n_layers)
+        .dim("b", 1, 2)
+        .dim("t", 1, 12)
+        .arg("ids", ["b", "t"], Dist::int(0, config.vocab as i64))
+        .mode(Mode::Live);
+    let port = |i: &golden::PortInputs| {
+        use candle_core::Module;
+        TinyLm::new(i.var_builder(), config)?
+            .with_bug_in_block(0)
+            .with_bug_in_block(1)
+            .forward(i.tensor(0))
+    };
+    variants_off();
+    let mut message = String::new();
+    let mut time = |setting: &str| {
+        std::env::set_var("GOLDEN_MUTATIONS", setting);
+        let started = std::time::Instant::now();
+        message = common::must_fail(&layer, port).to_string();
+        started.elapsed().as_secs_f64()
+    };
+    time("off"); // a warm worker, torch imported
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        off.push(time("off"));
+        on.push(time("auto"));
+    }
+    std::env::remove_var("GOLDEN_MUTATIONS");
+    let (off, on) = (median(off), median(on));
+    eprintln!(
+        "a failing check of a 2-layer TinyLM: {off:.2} s without the mutation diagnosis, {on:.2} s \
+         with it: the diagnosis costs {:.2} s",
+        on - off
+    );
+    let cause = message
+        .lines()
+        .find(|l| l.contains("likely cause:"))
+        .unwrap_or("(no cause named)");
+    eprintln!("{cause}");
 }

@@ -143,6 +143,7 @@ class Worker:
             keep=int(header.get("keep", 6)),
             budget=float(header.get("budget", 20.0)),
             perturbations=int(header.get("perturbations", 4)),
+            only=header.get("only"),
         )
         table = wire.TensorTable()
         summary["mutants"] = [

@@ -60,7 +60,8 @@ pub struct Search {
 const KEEP: usize = 6;
 
 impl Live {
-    /// Search the mutants of the reference that move toward `port` on one case.
+    /// Search the mutants of the reference that move toward `port` on one case; with `only`, just
+    /// evaluate those (by key: the ones that matched on another case).
     pub fn mutations(
         &self,
         layer: &Layer,
@@ -68,6 +69,7 @@ impl Live {
         seed: u64,
         args: &[HostTensor],
         port: &[(String, HostTensor)],
+        only: Option<&[String]>,
     ) -> Result<Search, WorkerError> {
         let mut table = TensorTable::default();
         let mut header = self.header(layer, dtype, seed, args, &mut table);
@@ -79,6 +81,9 @@ impl Live {
                 .collect(),
         );
         header["keep"] = json!(KEEP);
+        if let Some(keys) = only {
+            header["only"] = json!(keys);
+        }
         // The cheap pass stops after a third of the request's timeout; the full evaluations of the
         // few closest mutants fit in the rest.
         header["budget"] = json!(self.timeout().as_secs_f64() / 3.0);
@@ -138,7 +143,8 @@ fn torch_visible(program: &Path) -> bool {
     })
 }
 
-/// Run the mutation search on one failing case through `source`: `Err` says why it was skipped.
+/// Run the mutation search on one failing case through `source` (with `only`, just those
+/// mutations): `Err` says why it was skipped.
 pub fn search(
     source: &Source,
     layer: &Layer,
@@ -146,6 +152,7 @@ pub fn search(
     params: &CaseParams,
     args: &[HostTensor],
     port: &[(String, HostTensor)],
+    only: Option<&[String]>,
 ) -> Result<Search, String> {
     let mode = env::mutations()?;
     if mode == Mutations::Off {
@@ -171,6 +178,6 @@ pub fn search(
             &on_demand
         }
     };
-    live.mutations(layer, dtype, params.seed, args, port)
+    live.mutations(layer, dtype, params.seed, args, port, only)
         .map_err(|e| e.to_string())
 }

@@ -43,7 +43,7 @@ pub(crate) fn explain(
             c.diagnoses.push(d);
         }
     }
-    let on_smallest = match matches_on(layer, dtype, source, case, c) {
+    let on_smallest = match matches_on(layer, dtype, source, case, c, None) {
         Ok(found) => found,
         Err(why) => {
             failure
@@ -57,7 +57,9 @@ pub(crate) fn explain(
     let first = first.filter(|(params, f)| params != case && differs_in_values(f));
     let on_first = match first {
         Some((params, f)) if !matches.is_empty() => {
-            match matches_on(layer, dtype, source, params, f) {
+            // Only the smallest case's matches can match on both: just those are evaluated.
+            let keys: Vec<String> = matches.iter().map(|m| m.key.clone()).collect();
+            match matches_on(layer, dtype, source, params, f, Some(&keys)) {
                 Ok((found, search)) => {
                     searched.push(search);
                     Some(found)
@@ -118,6 +120,7 @@ fn matches_on(
     source: &Source,
     params: &CaseParams,
     c: &CaseFailure,
+    only: Option<&[String]>,
 ) -> Result<(Vec<MutationMatch>, Search), String> {
     let Some(reference) = &c.reference else {
         return Err("the reference has no outputs for this case".into());
@@ -129,7 +132,7 @@ fn matches_on(
         .filter(|(n, _)| !trace::is_trace(n))
         .cloned()
         .collect();
-    let search = mutations::search(source, layer, dtype, params, &args, &port)?;
+    let search = mutations::search(source, layer, dtype, params, &args, &port, only)?;
     let reference = expected(reference);
     let found = search
         .mutants
