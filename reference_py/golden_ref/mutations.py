@@ -22,6 +22,7 @@ those it matches on both the smallest and the first failing case.
 
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 import sysconfig
@@ -104,9 +105,9 @@ def display_path(filename: str) -> str:
 class Site:
     """Where the reference calls an op: the innermost frame outside torch and golden."""
 
-    __slots__ = ("key", "op", "file", "line", "function", "callers", "calls")
+    __slots__ = ("key", "op", "file", "line", "function", "callers", "calls", "text")
 
-    def __init__(self, key, op, file, line, function):
+    def __init__(self, key, op, file, line, function, text=None):
         self.key = key
         self.op = op
         self.file = file
@@ -114,6 +115,7 @@ class Site:
         self.function = function
         self.callers = []  # chains of callers in other files, see `_callers`
         self.calls = 0
+        self.text = text  # the call's source text, when it fits on its line
 
     @property
     def where(self) -> str:
@@ -154,13 +156,27 @@ def _site_of(frame, op: str, sites: dict, callers: bool):
     site = sites.get(key)
     if site is None:
         site = Site(key, op, display_path(code.co_filename), frame.f_lineno,
-                    f"{code.co_filename}:{code.co_name}:{code.co_firstlineno}")
+                    f"{code.co_filename}:{code.co_name}:{code.co_firstlineno}",
+                    _source_text(frame))
         sites[key] = site
     if callers and len(site.callers) < 8:
         chain = _callers(frame)
         if chain and chain not in site.callers:
             site.callers.append(chain)
     return site
+
+
+def _source_text(frame):
+    """The source of the call the frame is making (`self.gate_proj(x)`), when it is on one line."""
+    try:
+        positions = list(frame.f_code.co_positions())  # Python 3.11+
+        line, end_line, col, end_col = positions[frame.f_lasti // 2]
+    except (AttributeError, IndexError, ValueError):
+        return None
+    if line is None or line != end_line or col is None or end_col is None:
+        return None
+    text = linecache.getline(frame.f_code.co_filename, line)[col:end_col]
+    return text if 0 < len(text) <= 60 else None
 
 
 def _callers(frame, depth: int = 8) -> tuple:
@@ -417,13 +433,17 @@ class Recording:
                 for b in keys[n + 1:]:
                     if self.shapes[a] == self.shapes[b]:
                         sa, sb = self.sites[a], self.sites[b]
+                        if sa.text and sb.text:
+                            what = f"the outputs of `{sa.text}` and `{sb.text}` swapped"
+                        else:
+                            what = f"the outputs of two {op} calls swapped"
                         out.append(Candidate(
                             f"swap|{op}|{self._id(a)}|{self._id(b)}",
-                            f"the outputs of the {op} calls at {sa.where} and {sb.where} swapped",
+                            what,
                             "each where it is",
                             "the port exchanges these two results (e.g. SwiGLU's gate and up "
                             "projections: silu(gate(x)) * up(x)): check which weight feeds which branch",
-                            "",
+                            self._where([a, b]),
                             swap=(a, b)))
         return out
 

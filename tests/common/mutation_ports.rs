@@ -610,8 +610,8 @@ pub fn llama_kv_heads_tiled() -> MutationPort {
 pub fn llama_gate_and_up_swapped() -> MutationPort {
     wrong(
         llama_layer("m_llama_gate_up"),
-        "the outputs of the linear calls at zoo_ref/undeclared.py:145 and",
-        "",
+        "the outputs of `self.gate_proj(x)` and `self.up_proj(x)` swapped",
+        "zoo_ref/undeclared.py:145",
         |i| {
             llama(
                 i,
