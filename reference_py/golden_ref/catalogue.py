@@ -10,14 +10,16 @@ Add your own next to your reference, like a ``@variant``::
 
     from golden_ref.catalogue import mutation
 
-    @mutation(ops="softmax", name="softmax in float16", fix="compute the softmax in f32",
+    @mutation(ops="softmax", name="softmax of twice the input", fix="do not double the scores",
               of=my_reference)            # optional: only when checking this reference
     def _(call):
-        return call.run(call.input.half()).to(call.input.dtype)
+        return call.run(input=call.input * 2)
 
 A decorated function gets the :class:`Call` and returns the mutated result, or ``None`` when the
-mutation does not apply to this call. ``options=`` (a function of the call returning labels) turns
-it into a family: the function then also gets the label.
+mutation does not apply to this call (it is run on each call of those ops while the reference is
+recorded, to find out). ``options=`` (a function of the call returning labels) turns it into a
+family: the function then also gets the label, and ``name`` may say it as ``{label}`` (and the op
+as ``{op}``).
 """
 
 from __future__ import annotations
@@ -197,12 +199,19 @@ def mutation(ops, name=None, fix="", options=None, instead="", of=None, spread=T
             apply = fn
         CATALOGUE.append(Mutation(
             key, ops, apply, options=opts,
-            what=(lambda call, label: key.format(label=label, op=call.name)),
+            what=(lambda call, label: _format(key, label=label, op=call.name)),
             instead=instead, fix=fix, of=of, spread=spread,
         ))
         return fn
 
     return register
+
+
+def _format(text: str, **values) -> str:
+    try:
+        return text.format(**values)
+    except (KeyError, IndexError, ValueError):  # braces that are not placeholders
+        return text
 
 
 def catalogue_for(reference) -> list:

@@ -34,9 +34,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .backends import OutputError, bf16_bits_to_f32, flatten_outputs
-from .catalogue import CATALOGUE, Call, catalogue_for, mutation  # noqa: F401  (mutation: re-exported)
+from .catalogue import Call, catalogue_for, mutation  # noqa: F401  (mutation: re-exported)
 from .evaluate import Case, ReferenceRaised, forward
-from .wire import FLOAT_DTYPES, WireTensor
+from .wire import WireTensor
 
 # Ops whose outputs may have been swapped between two calls (SwiGLU's gate and up projections).
 SWAPPABLE = frozenset(("linear", "matmul", "conv1d", "conv2d", "bmm"))
@@ -225,7 +225,9 @@ class _Mode(TorchFunctionMode):
 
 
 class Candidate:
-    """One mutation to try: `run(call)` computes a call it targets, or returns NotImplemented."""
+    """One mutation to try: of some call sites (`targets`, with a catalogue `mutation` and its
+    `label`), an exchange of two sites' outputs (`swap`), or other inputs (`args`); `what`,
+    `instead`, `fix` and `where` are the message's words."""
 
     def __init__(self, key, what, instead, fix, where, targets=None, mutation=None, label=None,
                  swap=None, args=None):
@@ -242,9 +244,8 @@ class Candidate:
 
     def case(self, case: Case, ops, sites) -> Case:
         if self.args is not None:
-            mutated = Case(case.obj, case.form, case.backend, self.args, case.kwargs, case.init,
-                           case.seed, case.dtype)
-            return mutated
+            return Case(case.obj, case.form, case.backend, self.args, case.kwargs, case.init,
+                        case.seed, case.dtype)
         return _wrapped(case, lambda: _Session(self, ops, sites))
 
 
