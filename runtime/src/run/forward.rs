@@ -81,14 +81,12 @@ impl CaseRunner for ForwardRunner<'_> {
         first: Option<(CaseParams, Box<CaseFailure>)>,
     ) {
         explain(self.layer, dtype, source, failure, first.as_ref());
-        crate::run::mutations::explain(
-            self.layer,
-            dtype,
-            source,
-            self.port,
-            failure,
-            first.as_ref(),
-        );
+        let passes = |params: &CaseParams| {
+            let outcome = run_case(self.layer, dtype, params, self.port, source, None);
+            matches!(outcome, Outcome::Pass(_))
+        };
+        let first = first.as_ref();
+        crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, first);
         check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
     }
 }

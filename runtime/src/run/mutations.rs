@@ -17,18 +17,18 @@ use crate::judge::diagnose::Diagnosis;
 use crate::judge::mutations::{both, fit, MutationMatch};
 use crate::judge::trace;
 use crate::report::failure::{CaseFailure, Failure, FailureKind, LeafDiagnosis};
-use crate::run::check::{Outcome, Port};
 use candle_core::DType;
 
 /// Matches shown at most.
 const SHOWN: usize = 3;
 
-/// Add the mutation diagnosis (and the tiny-values note) to a failed forward check.
+/// Add the mutation diagnosis (and the tiny-values note) to a failed forward check. `passes` runs
+/// the port on another case and says whether it passed.
 pub(crate) fn explain(
     layer: &Layer,
     dtype: DType,
     source: &Source,
-    port: &Port<'_>,
+    passes: &dyn Fn(&CaseParams) -> bool,
     failure: &mut Failure,
     first: Option<&(CaseParams, Box<CaseFailure>)>,
 ) {
@@ -39,7 +39,7 @@ pub(crate) fn explain(
         return;
     }
     if case.style == Style::Tiny {
-        if let Some(d) = only_on_tiny_values(layer, dtype, source, port, case, c) {
+        if let Some(d) = only_on_tiny_values(passes, case, c) {
             c.diagnoses.push(d);
         }
     }
@@ -180,10 +180,7 @@ fn expected(outputs: &ReferenceOutputs) -> Vec<(String, Expected<'_>)> {
 
 /// A failure on the `tiny` style whose case passes with declared values: an eps-like constant.
 fn only_on_tiny_values(
-    layer: &Layer,
-    dtype: DType,
-    source: &Source,
-    port: &Port<'_>,
+    passes: &dyn Fn(&CaseParams) -> bool,
     case: &CaseParams,
     c: &CaseFailure,
 ) -> Option<LeafDiagnosis> {
@@ -191,11 +188,7 @@ fn only_on_tiny_values(
         style: Style::Declared,
         ..case.clone()
     };
-    let passes = matches!(
-        crate::run::forward::run_case(layer, dtype, &declared, port, source, None),
-        Outcome::Pass(_)
-    );
-    if !passes {
+    if !passes(&declared) {
         return None;
     }
     let leaf = c.leaves.iter().find(|l| !Leaf::passes(l))?;
