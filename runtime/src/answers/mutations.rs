@@ -124,8 +124,8 @@ impl Live {
     }
 }
 
-/// Whether an interpreter visibly has torch without running it: a venv's `bin/python` with
-/// `lib/python*/site-packages/torch` beside it.
+/// Whether an interpreter visibly has torch without running it: a `bin/python` (a venv's, or a
+/// system's) with `lib/python*/{site,dist}-packages/torch` beside it.
 fn torch_visible(program: &Path) -> bool {
     let Some(root) = program.parent().and_then(Path::parent) else {
         return false;
@@ -135,11 +135,13 @@ fn torch_visible(program: &Path) -> bool {
     };
     entries.flatten().any(|e| {
         e.file_name().to_string_lossy().starts_with("python")
-            && e.path()
-                .join("site-packages")
-                .join("torch")
-                .join("__init__.py")
-                .is_file()
+            && ["site-packages", "dist-packages"].iter().any(|packages| {
+                e.path()
+                    .join(packages)
+                    .join("torch")
+                    .join("__init__.py")
+                    .is_file()
+            })
     })
 }
 
