@@ -79,6 +79,14 @@ fn a_wrong_port_fails_in_replay_too() {
         msg.contains("does not match its reference `zoo_ref.gelu`"),
         "{msg}"
     );
+    // The mutation diagnosis needs Python: it says it was skipped, and why, and starts nothing.
+    assert!(
+        msg.contains(
+            "note: the mutation diagnosis was skipped: this is a replay and the interpreter \
+             (/nonexistent/bin/python3, from GOLDEN_PYTHON) shows no torch"
+        ),
+        "{msg}"
+    );
 }
 
 #[test]

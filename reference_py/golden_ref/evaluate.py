@@ -81,6 +81,14 @@ class Case:
         # Evaluate twice in the case dtype and require the same bits (see NotDeterministic).
         self.twice = False
 
+    def derived(self, obj, args=None):
+        """The same case for another reference `obj` (a variant, a wrapper) and optionally other
+        inputs: the module's state carries over, tracing and `twice` do not."""
+        case = Case(obj, self.form, self.backend, self.args if args is None else args, self.kwargs,
+                    self.init, self.seed, self.dtype)
+        case.state = self.state
+        return case
+
 
 def reference_module(module):
     """The reference module inside one of golden's wrappers (variants, gradients), or itself."""
@@ -447,8 +455,7 @@ def variants(case: Case, perturbations: int = 4):
             obj = _variant_module(case.obj, v.fn)
         else:
             obj = v.fn
-        vcase = Case(obj, case.form, case.backend, case.args, case.kwargs, case.init, case.seed, case.dtype)
-        vcase.state = case.state
+        vcase = case.derived(obj)
         try:
             out.append((v.name, v.fix, forward(vcase, perturbations), None))
         except (ReferenceRaised, OutputError) as e:
@@ -501,9 +508,7 @@ def gradient_case(case: Case, names: list, wrt: list, params: bool) -> Case:
         def obj(*args, **kwargs):
             return gradients(lambda *a: fn(*a, **kwargs), args, [])
 
-    gcase = Case(obj, case.form, case.backend, case.args, case.kwargs, case.init, case.seed, case.dtype)
-    gcase.state = case.state
-    return gcase
+    return case.derived(obj)
 
 
 def _variant_module(cls, fn):

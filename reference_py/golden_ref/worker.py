@@ -18,6 +18,8 @@ Requests (`op` in the JSON header):
 * `params` -> what the runtime needs to draw a module's parameters (:func:`golden_ref.evaluate.param_spec`)
 * `forward` -> evaluate a reference on one case (see :mod:`golden_ref.evaluate`)
 * `variants` -> evaluate the reference's known variants on one case (:mod:`golden_ref.variants`)
+* `mutations` -> the reference with one of its torch calls mutated into a common porting mistake,
+  for those mutations that move it toward the port's outputs (:mod:`golden_ref.mutations`)
 * `gradients` -> PyTorch's gradients of sum(out * cotangent) on one case
 * `train` -> the overfit check's training steps in PyTorch (:mod:`golden_ref.training`)
 """
@@ -100,6 +102,8 @@ class Worker:
             return self.forward(header, tensors)
         if op == "variants":
             return self.variants(header, tensors)
+        if op == "mutations":
+            return self.mutations(header, tensors)
         if op == "gradients":
             case = gradient_case(
                 self.case(header, tensors), header["names"], header["wrt"], bool(header["params"])
@@ -146,6 +150,27 @@ class Worker:
             outputs = None if result is None else _outputs_json(result, table)
             found.append({"name": name, "fix": fix, "outputs": outputs, "error": error})
         return {"variants": found}, table.tensors
+
+    def mutations(self, header: dict, tensors: list):
+        from .mutations import search
+
+        port = [(name, t) for name, t in wire.resolve_refs(header["port"], tensors)]
+        summary, found = search(
+            self.case(header, tensors),
+            port,
+            header.get("names"),
+            keep=int(header.get("keep", 6)),
+            budget=float(header.get("budget", 20.0)),
+            perturbations=int(header.get("perturbations", 4)),
+            only=header.get("only"),
+        )
+        table = wire.TensorTable()
+        summary["mutants"] = [
+            {"key": c.key, "what": c.what, "instead": c.instead, "fix": c.fix, "where": c.where,
+             "outputs": _outputs_json(result, table)}
+            for c, result in found
+        ]
+        return summary, table.tensors
 
     def forward(self, header: dict, tensors: list):
         case = self.case(header, tensors)

@@ -1,8 +1,10 @@
 //! Helpers shared by the framework's integration tests.
 #![allow(dead_code)]
 
+pub mod mutation_ports;
 pub mod processes;
 pub mod tiny_lm;
+pub mod variant_ports;
 
 use std::path::PathBuf;
 

@@ -11,6 +11,8 @@
 //!   workers, live with the shared worker (cold and warm), and in replay; prints the figures.
 //! * `bench-diff` — `golden diff` on two dump folders of 300 tensors (225 MiB each) against a
 //!   NumPy script doing the same comparison, in one run; prints the figures.
+//! * `bench-mutations` — the mutation diagnosis: what it names on every wrong port of the project
+//!   (the hit rate) and what it costs on a failure of a 2-layer transformer; prints the figures.
 //!
 //! `test` builds the Rust side while pip installs the Python side: on a fresh machine the two take
 //! about as long as each other.
@@ -532,6 +534,17 @@ fn bench_diff() -> Result<(), String> {
     Ok(())
 }
 
+/// The hit rate and the cost of the mutation diagnosis: `tests/mutations.rs`'s `hit_rate` and its
+/// ignored `diagnosis_cost`, one at a time, live, their figures on stderr.
+fn bench_mutations() -> Result<(), String> {
+    setup()?;
+    run(cargo()
+        .env("GOLDEN_MODE", "live")
+        .args(["test", "-p", "golden-zoo", "--test", "mutations", "--"])
+        .args(["--include-ignored", "--nocapture", "--test-threads", "1"])
+        .args(["--exact", "hit_rate", "diagnosis_cost"]))
+}
+
 fn main() -> ExitCode {
     let task = std::env::args().nth(1).unwrap_or_default();
     let result = match task.as_str() {
@@ -540,7 +553,11 @@ fn main() -> ExitCode {
         "test" => test(),
         "bench-suite" => bench_suite(),
         "bench-diff" => bench_diff(),
-        _ => Err("usage: cargo xtask setup | zoo | test | bench-suite | bench-diff".into()),
+        "bench-mutations" => bench_mutations(),
+        _ => Err(
+            "usage: cargo xtask setup | zoo | test | bench-suite | bench-diff | bench-mutations"
+                .into(),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

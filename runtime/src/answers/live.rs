@@ -266,6 +266,11 @@ impl Live {
         &self.key
     }
 
+    /// How long the reference may take on one request.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Start (or reuse) a worker and resolve the reference: the errors a user fixes once
     /// (interpreter, imports, a misspelt callable) surface here, before any case runs. Returns the
     /// versions of Python, NumPy and the backend.
@@ -508,7 +513,7 @@ impl Live {
 
 /// The largest finite magnitude among the float inputs and parameters of a case: part of the
 /// scale that rounding errors are relative to (see [`rounding_estimate`]).
-fn input_scale(args: &[HostTensor], state: Option<&Named>) -> f64 {
+pub(crate) fn input_scale(args: &[HostTensor], state: Option<&Named>) -> f64 {
     args.iter()
         .chain(state.into_iter().flatten().map(|(_, t)| t))
         .filter(|t| t.dtype.is_float())
@@ -616,7 +621,7 @@ fn named(value: &Json, tensors: &[HostTensor]) -> Result<Option<Named>, wire::Wi
 
 /// Decode a worker's answer to a request about one case. `keep_precise`: keep the float64 result,
 /// in this dtype, for the checks that judge against it.
-fn decode_outputs(
+pub(crate) fn decode_outputs(
     header: &Json,
     tensors: &[HostTensor],
     keep_precise: Option<golden_files::WireDType>,

@@ -2,6 +2,7 @@
 //! or both while recording; and, in module form, the parameters the port is served.
 
 pub mod live;
+pub mod mutations;
 pub mod params;
 pub mod source;
 pub mod store;

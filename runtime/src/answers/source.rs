@@ -287,6 +287,18 @@ impl Source {
         Ok(out)
     }
 
+    /// The parameters a module-form case runs with, by the reference's names (drawn from the case
+    /// seed, or a checkpoint's); `None` for the module's own init and in function form. Requests
+    /// made outside [`Source::request`] (the mutation diagnosis) send these.
+    pub fn module_state(
+        &self,
+        layer: &Layer,
+        dtype: DType,
+        params: &CaseParams,
+    ) -> Result<Option<Named>, WorkerError> {
+        Ok(self.state(layer, dtype, params)?.map(|(state, _)| state))
+    }
+
     /// The reference's answer to a request on one case.
     pub fn request(
         &self,

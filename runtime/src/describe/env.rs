@@ -13,6 +13,8 @@
 //! | `GOLDEN_START_TIMEOUT` | seconds a worker may take to start or import a reference (default 180) |
 //! | `GOLDEN_WORKERS` | most Python workers per test process (default: cores, at most 4) |
 //! | `GOLDEN_VENV` | the venv `cargo xtask setup` creates and golden looks for |
+//! | `GOLDEN_MUTATIONS` | the mutation diagnosis of a failure: `auto` (default), `always`, `off` |
+//! | `GOLDEN_VARIANTS` | `off` leaves the reference's declared `@variant`s unevaluated |
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -87,6 +89,39 @@ pub fn seed() -> Result<Option<u64>, String> {
 /// print it).
 pub fn case() -> Option<String> {
     var("GOLDEN_CASE")
+}
+
+/// When a failure's mutation diagnosis runs (`GOLDEN_MUTATIONS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutations {
+    /// Where the reference runs live; in a replay only when golden's venv (or the chosen
+    /// interpreter's) visibly has torch, so that a replay on a machine without it starts nothing.
+    Auto,
+    /// Also in a replay, whatever the interpreter: it is started for the diagnosis.
+    Always,
+    /// Never.
+    Off,
+}
+
+/// `GOLDEN_MUTATIONS`, or an error naming the accepted values.
+pub fn mutations() -> Result<Mutations, String> {
+    match var("GOLDEN_MUTATIONS").as_deref().map(str::trim) {
+        None | Some("auto") => Ok(Mutations::Auto),
+        Some("always") => Ok(Mutations::Always),
+        Some("off") => Ok(Mutations::Off),
+        Some(other) => Err(format!(
+            "GOLDEN_MUTATIONS={other:?} is not one of auto, always, off"
+        )),
+    }
+}
+
+/// Whether the reference's declared variants are evaluated on a failure (`GOLDEN_VARIANTS=off`
+/// turns them off, e.g. to measure what the mutation diagnosis finds on its own).
+pub fn variants() -> bool {
+    !matches!(
+        var("GOLDEN_VARIANTS").as_deref().map(str::trim),
+        Some("off")
+    )
 }
 
 /// `GOLDEN_CASES`, when set: at least 1 (a check of zero cases would pass without checking).

@@ -7,6 +7,7 @@ use crate::describe::inputs::CaseParams;
 use crate::describe::numbers::num;
 use crate::judge::compare::{Leaf, Verdict};
 use crate::judge::diagnose::Diagnosis;
+use crate::judge::mutations::MutationMatch;
 use crate::python::worker::WorkerError;
 use golden_files::HostTensor;
 use std::fmt::{self, Write as _};
@@ -54,6 +55,9 @@ pub struct CaseFailure {
     pub diagnoses: Vec<LeafDiagnosis>,
     /// Known variants of the reference that the port matches (`golden_ref.variants`).
     pub variants: Vec<VariantMatch>,
+    /// Mutants of the reference (one torch call turned into a common porting mistake) that the
+    /// port matches, best fit first (`judge::mutations`).
+    pub mutations: Vec<MutationMatch>,
     /// The gradient check: what is wrong with the port's gradients beyond their values (missing
     /// or extra gradients, finite differences, zero cotangent, determinism).
     pub gradient_issues: Vec<String>,
@@ -540,6 +544,9 @@ impl fmt::Display for Failure {
                     v.fix
                 )?;
             }
+            for (i, m) in c.mutations.iter().enumerate() {
+                write_mutation(&mut out, i, m)?;
+            }
             for note in &c.notes {
                 writeln!(out, "  note: {}", note.detail)?;
             }
@@ -613,6 +620,35 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
         )?;
     }
     Ok(())
+}
+
+/// `likely cause: the port matches the reference with <what> at <site> (instead of <instead>) on
+/// both failing cases — fix: <fix>`; the second and third read `or: ...`.
+fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result {
+    let lead = if i == 0 { "likely cause" } else { "or" };
+    let site = if m.site.is_empty() {
+        String::new()
+    } else {
+        format!(" at {}", m.site)
+    };
+    let instead = if m.instead.is_empty() {
+        String::new()
+    } else {
+        format!(" (instead of {})", m.instead)
+    };
+    let cases = if m.both_cases {
+        "on both failing cases"
+    } else {
+        "on the failing case"
+    };
+    writeln!(
+        out,
+        "  {lead}: the port matches the reference with {}{site}{instead} {cases} (max diff {}) — \
+         fix: {}",
+        m.what,
+        num(m.fit.max_diff),
+        m.fix
+    )
 }
 
 fn failing_is_empty(c: &CaseFailure) -> bool {

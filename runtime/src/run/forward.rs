@@ -92,7 +92,13 @@ impl CaseRunner for ForwardRunner<'_> {
         failure: &mut Failure,
         first: Option<(CaseParams, Box<CaseFailure>)>,
     ) {
-        explain(self.layer, dtype, source, failure, first);
+        explain(self.layer, dtype, source, failure, first.as_ref());
+        let passes = |params: &CaseParams| {
+            let outcome = run_case(self.layer, dtype, params, &self.port, source, None, false);
+            matches!(outcome, Outcome::Pass(_))
+        };
+        let first = first.as_ref();
+        crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, first);
         check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
     }
 }
@@ -320,14 +326,14 @@ fn explain(
     dtype: DType,
     source: &Source,
     failure: &mut Failure,
-    first: Option<(CaseParams, Box<CaseFailure>)>,
+    first: Option<&(CaseParams, Box<CaseFailure>)>,
 ) {
     let (FailureKind::Case(c), Some(case)) = (&mut failure.kind, &failure.case) else {
         return;
     };
     c.diagnoses = diagnoses(layer, c, case, false);
     c.variants = variant_matches(layer, dtype, source, case, c);
-    if source.is_replay() {
+    if source.is_replay() && crate::describe::env::variants() {
         failure.notes.push(
             "note: known variants of the reference (golden_ref.variants) are evaluated live only; \
              this was a replay"
@@ -335,7 +341,7 @@ fn explain(
         );
     }
     if let Some((first_case, first_failure)) = first {
-        for d in diagnoses(layer, &first_failure, &first_case, true) {
+        for d in diagnoses(layer, first_failure, first_case, true) {
             if !c
                 .diagnoses
                 .iter()
@@ -345,7 +351,7 @@ fn explain(
             }
         }
         // A variant must explain both cases: a tiny case alone fits too many.
-        let on_first = variant_matches(layer, dtype, source, &first_case, &first_failure);
+        let on_first = variant_matches(layer, dtype, source, first_case, first_failure);
         c.variants
             .retain(|v| on_first.iter().any(|w| w.name == v.name));
     }
@@ -359,7 +365,7 @@ fn variant_matches(
     case: &CaseParams,
     c: &CaseFailure,
 ) -> Vec<VariantMatch> {
-    if c.reference.is_none() {
+    if c.reference.is_none() || !crate::describe::env::variants() {
         return Vec::new();
     }
     let args: Vec<HostTensor> = c.inputs.iter().map(|(_, t)| t.clone()).collect();

@@ -5,5 +5,6 @@
 pub mod check;
 pub mod forward;
 pub mod gradients;
+pub mod mutations;
 pub mod overfit;
 pub mod port;

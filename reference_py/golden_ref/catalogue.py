@@ -1,0 +1,1102 @@
+"""The catalogue of porting mistakes: how one torch call of a reference turns into the usual bug.
+
+When a port does not match, golden re-runs the reference with one of its own operations mutated
+(:mod:`golden_ref.mutations`) and reports the mutations under which the reference matches the port.
+Each entry here is one kind of mistake: which ops it applies to, the variants it offers for a call
+(``options``), how the mutated call computes (``apply``), and how a match reads in the failure
+message (``what``, ``instead``, ``fix``, in candle terms).
+
+Add your own next to your reference, like a ``@variant``::
+
+    from golden_ref.catalogue import mutation
+
+    @mutation(ops="softmax", name="softmax of twice the input", fix="do not double the scores",
+              of=my_reference)            # optional: only when checking this reference
+    def _(call):
+        return call.run(input=call.input * 2)
+
+A decorated function gets the :class:`Call` and returns the mutated result, or ``None`` when the
+mutation does not apply to this call (it is run on each call of those ops while the reference is
+recorded, to find out). ``options=`` (a function of the call returning labels) turns it into a
+family: the function then also gets the label, and ``name`` may say it as ``{label}`` (and the op
+as ``{op}``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+# Positional parameter names of the ops the catalogue mutates (Tensor methods take the input as
+# `self`, at position 0, like the functions).
+POSITIONS = {
+    "gelu": ("input", "approximate"),
+    "silu": ("input", "inplace"),
+    "relu": ("input", "inplace"),
+    "sigmoid": ("input",),
+    "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
+    "group_norm": ("input", "num_groups", "weight", "bias", "eps"),
+    "rms_norm": ("input", "normalized_shape", "weight", "eps"),
+    "batch_norm": ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
+    "instance_norm": ("input", "running_mean", "running_var", "weight", "bias", "use_input_stats", "momentum", "eps"),
+    "softmax": ("input", "dim"),
+    "log_softmax": ("input", "dim"),
+    "linear": ("input", "weight", "bias"),
+    "embedding": ("input", "weight", "padding_idx"),
+    "matmul": ("input", "other"),
+    "mm": ("input", "mat2"),
+    "bmm": ("input", "mat2"),
+    "scaled_dot_product_attention": (
+        "query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
+    "conv1d": ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+    "conv2d": ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+    "pad": ("input", "pad", "mode", "value"),
+    "interpolate": ("input", "size", "scale_factor", "mode", "align_corners"),
+    "triu": ("input", "diagonal"),
+    "tril": ("input", "diagonal"),
+    "masked_fill": ("input", "mask", "value"),
+    "where": ("condition", "input", "other"),
+    "repeat_interleave": ("input", "repeats", "dim"),
+    "cat": ("tensors", "dim"),
+    "transpose": ("input", "dim0", "dim1"),
+}
+
+_MISSING = object()
+
+
+class Call:
+    """One call of a torch op as the reference made it: `func(*args, **kwargs)`, at `site`."""
+
+    __slots__ = ("func", "op", "args", "kwargs", "site", "state", "_output")
+
+    def __init__(self, func, op, args, kwargs, site=None, state=None, output=_MISSING):
+        self.func = func
+        self.op = op
+        self.args = args
+        self.kwargs = kwargs
+        self.site = site
+        # What the mode knows beyond the call: the outputs of `neg` so far (for rotate_half).
+        self.state = state or {}
+        self._output = output
+
+    @property
+    def output(self):
+        """The unmutated call's result (computed once, when a mutation needs it)."""
+        if self._output is _MISSING:
+            self._output = self.func(*self.args, **self.kwargs)
+        return self._output
+
+    @property
+    def input(self):
+        return self.args[0] if self.args else next(iter(self.kwargs.values()), None)
+
+    @property
+    def functional(self) -> bool:
+        """`torch.nn.functional.<op>` (as opposed to `torch.<op>` or a Tensor method)."""
+        return getattr(self.func, "__module__", "") in ("torch.nn.functional", "torch._C._nn")
+
+    @property
+    def name(self) -> str:
+        """How the op reads in a message: `F.gelu`, `torch.softmax`, `Tensor.transpose`."""
+        return pretty(self.func)
+
+    def get(self, name: str, default=None):
+        """An argument by name, positional or keyword."""
+        if name in self.kwargs:
+            return self.kwargs[name]
+        names = POSITIONS.get(self.op, ())
+        if name in names and names.index(name) < len(self.args):
+            return self.args[names.index(name)]
+        return default
+
+    def given(self, name: str) -> bool:
+        return self.get(name, _MISSING) is not _MISSING
+
+    def changed(self, **changes):
+        """The arguments with `changes` applied (by position when given positionally)."""
+        args = list(self.args)
+        kwargs = dict(self.kwargs)
+        names = POSITIONS.get(self.op, ())
+        for name, value in changes.items():
+            if name in names and names.index(name) < len(args) and name not in kwargs:
+                args[names.index(name)] = value
+            else:
+                kwargs[name] = value
+        return args, kwargs
+
+    def run(self, **changes):
+        """The call itself, with `changes` to its arguments."""
+        args, kwargs = self.changed(**changes)
+        return self.func(*args, **kwargs)
+
+
+def pretty(func) -> str:
+    name = getattr(func, "__name__", str(func))
+    module = getattr(func, "__module__", None) or ""
+    qualname = getattr(func, "__qualname__", "") or ""
+    if module in ("torch.nn.functional", "torch._C._nn"):
+        return f"F.{name}"
+    if qualname.startswith(("TensorBase.", "Tensor.", "_TensorBase.")):
+        return f"Tensor.{name}"
+    return f"torch.{name}"
+
+
+class Mutation:
+    """One kind of porting mistake.
+
+    * `ops`: the op names (`func.__name__`) it applies to;
+    * `options(call)`: the labels of the mutations this call admits (empty: it does not apply);
+    * `apply(call, label)`: the mutated call's result;
+    * `what(call, label)`, `instead(call, label)`, `fix(call, label)`: the message's words;
+    * `spread`: also try the mutation at every site where it applies at once (a port makes the
+      same mistake wherever it uses the op: candle's Whisper uses the tanh GELU everywhere);
+    * `joint`: only at every site at once (a pattern spread over several calls, like rotary
+      embeddings: `rotate_half` and the duplicated frequencies); `shown(call)` picks the sites the
+      message names;
+    * `of`: the references it is for (None: every reference).
+    """
+
+    def __init__(self, key, ops, apply, options=None, what=None, instead=None, fix="", spread=True,
+                 joint=False, shown=None, of=None):
+        self.key = key
+        self.ops = frozenset([ops] if isinstance(ops, str) else ops)
+        self.apply = apply
+        self.options = options or (lambda call: [""])
+        self.what = what or (lambda call, label: f"{call.name} {key}")
+        self.instead = instead or (lambda call, label: "")
+        self.fix = fix
+        self.spread = spread
+        self.joint = joint
+        self.shown = shown or (lambda call: True)
+        self.of = of
+
+    def describe(self, call, label):
+        fix = self.fix(call, label) if callable(self.fix) else self.fix
+        instead = self.instead(call, label) if callable(self.instead) else self.instead
+        what = self.what(call, label) if callable(self.what) else self.what
+        return what, instead, fix
+
+
+CATALOGUE: list = []
+
+
+def mutation(ops, name=None, fix="", options=None, instead="", of=None, spread=True):
+    """Register the decorated function as a mutation of the ops `ops` (see the module docstring)."""
+
+    def register(fn):
+        key = name or fn.__name__
+        if options is None:
+            def opts(call):
+                try:
+                    return [""] if fn(call) is not None else []
+                except Exception:
+                    return []
+            apply = lambda call, label: fn(call)  # noqa: E731
+        else:
+            opts = options
+            apply = fn
+        CATALOGUE.append(Mutation(
+            key, ops, apply, options=opts,
+            what=(lambda call, label: _format(key, label=label, op=call.name)),
+            instead=instead, fix=fix, of=of, spread=spread,
+        ))
+        return fn
+
+    return register
+
+
+def _format(text: str, **values) -> str:
+    try:
+        return text.format(**values)
+    except (KeyError, IndexError, ValueError):  # braces that are not placeholders
+        return text
+
+
+def catalogue_for(reference) -> list:
+    """The mutations to try on a reference: the built-in ones and those registered for it."""
+    return [m for m in CATALOGUE if m.of is None or m.of is reference]
+
+
+def _add(*mutations):
+    CATALOGUE.extend(mutations)
+
+
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        if math.isinf(x):
+            return "-inf" if x < 0 else "inf"
+        return f"{x:g}"
+    return repr(x)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _dims(t) -> int:
+    return t.dim() if isinstance(t, torch.Tensor) else 0
+
+
+def _norm_dim(dim, rank):
+    return dim + rank if dim < 0 else dim
+
+
+# --- activations ---------------------------------------------------------------------------------
+
+_add(Mutation(
+    "gelu-approximate", "gelu",
+    options=lambda c: ["tanh"] if c.get("approximate", "none") == "none" else ["none"],
+    apply=lambda c, label: c.run(approximate=label),
+    what=lambda c, label: f"{c.name}(approximate='{label}')",
+    instead=lambda c, label: f"approximate='{c.get('approximate', 'none')}'",
+    fix=lambda c, label: (
+        "use Tensor::gelu_erf: candle's Tensor::gelu (and candle_nn::Activation::Gelu) is the tanh "
+        "approximation" if label == "tanh" else
+        "use Tensor::gelu (the tanh approximation; candle_nn::Activation::NewGelu), not gelu_erf"),
+))
+
+_ACTIVATIONS = {
+    "silu": (F.silu, "Tensor::silu (candle_nn::ops::silu)"),
+    "gelu": (F.gelu, "Tensor::gelu_erf"),
+    "relu": (F.relu, "Tensor::relu"),
+    "sigmoid": (torch.sigmoid, "candle_nn::ops::sigmoid"),
+}
+_SWAPS = {"silu": ("sigmoid", "gelu", "relu"), "gelu": ("silu", "relu"), "relu": ("gelu", "silu"),
+          "sigmoid": ("silu",)}
+
+_add(Mutation(
+    "activation-swapped", tuple(_SWAPS),
+    options=lambda c: list(_SWAPS[c.op]) if isinstance(c.input, torch.Tensor) else [],
+    apply=lambda c, label: _ACTIVATIONS[label][0](c.input),
+    what=lambda c, label: f"{label} instead of {c.op}",
+    instead=lambda c, label: c.op,
+    fix=lambda c, label: f"the reference applies {c.op} here: use {_ACTIVATIONS[c.op][1]}, not {label}",
+))
+
+# --- norms ---------------------------------------------------------------------------------------
+
+_NORMS = ("layer_norm", "group_norm", "rms_norm", "batch_norm", "instance_norm")
+_COMMON_EPS = (1e-3, 1e-5, 1e-6, 1e-12)
+
+
+def _norm_eps(c):
+    eps = c.get("eps")
+    if eps is None and c.op == "rms_norm":
+        return torch.finfo(c.input.dtype).eps
+    if eps is None:
+        return 1e-5
+    return eps
+
+
+def _norm_ok(c) -> bool:
+    # torch.batch_norm / torch.instance_norm order their arguments differently from F.*.
+    return isinstance(c.input, torch.Tensor) and (c.op not in ("batch_norm", "instance_norm") or c.functional)
+
+
+def _eps_options(eps):
+    out = []
+    for label, value in (("×10", eps * 10), ("÷10", eps / 10)) + tuple((_fmt(e), e) for e in _COMMON_EPS):
+        if not math.isclose(value, eps, rel_tol=1e-9) and not any(
+                math.isclose(value, v, rel_tol=1e-9) for _, v in out):
+            out.append((label, value))
+    return out
+
+
+def _eps_value(eps, label):
+    return dict(_eps_options(eps))[label]
+
+
+_add(Mutation(
+    "norm-eps", _NORMS,
+    options=lambda c: [label for label, _ in _eps_options(_norm_eps(c))] if _norm_ok(c) else [],
+    apply=lambda c, label: c.run(eps=_eps_value(_norm_eps(c), label)),
+    what=lambda c, label: f"{c.name}(eps={_fmt(_eps_value(_norm_eps(c), label))})",
+    instead=lambda c, label: f"eps={_fmt(_norm_eps(c))}",
+    fix=lambda c, label: (
+        f"use eps = {_fmt(_norm_eps(c))} as the reference does (candle_nn::layer_norm(size, "
+        f"{_fmt(_norm_eps(c))}, vb), LayerNorm::new(w, b, eps), RmsNorm::new(w, eps))"),
+))
+
+_add(Mutation(
+    "norm-weight-dropped", _NORMS,
+    options=lambda c: ["weight"] if _norm_ok(c) and c.get("weight") is not None else [],
+    apply=lambda c, label: c.run(weight=None),
+    what=lambda c, label: f"{c.name} without its weight (γ)",
+    instead="with it",
+    fix="multiply by the norm's weight: LayerNorm::new(weight, bias, eps) / RmsNorm::new(weight, eps)",
+))
+
+_add(Mutation(
+    "norm-bias-dropped", _NORMS,
+    options=lambda c: ["bias"] if _norm_ok(c) and c.get("bias") is not None else [],
+    apply=lambda c, label: c.run(bias=None),
+    what=lambda c, label: f"{c.name} without its bias (β)",
+    instead="with it",
+    fix="add the norm's bias: LayerNorm::new(weight, bias, eps), not LayerNorm::new_no_bias",
+))
+
+
+def _layer_norm_by_hand(c, label):
+    """The layer norm written out, with the variance unbiased or eps outside the square root."""
+    x = c.input
+    shape = c.get("normalized_shape")
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dims = tuple(range(-len(shape), 0))
+    mean = x.mean(dim=dims, keepdim=True)
+    var = x.var(dim=dims, correction=1 if label == "unbiased" else 0, keepdim=True)
+    eps = _norm_eps(c)
+    y = (x - mean) / (torch.sqrt(var + eps) if label == "unbiased" else torch.sqrt(var) + eps)
+    if c.get("weight") is not None:
+        y = y * c.get("weight")
+    if c.get("bias") is not None:
+        y = y + c.get("bias")
+    return y
+
+
+_add(Mutation(
+    "norm-by-hand", "layer_norm",
+    options=lambda c: ["unbiased", "eps outside"] if isinstance(c.input, torch.Tensor) else [],
+    apply=_layer_norm_by_hand,
+    what=lambda c, label: (f"{c.name} with the unbiased variance (÷ N−1)" if label == "unbiased"
+                           else f"{c.name} with eps outside the square root (÷ (√var + eps))"),
+    instead=lambda c, label: "the biased variance (÷ N)" if label == "unbiased" else "÷ √(var + eps)",
+    fix=lambda c, label: (
+        "a layer norm divides the squared deviations' sum by N (mean_keepdim), not N−1: "
+        "var(unbiased=False)" if label == "unbiased" else
+        "add eps to the variance inside the square root: ((var + eps)?.sqrt()?)"),
+))
+
+_VARIANCES = ("var", "std", "var_mean", "std_mean")
+
+
+def _correction(c):
+    """(input, dim, correction, keepdim) of a var/std call, however it was spelt."""
+    args = list(c.args[1:])
+    kwargs = dict(c.kwargs)
+    dim, correction, keepdim = kwargs.pop("dim", None), None, kwargs.pop("keepdim", False)
+    if "correction" in kwargs:
+        correction = kwargs.pop("correction")
+    if "unbiased" in kwargs:
+        correction = 1 if kwargs.pop("unbiased") else 0
+    rest = []
+    for a in args:
+        if isinstance(a, bool) and correction is None:
+            correction = 1 if a else 0
+        else:
+            rest.append(a)
+    if rest:
+        dim = rest.pop(0)
+    if rest:
+        keepdim = rest.pop(0)
+    return c.input, dim, (1 if correction is None else correction), keepdim
+
+
+_add(Mutation(
+    "variance-correction", _VARIANCES,
+    options=lambda c: ["0" if _correction(c)[2] else "1"] if isinstance(c.input, torch.Tensor) else [],
+    apply=lambda c, label: getattr(torch, c.op)(
+        _correction(c)[0], dim=_correction(c)[1], correction=int(label), keepdim=_correction(c)[3]),
+    what=lambda c, label: f"{c.name}(correction={label}) ({'unbiased' if label == '1' else 'biased'})",
+    instead=lambda c, label: f"correction={_correction(c)[2]}",
+    fix=lambda c, label: (
+        "divide by N−1 as the reference does (unbiased): sum of squared deviations / (n − 1)"
+        if label == "0" else
+        "divide by N as the reference does (biased): mean of the squared deviations"),
+))
+
+# --- softmax -------------------------------------------------------------------------------------
+
+
+def _softmax_dim(c):
+    rank = _dims(c.input)
+    dim = c.get("dim")
+    if dim is None:
+        return None
+    return _norm_dim(dim, rank)
+
+
+def _softmax_options(c):
+    if not isinstance(c.input, torch.Tensor) or _softmax_dim(c) is None:
+        return []
+    rank = _dims(c.input)
+    # Size-one dims too: a softmax over one of those is all ones, which a port does produce.
+    out = [f"dim={d}" for d in range(rank) if d != _softmax_dim(c)]
+    return out + ["log" if c.op == "softmax" else "exp"]
+
+
+def _softmax_apply(c, label):
+    dtype = c.get("dtype")
+    if label == "log":
+        return torch.log_softmax(c.input, _softmax_dim(c), dtype=dtype)
+    if label == "exp":
+        return torch.softmax(c.input, _softmax_dim(c), dtype=dtype)
+    return c.run(dim=int(label[4:]))
+
+
+_add(Mutation(
+    "softmax-dim", ("softmax", "log_softmax"),
+    options=_softmax_options,
+    apply=_softmax_apply,
+    what=lambda c, label: (f"{c.name}({label})" if label.startswith("dim")
+                           else ("log_softmax" if label == "log" else "softmax") + f" instead of {c.op}"),
+    instead=lambda c, label: f"dim={c.get('dim')}" if label.startswith("dim") else c.op,
+    fix=lambda c, label: (
+        f"normalise over dim {_softmax_dim(c)} as the reference does: candle_nn::ops::softmax(&x, "
+        f"{_softmax_dim(c)}) (softmax_last_dim for the last)" if label.startswith("dim") else
+        f"the reference applies {c.op} here (candle_nn::ops::{c.op})"),
+))
+
+_add(Mutation(
+    "embedding-scaled", "embedding",
+    options=lambda c: ["×√d", "÷√d"] if len(c.args) > 1 and isinstance(c.args[1], torch.Tensor)
+    and c.args[1].dim() == 2 else [],
+    apply=lambda c, label: c.run() * (math.sqrt(c.args[1].shape[1]) if label == "×√d"
+                                      else 1 / math.sqrt(c.args[1].shape[1])),
+    what=lambda c, label: f"{c.name} rows scaled {label} (d = {c.args[1].shape[1]})",
+    instead="unscaled",
+    fix="this reference does not scale the embedding rows by √d_model (Gemma and T5-style ports "
+        "do; this one must not)",
+))
+
+# --- linear maps ---------------------------------------------------------------------------------
+
+
+def _square(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == t.shape[-2] and t.shape[-1] > 1
+
+
+_add(Mutation(
+    "linear-weight-transposed", "linear",
+    options=lambda c: ["x @ W"] if _square(c.get("weight")) else [],
+    apply=lambda c, label: c.run(weight=c.get("weight").transpose(-2, -1)),
+    what=lambda c, label: f"{c.name} with the weight transposed (x @ W)",
+    instead="x @ Wᵀ",
+    fix="PyTorch stores a Linear weight as [out_features, in_features] and computes x @ Wᵀ: use "
+        "candle_nn::Linear::new(w, b) (it transposes) or x.matmul(&w.t()?)",
+))
+
+_add(Mutation(
+    "linear-bias-dropped", "linear",
+    options=lambda c: ["bias"] if c.get("bias") is not None else [],
+    apply=lambda c, label: c.run(bias=None),
+    what=lambda c, label: f"{c.name} without its bias",
+    instead="with it",
+    fix="add the bias: candle_nn::linear (not linear_no_bias), Linear::new(w, Some(b))",
+))
+
+
+def _matmul_operands(c):
+    return c.args[0] if c.args else None, c.args[1] if len(c.args) > 1 else None
+
+
+_add(Mutation(
+    "matmul-operand-transposed", ("matmul", "mm", "bmm", "__rmatmul__"),
+    options=lambda c: [label for label, t in zip(("first", "second"), _matmul_operands(c)) if _square(t)],
+    apply=lambda c, label: (
+        c.func(c.args[0].transpose(-2, -1), c.args[1]) if label == "first"
+        else c.func(c.args[0], c.args[1].transpose(-2, -1))),
+    what=lambda c, label: f"{c.name} with its {label} operand transposed",
+    instead="as it is",
+    fix=lambda c, label: f"the port multiplies by the transpose of the {label} operand: drop (or add) "
+                         f"its .t()? / .transpose(D::Minus2, D::Minus1)?",
+))
+
+# --- attention -----------------------------------------------------------------------------------
+
+
+def _sdpa_scale(c):
+    scale = c.get("scale")
+    return scale if scale is not None else 1.0 / math.sqrt(c.get("query").shape[-1])
+
+
+def _sdpa_options(c):
+    q = c.get("query")
+    if not isinstance(q, torch.Tensor):
+        return []
+    d = q.shape[-1]
+    current = _sdpa_scale(c)
+    out = []
+    for label, value in (("1/d", 1.0 / d), ("1", 1.0), ("1/√d", 1.0 / math.sqrt(d))):
+        if not math.isclose(value, current, rel_tol=1e-6):
+            out.append(label)
+    if c.get("is_causal", False):
+        out.append("not causal")
+    elif c.get("attn_mask") is None and q.shape[-2] > 1:
+        out.append("causal")
+    if c.get("attn_mask") is not None:
+        out.append("no mask")
+    return out
+
+
+def _sdpa_apply(c, label):
+    d = c.get("query").shape[-1]
+    if label in ("1/d", "1", "1/√d"):
+        return c.run(scale={"1/d": 1.0 / d, "1": 1.0, "1/√d": 1.0 / math.sqrt(d)}[label])
+    if label == "not causal":
+        return c.run(is_causal=False)
+    if label == "causal":
+        return c.run(is_causal=True)
+    return c.run(attn_mask=None)
+
+
+def _sdpa_what(c, label):
+    if label in ("1/d", "1", "1/√d"):
+        return f"{c.name}(scale={label})"
+    return {"not causal": f"{c.name} without the causal mask (is_causal=False)",
+            "causal": f"{c.name} with a causal mask (is_causal=True)",
+            "no mask": f"{c.name} without its attn_mask"}[label]
+
+
+def _sdpa_instead(c, label):
+    if label in ("1/d", "1", "1/√d"):
+        d = c.get("query").shape[-1]
+        current = _sdpa_scale(c)
+        names = {1.0 / d: "1/d", 1.0: "1", 1.0 / math.sqrt(d): "1/√d"}
+        name = next((n for v, n in names.items() if math.isclose(v, current, rel_tol=1e-6)), _fmt(current))
+        return f"scale={name}"
+    return {"not causal": "is_causal=True", "causal": "no mask", "no mask": "the mask applied"}[label]
+
+
+def _sdpa_fix(c, label):
+    if label in ("1/d", "1", "1/√d"):
+        return f"scale the scores as the reference does ({_sdpa_instead(c, label)}, head_dim " \
+               f"{c.get('query').shape[-1]}): (q.matmul(&k.t()?)? * scale)?"
+    return {"not causal": "mask the scores above the diagonal with -inf before the softmax "
+                          "(a tril mask and where_cond)",
+            "causal": "this attention is not causal: do not mask",
+            "no mask": "add the attention mask to the scores before the softmax"}[label]
+
+
+_add(Mutation("attention", "scaled_dot_product_attention", options=_sdpa_options, apply=_sdpa_apply,
+              what=_sdpa_what, instead=_sdpa_instead, fix=_sdpa_fix))
+
+
+def _masked_fill_options(c):
+    value, mask = c.get("value"), c.get("mask")
+    if not isinstance(c.input, torch.Tensor) or not isinstance(mask, torch.Tensor):
+        return []
+    out = ["skipped"]
+    if mask.dtype == torch.bool:
+        out.append("inverted")
+    if _is_number(value):
+        finfo_min = torch.finfo(c.input.dtype).min if c.input.is_floating_point() else None
+        for alt in (float("-inf"), finfo_min, -1e4, -1e9, 0.0):
+            if alt is not None and alt != value and _fmt(alt) not in out:
+                out.append(_fmt(alt))
+    return out
+
+
+def _masked_fill_apply(c, label):
+    if label == "skipped":
+        return c.input
+    if label == "inverted":
+        return c.run(mask=~c.get("mask"))
+    return c.run(value=float(label))
+
+
+_add(Mutation(
+    "masked-fill", "masked_fill",
+    options=_masked_fill_options,
+    apply=_masked_fill_apply,
+    what=lambda c, label: {"skipped": f"{c.name} skipped (the mask not applied)",
+                           "inverted": f"{c.name} with the mask inverted"}.get(label, f"{c.name}(value={label})"),
+    instead=lambda c, label: {"skipped": "applied", "inverted": "as it is"}.get(label, f"value={_fmt(c.get('value'))}"),
+    fix=lambda c, label: {
+        "skipped": "apply the mask: where_cond(&mask, &fill, &x) (masked_fill)",
+        "inverted": "the reference fills where the mask is true: swap the branches of where_cond",
+    }.get(label, f"fill with {_fmt(c.get('value'))} as the reference does"),
+))
+
+
+def _mask_like(t) -> bool:
+    return (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
+            and bool((t <= -1e4).any()))
+
+
+_add(Mutation(
+    "additive-mask-dropped", ("add", "__add__", "__radd__"),
+    options=lambda c: ["dropped"] if len(c.args) > 1 and _mask_like(c.args[1])
+    and isinstance(c.args[0], torch.Tensor) and c.args[0].shape == torch.broadcast_shapes(
+        c.args[0].shape, c.args[1].shape) else [],
+    apply=lambda c, label: c.args[0],
+    what=lambda c, label: "the additive attention mask not added",
+    instead="added",
+    fix="add the mask (−inf or a large negative value where attention is not allowed) to the scores "
+        "before the softmax: scores.broadcast_add(&mask)",
+))
+
+_add(Mutation(
+    "where-inverted", "where",
+    options=lambda c: ["inverted"] if len(c.args) + len(c.kwargs) >= 3 and isinstance(
+        c.get("condition"), torch.Tensor) and c.get("condition").dtype == torch.bool else [],
+    apply=lambda c, label: c.run(condition=~c.get("condition")),
+    what=lambda c, label: f"{c.name} with the condition inverted",
+    instead="as it is",
+    fix="swap the branches of where_cond (or invert the mask)",
+))
+
+_add(Mutation(
+    "triangle-diagonal", ("triu", "tril"),
+    options=lambda c: ["+1", "-1"] if isinstance(c.input, torch.Tensor) else [],
+    apply=lambda c, label: c.run(diagonal=int(c.get("diagonal", 0) or 0) + int(label)),
+    what=lambda c, label: f"{c.name}(diagonal={int(c.get('diagonal', 0) or 0) + int(label)})",
+    instead=lambda c, label: f"diagonal={int(c.get('diagonal', 0) or 0)}",
+    fix=lambda c, label: f"the mask is off by one: use the reference's diagonal "
+                         f"({int(c.get('diagonal', 0) or 0)}: position i attends to j ≤ i for a causal "
+                         f"tril); candle's Tensor::tril2(n) keeps the diagonal",
+))
+
+# --- repeats: grouped KV heads -------------------------------------------------------------------
+
+
+def _repeat_interleave_options(c):
+    repeats, dim = c.get("repeats"), c.get("dim")
+    return ["tiled"] if isinstance(c.input, torch.Tensor) and isinstance(repeats, int) and dim is not None else []
+
+
+def _tile(x, n, dim):
+    sizes = [1] * x.dim()
+    sizes[_norm_dim(dim, x.dim())] = n
+    return x.repeat(*sizes)
+
+
+_add(Mutation(
+    "repeat-interleave-tiled", "repeat_interleave",
+    options=_repeat_interleave_options,
+    apply=lambda c, label: _tile(c.input, c.get("repeats"), c.get("dim")),
+    what=lambda c, label: f"{c.name} replaced by tiling (Tensor.repeat: 0,1,0,1 instead of 0,0,1,1)",
+    instead="interleaved (0,0,1,1)",
+    fix="repeat each slice in place (0,0,1,1), as repeat_interleave and candle_transformers::utils::"
+        "repeat_kv do, not tiled (0,1,0,1: Tensor::repeat / cat of copies)",
+))
+
+
+def _repeat_sizes(c):
+    sizes = c.args[1:] if len(c.args) > 2 or (len(c.args) == 2 and isinstance(c.args[1], int)) else (
+        tuple(c.args[1]) if len(c.args) > 1 else ())
+    return tuple(sizes)
+
+
+def _repeat_options(c):
+    if not isinstance(c.input, torch.Tensor):
+        return []
+    sizes = _repeat_sizes(c)
+    if len(sizes) != c.input.dim() or sum(1 for s in sizes if s != 1) != 1:
+        return []
+    return ["interleaved"]
+
+
+def _repeat_apply(c, label):
+    sizes = _repeat_sizes(c)
+    dim = next(i for i, s in enumerate(sizes) if s != 1)
+    return torch.repeat_interleave(c.input, sizes[dim], dim=dim)
+
+
+_add(Mutation(
+    "repeat-interleaved", "repeat",
+    options=_repeat_options,
+    apply=_repeat_apply,
+    what=lambda c, label: f"{c.name} replaced by repeat_interleave (0,0,1,1 instead of 0,1,0,1)",
+    instead="tiled (0,1,0,1)",
+    fix="tile the copies (0,1,0,1: Tensor::repeat), as the reference does, not interleave them",
+))
+
+
+def _expand_axis(c):
+    """The repeat_kv pattern: an input with a size-1 axis k ≥ 1 expanded to n > 1, all else equal."""
+    x = c.input
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        return None
+    sizes = c.args[1:]
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list, torch.Size)):
+        sizes = tuple(sizes[0])
+    if len(sizes) != x.dim():
+        return None
+    moved = [k for k, (a, b) in enumerate(zip(x.shape, sizes)) if b != -1 and a != b]
+    if len(moved) != 1 or moved[0] == 0 or x.shape[moved[0]] != 1:
+        return None
+    return moved[0], sizes[moved[0]]
+
+
+def _expand_tiled(c, label):
+    k, n = _expand_axis(c)
+    tiled = _tile(c.input.squeeze(k), n, k - 1)
+    return tiled.reshape(c.output.shape)
+
+
+_add(Mutation(
+    "expand-tiled", "expand",
+    options=lambda c: ["tiled"] if _expand_axis(c) else [],
+    apply=_expand_tiled,
+    what=lambda c, label: f"{c.name} as tiling: grouped heads repeated 0,1,0,1 instead of 0,0,1,1",
+    instead="interleaved (0,0,1,1, as repeat_kv)",
+    fix="repeat each KV head in place (h0,h0,h1,h1): candle_transformers::utils::repeat_kv, or "
+        "unsqueeze/expand/reshape; not Tensor::repeat or a cat of copies (h0,h1,h0,h1)",
+))
+
+# --- rotary embeddings ---------------------------------------------------------------------------
+
+
+def _cat_pair(c):
+    tensors = c.get("tensors")
+    if not isinstance(tensors, (tuple, list)) or len(tensors) != 2:
+        return None
+    a, b = tensors
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+        return None
+    if _norm_dim(c.get("dim", 0), a.dim()) != a.dim() - 1:
+        return None
+    return a, b
+
+
+def _rope_role(c):
+    """`cat((-x2, x1), -1)` is rotate_half; `cat((f, f), -1)` duplicates the frequencies."""
+    pair = _cat_pair(c)
+    if pair is None:
+        return None
+    a, b = pair
+    if a is b:
+        return "frequencies"
+    negated = c.state.get("negated")
+    if negated is not None and negated.holds(a):
+        return "rotate_half"
+    return None
+
+
+def _interleave(a, b):
+    return torch.stack((a, b), dim=-1).flatten(-2)
+
+
+def _rope_apply(c, label):
+    a, b = _cat_pair(c)
+    if _rope_role(c) == "frequencies":
+        return _interleave(a, a)
+    x = torch.cat((b, -a), dim=-1)  # rotate_half's input, from its two halves
+    return _interleave(-x[..., 1::2], x[..., ::2])
+
+
+_add(Mutation(
+    "rope-interleaved", "cat",
+    options=lambda c: ["pairs"] if _rope_role(c) else [],
+    apply=_rope_apply,
+    what=lambda c, label: "rotary embeddings on interleaved pairs (x0,x1),(x2,x3)… (rope_i)",
+    instead="the two halves (rotate_half)",
+    fix="rotate the two halves as the reference does: candle_nn::rotary_emb::rope (not rope_i, "
+        "which pairs neighbouring elements)",
+    joint=True,
+    shown=lambda c: _rope_role(c) == "rotate_half",
+))
+
+# --- resampling, convolution and padding ---------------------------------------------------------
+
+_LINEAR_MODES = {3: "linear", 4: "bilinear", 5: "trilinear"}
+
+
+def _interpolate_options(c):
+    if not isinstance(c.input, torch.Tensor):
+        return []
+    mode = c.get("mode", "nearest")
+    out = []
+    if mode in ("linear", "bilinear", "bicubic", "trilinear"):
+        out.append("align_corners")
+        out.append("nearest")
+    elif mode in ("nearest", "nearest-exact"):
+        if c.input.dim() in _LINEAR_MODES:
+            out.append(_LINEAR_MODES[c.input.dim()])
+        out.append("nearest-exact" if mode == "nearest" else "nearest")
+    return out
+
+
+def _interpolate_apply(c, label):
+    if label == "align_corners":
+        return c.run(align_corners=not bool(c.get("align_corners")))
+    align = None if label.startswith("nearest") else False
+    return c.run(mode=label, align_corners=align)
+
+
+_add(Mutation(
+    "interpolate", "interpolate",
+    options=_interpolate_options,
+    apply=_interpolate_apply,
+    what=lambda c, label: (f"{c.name}(align_corners={not bool(c.get('align_corners'))})"
+                           if label == "align_corners" else f"{c.name}(mode='{label}')"),
+    instead=lambda c, label: (f"align_corners={bool(c.get('align_corners'))}" if label == "align_corners"
+                              else f"mode='{c.get('mode', 'nearest')}'"),
+    fix=lambda c, label: (
+        f"resample as the reference does: mode '{c.get('mode', 'nearest')}', align_corners="
+        f"{bool(c.get('align_corners'))} (candle: upsample_nearest2d is mode='nearest', "
+        "interpolate_* with align_corners=false)"),
+))
+
+
+def _conv_options(c):
+    w = c.get("weight")
+    if not isinstance(w, torch.Tensor) or not isinstance(c.input, torch.Tensor):
+        return []
+    out = []
+    padding = c.get("padding", 0)
+    if isinstance(padding, str):
+        return ["bias"] if c.get("bias") is not None else []
+    pads = (padding,) if isinstance(padding, int) else tuple(padding)
+    if any(p != 0 for p in pads):
+        out.append("padding=0")
+    same = tuple(k // 2 for k in w.shape[2:])
+    if pads != same and (len(pads) > 1 or pads[0] != same[0]) and any(s != 0 for s in same):
+        out.append("padding=" + ",".join(str(s) for s in same))
+    stride = c.get("stride", 1)
+    if (stride if isinstance(stride, int) else max(stride)) != 1:
+        out.append("stride=1")
+    if c.get("bias") is not None:
+        out.append("bias")
+    if any(k > 1 for k in w.shape[2:]):
+        out.append("flipped")
+    return out
+
+
+def _conv_apply(c, label):
+    w = c.get("weight")
+    if label == "bias":
+        return c.run(bias=None)
+    if label == "flipped":
+        return c.run(weight=w.flip(tuple(range(2, w.dim()))))
+    if label == "stride=1":
+        return c.run(stride=1)
+    values = tuple(int(v) for v in label.split("=")[1].split(","))
+    return c.run(padding=values[0] if len(values) == 1 else values)
+
+
+def _conv_what(c, label):
+    return {"bias": f"{c.name} without its bias",
+            "flipped": f"{c.name} with the kernel flipped (a true convolution)"}.get(label, f"{c.name}({label})")
+
+
+def _conv_instead(c, label):
+    if label.startswith("padding"):
+        return f"padding={c.get('padding', 0)}"
+    if label == "stride=1":
+        return f"stride={c.get('stride', 1)}"
+    return {"bias": "with it", "flipped": "as a cross-correlation"}[label]
+
+
+def _conv_fix(c, label):
+    if label.startswith("padding"):
+        return f"pad as the reference does: Conv1dConfig {{ padding: {c.get('padding', 0)}, .. }}"
+    if label == "stride=1":
+        return f"use the reference's stride ({c.get('stride', 1)}) in the conv config"
+    return {"bias": "add the bias: Conv1d::new(w, Some(b), cfg), broadcast over the channel axis",
+            "flipped": "PyTorch's conv is a cross-correlation: do not flip the kernel"}[label]
+
+
+_add(Mutation("conv", ("conv1d", "conv2d"), options=_conv_options, apply=_conv_apply,
+              what=_conv_what, instead=_conv_instead, fix=_conv_fix))
+
+
+def _pad_options(c):
+    pad = c.get("pad")
+    if not isinstance(pad, (tuple, list)) or not isinstance(c.input, torch.Tensor):
+        return []
+    out = []
+    pairs = [tuple(pad[i:i + 2]) for i in range(0, len(pad) - 1, 2)]
+    if any(a != b for a, b in pairs):
+        out.append("sides swapped")
+    mode = c.get("mode", "constant")
+    for alt in ("constant", "reflect", "replicate"):
+        if alt != mode:
+            out.append(alt)
+    return out
+
+
+def _pad_apply(c, label):
+    pad = list(c.get("pad"))
+    if label == "sides swapped":
+        swapped = []
+        for i in range(0, len(pad) - 1, 2):
+            swapped += [pad[i + 1], pad[i]]
+        return c.run(pad=tuple(swapped))
+    return c.run(mode=label, value=None if label != "constant" else c.get("value"))
+
+
+_add(Mutation(
+    "pad", "pad",
+    options=_pad_options,
+    apply=_pad_apply,
+    what=lambda c, label: (f"{c.name} with the two sides swapped" if label == "sides swapped"
+                           else f"{c.name}(mode='{label}')"),
+    instead=lambda c, label: (f"pad={tuple(c.get('pad'))}" if label == "sides swapped"
+                              else f"mode='{c.get('mode', 'constant')}'"),
+    fix=lambda c, label: (f"pad as the reference does: {tuple(c.get('pad'))} is (last-axis left, "
+                          "last-axis right, …), starting from the last axis"
+                          if label == "sides swapped" else
+                          f"pad in mode '{c.get('mode', 'constant')}' (candle: pad_with_zeros / "
+                          "pad_with_same)"),
+))
+
+# --- precision -----------------------------------------------------------------------------------
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def _upcast_target(c):
+    if c.op == "float":
+        return torch.float32
+    for a in list(c.args[1:]) + list(c.kwargs.values()):
+        if isinstance(a, torch.dtype):
+            return a
+    return None
+
+
+_add(Mutation(
+    "upcast-dropped", ("to", "float"),
+    options=lambda c: ["dropped"] if isinstance(c.input, torch.Tensor) and c.input.dtype in _LOW
+    and _upcast_target(c) in (torch.float32, torch.float64) else [],
+    apply=lambda c, label: c.input,
+    what=lambda c, label: f"{c.name}({_upcast_target(c)}) skipped: computed in {c.input.dtype}",
+    instead=lambda c, label: f"computed in {_upcast_target(c)}",
+    fix="compute this part in f32 as the reference does: .to_dtype(DType::F32)? before it and "
+        ".to_dtype(dtype)? after",
+))
+
+_add(Mutation(
+    "softmax-upcast-dropped", ("softmax", "log_softmax"),
+    options=lambda c: ["dropped"] if isinstance(c.input, torch.Tensor) and c.input.dtype in _LOW
+    and c.kwargs.get("dtype") in (torch.float32, torch.float64) else [],
+    apply=lambda c, label: c.func(*c.args, **{k: v for k, v in c.kwargs.items() if k != "dtype"}),
+    what=lambda c, label: f"{c.name} in {c.input.dtype} (dtype= dropped)",
+    instead=lambda c, label: f"dtype={c.kwargs.get('dtype')}",
+    fix="compute the softmax in f32 as the reference does: .to_dtype(DType::F32)? first",
+))
+
+# --- layout --------------------------------------------------------------------------------------
+
+_add(Mutation(
+    "layout-dropped", ("transpose", "permute", "t", "swapaxes", "movedim"),
+    options=lambda c: ["dropped"] if isinstance(c.input, torch.Tensor) and c.input.dim() >= 2 else [],
+    apply=lambda c, label: c.input,
+    what=lambda c, label: f"{c.name}({', '.join(_fmt(a) for a in c.args[1:])}) dropped",
+    instead="applied",
+    fix=lambda c, label: f"apply the {c.op} as the reference does "
+                         f"(.{ 'transpose' if c.op != 'permute' else 'permute'}(..)?, then .contiguous()? "
+                         "before a reshape)",
+))
+
+
+def _view_options(c):
+    if not isinstance(c.input, torch.Tensor):
+        return []
+    shape = tuple(c.output.shape)
+    if len(shape) < 4:  # splitting heads: (batch, seq, heads, head_dim) and beyond
+        return []
+    # Equal sizes too: reshaping straight to them still mixes the two axes.
+    return [f"{i},{i + 1}" for i in range(len(shape) - 1) if shape[i] > 1 and shape[i + 1] > 1]
+
+
+def _view_apply(c, label):
+    i, j = (int(v) for v in label.split(","))
+    shape = list(c.output.shape)
+    shape[i], shape[j] = shape[j], shape[i]
+    return c.input.reshape(shape).transpose(i, j)
+
+
+_add(Mutation(
+    "view-order", ("view", "reshape"),
+    options=_view_options,
+    apply=_view_apply,
+    what=lambda c, label: (
+        f"{c.name} splitting axes {label.replace(',', ' and ')} in the other order "
+        f"(reshaped straight to {_swapped(c.output.shape, label)})"),
+    instead=lambda c, label: f"{list(c.output.shape)}",
+    fix=lambda c, label: (
+        f"reshape to {list(c.output.shape)} as the reference does, then transpose: reshaping "
+        f"straight to {_swapped(c.output.shape, label)} mixes the two axes (e.g. positions and heads)"),
+))
+
+
+def _swapped(shape, label):
+    i, j = (int(v) for v in label.split(","))
+    s = list(shape)
+    s[i], s[j] = s[j], s[i]
+    return s
+
+
+# --- scalar constants ----------------------------------------------------------------------------
+
+_ARITHMETIC = ("add", "sub", "mul", "div", "__radd__", "__rsub__", "__rmul__", "__rdiv__", "__rtruediv__",
+               "__rpow__", "pow", "clamp", "clamp_min", "add_", "mul_", "div_")
+_BASES = (10000.0, 500000.0, 1000000.0)
+
+
+def _scalar(c):
+    for i, a in enumerate(c.args[1:], start=1):
+        if _is_number(a):
+            return i, a
+    for name in ("min", "other", "exponent"):
+        if _is_number(c.kwargs.get(name)):
+            return name, c.kwargs[name]
+    return None
+
+
+def _scalar_options(c):
+    found = _scalar(c)
+    if found is None or not isinstance(c.input, torch.Tensor):
+        return []
+    _, s = found
+    out = []
+    if c.op in ("add", "__radd__", "add_", "clamp", "clamp_min", "sub") and 0 < abs(s) <= 1e-3:
+        out += [label for label, _ in _eps_options(abs(s))] + (["1e-08"] if abs(s) != 1e-8 else [])
+    if c.op in ("__rpow__", "pow", "mul", "div", "__rmul__") and abs(s) >= 1000:
+        out += [_fmt(b) for b in _BASES if b != abs(s)]
+    if c.op in ("mul", "div", "__rmul__", "mul_", "div_") and abs(s) not in (0, 1, 0.5, 2) and abs(s) < 1000:
+        out += ["squared", "dropped"]
+    return out
+
+
+def _scalar_value(s, label):
+    if label == "squared":
+        return s * s if s > 0 else -(s * s)
+    if label == "dropped":
+        return 1.0
+    if label in ("×10", "÷10"):
+        return _eps_value(abs(s), label) * (1 if s > 0 else -1)
+    return float(label) * (1 if s > 0 else -1)
+
+
+def _scalar_apply(c, label):
+    where, s = _scalar(c)
+    value = _scalar_value(s, label)
+    if isinstance(where, int):
+        args = list(c.args)
+        args[where] = value
+        return c.func(*args, **c.kwargs)
+    return c.func(*c.args, **{**c.kwargs, where: value})
+
+
+def _scalar_what(c, label):
+    _, s = _scalar(c)
+    value = _scalar_value(s, label)
+    how = {"squared": " (the factor squared)", "dropped": " (no factor)"}.get(label, "")
+    return f"{c.name} by {_fmt(float(value))} instead of {_fmt(float(s))}{how}" if c.op in (
+        "mul", "div", "__rmul__", "mul_", "div_") else f"{c.name} with {_fmt(float(value))} instead of {_fmt(float(s))}"
+
+
+def _whole(x) -> bool:
+    return abs(x - round(x)) < 1e-6 * max(1.0, abs(x))
+
+
+def _scalar_fix(c, label):
+    _, s = _scalar(c)
+    if label == "squared" and c.op in ("div", "div_") and s > 1 and _whole(s * s):
+        return (f"divide by {_fmt(float(s))} = √{round(s * s)} as the reference does: an attention scale "
+                f"is 1/√head_dim, not 1/head_dim")
+    if label == "squared" and c.op in ("mul", "__rmul__", "mul_") and 0 < s < 1 and _whole(1 / (s * s)):
+        return (f"multiply by {_fmt(float(s))} = 1/√{round(1 / (s * s))} as the reference does: an "
+                f"attention scale is 1/√head_dim, not 1/head_dim")
+    if abs(s) >= 1000:
+        return f"use the reference's constant {_fmt(float(s))} (a rotary base is the config's rope_theta)"
+    return f"use the reference's constant {_fmt(float(s))}"
+
+
+_add(Mutation("constant", _ARITHMETIC, options=_scalar_options, apply=_scalar_apply,
+              what=_scalar_what, instead=lambda c, label: f"{_fmt(float(_scalar(c)[1]))}",
+              fix=_scalar_fix))
