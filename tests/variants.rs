@@ -13,7 +13,10 @@ use golden::describe::env::Mode;
 fn expect_variant(wrong: VariantPort) {
     let name = wrong.variant;
     let expected = variant_ports::expected_mutation(&wrong.layer.name);
-    let failure = common::must_fail(&wrong.layer.mode(Mode::Live), variant_ports::callable(&wrong.port));
+    let failure = common::must_fail(
+        &wrong.layer.mode(Mode::Live),
+        variant_ports::callable(&wrong.port),
+    );
     let msg = failure.to_string();
     let c = failure.case_failure().unwrap_or_else(|| panic!("{msg}"));
     let found: Vec<&str> = c.variants.iter().map(|v| v.name.as_str()).collect();

@@ -570,7 +570,10 @@ fn llama(i: &PortInputs, o: Llama) -> Result<Tensor> {
 
 /// The correct port (`tests/mutations.rs` checks that it passes with nothing reported).
 pub fn llama_right() -> (Layer, BoxedPort) {
-    (llama_layer("m_llama_right"), std::sync::Arc::new(|i| llama(i, RIGHT)))
+    (
+        llama_layer("m_llama_right"),
+        std::sync::Arc::new(|i| llama(i, RIGHT)),
+    )
 }
 
 pub fn llama_rotary_on_interleaved_pairs() -> MutationPort {
