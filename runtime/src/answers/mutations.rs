@@ -61,7 +61,9 @@ const KEEP: usize = 6;
 
 impl Live {
     /// Search the mutants of the reference that move toward `port` on one case; with `only`, just
-    /// evaluate those (by key: the ones that matched on another case).
+    /// evaluate those (by key: the ones that matched on another case). `state`: the module's
+    /// parameters of the case, as for any request about it.
+    #[allow(clippy::too_many_arguments)]
     pub fn mutations(
         &self,
         layer: &Layer,

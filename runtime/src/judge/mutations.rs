@@ -153,6 +153,7 @@ mod tests {
             Expected {
                 value: t,
                 rounding: None,
+                precise: None,
             },
         )]
     }
