@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod npy;
 pub mod tensor;
 
@@ -20,4 +21,5 @@ pub mod pickle;
 #[cfg(feature = "safetensors")]
 pub mod safetensors;
 
+pub use budget::{Budget, OverBudget, ReadError};
 pub use tensor::{HostTensor, WireDType};
