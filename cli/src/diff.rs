@@ -4,7 +4,8 @@
 //! Folders are paired file by file (same relative path, whatever the extension: `a/0_attn.npy`
 //! with `b/0_attn.pth`), then tensors inside a pair of files by name (a file holding one tensor
 //! pairs with the other side's one tensor). Pairs of files are read and compared on several
-//! threads; each file is read once.
+//! threads; each file is read once. Symlinks to folders are followed, each real folder visited
+//! once; the links that were not followed are named (`walk.rs`).
 
 use golden::describe::layer::Tol;
 use golden::judge::compare::{self, Expected, Rule, Verdict};
@@ -102,37 +103,39 @@ pub struct Diff {
     pub b: PathBuf,
     pub rows: Vec<Row>,
     pub tolerance: Tolerance,
+    /// Symlinked folders that were not followed, and why.
+    pub notes: Vec<String>,
 }
 
 const EXTENSIONS: &[&str] = &["npy", "npz", "safetensors", "pt", "pth", "bin"];
 
-/// Tensor files under `dir`, by their path relative to it without the extension.
-fn files_under(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
-        for e in entries {
-            let path = e.map_err(|e| format!("{}: {e}", d.display()))?.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path
-                .extension()
-                .and_then(|x| x.to_str())
-                .is_some_and(|x| EXTENSIONS.contains(&x.to_ascii_lowercase().as_str()))
-            {
-                let rel = path.strip_prefix(dir).unwrap_or(&path).with_extension("");
-                out.push((rel.to_string_lossy().replace('\\', "/"), path));
-            }
-        }
-    }
-    Ok(out)
+/// Tensor files under `dir`, by their path relative to it without the extension, and the
+/// symlinks that were not followed (each real folder is visited once).
+fn files_under(dir: &Path, notes: &mut Vec<String>) -> Result<Vec<(String, PathBuf)>, String> {
+    let walk = crate::walk::files_under(dir, |path| {
+        path.extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| EXTENSIONS.contains(&x.to_ascii_lowercase().as_str()))
+    })?;
+    notes.extend(
+        walk.notes
+            .into_iter()
+            .map(|n| format!("in {}: {n}", dir.display())),
+    );
+    Ok(walk
+        .files
+        .into_iter()
+        .map(|path| {
+            let rel = path.strip_prefix(dir).unwrap_or(&path).with_extension("");
+            (rel.to_string_lossy().replace('\\', "/"), path)
+        })
+        .collect())
 }
 
 /// Pairs of files to compare: (key, A's file, B's file).
 type FilePair = (String, Option<PathBuf>, Option<PathBuf>);
 
-fn pair_files(a: &Path, b: &Path) -> Result<Vec<FilePair>, String> {
+fn pair_files(a: &Path, b: &Path, notes: &mut Vec<String>) -> Result<Vec<FilePair>, String> {
     for path in [a, b] {
         if let Err(e) = std::fs::metadata(path) {
             return Err(format!("{}: {e}", path.display()));
@@ -141,7 +144,7 @@ fn pair_files(a: &Path, b: &Path) -> Result<Vec<FilePair>, String> {
     match (a.is_dir(), b.is_dir()) {
         (false, false) => Ok(vec![(String::new(), Some(a.into()), Some(b.into()))]),
         (true, true) => {
-            let (fa, fb) = (files_under(a)?, files_under(b)?);
+            let (fa, fb) = (files_under(a, notes)?, files_under(b, notes)?);
             if fa.is_empty() && fb.is_empty() {
                 return Err(format!(
                     "neither {} nor {} holds tensor files ({})",
@@ -402,7 +405,8 @@ fn moments(a: &HostTensor, b: &HostTensor) -> Stats {
 
 /// Run the diff.
 pub fn run(a: &Path, b: &Path, tolerance: Tolerance) -> Result<Diff, String> {
-    let pairs = pair_files(a, b)?;
+    let mut notes = Vec::new();
+    let pairs = pair_files(a, b, &mut notes)?;
     let total = pairs.len();
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
@@ -437,6 +441,7 @@ pub fn run(a: &Path, b: &Path, tolerance: Tolerance) -> Result<Diff, String> {
         b: b.to_path_buf(),
         rows,
         tolerance,
+        notes,
     })
 }
 
@@ -590,6 +595,9 @@ impl Diff {
                 );
             }
         }
+        for note in &self.notes {
+            let _ = writeln!(s, "note: {note}");
+        }
         s
     }
 
@@ -643,6 +651,7 @@ impl Diff {
             "a": self.a,
             "b": self.b,
             "tensors": rows,
+            "notes": self.notes,
             "first_divergence": self.first_divergence().map(|(_, r)| r.name.clone()),
             "match": self.all_match(),
         })

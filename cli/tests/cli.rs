@@ -257,3 +257,79 @@ fn show_prints_statistics_a_histogram_and_a_slice() {
         "{err}"
     );
 }
+
+/// Run golden, failing the test if it has not finished within `secs` seconds (it is killed then).
+fn golden_within(args: &[&str], env: &[(&str, &str)], secs: u64) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_golden"))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("golden runs");
+    let pid = child.id();
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || send.send(child.wait_with_output()));
+    match receive.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(out) => out.expect("golden's output"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("golden {args:?} did not finish within {secs} s");
+        }
+    }
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[cfg(unix)]
+#[test]
+fn diff_and_report_walk_each_real_folder_once_through_symlink_loops() {
+    let (a, b) = (Dir::new("loop-a"), Dir::new("loop-b"));
+    for d in [&a, &b] {
+        std::fs::copy(fixture("0_post_attn.pth"), d.path().join("x.pth")).unwrap();
+        // A link to its own folder, and two to the parent: followed, they would list `x` 41
+        // times, and walk 2^40 paths.
+        std::os::unix::fs::symlink(".", d.path().join("self")).unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink("..", d.path().join("sub/up1")).unwrap();
+        std::os::unix::fs::symlink("..", d.path().join("sub/up2")).unwrap();
+    }
+    let start = std::time::Instant::now();
+    let out = golden_within(
+        &[
+            "diff",
+            a.path().to_str().unwrap(),
+            b.path().to_str().unwrap(),
+        ],
+        &[],
+        60,
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("all 1 tensors match"), "{stdout}");
+    for link in ["self", "sub/up1", "sub/up2"] {
+        assert!(
+            stdout.contains(&format!(
+                "note: in {}: `{link}` was not followed: it leads back to `.`, which contains it \
+                 (a loop)",
+                a.path().display()
+            )),
+            "{stdout}"
+        );
+    }
+    eprintln!("diff through symlink loops: {:?}", start.elapsed());
+    // `golden report` walks its results folder the same way.
+    let out = golden_within(
+        &["report", "--results", a.path().to_str().unwrap()],
+        &[],
+        60,
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr.contains("no results in"), "{stderr}");
+}
