@@ -258,9 +258,21 @@ fn compare_files(key: &str, a: Option<&Path>, b: Option<&Path>, tol: Tolerance) 
     rows
 }
 
-/// The less precise of two float dtypes (the tolerance is that dtype's).
+/// Significant bits of a float dtype (bf16 keeps 8, f16 11: bf16 is the less precise of the two
+/// although both take 2 bytes).
+fn precision(d: WireDType) -> u32 {
+    match d {
+        WireDType::F64 => 53,
+        WireDType::F32 => 24,
+        WireDType::F16 => 11,
+        WireDType::BF16 => 8,
+        _ => 64,
+    }
+}
+
+/// The less precise of two float dtypes (the tolerance is that dtype's, in either order).
 fn coarser(a: WireDType, b: WireDType) -> WireDType {
-    if a.size() <= b.size() {
+    if precision(a) <= precision(b) {
         a
     } else {
         b

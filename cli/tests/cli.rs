@@ -333,3 +333,52 @@ fn diff_and_report_walk_each_real_folder_once_through_symlink_loops() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr.contains("no results in"), "{stderr}");
 }
+
+/// A `.safetensors` file of one tensor `x` of `dtype` (`F16`, `BF16`) and little-endian `data`.
+fn safetensors(path: &Path, dtype: &str, shape: &[usize], data: &[u8]) {
+    let mut header = format!(
+        "{{\"x\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[0,{}]}}}}",
+        data.len()
+    );
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn f16_against_bf16_takes_the_less_precise_tolerance_in_either_order() {
+    let d = Dir::new("halves");
+    // 1 and 1.0078125 (the next bf16 after 1): 0.8% apart, outside f16's rtol 1e-3, inside
+    // bf16's 1.6e-2. Both are exact in both dtypes.
+    let values = [1.0f32, -2.0, 1.0078125, 0.5];
+    let other = [1.0078125f32, -2.0, 1.0, 0.5];
+    let f16: Vec<u8> = values
+        .iter()
+        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+        .collect();
+    let bf16: Vec<u8> = other
+        .iter()
+        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        .collect();
+    let (a, b) = (
+        d.path().join("a.safetensors"),
+        d.path().join("b.safetensors"),
+    );
+    safetensors(&a, "F16", &[4], &f16);
+    safetensors(&b, "BF16", &[4], &bf16);
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    for (x, y) in [(a, b), (b, a)] {
+        let out = golden(&["diff", x, y, "--json"]);
+        let doc: Json = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{x} against {y}: {doc}");
+        assert_eq!(
+            doc["tensors"][0]["rule"], "atol 1e-5 + rtol 0.016·|A|",
+            "{doc}"
+        );
+        assert_eq!(doc["tensors"][0]["mismatched"], 0);
+    }
+}
