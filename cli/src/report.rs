@@ -58,16 +58,17 @@ fn base64(bytes: &[u8]) -> String {
 fn embed(path: &Path) -> Json {
     match npy::read(path) {
         Ok(t) => {
-            let values = t.to_f64();
-            let kept = values.len().min(EMBEDDED_ELEMENTS);
-            let bytes: Vec<u8> = values[..kept]
+            // Only the embedded elements are converted, however large the tensor.
+            let mut values = vec![0.0; t.numel().min(EMBEDDED_ELEMENTS)];
+            t.read_f64_into(0, &mut values);
+            let bytes: Vec<u8> = values
                 .iter()
                 .flat_map(|v| (*v as f32).to_le_bytes())
                 .collect();
             json!({
                 "shape": t.shape,
                 "dtype": t.dtype.name(),
-                "numel": values.len(),
+                "numel": t.numel(),
                 "data": base64(&bytes),
             })
         }

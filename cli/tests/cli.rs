@@ -334,6 +334,103 @@ fn diff_and_report_walk_each_real_folder_once_through_symlink_loops() {
     assert!(stderr.contains("no results in"), "{stderr}");
 }
 
+#[test]
+fn a_file_that_expands_past_its_read_budget_is_refused_with_how_to_raise_it() {
+    // 100 expand views of one 4 KiB storage, 4 MiB each once copied: 400 MiB from 13 KiB (over
+    // the default budget of 256 MiB: files/tests/tensor_files.rs). Compared a pair at a time
+    // within 18 MiB, the first 4 fit.
+    let bomb = fixture("bomb_views.pt");
+    let out = golden_within(&["diff", &bomb, &bomb, "--read-budget", "18MiB"], &[], 60);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stdout.contains("6 tensors: 4 match"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "ERROR {bomb}: `v4` (a view that is not contiguous, copied) would expand the file to \
+             20.2 MiB in memory, over its read budget of 18 MiB (set by --read-budget 18MiB); if \
+             you trust the file, raise the budget with --read-budget SIZE (or \
+             GOLDEN_READ_BUDGET=SIZE) (at least 21 MiB)"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "ERROR {bomb}: not compared, nor the 94 tensors after it: the file went over its read \
+             budget at `v4`"
+        )),
+        "{stdout}"
+    );
+    // One view fits 5 MiB, not 4.
+    let out = golden_within(&["show", &bomb, "v99", "--read-budget", "5MiB"], &[], 60);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let out = golden_within(&["show", &bomb, "v99", "--read-budget", "4MiB"], &[], 60);
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    // `show` without a name lists the views without reading them, even within 1 MiB.
+    let out = golden_within(&["show", &bomb, "--read-budget", "1MiB"], &[], 60);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("100 tensors (name one to see it)")
+            && stdout.contains("  v99  f32   [1024, 1024]     4 MiB"),
+        "{stdout}"
+    );
+    // An .npz of deflated zeros: only the entry shown is inflated, and charged before.
+    let npz = fixture("bomb_zeros.npz");
+    let out = golden_within(&["show", &npz, "z1"], &[("GOLDEN_READ_BUDGET", "8MiB")], 60);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr.contains(&format!(
+            "golden show: {npz}: `z1.npy` (inflated) would expand the file to 16 MiB in memory, \
+             over its read budget of 8 MiB (set by GOLDEN_READ_BUDGET=8MiB); if you trust the \
+             file, raise the budget with --read-budget SIZE (or GOLDEN_READ_BUDGET=SIZE) (at \
+             least 17 MiB)"
+        )),
+        "{stderr}"
+    );
+    let out = golden_within(&["show", &npz, "z1", "--read-budget", "20MiB"], &[], 60);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.starts_with("z1: f32 [4194304] (4194304 elements)"),
+        "{stdout}"
+    );
+    let out = golden(&["show", &npz, "--read-budget", "lots"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr.starts_with("golden: --read-budget lots: `lots` is not a size"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sizes_from_options_are_checked_before_anything_is_allocated() {
+    let out = golden_within(
+        &["show", &fixture("0_post_attn.pth"), "--bins", "4000000000"],
+        &[],
+        60,
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        "golden show: --bins 4000000000: a histogram has 1 to 1000 bins (one line each)\n"
+    );
+    let out = golden(&["show", &fixture("0_post_attn.pth"), "--bins", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    // A slice of an axis of any length selects lazily.
+    let out = golden(&[
+        "show",
+        &fixture("0_post_attn.pth"),
+        "--slice=-9223372036854775808:9223372036854775807:9223372036854775807",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("values [-9223372036854775808:"), "{stdout}");
+    assert!(stdout.contains("\n  [-1]\n"), "{stdout}");
+}
+
 /// A `.safetensors` file of one tensor `x` of `dtype` (`F16`, `BF16`) and little-endian `data`.
 fn safetensors(path: &Path, dtype: &str, shape: &[usize], data: &[u8]) {
     let mut header = format!(
@@ -381,4 +478,41 @@ fn f16_against_bf16_takes_the_less_precise_tolerance_in_either_order() {
         );
         assert_eq!(doc["tensors"][0]["mismatched"], 0);
     }
+}
+
+#[test]
+fn what_a_file_holds_that_is_not_a_tensor_is_named() {
+    let ckpt = fixture("not_tensors.pt");
+    let listed = "`config` (a dict of 3 strings), `scheduler` (None), `tags` (a list of 2 \
+                  strings), `args` (a `argparse.Namespace` object, never built), `buffers` (an \
+                  empty dict), `extra.why` (a string)";
+    let out = golden(&["diff", &ckpt, &ckpt]);
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    for side in ["A", "B"] {
+        assert!(
+            stdout.contains(&format!(
+                "skipped in {side} ({ckpt}), not tensors: {listed}\n"
+            )),
+            "{stdout}"
+        );
+    }
+    let out = golden(&["diff", &ckpt, &ckpt, "--json"]);
+    let doc: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        doc["skipped"][0],
+        serde_json::json!({"side": "A", "file": ckpt, "name": "config", "what": "a dict of 3 strings"})
+    );
+    let out = golden(&["show", &ckpt]);
+    let (stdout, _) = text(&out);
+    assert!(
+        stdout.contains(&format!("  skipped, not tensors: {listed}\n")),
+        "{stdout}"
+    );
+    let out = golden(&["show", &ckpt, "model.w"]);
+    let (stdout, _) = text(&out);
+    assert!(
+        stdout.ends_with(&format!("the file also holds, not tensors: {listed}\n")),
+        "{stdout}"
+    );
 }

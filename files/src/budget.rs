@@ -198,8 +198,7 @@ pub fn size(bytes: u64) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    let digits = if value >= 100.0 { 0 } else { 1 };
-    let text = format!("{value:.digits$}");
+    let text = format!("{value:.1}");
     format!("{} {}", text.trim_end_matches(".0"), UNITS[unit])
 }
 
