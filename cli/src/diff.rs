@@ -367,10 +367,13 @@ fn compare_files(
                 a,
                 b,
                 outcome: Outcome::Error(format!(
-                    "{}: not compared, nor the {} tensors after it: the file went over its read \
-                     budget at `{}`",
+                    "{}: not compared{}: the file went over its read budget at `{}`",
                     o.file.display(),
-                    o.left - 1,
+                    match o.left - 1 {
+                        0 => String::new(),
+                        1 => ", nor the tensor after it".into(),
+                        n => format!(", nor the {n} tensors after it"),
+                    },
                     o.at
                 )),
             });

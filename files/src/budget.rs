@@ -52,13 +52,13 @@ impl fmt::Display for OverBudget {
         write!(
             f,
             "{} would expand the file to {} in memory, over its read budget of {} ({}); if you \
-             trust the file, raise the budget with {} (at least {})",
+             trust the file, raise the budget with {} (at least {} MiB)",
             self.entry,
             size(self.would_reach),
             size(self.limit),
             self.origin,
             self.raise,
-            size(round_up(self.would_reach)),
+            self.would_reach.div_ceil(1 << 20),
         )
     }
 }
@@ -95,12 +95,6 @@ impl From<String> for ReadError {
     fn from(why: String) -> Self {
         ReadError::Unreadable(why)
     }
-}
-
-/// `n` rounded up to a size that reads well as an option (a whole number of MiB or GiB).
-fn round_up(n: u64) -> u64 {
-    let unit = if n >= 1 << 30 { 1 << 30 } else { 1 << 20 };
-    n.div_ceil(unit).saturating_mul(unit)
 }
 
 impl Budget {
