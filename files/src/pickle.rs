@@ -632,10 +632,11 @@ struct Walk<'b> {
 }
 
 impl Walk<'_> {
-    /// Names cost memory too: each is charged (a hostile pickle can nest long keys).
+    /// Names cost memory too: each is charged, with its place in a list (a hostile pickle can
+    /// nest long keys).
     fn charge(&mut self, name: &str) -> Result<(), ReadError> {
         self.budget
-            .charge("the names of the saved object", name.len() as u64 + 64)?;
+            .charge("the names of the saved object", name.len() as u64 + 128)?;
         Ok(())
     }
 
@@ -658,12 +659,18 @@ impl Walk<'_> {
             ));
         }
         self.nodes += 1;
+        // The name of every value walked is a string of its own while the walk is below it.
+        self.charge(name)?;
+        // Exactly as long as it needs (`format!` may take twice that), as charged.
         let join = |key: &str| {
             if name.is_empty() {
-                key.to_string()
-            } else {
-                format!("{name}.{key}")
+                return key.to_string();
             }
+            let mut joined = String::with_capacity(name.len() + 1 + key.len());
+            joined.push_str(name);
+            joined.push('.');
+            joined.push_str(key);
+            joined
         };
         let (found, skipped) = (self.found.len(), self.skipped.len());
         match value {
