@@ -582,6 +582,15 @@ fn moments(a: &HostTensor, b: &HostTensor) -> Stats {
 
 /// Run the diff, each file within its read budget.
 pub fn run(a: &Path, b: &Path, tolerance: Tolerance, read: &ReadOptions) -> Result<Diff, String> {
+    // Neither a NaN nor a negative tolerance is one: either failed every element that was not
+    // exactly equal.
+    for (option, value) in [("--atol", tolerance.atol), ("--rtol", tolerance.rtol)] {
+        if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+            return Err(format!(
+                "{option} {v}: a tolerance is a finite number, 0 or more"
+            ));
+        }
+    }
     let mut notes = Vec::new();
     let pairs = pair_files(a, b, &mut notes)?;
     let total = pairs.len();

@@ -419,6 +419,21 @@ fn sizes_from_options_are_checked_before_anything_is_allocated() {
     );
     let out = golden(&["show", &fixture("0_post_attn.pth"), "--bins", "0"]);
     assert_eq!(out.status.code(), Some(2));
+    // NaN, infinite and negative tolerances are refused, naming the option.
+    let (a, b) = (fixture("arrays.npz"), fixture("state_dict.pt"));
+    for (option, value) in [("--atol", "nan"), ("--rtol", "-1"), ("--atol", "inf")] {
+        let out = golden(&["diff", &a, &b, &format!("{option}={value}")]);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.starts_with(&format!("golden diff: {option} ")),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("a tolerance is a finite number, 0 or more"),
+            "{stderr}"
+        );
+    }
     // A slice of an axis of any length selects lazily.
     let out = golden(&[
         "show",
