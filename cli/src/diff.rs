@@ -421,18 +421,6 @@ fn chunk(t: &HostTensor, start: usize, len: usize, as_f64: bool) -> HostTensor {
     }
 }
 
-/// The multi-index of flat (row-major) index `flat` in `shape`.
-fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
-    let mut index = vec![0; shape.len()];
-    for (axis, &size) in shape.iter().enumerate().rev() {
-        if size > 0 {
-            index[axis] = flat % size;
-            flat /= size;
-        }
-    }
-    index
-}
-
 fn compare_tensors(name: String, a: &HostTensor, b: &HostTensor, tol: Tolerance) -> Row {
     let mut row = Row {
         name,
@@ -496,7 +484,7 @@ fn compare_tensors(name: String, a: &HostTensor, b: &HostTensor, tol: Tolerance)
         );
         if let Verdict::Values(v) = leaf.verdict {
             let whole = |mut e: Element| {
-                e.index = unravel(start + e.index.first().copied().unwrap_or(0), &a.shape);
+                e.index = compare::unravel(start + e.index.first().copied().unwrap_or(0), &a.shape);
                 e
             };
             stats.nan = (stats.nan.0 + v.nan.0, stats.nan.1 + v.nan.1);
