@@ -113,6 +113,52 @@ fn storage_type(class: &str) -> Result<StorageType, String> {
 /// Bytes charged for each opcode run: a value and its place on the stack or in a container.
 const OPCODE_COST: u64 = 64;
 
+/// Every list and dict the pickle made. A pickle can put a list inside itself (APPEND it to
+/// itself through the memo), a cycle of `Rc`s that would never be freed: dropping this empties
+/// them all, which breaks every cycle.
+#[derive(Default)]
+struct Containers {
+    lists: Vec<Shared<Vec<Value>>>,
+    dicts: Vec<Shared<Vec<(Value, Value)>>>,
+}
+
+impl Containers {
+    fn list(&mut self, items: Vec<Value>) -> Value {
+        let l = Rc::new(RefCell::new(items));
+        self.lists.push(l.clone());
+        Value::List(l)
+    }
+
+    fn dict(&mut self, pairs: Vec<(Value, Value)>) -> Value {
+        let d = Rc::new(RefCell::new(pairs));
+        self.dicts.push(d.clone());
+        Value::Dict(d)
+    }
+
+    /// Keep a container made elsewhere (an `OrderedDict()`).
+    fn keep(&mut self, v: &Value) {
+        match v {
+            Value::List(l) => self.lists.push(l.clone()),
+            Value::Dict(d) => self.dicts.push(d.clone()),
+            _ => {}
+        }
+    }
+}
+
+impl Drop for Containers {
+    fn drop(&mut self) {
+        // Taken out first: emptying one may drop the last handle of another.
+        for l in &self.lists {
+            let items = std::mem::take(&mut *l.borrow_mut());
+            drop(items);
+        }
+        for d in &self.dicts {
+            let pairs = std::mem::take(&mut *d.borrow_mut());
+            drop(pairs);
+        }
+    }
+}
+
 struct Machine<'a, 'b> {
     data: &'a [u8],
     pos: usize,
@@ -123,6 +169,7 @@ struct Machine<'a, 'b> {
     budget: &'b mut Budget,
     /// The refusal of a charge, when that is why the run stopped.
     over: Option<OverBudget>,
+    containers: Containers,
 }
 
 impl<'a> Machine<'a, '_> {
@@ -214,12 +261,14 @@ impl<'a> Machine<'a, '_> {
                     return self.pop();
                 }
                 b'(' => self.stack.push(Value::Mark),
-                b'}' => self
-                    .stack
-                    .push(Value::Dict(Rc::new(RefCell::new(Vec::new())))),
-                b']' => self
-                    .stack
-                    .push(Value::List(Rc::new(RefCell::new(Vec::new())))),
+                b'}' => {
+                    let d = self.containers.dict(Vec::new());
+                    self.stack.push(d);
+                }
+                b']' => {
+                    let l = self.containers.list(Vec::new());
+                    self.stack.push(l);
+                }
                 b')' => self.stack.push(Value::Tuple(Rc::from(Vec::new()))),
                 b't' => {
                     let items = self.pop_mark()?;
@@ -235,12 +284,14 @@ impl<'a> Machine<'a, '_> {
                 }
                 b'l' => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::List(Rc::new(RefCell::new(items))));
+                    let l = self.containers.list(items);
+                    self.stack.push(l);
                 }
                 b'd' => {
                     let items = self.pop_mark()?;
                     let pairs = pairs(items)?;
-                    self.stack.push(Value::Dict(Rc::new(RefCell::new(pairs))));
+                    let d = self.containers.dict(pairs);
+                    self.stack.push(d);
                 }
                 b'a' => {
                     let item = self.pop()?;
@@ -368,6 +419,7 @@ impl<'a> Machine<'a, '_> {
                     let args = self.pop()?;
                     let callable = self.pop()?;
                     let v = reduce(callable, args)?;
+                    self.containers.keep(&v);
                     self.stack.push(v);
                 }
                 0x81 => {
@@ -787,6 +839,7 @@ pub(crate) fn open(
         cost: 0,
         budget,
         over: None,
+        containers: Containers::default(),
     };
     let root = match machine.run() {
         Ok(root) => root,
@@ -797,6 +850,8 @@ pub(crate) fn open(
             })
         }
     };
+    // Emptied (and their cycles broken) when this function returns, once walked.
+    let _containers = std::mem::take(&mut machine.containers);
     let mut walk = Walk {
         found: Vec::new(),
         skipped: Vec::new(),
