@@ -297,7 +297,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
         if let Some(key) = key.filter(|_| !module_form) {
             errors.push(
                 key.span(),
-                &format!(
+                format!(
                     "{what} is about the reference module's parameters: it needs the module form, \
                      whose first parameter is a `VarBuilder`"
                 ),

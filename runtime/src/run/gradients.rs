@@ -141,6 +141,10 @@ struct Case64 {
     v: Named,
 }
 
+/// What the finite differences found: `|analytic − numeric| / allowed` per input or parameter,
+/// and what disagrees.
+type FdFindings = (Vec<(String, f64)>, Vec<FdIssue>);
+
 /// A disagreement between the port's analytic gradient and finite differences.
 struct FdIssue {
     /// The input or parameter.
@@ -637,7 +641,7 @@ impl GradRunner<'_> {
         params: &CaseParams,
         targets: &Targets,
         failure: &mut CaseFailure,
-    ) -> Result<(Vec<(String, f64)>, Vec<FdIssue>), String> {
+    ) -> Result<FdFindings, String> {
         let spec = &self.spec;
         let case = self.case64(args, forward, cotangents);
         let v = &case.v;

@@ -488,7 +488,8 @@ fn run(
     let last = training.losses.last().copied().unwrap_or(f64::NAN);
     let bound = spec.threshold.max(spec.ratio * initial);
     let torch_last = torch_losses.last().copied().unwrap_or(f64::NAN);
-    let too_weak = !(torch_last < bound);
+    // NaN (no loss from PyTorch) counts as too weak too.
+    let too_weak = torch_last.partial_cmp(&bound) != Some(std::cmp::Ordering::Less);
     if last.is_nan() || last >= bound {
         issues.push(format!(
             "the port does not overfit one batch: its loss went {} (it must end below {}); \
