@@ -85,6 +85,7 @@ fn a_bug_in_block_2_is_found_at_block_2() {
         &trace.join("reference"),
         &trace.join("port"),
         golden_cli::diff::Tolerance::default(),
+        &golden_cli::read::ReadOptions::default(),
     )
     .unwrap();
     let (at, row) = diff.first_divergence().expect("a divergence");

@@ -4,12 +4,16 @@
 //! Folders are paired file by file (same relative path, whatever the extension: `a/0_attn.npy`
 //! with `b/0_attn.pth`), then tensors inside a pair of files by name (a file holding one tensor
 //! pairs with the other side's one tensor). Pairs of files are read and compared on several
-//! threads; each file is read once.
+//! threads; each file is read once, and of it only one pair of tensors at a time, within the
+//! file's read budget (`read.rs`). The comparison goes in chunks, so tensors of different dtypes
+//! are never copied whole. What a file holds that is not a tensor is named, and so are the
+//! symlinks to folders the walk does not follow (`walk.rs`).
 
+use crate::read::ReadOptions;
 use golden::describe::layer::Tol;
-use golden::judge::compare::{self, Expected, Rule, Verdict};
-use golden_files::formats;
-use golden_files::{HostTensor, WireDType};
+use golden::judge::compare::{self, Element, Expected, Rule, Verdict};
+use golden_files::formats::{Skipped, TensorFile};
+use golden_files::{HostTensor, ReadError, WireDType};
 use serde_json::{json, Value as Json};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -96,43 +100,58 @@ impl Row {
     }
 }
 
+/// Something a file holds that is not a tensor, and was skipped.
+#[derive(Clone, Debug)]
+pub struct SkippedIn {
+    /// Which side: `A` or `B`.
+    pub side: &'static str,
+    /// The file.
+    pub file: PathBuf,
+    /// What was skipped.
+    pub skipped: Skipped,
+}
+
 /// The whole diff.
 pub struct Diff {
     pub a: PathBuf,
     pub b: PathBuf,
     pub rows: Vec<Row>,
     pub tolerance: Tolerance,
+    /// What the files hold that is not a tensor.
+    pub skipped: Vec<SkippedIn>,
+    /// Symlinked folders that were not followed, and why.
+    pub notes: Vec<String>,
 }
 
 const EXTENSIONS: &[&str] = &["npy", "npz", "safetensors", "pt", "pth", "bin"];
 
-/// Tensor files under `dir`, by their path relative to it without the extension.
-fn files_under(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?;
-        for e in entries {
-            let path = e.map_err(|e| format!("{}: {e}", d.display()))?.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path
-                .extension()
-                .and_then(|x| x.to_str())
-                .is_some_and(|x| EXTENSIONS.contains(&x.to_ascii_lowercase().as_str()))
-            {
-                let rel = path.strip_prefix(dir).unwrap_or(&path).with_extension("");
-                out.push((rel.to_string_lossy().replace('\\', "/"), path));
-            }
-        }
-    }
-    Ok(out)
+/// Tensor files under `dir`, by their path relative to it without the extension, and the
+/// symlinks that were not followed (each real folder is visited once).
+fn files_under(dir: &Path, notes: &mut Vec<String>) -> Result<Vec<(String, PathBuf)>, String> {
+    let walk = crate::walk::files_under(dir, |path| {
+        path.extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| EXTENSIONS.contains(&x.to_ascii_lowercase().as_str()))
+    })?;
+    notes.extend(
+        walk.notes
+            .into_iter()
+            .map(|n| format!("in {}: {n}", dir.display())),
+    );
+    Ok(walk
+        .files
+        .into_iter()
+        .map(|path| {
+            let rel = path.strip_prefix(dir).unwrap_or(&path).with_extension("");
+            (rel.to_string_lossy().replace('\\', "/"), path)
+        })
+        .collect())
 }
 
 /// Pairs of files to compare: (key, A's file, B's file).
 type FilePair = (String, Option<PathBuf>, Option<PathBuf>);
 
-fn pair_files(a: &Path, b: &Path) -> Result<Vec<FilePair>, String> {
+fn pair_files(a: &Path, b: &Path, notes: &mut Vec<String>) -> Result<Vec<FilePair>, String> {
     for path in [a, b] {
         if let Err(e) = std::fs::metadata(path) {
             return Err(format!("{}: {e}", path.display()));
@@ -141,7 +160,7 @@ fn pair_files(a: &Path, b: &Path) -> Result<Vec<FilePair>, String> {
     match (a.is_dir(), b.is_dir()) {
         (false, false) => Ok(vec![(String::new(), Some(a.into()), Some(b.into()))]),
         (true, true) => {
-            let (fa, fb) = (files_under(a)?, files_under(b)?);
+            let (fa, fb) = (files_under(a, notes)?, files_under(b, notes)?);
             if fa.is_empty() && fb.is_empty() {
                 return Err(format!(
                     "neither {} nor {} holds tensor files ({})",
@@ -188,79 +207,217 @@ fn join(key: &str, name: &str) -> String {
     }
 }
 
-/// Compare one pair of files into rows.
-fn compare_files(key: &str, a: Option<&Path>, b: Option<&Path>, tol: Tolerance) -> Vec<Row> {
-    let read = |p: Option<&Path>| p.map(formats::read).transpose();
-    let (ta, tb) = match (read(a), read(b)) {
-        (Ok(ta), Ok(tb)) => (ta, tb),
+/// What comparing one pair of files found.
+struct FileResult {
+    rows: Vec<Row>,
+    skipped: Vec<SkippedIn>,
+}
+
+fn error_row(name: String, e: String) -> Row {
+    Row {
+        name,
+        a: None,
+        b: None,
+        outcome: Outcome::Error(e),
+    }
+}
+
+/// A file that went over its read budget, and the pairs left uncompared.
+struct Over {
+    file: PathBuf,
+    /// The tensor that went over.
+    at: String,
+    /// The first pair left: its row's name and sides.
+    next: Option<(String, Side, Side)>,
+    left: usize,
+}
+
+/// A side of a row: shape and dtype.
+type Side = Option<(Vec<usize>, WireDType)>;
+
+/// Compare one pair of files into rows, reading one pair of tensors at a time.
+fn compare_files(
+    key: &str,
+    a: Option<&Path>,
+    b: Option<&Path>,
+    tol: Tolerance,
+    read: &ReadOptions,
+) -> FileResult {
+    let open = |p: Option<&Path>| p.map(|p| read.open(p)).transpose();
+    let (mut fa, mut fb) = match (open(a), open(b)) {
+        (Ok(fa), Ok(fb)) => (fa, fb),
         (Err(e), _) | (_, Err(e)) => {
-            return vec![Row {
-                name: if key.is_empty() {
-                    "(files)".into()
-                } else {
-                    key.into()
-                },
-                a: None,
-                b: None,
-                outcome: Outcome::Error(e),
-            }]
+            let name = if key.is_empty() {
+                "(files)".into()
+            } else {
+                key.into()
+            };
+            return FileResult {
+                rows: vec![error_row(name, e)],
+                skipped: Vec::new(),
+            };
         }
     };
-    let ta = ta.map(|c| c.tensors).unwrap_or_default();
-    let tb = tb.map(|c| c.tensors).unwrap_or_default();
-    let mut rows = Vec::new();
-    let describe = |t: &HostTensor| (t.shape.clone(), t.dtype);
-    // One tensor on each side: a pair, whatever their names (two .npy files of different stems).
-    if ta.len() == 1 && tb.len() == 1 {
+    let mut skipped = Vec::new();
+    for (side, f) in [("A", &fa), ("B", &fb)] {
+        if let Some(f) = f {
+            skipped.extend(f.skipped().iter().map(|s| SkippedIn {
+                side,
+                file: f.path().to_path_buf(),
+                skipped: s.clone(),
+            }));
+        }
+    }
+    let names = |f: &Option<TensorFile>| -> Vec<(String, Vec<usize>, WireDType)> {
+        f.as_ref().map_or_else(Vec::new, |f| {
+            f.entries()
+                .iter()
+                .map(|e| (e.name.clone(), e.shape.clone(), e.dtype))
+                .collect()
+        })
+    };
+    let (ea, eb) = (names(&fa), names(&fb));
+    // Pairs of (row name, index in A, index in B).
+    let mut pairs: Vec<(String, Option<usize>, Option<usize>)> = Vec::new();
+    if ea.len() == 1 && eb.len() == 1 {
+        // One tensor on each side: a pair, whatever their names (two .npy files of different
+        // stems).
         let name = if key.is_empty() {
-            if ta[0].0 == tb[0].0 {
-                ta[0].0.clone()
+            if ea[0].0 == eb[0].0 {
+                ea[0].0.clone()
             } else {
-                format!("{} / {}", ta[0].0, tb[0].0)
+                format!("{} / {}", ea[0].0, eb[0].0)
             }
         } else {
             key.to_string()
         };
-        rows.push(compare_tensors(name, &ta[0].1, &tb[0].1, tol));
-        return rows;
-    }
-    let single_file_key = |name: &str, one: bool| {
-        if one && !key.is_empty() {
-            key.to_string()
-        } else {
-            join(key, name)
+        pairs.push((name, Some(0), Some(0)));
+    } else {
+        let single_file_key = |name: &str, one: bool| {
+            if one && !key.is_empty() {
+                key.to_string()
+            } else {
+                join(key, name)
+            }
+        };
+        for (i, (name, _, _)) in ea.iter().enumerate() {
+            match eb.iter().position(|(n, _, _)| n == name) {
+                Some(j) => pairs.push((join(key, name), Some(i), Some(j))),
+                None => pairs.push((single_file_key(name, ea.len() == 1), Some(i), None)),
+            }
         }
-    };
-    for (name, t) in &ta {
-        match tb.iter().find(|(n, _)| n == name) {
-            Some((_, u)) => rows.push(compare_tensors(join(key, name), t, u, tol)),
-            None => rows.push(Row {
-                name: single_file_key(name, ta.len() == 1),
-                a: Some(describe(t)),
-                b: None,
-                outcome: Outcome::Only(true),
+        for (j, (name, _, _)) in eb.iter().enumerate() {
+            if !ea.iter().any(|(n, _, _)| n == name) {
+                pairs.push((single_file_key(name, eb.len() == 1), None, Some(j)));
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    // A file over its budget is read no further: the pairs left are counted, under the name of
+    // the first of them.
+    let mut over: [Option<Over>; 2] = [None, None];
+    for (name, ia, ib) in pairs {
+        let describe = |e: &Vec<(String, Vec<usize>, WireDType)>, i: Option<usize>| {
+            i.map(|i| (e[i].1.clone(), e[i].2))
+        };
+        let (da, db) = (describe(&ea, ia), describe(&eb, ib));
+        let (Some(i), Some(j)) = (ia, ib) else {
+            rows.push(Row {
+                name,
+                a: da,
+                b: db,
+                outcome: Outcome::Only(ia.is_some()),
+            });
+            continue;
+        };
+        if let Some(o) = over.iter_mut().flatten().next() {
+            o.next
+                .get_or_insert_with(|| (name.clone(), da.clone(), db.clone()));
+            o.left += 1;
+            continue;
+        }
+        let mut load = |f: &mut Option<TensorFile>, k: usize, side: usize| {
+            let f = f.as_mut().expect("a file for each side of a pair");
+            f.load(k).map_err(|e| {
+                if matches!(e, ReadError::OverBudget(_)) {
+                    over[side] = Some(Over {
+                        file: f.path().to_path_buf(),
+                        at: f.entries()[k].name.clone(),
+                        next: None,
+                        left: 0,
+                    });
+                }
+                format!("{}: {e}", f.path().display())
+            })
+        };
+        match load(&mut fa, i, 0).and_then(|ta| Ok((ta, load(&mut fb, j, 1)?))) {
+            Ok((ta, tb)) => rows.push(compare_tensors(name, &ta, &tb, tol)),
+            Err(e) => rows.push(Row {
+                name,
+                a: da,
+                b: db,
+                outcome: Outcome::Error(e),
             }),
         }
     }
-    for (name, u) in &tb {
-        if !ta.iter().any(|(n, _)| n == name) {
+    for o in over.into_iter().flatten() {
+        if let Some((name, a, b)) = o.next {
             rows.push(Row {
-                name: single_file_key(name, tb.len() == 1),
-                a: None,
-                b: Some(describe(u)),
-                outcome: Outcome::Only(false),
+                name,
+                a,
+                b,
+                outcome: Outcome::Error(format!(
+                    "{}: not compared{}: the file went over its read budget at `{}`",
+                    o.file.display(),
+                    match o.left - 1 {
+                        0 => String::new(),
+                        1 => ", nor the tensor after it".into(),
+                        n => format!(", nor the {n} tensors after it"),
+                    },
+                    o.at
+                )),
             });
         }
     }
-    rows
+    FileResult { rows, skipped }
 }
 
-/// The less precise of two float dtypes (the tolerance is that dtype's).
+/// Significant bits of a float dtype (bf16 keeps 8, f16 11: bf16 is the less precise of the two
+/// although both take 2 bytes).
+fn precision(d: WireDType) -> u32 {
+    match d {
+        WireDType::F64 => 53,
+        WireDType::F32 => 24,
+        WireDType::F16 => 11,
+        WireDType::BF16 => 8,
+        _ => 64,
+    }
+}
+
+/// The less precise of two float dtypes (the tolerance is that dtype's, in either order).
 fn coarser(a: WireDType, b: WireDType) -> WireDType {
-    if a.size() <= b.size() {
+    if precision(a) <= precision(b) {
         a
     } else {
         b
+    }
+}
+
+/// Elements compared at a time: the chunks of mixed dtypes are the only copies.
+const CHUNK: usize = 1 << 20;
+
+/// Elements `start..start + len` of `t`, flat: a slice of its bytes, or an f64 copy.
+fn chunk(t: &HostTensor, start: usize, len: usize, as_f64: bool) -> HostTensor {
+    if as_f64 {
+        let mut values = vec![0.0; len];
+        t.read_f64_into(start, &mut values);
+        return HostTensor::from_f64(vec![len], &values);
+    }
+    let size = t.dtype.size();
+    HostTensor {
+        dtype: t.dtype,
+        shape: vec![len],
+        data: t.data.slice(start * size..(start + len) * size),
     }
 }
 
@@ -276,19 +433,16 @@ fn compare_tensors(name: String, a: &HostTensor, b: &HostTensor, tol: Tolerance)
     }
     // Different dtypes (f32 against f64, i64 against u8) are compared as f64 values, with the
     // coarser float dtype's tolerance.
-    let (a64, b64);
-    let (ra, rb, rule_dtype) = if a.dtype == b.dtype {
-        (a, b, a.dtype)
+    let mixed = a.dtype != b.dtype;
+    let rule_dtype = if !mixed {
+        a.dtype
     } else {
-        a64 = HostTensor::from_f64(a.shape.clone(), &a.to_f64());
-        b64 = HostTensor::from_f64(b.shape.clone(), &b.to_f64());
-        let dtype = match (a.dtype.is_float(), b.dtype.is_float()) {
+        match (a.dtype.is_float(), b.dtype.is_float()) {
             (true, true) => coarser(a.dtype, b.dtype),
             (true, false) => a.dtype,
             (false, true) => b.dtype,
             (false, false) => WireDType::I64,
-        };
-        (&a64, &b64, dtype)
+        }
     };
     let rule = Rule::for_leaf(rule_dtype, tol.explicit(), 0.0);
     // The f64 copies of mixed dtypes get the coarser dtype's rule, spelled out.
@@ -301,22 +455,7 @@ fn compare_tensors(name: String, a: &HostTensor, b: &HostTensor, tol: Tolerance)
             rtol: 0.0,
         }),
     };
-    let leaf = compare::compare_leaf(
-        "",
-        rb,
-        &Expected {
-            value: ra,
-            rounding: None,
-            precise: None,
-        },
-        if a.dtype == b.dtype {
-            tol.explicit()
-        } else {
-            explicit
-        },
-        0.0,
-    );
-    let mut stats = moments(ra, rb);
+    let mut stats = moments(a, b);
     stats.rule = match rule {
         Rule::Exact => "exact".into(),
         Rule::Default { atol, rtol, .. } | Rule::Explicit(Tol { atol, rtol }) => format!(
@@ -325,17 +464,46 @@ fn compare_tensors(name: String, a: &HostTensor, b: &HostTensor, tol: Tolerance)
             golden::describe::numbers::num(rtol)
         ),
     };
-    if let Verdict::Values(v) = &leaf.verdict {
-        stats.nan = v.nan;
-        stats.inf = v.inf;
-        stats.mismatched = v.mismatched;
-        stats.worst = v
-            .first_nonfinite_mismatch
-            .as_ref()
-            .or(v.worst.as_ref())
-            .filter(|_| v.mismatched > 0)
-            .map(|e| (e.index.clone(), e.reference, e.port));
+    // Chunk by chunk; the figures that span chunks are merged, indices made whole again.
+    let (n, mut start) = (a.numel(), 0);
+    let (mut worst, mut worst_ratio, mut first_nonfinite): (Option<Element>, f64, Option<Element>) =
+        (None, f64::NEG_INFINITY, None);
+    while start < n {
+        let len = CHUNK.min(n - start);
+        let (ca, cb) = (chunk(a, start, len, mixed), chunk(b, start, len, mixed));
+        let leaf = compare::compare_leaf(
+            "",
+            &cb,
+            &Expected {
+                value: &ca,
+                rounding: None,
+                precise: None,
+            },
+            if mixed { explicit } else { tol.explicit() },
+            0.0,
+        );
+        if let Verdict::Values(v) = leaf.verdict {
+            let whole = |mut e: Element| {
+                e.index = compare::unravel(start + e.index.first().copied().unwrap_or(0), &a.shape);
+                e
+            };
+            stats.nan = (stats.nan.0 + v.nan.0, stats.nan.1 + v.nan.1);
+            stats.inf = (stats.inf.0 + v.inf.0, stats.inf.1 + v.inf.1);
+            stats.mismatched += v.mismatched;
+            if first_nonfinite.is_none() {
+                first_nonfinite = v.first_nonfinite_mismatch.map(whole);
+            }
+            if v.worst.is_some() && v.worst_ratio > worst_ratio {
+                worst_ratio = v.worst_ratio;
+                worst = v.worst.map(whole);
+            }
+        }
+        start += len;
     }
+    stats.worst = first_nonfinite
+        .or(worst)
+        .filter(|_| stats.mismatched > 0)
+        .map(|e| (e.index, e.reference, e.port));
     row.outcome = Outcome::Compared(stats);
     row
 }
@@ -400,13 +568,23 @@ fn moments(a: &HostTensor, b: &HostTensor) -> Stats {
     }
 }
 
-/// Run the diff.
-pub fn run(a: &Path, b: &Path, tolerance: Tolerance) -> Result<Diff, String> {
-    let pairs = pair_files(a, b)?;
+/// Run the diff, each file within its read budget.
+pub fn run(a: &Path, b: &Path, tolerance: Tolerance, read: &ReadOptions) -> Result<Diff, String> {
+    // Neither a NaN nor a negative tolerance is one: either failed every element that was not
+    // exactly equal.
+    for (option, value) in [("--atol", tolerance.atol), ("--rtol", tolerance.rtol)] {
+        if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+            return Err(format!(
+                "{option} {v}: a tolerance is a finite number, 0 or more"
+            ));
+        }
+    }
+    let mut notes = Vec::new();
+    let pairs = pair_files(a, b, &mut notes)?;
     let total = pairs.len();
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
-    let results: Mutex<Vec<Row>> = Mutex::new(Vec::new());
+    let results: Mutex<(Vec<Row>, Vec<SkippedIn>)> = Mutex::new((Vec::new(), Vec::new()));
     let progress = total > 8 && std::io::stderr().is_terminal();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -418,8 +596,10 @@ pub fn run(a: &Path, b: &Path, tolerance: Tolerance) -> Result<Diff, String> {
                 let Some((key, fa, fb)) = pairs.get(i) else {
                     break;
                 };
-                let rows = compare_files(key, fa.as_deref(), fb.as_deref(), tolerance);
-                results.lock().unwrap().extend(rows);
+                let found = compare_files(key, fa.as_deref(), fb.as_deref(), tolerance, read);
+                let mut results = results.lock().unwrap();
+                results.0.extend(found.rows);
+                results.1.extend(found.skipped);
                 let d = done.fetch_add(1, Ordering::SeqCst) + 1;
                 if progress {
                     eprint!("\rgolden diff: {d}/{total} files compared");
@@ -430,13 +610,16 @@ pub fn run(a: &Path, b: &Path, tolerance: Tolerance) -> Result<Diff, String> {
     if progress {
         eprintln!();
     }
-    let mut rows = results.into_inner().unwrap();
+    let (mut rows, mut skipped) = results.into_inner().unwrap();
     rows.sort_by(|x, y| crate::natural::compare(&x.name, &y.name));
+    skipped.sort_by(|x, y| (x.side, &x.file).cmp(&(y.side, &y.file)));
     Ok(Diff {
         a: a.to_path_buf(),
         b: b.to_path_buf(),
         rows,
         tolerance,
+        skipped,
+        notes,
     })
 }
 
@@ -590,6 +773,30 @@ impl Diff {
                 );
             }
         }
+        // What the files hold that is not a tensor, file by file.
+        let mut files: Vec<(&str, &Path)> = Vec::new();
+        for k in &self.skipped {
+            if !files.contains(&(k.side, k.file.as_path())) {
+                files.push((k.side, &k.file));
+            }
+        }
+        for (side, file) in files {
+            let what: Vec<String> = self
+                .skipped
+                .iter()
+                .filter(|k| k.side == side && k.file == file)
+                .map(|k| k.skipped.to_string())
+                .collect();
+            let _ = writeln!(
+                s,
+                "skipped in {side} ({}), not tensors: {}",
+                file.display(),
+                what.join(", ")
+            );
+        }
+        for note in &self.notes {
+            let _ = writeln!(s, "note: {note}");
+        }
         s
     }
 
@@ -639,10 +846,19 @@ impl Diff {
                 row
             })
             .collect();
+        let skipped: Vec<Json> = self
+            .skipped
+            .iter()
+            .map(|k| {
+                json!({"side": k.side, "file": k.file, "name": k.skipped.name, "what": k.skipped.what})
+            })
+            .collect();
         json!({
             "a": self.a,
             "b": self.b,
             "tensors": rows,
+            "skipped": skipped,
+            "notes": self.notes,
             "first_divergence": self.first_divergence().map(|(_, r)| r.name.clone()),
             "match": self.all_match(),
         })

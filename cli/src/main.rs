@@ -6,7 +6,12 @@
 //! * `golden report` — the HTML report of the last test run.
 //!
 //! Install with `cargo install --path cli`.
+//!
+//! Files golden did not write may be hostile: they are read without running pickled code, each
+//! within a read budget (`--read-budget`), and folders are walked without following a symlink
+//! loop. Input that cannot be read is an error naming the file, with exit status 2.
 
+use golden_cli::read::ReadOptions;
 use golden_cli::{diff, report, show};
 
 use clap::{Parser, Subcommand};
@@ -22,6 +27,11 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How much memory reading one tensor file may take beyond the file's own size (inflated
+    /// .npz entries, copied views of a .pt): 512MiB, 4GiB, ... (a bare number is MiB). Default:
+    /// 64 × the file's size, at least 256 MiB and at most 16 GiB. Also GOLDEN_READ_BUDGET.
+    #[arg(long, global = true, value_name = "SIZE")]
+    read_budget: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -51,7 +61,7 @@ enum Command {
         /// Values to print, NumPy style: `0,:,3:7`.
         #[arg(long)]
         slice: Option<String>,
-        /// Histogram bins.
+        /// Histogram bins (1 to 1000).
         #[arg(long, default_value_t = 20)]
         bins: usize,
     },
@@ -67,14 +77,22 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let read = match ReadOptions::new(cli.read_budget.as_deref()) {
+        Ok(read) => read,
+        Err(e) => {
+            eprintln!("golden: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command {
         Command::Diff {
             a,
             b,
             atol,
             rtol,
             json,
-        } => match diff::run(&a, &b, diff::Tolerance { atol, rtol }) {
+        } => match diff::run(&a, &b, diff::Tolerance { atol, rtol }, &read) {
             Ok(d) => {
                 if json {
                     println!("{}", serde_json::to_string_pretty(&d.json()).expect("JSON"));
@@ -99,7 +117,7 @@ fn main() -> ExitCode {
             name,
             slice,
             bins,
-        } => match show::run(&file, name.as_deref(), slice.as_deref(), bins) {
+        } => match show::run(&file, name.as_deref(), slice.as_deref(), bins, &read) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS

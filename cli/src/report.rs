@@ -58,16 +58,17 @@ fn base64(bytes: &[u8]) -> String {
 fn embed(path: &Path) -> Json {
     match npy::read(path) {
         Ok(t) => {
-            let values = t.to_f64();
-            let kept = values.len().min(EMBEDDED_ELEMENTS);
-            let bytes: Vec<u8> = values[..kept]
+            // Only the embedded elements are converted, however large the tensor.
+            let mut values = vec![0.0; t.numel().min(EMBEDDED_ELEMENTS)];
+            t.read_f64_into(0, &mut values);
+            let bytes: Vec<u8> = values
                 .iter()
                 .flat_map(|v| (*v as f32).to_le_bytes())
                 .collect();
             json!({
                 "shape": t.shape,
                 "dtype": t.dtype.name(),
-                "numel": values.len(),
+                "numel": t.numel(),
                 "data": base64(&bytes),
             })
         }
@@ -105,29 +106,22 @@ fn trace_points(dir: &Path, leaves: &[Json]) -> Vec<Json> {
         .collect()
 }
 
-/// Read every results file under `results` (one folder per crate).
+/// Read every results file under `results` (one folder per crate; a symlink loop is not
+/// followed).
 fn load(results: &Path) -> Result<Vec<Json>, String> {
     let mut docs = Vec::new();
-    let mut stack = vec![results.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|x| x == "json") {
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                let mut doc: Json = serde_json::from_str(&text)
-                    .map_err(|e| format!("{}: not a results file: {e}", path.display()))?;
-                let krate = path
-                    .parent()
-                    .and_then(|p| p.file_name())
-                    .map(|n| n.to_string_lossy().into_owned());
-                doc["crate"] = json!(krate);
-                docs.push(doc);
-            }
-        }
+    let walk = crate::walk::files_under(results, |p| p.extension().is_some_and(|x| x == "json"))?;
+    for path in walk.files {
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut doc: Json = serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not a results file: {e}", path.display()))?;
+        let krate = path
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned());
+        doc["crate"] = json!(krate);
+        docs.push(doc);
     }
     docs.sort_by(|a, b| {
         let key = |d: &Json| {

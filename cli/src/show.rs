@@ -1,12 +1,35 @@
 //! `golden show FILE [NAME] [--slice 0,:,3:7]`: a tensor's statistics, a histogram in the
 //! terminal, and raw values (the first ten, or a slice). A file of several tensors without a
-//! NAME lists them.
+//! NAME lists their names, dtypes and shapes, reading none of them.
+//!
+//! Only the tensor shown is read (within the file's read budget), and everything computed from it
+//! is streamed: the statistics and the histogram in chunks, a slice element by element, so a
+//! tensor of any size takes no memory beyond its own; `--bins` is bounded by [`MAX_BINS`].
 
+use crate::read::ReadOptions;
 use golden::describe::numbers::num;
-use golden_files::formats;
 use golden_files::HostTensor;
 use std::fmt::Write as _;
 use std::path::Path;
+
+/// Most bins a histogram may have: one line each in the terminal.
+pub const MAX_BINS: usize = 1000;
+
+/// Elements read at a time when scanning a tensor.
+const CHUNK: usize = 1 << 16;
+
+/// Run `f` on the tensor's values as f64, in chunks.
+fn scan(t: &HostTensor, mut f: impl FnMut(&[f64])) {
+    let n = t.numel();
+    let mut buf = vec![0.0; CHUNK.min(n)];
+    let mut start = 0;
+    while start < n {
+        let len = CHUNK.min(n - start);
+        t.read_f64_into(start, &mut buf[..len]);
+        f(&buf[..len]);
+        start += len;
+    }
+}
 
 /// One axis of a slice: an index, or a range with a step.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,8 +72,28 @@ pub fn parse_slice(spec: &str) -> Result<Vec<Axis>, String> {
         .collect()
 }
 
+/// The indices one axis keeps: `start, start + step, ...`, `count` of them (no list: an axis may
+/// be billions long).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Picked {
+    /// First index.
+    pub start: usize,
+    /// Step between indices.
+    pub step: usize,
+    /// How many.
+    pub count: usize,
+    /// Whether the axis stays in the result (a range) or is dropped (an index).
+    pub kept: bool,
+}
+
+impl Picked {
+    fn nth(&self, k: usize) -> usize {
+        self.start + k * self.step
+    }
+}
+
 /// The selected indices along each axis (an index axis keeps one and is dropped from the shape).
-fn select(shape: &[usize], spec: &[Axis]) -> Result<Vec<(Vec<usize>, bool)>, String> {
+fn select(shape: &[usize], spec: &[Axis]) -> Result<Vec<Picked>, String> {
     if spec.len() > shape.len() {
         return Err(format!(
             "--slice has {} axes, the tensor {} ({shape:?})",
@@ -62,10 +105,15 @@ fn select(shape: &[usize], spec: &[Axis]) -> Result<Vec<(Vec<usize>, bool)>, Str
         .iter()
         .enumerate()
         .map(|(axis, &n)| {
-            let n_i = n as i64;
-            let resolve = |i: i64| if i < 0 { i + n_i } else { i };
+            let n_i = i64::try_from(n).unwrap_or(i64::MAX);
+            let resolve = |i: i64| if i < 0 { i.saturating_add(n_i) } else { i };
             match spec.get(axis) {
-                None => Ok(((0..n).collect(), true)),
+                None => Ok(Picked {
+                    start: 0,
+                    step: 1,
+                    count: n,
+                    kept: true,
+                }),
                 Some(Axis::Index(i)) => {
                     let j = resolve(*i);
                     if !(0..n_i).contains(&j) {
@@ -73,18 +121,24 @@ fn select(shape: &[usize], spec: &[Axis]) -> Result<Vec<(Vec<usize>, bool)>, Str
                             "index {i} is out of range for axis {axis} of size {n}"
                         ));
                     }
-                    Ok((vec![j as usize], false))
+                    Ok(Picked {
+                        start: j as usize,
+                        step: 1,
+                        count: 1,
+                        kept: false,
+                    })
                 }
                 Some(Axis::Range(lo, hi, step)) => {
                     let lo = lo.map_or(0, resolve).clamp(0, n_i);
                     let hi = hi.map_or(n_i, resolve).clamp(0, n_i);
-                    Ok((
-                        (lo..hi)
-                            .step_by(*step as usize)
-                            .map(|i| i as usize)
-                            .collect(),
-                        true,
-                    ))
+                    let step = usize::try_from(*step).unwrap_or(usize::MAX);
+                    let span = usize::try_from(hi - lo).unwrap_or(0);
+                    Ok(Picked {
+                        start: lo as usize,
+                        step,
+                        count: span.div_ceil(step),
+                        kept: true,
+                    })
                 }
             }
         })
@@ -105,48 +159,70 @@ struct Summary {
     zeros: usize,
 }
 
-fn summarise(values: &[f64]) -> Summary {
-    let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
-    let n = finite.len().max(1) as f64;
-    let mean = finite.iter().sum::<f64>() / n;
-    let var = finite.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
-    Summary {
-        count: values.len(),
-        finite: finite.len(),
-        min: finite.iter().copied().fold(f64::INFINITY, f64::min),
-        max: finite.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        mean,
-        std: var.sqrt(),
-        nan: values.iter().filter(|v| v.is_nan()).count(),
-        pos_inf: values.iter().filter(|v| **v == f64::INFINITY).count(),
-        neg_inf: values.iter().filter(|v| **v == f64::NEG_INFINITY).count(),
-        zeros: values.iter().filter(|v| **v == 0.0).count(),
+fn summarise(t: &HostTensor) -> Summary {
+    let mut s = Summary {
+        count: t.numel(),
+        finite: 0,
+        min: f64::INFINITY,
+        max: f64::NEG_INFINITY,
+        mean: 0.0,
+        std: 0.0,
+        nan: 0,
+        pos_inf: 0,
+        neg_inf: 0,
+        zeros: 0,
+    };
+    // Welford's running mean and variance: one pass, no copy of the values.
+    let mut m2 = 0.0;
+    scan(t, |values| {
+        for &v in values {
+            if v.is_nan() {
+                s.nan += 1;
+            } else if v == f64::INFINITY {
+                s.pos_inf += 1;
+            } else if v == f64::NEG_INFINITY {
+                s.neg_inf += 1;
+            } else {
+                s.finite += 1;
+                s.min = s.min.min(v);
+                s.max = s.max.max(v);
+                let delta = v - s.mean;
+                s.mean += delta / s.finite as f64;
+                m2 += delta * (v - s.mean);
+            }
+            if v == 0.0 {
+                s.zeros += 1;
+            }
+        }
+    });
+    if s.finite > 0 {
+        s.std = (m2 / s.finite as f64).sqrt();
     }
+    s
 }
 
-/// A histogram of the finite values in `bins` bins, as bars of block characters.
-pub fn histogram(values: &[f64], bins: usize) -> String {
-    let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+/// A histogram of the finite values in `bins` bins (at most [`MAX_BINS`]), as bars of block
+/// characters.
+pub fn histogram(t: &HostTensor, bins: usize) -> String {
+    let s = summarise(t);
     let mut out = String::new();
-    if finite.is_empty() {
+    if s.finite == 0 {
         return "  (no finite values)\n".into();
     }
-    let (lo, hi) = finite
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
-            (a.min(*v), b.max(*v))
-        });
-    let bins = if lo == hi { 1 } else { bins.max(1) };
+    let (lo, hi) = (s.min, s.max);
+    let bins = if lo == hi { 1 } else { bins.clamp(1, MAX_BINS) };
     let width = (hi - lo) / bins as f64;
     let mut counts = vec![0usize; bins];
-    for v in &finite {
-        let i = if width > 0.0 {
-            (((v - lo) / width) as usize).min(bins - 1)
-        } else {
-            0
-        };
-        counts[i] += 1;
-    }
+    scan(t, |values| {
+        for v in values.iter().filter(|v| v.is_finite()) {
+            let i = if width > 0.0 {
+                (((v - lo) / width) as usize).min(bins - 1)
+            } else {
+                0
+            };
+            counts[i] += 1;
+        }
+    });
     let most = *counts.iter().max().unwrap_or(&1);
     const BAR: usize = 40;
     const EIGHTHS: [&str; 8] = ["", "▏", "▎", "▍", "▌", "▋", "▊", "▉"];
@@ -172,9 +248,9 @@ pub fn histogram(values: &[f64], bins: usize) -> String {
 
 /// Writes the values at the selected indices, nested like the selection's shape.
 struct Render<'a> {
-    selection: &'a [(Vec<usize>, bool)],
+    tensor: &'a HostTensor,
+    selection: &'a [Picked],
     strides: Vec<usize>,
-    values: Vec<f64>,
     out: String,
     printed: usize,
     limit: usize,
@@ -184,46 +260,51 @@ impl Render<'_> {
     fn walk(&mut self, axis: usize, offset: usize) {
         if axis == self.selection.len() {
             if self.printed < self.limit {
-                self.out.push_str(&num(self.values[offset]));
+                self.out.push_str(&num(self.tensor.f64_at(offset)));
             } else if self.printed == self.limit {
                 self.out.push('…');
             }
             self.printed += 1;
             return;
         }
-        let (indices, kept) = &self.selection[axis];
-        if !kept {
-            return self.walk(axis + 1, offset + indices[0] * self.strides[axis]);
+        let picked = self.selection[axis];
+        if !picked.kept {
+            return self.walk(axis + 1, offset + picked.start * self.strides[axis]);
         }
         self.out.push('[');
-        for (k, i) in indices.iter().enumerate() {
-            if k > 0 {
-                self.out.push_str(", ");
-            }
+        for k in 0..picked.count {
             if self.printed > self.limit {
                 break;
             }
-            self.walk(axis + 1, offset + i * self.strides[axis]);
+            if k > 0 {
+                self.out.push_str(", ");
+            }
+            self.walk(axis + 1, offset + picked.nth(k) * self.strides[axis]);
         }
         self.out.push(']');
     }
 }
 
 /// The values at the selected indices, nested like the selection's shape (at most `limit`).
-fn render(t: &HostTensor, selection: &[(Vec<usize>, bool)], limit: usize) -> String {
+fn render(t: &HostTensor, selection: &[Picked], limit: usize) -> String {
     let mut r = Render {
+        tensor: t,
         selection,
         strides: (0..t.shape.len())
             .map(|a| t.shape[a + 1..].iter().product())
             .collect(),
-        values: t.to_f64(),
         out: String::new(),
         printed: 0,
         limit,
     };
     r.walk(0, 0);
+    let selected = selection
+        .iter()
+        .map(|p| p.count)
+        .try_fold(1usize, |n, c| n.checked_mul(c));
     if r.printed > limit {
-        let _ = write!(r.out, "  ({} values, {limit} shown)", r.printed);
+        let total = selected.map_or("more".to_string(), |n| n.to_string());
+        let _ = write!(r.out, "  ({total} values, {limit} shown)");
     }
     r.out
 }
@@ -234,89 +315,92 @@ pub fn run(
     name: Option<&str>,
     slice: Option<&str>,
     bins: usize,
+    read: &ReadOptions,
 ) -> Result<String, String> {
-    let contents = formats::read(path)?;
+    if bins == 0 || bins > MAX_BINS {
+        return Err(format!(
+            "--bins {bins}: a histogram has 1 to {MAX_BINS} bins (one line each)"
+        ));
+    }
+    let spec = slice.map(parse_slice).transpose()?;
+    let mut file = read.open(path)?;
     let mut out = String::new();
-    if contents.tensors.is_empty() {
+    let skipped: Vec<String> = file.skipped().iter().map(ToString::to_string).collect();
+    let entries = file.entries();
+    if entries.is_empty() {
         return Err(format!(
             "{}: no tensors{}",
             path.display(),
-            if contents.skipped.is_empty() {
+            if skipped.is_empty() {
                 String::new()
             } else {
-                format!(" (it holds {})", contents.skipped.join(", "))
+                format!(" (it holds {})", skipped.join(", "))
             }
         ));
     }
     let chosen = match name {
-        Some(n) => Some(
-            contents
-                .tensors
+        Some(n) => Some(file.find(n).ok_or_else(|| {
+            let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+            let close: Vec<&str> = names
                 .iter()
-                .find(|(t, _)| t == n)
-                .ok_or_else(|| {
-                    let names: Vec<&str> =
-                        contents.tensors.iter().map(|(t, _)| t.as_str()).collect();
-                    let close: Vec<&str> = names
-                        .iter()
-                        .copied()
-                        .filter(|t| t.contains(n) || n.contains(t))
-                        .take(5)
-                        .collect();
-                    format!(
-                        "{} has no tensor `{n}`{}; it has {} tensors{}",
-                        path.display(),
-                        if close.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" (did you mean {}?)", close.join(", "))
-                        },
-                        names.len(),
-                        if names.len() <= 12 {
-                            format!(": {}", names.join(", "))
-                        } else {
-                            String::new()
-                        }
-                    )
-                })?,
-        ),
-        None if contents.tensors.len() == 1 => contents.tensors.first(),
+                .copied()
+                .filter(|t| t.contains(n) || n.contains(t))
+                .take(5)
+                .collect();
+            format!(
+                "{} has no tensor `{n}`{}; it has {} tensors{}",
+                path.display(),
+                if close.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (did you mean {}?)", close.join(", "))
+                },
+                names.len(),
+                if names.len() <= 12 {
+                    format!(": {}", names.join(", "))
+                } else {
+                    String::new()
+                }
+            )
+        })?),
+        None if entries.len() == 1 => Some(0),
         None => None,
     };
-    let Some((tname, t)) = chosen else {
-        // Several tensors: list them.
+    let Some(index) = chosen else {
+        // Several tensors: list them, reading none.
         let _ = writeln!(
             out,
             "{}: {} tensors (name one to see it)",
             path.display(),
-            contents.tensors.len()
+            entries.len()
         );
-        let width = contents
-            .tensors
+        let width = entries
             .iter()
-            .map(|(n, _)| n.len())
+            .map(|e| e.name.chars().count())
             .max()
             .unwrap_or(4)
             .min(60);
-        for (n, t) in &contents.tensors {
-            let s = summarise(&t.to_f64());
+        for e in entries {
+            let bytes = (e.numel() as u64).saturating_mul(e.dtype.size() as u64);
             let _ = writeln!(
                 out,
-                "  {n:<width$}  {:<5} {:<16} min {:>10}  max {:>10}  mean {:>10}",
-                t.dtype.name(),
-                format!("{:?}", t.shape),
-                num(s.min),
-                num(s.max),
-                num(s.mean)
+                "  {:<width$}  {:<5} {:<16} {}",
+                e.name,
+                e.dtype.name(),
+                format!("{:?}", e.shape),
+                golden_files::budget::size(bytes)
             );
         }
-        if !contents.skipped.is_empty() {
-            let _ = writeln!(out, "  not tensors: {}", contents.skipped.join(", "));
+        if !skipped.is_empty() {
+            let _ = writeln!(out, "  skipped, not tensors: {}", skipped.join(", "));
         }
         return Ok(out);
     };
-    let values = t.to_f64();
-    let s = summarise(&values);
+    let tname = entries[index].name.clone();
+    let t = file
+        .load(index)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let s = summarise(&t);
     let _ = writeln!(
         out,
         "{tname}: {} {:?} ({} elements) from {}",
@@ -341,16 +425,16 @@ pub fn run(
         s.nan, s.pos_inf, s.neg_inf, s.zeros
     );
     let _ = writeln!(out, "histogram of the finite values:");
-    out.push_str(&histogram(&values, bins));
-    match slice {
-        Some(spec) => {
-            let selection = select(&t.shape, &parse_slice(spec)?)?;
-            let _ = writeln!(out, "values [{spec}]:");
-            let _ = writeln!(out, "  {}", render(t, &selection, 1000));
+    out.push_str(&histogram(&t, bins));
+    match (slice, spec) {
+        (Some(text), Some(spec)) => {
+            let selection = select(&t.shape, &spec)?;
+            let _ = writeln!(out, "values [{text}]:");
+            let _ = writeln!(out, "  {}", render(&t, &selection, 1000));
         }
-        None => {
-            let shown = values.len().min(10);
-            let first: Vec<String> = values[..shown].iter().map(|v| num(*v)).collect();
+        _ => {
+            let shown = t.numel().min(10);
+            let first: Vec<String> = (0..shown).map(|i| num(t.f64_at(i))).collect();
             let _ = writeln!(
                 out,
                 "first {shown} values (flat; --slice picks others): {}",
@@ -358,12 +442,28 @@ pub fn run(
             );
         }
     }
+    if !skipped.is_empty() {
+        let _ = writeln!(
+            out,
+            "the file also holds, not tensors: {}",
+            skipped.join(", ")
+        );
+    }
     Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn picked(start: usize, step: usize, count: usize, kept: bool) -> Picked {
+        Picked {
+            start,
+            step,
+            count,
+            kept,
+        }
+    }
 
     #[test]
     fn slices_parse_and_select_like_numpy() {
@@ -378,13 +478,29 @@ mod tests {
             ]
         );
         let sel = select(&[2, 3, 4, 5], &spec).unwrap();
-        assert_eq!(sel[0], (vec![0], false));
-        assert_eq!(sel[2], (vec![1, 2], true));
-        assert_eq!(sel[3], (vec![0, 2, 4], true));
-        assert_eq!(select(&[4], &parse_slice("-1").unwrap()).unwrap()[0].0, [3]);
+        assert_eq!(sel[0], picked(0, 1, 1, false));
+        assert_eq!(sel[2], picked(1, 1, 2, true));
+        assert_eq!(sel[3], picked(0, 2, 3, true));
+        assert_eq!(
+            select(&[4], &parse_slice("-1").unwrap()).unwrap()[0].start,
+            3
+        );
         assert!(select(&[4], &parse_slice("4").unwrap()).is_err());
         assert!(parse_slice("1:2:0").is_err());
         assert!(parse_slice("a").is_err());
+        assert_eq!(
+            select(&[10], &parse_slice("-3:100:2").unwrap()).unwrap()[0],
+            picked(7, 2, 2, true)
+        );
+    }
+
+    #[test]
+    fn a_selection_of_a_huge_axis_takes_no_memory() {
+        // A list of the indices of an axis of 2^40 would take 8 TiB.
+        let sel = select(&[1 << 40, 3], &parse_slice(":, -1").unwrap()).unwrap();
+        assert_eq!(sel, [picked(0, 1, 1 << 40, true), picked(2, 1, 1, false)]);
+        let sel = select(&[1 << 40], &parse_slice("::1000000000000").unwrap()).unwrap();
+        assert_eq!(sel[0].count, 2);
     }
 
     #[test]
@@ -394,14 +510,32 @@ mod tests {
         assert_eq!(render(&t, &sel, 100), "[[1, 2], [4, 5]]");
         let sel = select(&t.shape, &parse_slice("1").unwrap()).unwrap();
         assert_eq!(render(&t, &sel, 100), "[3, 4, 5]");
+        let sel = select(&t.shape, &[]).unwrap();
+        assert_eq!(
+            render(&t, &sel, 4),
+            "[[0, 1, 2], [3, …]]  (6 values, 4 shown)"
+        );
         let scalar = HostTensor::from_f64(vec![], &[7.5]);
         assert_eq!(render(&scalar, &select(&[], &[]).unwrap(), 100), "7.5");
     }
 
     #[test]
-    fn the_histogram_counts_every_finite_value() {
-        let values = [0.0, 0.1, 0.9, 1.0, f64::NAN, f64::INFINITY];
-        let h = histogram(&values, 2);
+    fn statistics_and_the_histogram_count_every_value_in_chunks() {
+        let mut values = vec![0.0, 0.1, 0.9, 1.0, f64::NAN, f64::INFINITY];
+        // Over several chunks: the streamed figures are those of the whole.
+        values.extend((0..3 * CHUNK).map(|i| (i % 4) as f64 * 0.25));
+        let t = HostTensor::from_f64(vec![values.len()], &values);
+        let s = summarise(&t);
+        let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        let mean = finite.iter().sum::<f64>() / finite.len() as f64;
+        let var = finite.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / finite.len() as f64;
+        assert_eq!(
+            (s.count, s.finite, s.nan, s.pos_inf),
+            (values.len(), finite.len(), 1, 1)
+        );
+        assert!((s.mean - mean).abs() < 1e-12 && (s.std - var.sqrt()).abs() < 1e-12);
+        assert_eq!((s.min, s.max), (0.0, 1.0));
+        let h = histogram(&t, 2);
         let counts: Vec<usize> = h
             .lines()
             .map(|l| {
@@ -415,6 +549,6 @@ mod tests {
                     .unwrap()
             })
             .collect();
-        assert_eq!(counts, [2, 2]);
+        assert_eq!(counts, [2 + 2 * 3 * CHUNK / 4, 2 + 2 * 3 * CHUNK / 4]);
     }
 }

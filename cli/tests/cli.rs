@@ -257,3 +257,277 @@ fn show_prints_statistics_a_histogram_and_a_slice() {
         "{err}"
     );
 }
+
+/// Run golden, failing the test if it has not finished within `secs` seconds (it is killed then).
+fn golden_within(args: &[&str], env: &[(&str, &str)], secs: u64) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_golden"))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("golden runs");
+    let pid = child.id();
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || send.send(child.wait_with_output()));
+    match receive.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(out) => out.expect("golden's output"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("golden {args:?} did not finish within {secs} s");
+        }
+    }
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[cfg(unix)]
+#[test]
+fn diff_and_report_walk_each_real_folder_once_through_symlink_loops() {
+    let (a, b) = (Dir::new("loop-a"), Dir::new("loop-b"));
+    for d in [&a, &b] {
+        std::fs::copy(fixture("0_post_attn.pth"), d.path().join("x.pth")).unwrap();
+        // A link to its own folder, and two to the parent: followed, they would list `x` 41
+        // times, and walk 2^40 paths.
+        std::os::unix::fs::symlink(".", d.path().join("self")).unwrap();
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        std::os::unix::fs::symlink("..", d.path().join("sub/up1")).unwrap();
+        std::os::unix::fs::symlink("..", d.path().join("sub/up2")).unwrap();
+    }
+    let start = std::time::Instant::now();
+    let out = golden_within(
+        &[
+            "diff",
+            a.path().to_str().unwrap(),
+            b.path().to_str().unwrap(),
+        ],
+        &[],
+        60,
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("all 1 tensors match"), "{stdout}");
+    for link in ["self", "sub/up1", "sub/up2"] {
+        assert!(
+            stdout.contains(&format!(
+                "note: in {}: `{link}` was not followed: it leads back to `.`, which contains it \
+                 (a loop)",
+                a.path().display()
+            )),
+            "{stdout}"
+        );
+    }
+    eprintln!("diff through symlink loops: {:?}", start.elapsed());
+    // `golden report` walks its results folder the same way.
+    let out = golden_within(
+        &["report", "--results", a.path().to_str().unwrap()],
+        &[],
+        60,
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr.contains("no results in"), "{stderr}");
+}
+
+#[test]
+fn a_file_that_expands_past_its_read_budget_is_refused_with_how_to_raise_it() {
+    // 100 expand views of one 4 KiB storage, 4 MiB each once copied: 400 MiB from 13 KiB (over
+    // the default budget of 256 MiB: files/tests/tensor_files.rs). Compared a pair at a time
+    // within 18 MiB, the first 4 fit.
+    let bomb = fixture("bomb_views.pt");
+    let out = golden_within(&["diff", &bomb, &bomb, "--read-budget", "18MiB"], &[], 60);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(stdout.contains("6 tensors: 4 match"), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "ERROR {bomb}: `v4` (a view that is not contiguous, copied) would expand the file to \
+             20.2 MiB in memory, over its read budget of 18 MiB (set by --read-budget 18MiB); if \
+             you trust the file, raise the budget with --read-budget SIZE (or \
+             GOLDEN_READ_BUDGET=SIZE) (at least 21 MiB)"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "ERROR {bomb}: not compared, nor the 94 tensors after it: the file went over its read \
+             budget at `v4`"
+        )),
+        "{stdout}"
+    );
+    // One view fits 5 MiB, not 4.
+    let out = golden_within(&["show", &bomb, "v99", "--read-budget", "5MiB"], &[], 60);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let out = golden_within(&["show", &bomb, "v99", "--read-budget", "4MiB"], &[], 60);
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+    // `show` without a name lists the views without reading them, even within 1 MiB.
+    let out = golden_within(&["show", &bomb, "--read-budget", "1MiB"], &[], 60);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("100 tensors (name one to see it)")
+            && stdout.contains("  v99  f32   [1024, 1024]     4 MiB"),
+        "{stdout}"
+    );
+    // An .npz of deflated zeros: only the entry shown is inflated, and charged before.
+    let npz = fixture("bomb_zeros.npz");
+    let out = golden_within(&["show", &npz, "z1"], &[("GOLDEN_READ_BUDGET", "8MiB")], 60);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr.contains(&format!(
+            "golden show: {npz}: `z1.npy` (inflated) would expand the file to 16 MiB in memory, \
+             over its read budget of 8 MiB (set by GOLDEN_READ_BUDGET=8MiB); if you trust the \
+             file, raise the budget with --read-budget SIZE (or GOLDEN_READ_BUDGET=SIZE) (at \
+             least 17 MiB)"
+        )),
+        "{stderr}"
+    );
+    let out = golden_within(&["show", &npz, "z1", "--read-budget", "20MiB"], &[], 60);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.starts_with("z1: f32 [4194304] (4194304 elements)"),
+        "{stdout}"
+    );
+    let out = golden(&["show", &npz, "--read-budget", "lots"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr.starts_with("golden: --read-budget lots: `lots` is not a size"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sizes_from_options_are_checked_before_anything_is_allocated() {
+    let out = golden_within(
+        &["show", &fixture("0_post_attn.pth"), "--bins", "4000000000"],
+        &[],
+        60,
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr,
+        "golden show: --bins 4000000000: a histogram has 1 to 1000 bins (one line each)\n"
+    );
+    let out = golden(&["show", &fixture("0_post_attn.pth"), "--bins", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    // NaN, infinite and negative tolerances are refused, naming the option.
+    let (a, b) = (fixture("arrays.npz"), fixture("state_dict.pt"));
+    for (option, value) in [("--atol", "nan"), ("--rtol", "-1"), ("--atol", "inf")] {
+        let out = golden(&["diff", &a, &b, &format!("{option}={value}")]);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.starts_with(&format!("golden diff: {option} ")),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("a tolerance is a finite number, 0 or more"),
+            "{stderr}"
+        );
+    }
+    // A slice of an axis of any length selects lazily.
+    let out = golden(&[
+        "show",
+        &fixture("0_post_attn.pth"),
+        "--slice=-9223372036854775808:9223372036854775807:9223372036854775807",
+    ]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("values [-9223372036854775808:"), "{stdout}");
+    assert!(stdout.contains("\n  [-1]\n"), "{stdout}");
+}
+
+/// A `.safetensors` file of one tensor `x` of `dtype` (`F16`, `BF16`) and little-endian `data`.
+fn safetensors(path: &Path, dtype: &str, shape: &[usize], data: &[u8]) {
+    let mut header = format!(
+        "{{\"x\":{{\"dtype\":\"{dtype}\",\"shape\":{shape:?},\"data_offsets\":[0,{}]}}}}",
+        data.len()
+    );
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn f16_against_bf16_takes_the_less_precise_tolerance_in_either_order() {
+    let d = Dir::new("halves");
+    // 1 and 1.0078125 (the next bf16 after 1): 0.8% apart, outside f16's rtol 1e-3, inside
+    // bf16's 1.6e-2. Both are exact in both dtypes.
+    let values = [1.0f32, -2.0, 1.0078125, 0.5];
+    let other = [1.0078125f32, -2.0, 1.0, 0.5];
+    let f16: Vec<u8> = values
+        .iter()
+        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+        .collect();
+    let bf16: Vec<u8> = other
+        .iter()
+        .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+        .collect();
+    let (a, b) = (
+        d.path().join("a.safetensors"),
+        d.path().join("b.safetensors"),
+    );
+    safetensors(&a, "F16", &[4], &f16);
+    safetensors(&b, "BF16", &[4], &bf16);
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    for (x, y) in [(a, b), (b, a)] {
+        let out = golden(&["diff", x, y, "--json"]);
+        let doc: Json = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{x} against {y}: {doc}");
+        assert_eq!(
+            doc["tensors"][0]["rule"], "atol 1e-5 + rtol 0.016·|A|",
+            "{doc}"
+        );
+        assert_eq!(doc["tensors"][0]["mismatched"], 0);
+    }
+}
+
+#[test]
+fn what_a_file_holds_that_is_not_a_tensor_is_named() {
+    let ckpt = fixture("not_tensors.pt");
+    let listed = "`config` (a dict of 3 strings), `scheduler` (None), `tags` (a list of 2 \
+                  strings), `args` (a `argparse.Namespace` object, never built), `buffers` (an \
+                  empty dict), `extra.why` (a string)";
+    let out = golden(&["diff", &ckpt, &ckpt]);
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    for side in ["A", "B"] {
+        assert!(
+            stdout.contains(&format!(
+                "skipped in {side} ({ckpt}), not tensors: {listed}\n"
+            )),
+            "{stdout}"
+        );
+    }
+    let out = golden(&["diff", &ckpt, &ckpt, "--json"]);
+    let doc: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        doc["skipped"][0],
+        serde_json::json!({"side": "A", "file": ckpt, "name": "config", "what": "a dict of 3 strings"})
+    );
+    let out = golden(&["show", &ckpt]);
+    let (stdout, _) = text(&out);
+    assert!(
+        stdout.contains(&format!("  skipped, not tensors: {listed}\n")),
+        "{stdout}"
+    );
+    let out = golden(&["show", &ckpt, "model.w"]);
+    let (stdout, _) = text(&out);
+    assert!(
+        stdout.ends_with(&format!("the file also holds, not tensors: {listed}\n")),
+        "{stdout}"
+    );
+}

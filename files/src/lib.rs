@@ -6,10 +6,14 @@
 //! ([`safetensors`]); the `golden` command line reads every format ([`formats`]: `.npy`, `.npz`,
 //! `.safetensors`, and torch.save's `.pt`/`.pth` through [`pickle`], which runs no pickled code).
 //!
-//! No input makes a reader panic, hang or allocate far beyond its bounds (see `fuzz/`).
+//! Files golden did not write may be hostile: every reader charges what a file expands to beyond
+//! its own bytes (inflated entries, copied views) to the file's read [`Budget`], reads a `.pt`
+//! without running pickled code, and no input makes it panic, hang or allocate beyond that budget
+//! (see `fuzz/`).
 
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod npy;
 pub mod tensor;
 
@@ -20,4 +24,5 @@ pub mod pickle;
 #[cfg(feature = "safetensors")]
 pub mod safetensors;
 
+pub use budget::{Budget, OverBudget, ReadError};
 pub use tensor::{HostTensor, WireDType};

@@ -7,18 +7,24 @@
 //! functions that rebuild a tensor from a storage. Anything else becomes an opaque value that is
 //! never called, so a hostile file can fail to read, but not run code.
 //!
-//! Bounds: values are shared rather than copied (memo and containers hold `Rc`s), walking the
-//! result visits at most [`MAX_NODES`] values, and a tensor may not claim more than
-//! [`MAX_TENSOR_BYTES`] or read outside its storage.
+//! Opening a file unpickles `data.pkl` and names its tensors, dtypes and shapes; a tensor's data is
+//! read when it is loaded. Each storage (`data/<key>`) is read once and shared: a view that is a
+//! contiguous run of its storage is a slice of it, and only a view that is not (a transpose, an
+//! `expand`) is copied.
+//!
+//! Bounds, all charged to the file's [`Budget`]: the pickle's objects (values are shared rather
+//! than copied: memo and containers hold `Rc`s), the names, inflated entries and copied views.
+//! Walking the result visits at most [`MAX_NODES`] values, and a view may not read outside its
+//! storage.
 
-use crate::tensor::{HostTensor, WireDType};
+use crate::budget::{Budget, OverBudget, ReadError};
+use crate::formats::{Archive, Entry, Skipped};
+use crate::tensor::{HostTensor, Narrow, Strided, WireDType};
+use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io::Read;
 use std::rc::Rc;
 
-/// Largest tensor this reader builds.
-pub const MAX_TENSOR_BYTES: usize = 1 << 30;
 /// Most values the walk over the unpickled object visits.
 pub const MAX_NODES: usize = 1 << 20;
 
@@ -35,14 +41,22 @@ struct Storage {
 enum StorageType {
     Wire(WireDType),
     /// int8: read and widened to i16 (the wire format has no int8).
-    I8,
+    Narrow(Narrow),
 }
 
 impl StorageType {
     fn size(self) -> usize {
         match self {
             StorageType::Wire(d) => d.size(),
-            StorageType::I8 => 1,
+            StorageType::Narrow(n) => n.size(),
+        }
+    }
+
+    /// The dtype golden reads the elements as.
+    fn wire(self) -> WireDType {
+        match self {
+            StorageType::Wire(d) => d,
+            StorageType::Narrow(n) => n.wide(),
         }
     }
 }
@@ -70,7 +84,8 @@ enum Value {
     Global(Rc<str>, Rc<str>),
     Storage(Storage),
     Tensor(Rc<TensorRef>),
-    /// Something this reader does not interpret (and never calls): its class or function.
+    /// Something this reader does not interpret (and never calls), described: what an unknown
+    /// function would return, an object of an unknown class.
     Opaque(Rc<str>),
     Mark,
 }
@@ -90,19 +105,85 @@ fn storage_type(class: &str) -> Result<StorageType, String> {
         "ShortStorage" => WireDType::I16,
         "ByteStorage" => WireDType::U8,
         "BoolStorage" => WireDType::Bool,
-        "CharStorage" => return Ok(StorageType::I8),
+        "CharStorage" => return Ok(StorageType::Narrow(Narrow::I8)),
         other => return err(format!("storages of type {other} are not supported")),
     }))
 }
 
-struct Machine<'a> {
+/// Bytes charged for each opcode run: a value and its place on the stack or in a container.
+const OPCODE_COST: u64 = 64;
+
+/// Every list and dict the pickle made. A pickle can put a list inside itself (APPEND it to
+/// itself through the memo), a cycle of `Rc`s that would never be freed: dropping this empties
+/// them all, which breaks every cycle.
+#[derive(Default)]
+struct Containers {
+    lists: Vec<Shared<Vec<Value>>>,
+    dicts: Vec<Shared<Vec<(Value, Value)>>>,
+}
+
+impl Containers {
+    fn list(&mut self, items: Vec<Value>) -> Value {
+        let l = Rc::new(RefCell::new(items));
+        self.lists.push(l.clone());
+        Value::List(l)
+    }
+
+    fn dict(&mut self, pairs: Vec<(Value, Value)>) -> Value {
+        let d = Rc::new(RefCell::new(pairs));
+        self.dicts.push(d.clone());
+        Value::Dict(d)
+    }
+
+    /// Keep a container made elsewhere (an `OrderedDict()`).
+    fn keep(&mut self, v: &Value) {
+        match v {
+            Value::List(l) => self.lists.push(l.clone()),
+            Value::Dict(d) => self.dicts.push(d.clone()),
+            _ => {}
+        }
+    }
+}
+
+impl Drop for Containers {
+    fn drop(&mut self) {
+        // Taken out first: emptying one may drop the last handle of another.
+        for l in &self.lists {
+            let items = std::mem::take(&mut *l.borrow_mut());
+            drop(items);
+        }
+        for d in &self.dicts {
+            let pairs = std::mem::take(&mut *d.borrow_mut());
+            drop(pairs);
+        }
+    }
+}
+
+struct Machine<'a, 'b> {
     data: &'a [u8],
     pos: usize,
     stack: Vec<Value>,
     memo: HashMap<u32, Value>,
+    /// Bytes of objects made and not yet charged.
+    cost: u64,
+    budget: &'b mut Budget,
+    /// The refusal of a charge, when that is why the run stopped.
+    over: Option<OverBudget>,
+    containers: Containers,
 }
 
-impl<'a> Machine<'a> {
+impl<'a> Machine<'a, '_> {
+    /// Charge what the objects made so far cost.
+    fn settle(&mut self) -> Result<(), String> {
+        let cost = std::mem::take(&mut self.cost);
+        self.budget
+            .charge("the pickle's objects", cost)
+            .map_err(|over| {
+                let message = over.to_string();
+                self.over = Some(over);
+                message
+            })
+    }
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         let end = self.pos.checked_add(n).filter(|e| *e <= self.data.len());
         let Some(end) = end else {
@@ -133,6 +214,7 @@ impl<'a> Machine<'a> {
     }
     fn text(&mut self, n: usize) -> Result<Value, String> {
         let bytes = self.take(n)?;
+        self.cost += n as u64;
         let s = std::str::from_utf8(bytes).map_err(|_| "a pickled string is not UTF-8")?;
         Ok(Value::Str(s.into()))
     }
@@ -158,9 +240,15 @@ impl<'a> Machine<'a> {
             .ok_or_else(|| "the pickle uses an empty stack".into())
     }
 
-    fn run(mut self) -> Result<Value, String> {
+    fn run(&mut self) -> Result<Value, String> {
+        let mut ops = 0u32;
         loop {
             let op = self.u8()?;
+            self.cost += OPCODE_COST;
+            ops = ops.wrapping_add(1);
+            if ops.is_multiple_of(4096) {
+                self.settle()?;
+            }
             match op {
                 0x80 => {
                     self.u8()?; // PROTO
@@ -168,14 +256,19 @@ impl<'a> Machine<'a> {
                 0x95 => {
                     self.take(8)?; // FRAME
                 }
-                b'.' => return self.pop(),
+                b'.' => {
+                    self.settle()?;
+                    return self.pop();
+                }
                 b'(' => self.stack.push(Value::Mark),
-                b'}' => self
-                    .stack
-                    .push(Value::Dict(Rc::new(RefCell::new(Vec::new())))),
-                b']' => self
-                    .stack
-                    .push(Value::List(Rc::new(RefCell::new(Vec::new())))),
+                b'}' => {
+                    let d = self.containers.dict(Vec::new());
+                    self.stack.push(d);
+                }
+                b']' => {
+                    let l = self.containers.list(Vec::new());
+                    self.stack.push(l);
+                }
                 b')' => self.stack.push(Value::Tuple(Rc::from(Vec::new()))),
                 b't' => {
                     let items = self.pop_mark()?;
@@ -191,12 +284,14 @@ impl<'a> Machine<'a> {
                 }
                 b'l' => {
                     let items = self.pop_mark()?;
-                    self.stack.push(Value::List(Rc::new(RefCell::new(items))));
+                    let l = self.containers.list(items);
+                    self.stack.push(l);
                 }
                 b'd' => {
                     let items = self.pop_mark()?;
                     let pairs = pairs(items)?;
-                    self.stack.push(Value::Dict(Rc::new(RefCell::new(pairs))));
+                    let d = self.containers.dict(pairs);
+                    self.stack.push(d);
                 }
                 b'a' => {
                     let item = self.pop()?;
@@ -324,12 +419,14 @@ impl<'a> Machine<'a> {
                     let args = self.pop()?;
                     let callable = self.pop()?;
                     let v = reduce(callable, args)?;
+                    self.containers.keep(&v);
                     self.stack.push(v);
                 }
                 0x81 => {
                     let _args = self.pop()?;
                     let class = self.pop()?;
-                    self.stack.push(Value::Opaque(describe(&class).into()));
+                    let what = format!("a `{}` object, never built", describe(&class));
+                    self.stack.push(Value::Opaque(what.into()));
                 }
                 b'b' => {
                     // BUILD sets an object's state: nothing this reader keeps has any.
@@ -404,7 +501,8 @@ fn set_items(target: &mut Value, items: Vec<(Value, Value)>) -> Result<(), Strin
 fn describe(v: &Value) -> String {
     match v {
         Value::Global(m, n) => format!("{m}.{n}"),
-        other => format!("{other:?}").chars().take(60).collect(),
+        // Not its Debug form: a hostile pickle can make that exponentially long.
+        other => kind(other).0,
     }
 }
 
@@ -440,7 +538,8 @@ fn tuple_items(v: &Value) -> Result<Vec<Value>, String> {
 
 fn reduce(callable: Value, args: Value) -> Result<Value, String> {
     let Value::Global(module, name) = &callable else {
-        return Ok(Value::Opaque(describe(&callable).into()));
+        let what = format!("what calling {} returns, never called", kind(&callable).0);
+        return Ok(Value::Opaque(what.into()));
     };
     match (&**module, &**name) {
         ("torch._utils", "_rebuild_tensor" | "_rebuild_tensor_v2") => {
@@ -475,7 +574,9 @@ fn reduce(callable: Value, args: Value) -> Result<Value, String> {
             .into_iter()
             .next()
             .unwrap_or(Value::Tuple(Rc::from(Vec::new())))),
-        _ => Ok(Value::Opaque(format!("{module}.{name}").into())),
+        _ => Ok(Value::Opaque(
+            format!("what `{module}.{name}(...)` returns, never called").into(),
+        )),
     }
 }
 
@@ -496,129 +597,172 @@ fn persistent_load(pid: Value) -> Result<Value, String> {
 
 /// The named tensors of an unpickled object: a tensor, a number, or dicts/lists/tuples of them
 /// (nested names joined with `.`). Other values are counted in `skipped`.
-fn collect(
-    value: &Value,
-    name: &str,
-    out: &mut Vec<(String, Value)>,
-    skipped: &mut Vec<String>,
-    budget: &mut usize,
-    depth: usize,
-) -> Result<(), String> {
-    if *budget == 0 || depth > 64 {
-        return err("the saved object is too deeply nested or too large to walk");
+/// What a value is, for the names of what is skipped: singular and plural.
+fn kind(v: &Value) -> (String, String) {
+    let two = |s: &str, p: &str| (s.to_string(), p.to_string());
+    match v {
+        Value::None => two("None", "None"),
+        Value::Bool(_) => two("a bool", "bools"),
+        Value::Int(_) => two("an int", "ints"),
+        Value::Float(_) => two("a float", "floats"),
+        Value::Str(_) => two("a string", "strings"),
+        Value::Bytes => two("bytes", "bytes"),
+        Value::List(_) => two("a list", "lists"),
+        Value::Tuple(_) => two("a tuple", "tuples"),
+        Value::Dict(_) => two("a dict", "dicts"),
+        Value::Global(m, n) => (
+            format!("a reference to `{m}.{n}`"),
+            "references to classes or functions".into(),
+        ),
+        Value::Storage(_) => two("a storage without a tensor", "storages"),
+        Value::Tensor(_) => two("a tensor", "tensors"),
+        Value::Opaque(what) => (what.to_string(), "objects golden does not build".into()),
+        Value::Mark => two("a pickle mark", "pickle marks"),
     }
-    *budget -= 1;
-    let join = |key: &str| {
-        if name.is_empty() {
-            key.to_string()
-        } else {
-            format!("{name}.{key}")
-        }
-    };
-    match value {
-        Value::Tensor(_) | Value::Int(_) | Value::Float(_) | Value::Bool(_) => {
-            out.push((name.to_string(), value.clone()))
-        }
-        Value::Dict(d) => {
-            for (k, v) in d.borrow().iter() {
-                let key = match k {
-                    Value::Str(s) => s.to_string(),
-                    Value::Int(i) => i.to_string(),
-                    other => {
-                        skipped.push(format!("{name}[{}]", describe(other)));
-                        continue;
-                    }
-                };
-                collect(v, &join(&key), out, skipped, budget, depth + 1)?;
-            }
-        }
-        Value::List(l) => {
-            for (i, v) in l.borrow().iter().enumerate() {
-                collect(v, &join(&i.to_string()), out, skipped, budget, depth + 1)?;
-            }
-        }
-        Value::Tuple(t) => {
-            for (i, v) in t.iter().enumerate() {
-                collect(v, &join(&i.to_string()), out, skipped, budget, depth + 1)?;
-            }
-        }
-        Value::None => {}
-        Value::Opaque(what) => skipped.push(format!("`{name}` ({what})")),
-        other => skipped.push(format!("`{name}` ({})", describe(other))),
-    }
-    Ok(())
 }
 
-/// Read a storage's elements `tensor` views into a contiguous host tensor.
-fn materialise(t: &TensorRef, storage: &[u8]) -> Result<HostTensor, String> {
-    let size = t.storage.dtype.size();
-    let numel = t
-        .shape
-        .iter()
-        .try_fold(1usize, |n, d| n.checked_mul(*d))
-        .filter(|n| n.checked_mul(size).is_some_and(|b| b <= MAX_TENSOR_BYTES))
-        .ok_or_else(|| format!("a tensor of shape {:?} is too large to read", t.shape))?;
-    if t.stride.len() != t.shape.len() {
-        return err("a tensor whose stride and size differ in length");
+/// A container that holds no tensor or number: what it holds, in a few words
+/// (`a dict of 3 strings`, `an empty list`, `a list of 2 values: strings and None`).
+fn summary(v: &Value) -> String {
+    let (what, items): (&str, Vec<Value>) = match v {
+        Value::Dict(d) => ("dict", d.borrow().iter().map(|(_, v)| v.clone()).collect()),
+        Value::List(l) => ("list", l.borrow().clone()),
+        Value::Tuple(t) => ("tuple", t.to_vec()),
+        other => return kind(other).0,
+    };
+    let article = |w: &str| {
+        if w.starts_with(['a', 'e', 'i', 'o', 'u']) {
+            "an"
+        } else {
+            "a"
+        }
+    };
+    if items.is_empty() {
+        return format!("an empty {what}");
     }
-    let elements = storage.len() / size;
-    // Stride-0 views may repeat a storage, but not without bound (a tiny hostile file must not
-    // ask for a gigabyte of copies).
-    if numel > elements.max(1).saturating_mul(1024) {
-        return err(format!(
-            "a view of {numel} elements over a storage of {elements}"
-        ));
+    let mut kinds: Vec<String> = Vec::new();
+    for item in &items {
+        let plural = kind(item).1;
+        if !kinds.contains(&plural) {
+            kinds.push(plural);
+        }
     }
-    let mut data = Vec::with_capacity(numel * size);
-    if numel > 0 {
-        // The furthest element the view reaches must lie inside the storage.
-        let last = t
-            .shape
-            .iter()
-            .zip(&t.stride)
-            .try_fold(t.offset, |acc, (d, s)| {
-                acc.checked_add((d - 1).checked_mul(*s)?)
-            })
-            .ok_or("a tensor view overflows")?;
-        if last >= elements {
-            return err(format!(
-                "a tensor view reaches element {last} of a storage of {elements}"
+    let n = items.len();
+    if kinds.len() == 1 {
+        let (one, many) = kind(&items[0]);
+        let noun = if n == 1 {
+            one.trim_start_matches("a ")
+                .trim_start_matches("an ")
+                .to_string()
+        } else {
+            many
+        };
+        format!("{} {what} of {n} {noun}", article(what))
+    } else {
+        format!(
+            "{} {what} of {n} values: {}",
+            article(what),
+            join_and(&kinds)
+        )
+    }
+}
+
+fn join_and(words: &[String]) -> String {
+    match words {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+/// Walks the unpickled object for its tensors and numbers.
+struct Walk<'b> {
+    found: Vec<(String, Value)>,
+    skipped: Vec<Skipped>,
+    nodes: usize,
+    budget: &'b mut Budget,
+}
+
+impl Walk<'_> {
+    /// Names cost memory too: each is charged, with its place in a list (a hostile pickle can
+    /// nest long keys).
+    fn charge(&mut self, name: &str) -> Result<(), ReadError> {
+        self.budget
+            .charge("the names of the saved object", name.len() as u64 + 128)?;
+        Ok(())
+    }
+
+    fn skip(&mut self, name: &str, what: String) -> Result<(), ReadError> {
+        self.charge(name)?;
+        self.charge(&what)?;
+        self.skipped.push(Skipped {
+            name: name.to_string(),
+            what,
+        });
+        Ok(())
+    }
+
+    /// The named tensors and numbers under `value`, nested names joined with `.`; what is neither
+    /// is named in `skipped` (a container of nothing but such values as one entry).
+    fn collect(&mut self, value: &Value, name: &str, depth: usize) -> Result<(), ReadError> {
+        if self.nodes >= MAX_NODES || depth > 64 {
+            return Err(ReadError::Unreadable(
+                "the saved object is too deeply nested or too large to walk".into(),
             ));
         }
-        let mut index = vec![0usize; t.shape.len()];
-        for _ in 0..numel {
-            let at = t.offset
-                + index
-                    .iter()
-                    .zip(&t.stride)
-                    .map(|(i, s)| i * s)
-                    .sum::<usize>();
-            data.extend_from_slice(&storage[at * size..(at + 1) * size]);
-            for axis in (0..index.len()).rev() {
-                index[axis] += 1;
-                if index[axis] < t.shape[axis] {
-                    break;
-                }
-                index[axis] = 0;
+        self.nodes += 1;
+        // The name of every value walked is a string of its own while the walk is below it.
+        self.charge(name)?;
+        // Exactly as long as it needs (`format!` may take twice that), as charged.
+        let join = |key: &str| {
+            if name.is_empty() {
+                return key.to_string();
             }
+            let mut joined = String::with_capacity(name.len() + 1 + key.len());
+            joined.push_str(name);
+            joined.push('.');
+            joined.push_str(key);
+            joined
+        };
+        let (found, skipped) = (self.found.len(), self.skipped.len());
+        match value {
+            Value::Tensor(_) | Value::Int(_) | Value::Float(_) | Value::Bool(_) => {
+                self.charge(name)?;
+                self.found.push((name.to_string(), value.clone()));
+                return Ok(());
+            }
+            Value::Dict(d) => {
+                for (k, v) in d.borrow().iter() {
+                    match k {
+                        Value::Str(s) => self.collect(v, &join(s), depth + 1)?,
+                        Value::Int(i) => self.collect(v, &join(&i.to_string()), depth + 1)?,
+                        other => {
+                            let what =
+                                format!("{}, under a key that is {}", kind(v).0, kind(other).0);
+                            self.skip(&format!("{name}[?]"), what)?;
+                        }
+                    }
+                }
+            }
+            Value::List(l) => {
+                for (i, v) in l.borrow().iter().enumerate() {
+                    self.collect(v, &join(&i.to_string()), depth + 1)?;
+                }
+            }
+            Value::Tuple(t) => {
+                for (i, v) in t.iter().enumerate() {
+                    self.collect(v, &join(&i.to_string()), depth + 1)?;
+                }
+            }
+            other => return self.skip(name, kind(other).0),
         }
+        // A container of nothing golden reads is named once, with what it holds.
+        if self.found.len() == found {
+            self.skipped.truncate(skipped);
+            self.skip(name, summary(value))?;
+        }
+        Ok(())
     }
-    Ok(match t.storage.dtype {
-        StorageType::Wire(dtype) => HostTensor {
-            dtype,
-            shape: t.shape.clone(),
-            data: data.into(),
-        },
-        StorageType::I8 => HostTensor {
-            dtype: WireDType::I16,
-            shape: t.shape.clone(),
-            data: data
-                .iter()
-                .flat_map(|b| (*b as i8 as i16).to_le_bytes())
-                .collect::<Vec<u8>>()
-                .into(),
-        },
-    })
 }
 
 fn scalar(v: &Value) -> HostTensor {
@@ -638,78 +782,208 @@ fn scalar(v: &Value) -> HostTensor {
     }
 }
 
-/// What a `.pt` file holds: its tensors (and numbers, as 0-d tensors) by name, and how many other
-/// values it skipped. `stem` names a file that holds a single tensor or number.
-pub struct PtContents {
-    /// The tensors, in the order of the saved object.
-    pub tensors: Vec<(String, HostTensor)>,
-    /// Values that are neither tensors nor numbers (never interpreted), by name.
-    pub skipped: Vec<String>,
+/// One tensor or number of the saved object, not yet read.
+enum Item {
+    View(Rc<TensorRef>),
+    Number(HostTensor),
 }
 
-/// Read the bytes of a `.pt`/`.pth` file (`torch.save`, zip format).
-pub fn read(bytes: &[u8], stem: &str) -> Result<PtContents, String> {
-    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| {
-        format!(
-            "not a zip archive ({e}); golden reads torch.save's zip format (the default since \
-             PyTorch 1.6), not the legacy one"
-        )
-    })?;
-    let pickle_name = (0..zip.len())
-        .filter_map(|i| Some(zip.name_for_index(i)?.ok()?.into_owned()))
-        .find(|n| n.ends_with("data.pkl"))
-        .ok_or("no data.pkl in the archive: not a torch.save file")?;
+/// An opened `.pt` file: its tensors' names, dtypes and shapes from the pickle, the data read
+/// only when a tensor is loaded. Each storage is read once and shared by its views.
+pub(crate) struct Pickled {
+    /// The tensors and numbers, in the saved object's order.
+    pub entries: Vec<Entry>,
+    /// What is neither, by name.
+    pub skipped: Vec<Skipped>,
+    items: Vec<Item>,
+    /// The archive's folder (`archive/`).
+    prefix: String,
+    storages: HashMap<String, Bytes>,
+}
+
+/// Unpickle a `.pt` file's `data.pkl` (its objects charged to `budget`); `stem` names a file
+/// that holds a single tensor or number.
+pub(crate) fn open(
+    archive: &mut Archive,
+    budget: &mut Budget,
+    stem: &str,
+) -> Result<Pickled, ReadError> {
+    let zip = &mut archive.zip;
+    let pickle_index = (0..zip.len())
+        .find(|i| {
+            zip.name_for_index(*i)
+                .and_then(|n| n.ok())
+                .is_some_and(|n| n.ends_with("data.pkl"))
+        })
+        .ok_or_else(|| {
+            ReadError::Unreadable("no data.pkl in the archive: not a torch.save file".into())
+        })?;
+    let pickle_name = zip
+        .name_for_index(pickle_index)
+        .and_then(|n| n.ok())
+        .map(|n| n.into_owned())
+        .unwrap_or_default();
     let prefix = pickle_name.trim_end_matches("data.pkl").to_string();
-    let mut entry = |name: &str, limit: usize| -> Result<Vec<u8>, String> {
-        let mut file = zip
-            .by_name(name)
-            .map_err(|e| format!("the archive has no `{name}`: {e}"))?;
-        let mut out = Vec::new();
-        (&mut file)
-            .take(limit as u64 + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| format!("`{name}`: {e}"))?;
-        if out.len() > limit {
-            return err(format!("`{name}` is larger than {limit} bytes"));
-        }
-        Ok(out)
-    };
-    if let Ok(order) = entry(&format!("{prefix}byteorder"), 16) {
-        if order != b"little" {
-            return err("a big-endian torch file");
+    if let Some(order) = zip.index_for_name(&format!("{prefix}byteorder")) {
+        let order = archive.entry(order, "`byteorder`", budget, Some(16))?;
+        if &order[..] != b"little" {
+            return Err(ReadError::Unreadable("a big-endian torch file".into()));
         }
     }
-    let pickle = entry(&pickle_name, 256 << 20)?;
-    let root = Machine {
+    let pickle = archive.entry(pickle_index, &format!("`{pickle_name}`"), budget, None)?;
+    let mut machine = Machine {
         data: &pickle,
         pos: 0,
         stack: Vec::new(),
         memo: HashMap::new(),
+        cost: 0,
+        budget,
+        over: None,
+        containers: Containers::default(),
+    };
+    let root = match machine.run() {
+        Ok(root) => root,
+        Err(e) => {
+            return Err(match machine.over.take() {
+                Some(over) => ReadError::OverBudget(over),
+                None => ReadError::Unreadable(e),
+            })
+        }
+    };
+    // Emptied (and their cycles broken) when this function returns, once walked.
+    let _containers = std::mem::take(&mut machine.containers);
+    let mut walk = Walk {
+        found: Vec::new(),
+        skipped: Vec::new(),
+        nodes: 0,
+        budget,
+    };
+    walk.collect(&root, "", 0)?;
+    let mut skipped = walk.skipped;
+    for s in &mut skipped {
+        if s.name.is_empty() {
+            s.name = stem.to_string();
+        }
     }
-    .run()?;
-    let mut found = Vec::new();
-    let mut skipped = Vec::new();
-    let mut budget = MAX_NODES;
-    collect(&root, "", &mut found, &mut skipped, &mut budget, 0)?;
-    let mut storages: HashMap<String, Vec<u8>> = HashMap::new();
-    let mut tensors = Vec::new();
-    for (name, value) in found {
+    let (mut entries, mut items) = (Vec::new(), Vec::new());
+    for (name, value) in walk.found {
         let name = if name.is_empty() {
             stem.to_string()
         } else {
             name
         };
-        let tensor = match &value {
-            Value::Tensor(t) => {
-                if !storages.contains_key(&t.storage.key) {
-                    let data = entry(&format!("{prefix}data/{}", t.storage.key), MAX_TENSOR_BYTES)?;
-                    storages.insert(t.storage.key.clone(), data);
-                }
-                materialise(t, &storages[&t.storage.key]).map_err(|e| format!("`{name}`: {e}"))?
+        let (dtype, shape, item) = match value {
+            Value::Tensor(t) => (t.storage.dtype.wire(), t.shape.clone(), Item::View(t)),
+            number => {
+                let t = scalar(&number);
+                (t.dtype, Vec::new(), Item::Number(t))
             }
-            number => scalar(number),
         };
-        tensors.push((name, tensor));
+        entries.push(Entry { name, dtype, shape });
+        items.push(item);
     }
-    Ok(PtContents { tensors, skipped })
+    Ok(Pickled {
+        entries,
+        skipped,
+        items,
+        prefix,
+        storages: HashMap::new(),
+    })
+}
+
+impl Pickled {
+    /// Read tensor `i`: a slice of its storage when it is a contiguous view, else a copy charged
+    /// to `budget`. The storage is read once, on first use.
+    pub(crate) fn load(
+        &mut self,
+        i: usize,
+        archive: &mut Archive,
+        budget: &mut Budget,
+    ) -> Result<HostTensor, ReadError> {
+        let name = &self.entries[i].name;
+        let t = match &self.items[i] {
+            Item::Number(t) => return Ok(t.clone()),
+            Item::View(t) => t.clone(),
+        };
+        if !self.storages.contains_key(&t.storage.key) {
+            let entry = format!("{}data/{}", self.prefix, t.storage.key);
+            let index = archive.zip.index_for_name(&entry).ok_or_else(|| {
+                ReadError::Unreadable(format!(
+                    "`{name}`: the archive has no `{entry}`, the tensor's storage"
+                ))
+            })?;
+            let data = archive.entry(index, &format!("the storage of `{name}`"), budget, None)?;
+            self.storages.insert(t.storage.key.clone(), data);
+        }
+        let storage = &self.storages[&t.storage.key];
+        view(&t, storage, name, budget)
+    }
+}
+
+/// The elements `t` views of `storage`: shared when they are a contiguous run of it, else copied
+/// (charged to `budget` first). A view may not reach outside its storage.
+fn view(
+    t: &TensorRef,
+    storage: &Bytes,
+    name: &str,
+    budget: &mut Budget,
+) -> Result<HostTensor, ReadError> {
+    let bad = |why: String| ReadError::Unreadable(format!("`{name}`: {why}"));
+    if t.stride.len() != t.shape.len() {
+        return Err(bad("a tensor whose stride and size differ in length".into()));
+    }
+    let size = t.storage.dtype.size();
+    let strided = Strided {
+        offset: t.offset,
+        shape: &t.shape,
+        strides: &t.stride,
+    };
+    let numel = strided
+        .numel()
+        .filter(|n| n.checked_mul(size).is_some())
+        .ok_or_else(|| {
+            bad(format!(
+                "a tensor of shape {:?} is too large to read",
+                t.shape
+            ))
+        })?;
+    let elements = storage.len() / size;
+    let end = strided
+        .end()
+        .ok_or_else(|| bad("a tensor view overflows".into()))?;
+    if numel > 0 && end > elements {
+        return Err(bad(format!(
+            "a tensor view reaches element {} of a storage of {elements}",
+            end - 1
+        )));
+    }
+    let data: Bytes = if strided.is_c_contiguous() {
+        storage.slice(t.offset.min(elements) * size..(t.offset.min(elements) + numel) * size)
+    } else {
+        budget.charge_elements(
+            &format!("`{name}` (a view that is not contiguous, copied)"),
+            numel,
+            size,
+        )?;
+        strided.gather(storage, size).into()
+    };
+    Ok(match t.storage.dtype {
+        StorageType::Wire(dtype) => HostTensor {
+            dtype,
+            shape: t.shape.clone(),
+            data,
+        },
+        StorageType::Narrow(narrow) => {
+            budget.charge_elements(
+                &format!("`{name}` ({:?} widened to {})", narrow, narrow.wide()),
+                numel,
+                narrow.wide().size(),
+            )?;
+            HostTensor {
+                dtype: narrow.wide(),
+                shape: t.shape.clone(),
+                data: narrow.widen(&data).into(),
+            }
+        }
+    })
 }

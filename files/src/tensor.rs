@@ -314,6 +314,182 @@ impl HostTensor {
     }
 }
 
+/// A tensor of a file, before its data is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Its name in the file.
+    pub name: String,
+    /// The dtype it reads as (narrow integers widened).
+    pub dtype: WireDType,
+    /// Its shape.
+    pub shape: Vec<usize>,
+}
+
+impl Entry {
+    /// Number of elements (saturating).
+    pub fn numel(&self) -> usize {
+        self.shape
+            .iter()
+            .try_fold(1usize, |n, d| n.checked_mul(*d))
+            .unwrap_or(usize::MAX)
+    }
+}
+
+/// A strided view of elements: where the first one is and how far each axis steps, in elements
+/// (as a `.pt` tensor over its storage, or a Fortran-order `.npy` over its data).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Strided<'a> {
+    /// Element offset of index `[0, 0, ...]`.
+    pub offset: usize,
+    /// Sizes.
+    pub shape: &'a [usize],
+    /// Steps, one per axis.
+    pub strides: &'a [usize],
+}
+
+// Views over storages are a `.pt` matter: without the `formats` feature only Fortran-order `.npy`
+// files gather.
+#[cfg_attr(not(feature = "formats"), allow(dead_code))]
+impl Strided<'_> {
+    /// Number of elements, unless it overflows.
+    pub fn numel(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d))
+    }
+
+    /// One past the furthest element the view reaches (its offset for an empty view), unless that
+    /// overflows.
+    pub fn end(&self) -> Option<usize> {
+        if self.shape.contains(&0) {
+            return Some(self.offset);
+        }
+        self.shape
+            .iter()
+            .zip(self.strides)
+            .try_fold(self.offset, |acc, (d, s)| {
+                acc.checked_add((d - 1).checked_mul(*s)?)
+            })?
+            .checked_add(1)
+    }
+
+    /// Whether the view is the elements `offset..offset + numel` in C order (axes of size 1 may
+    /// have any stride).
+    pub fn is_c_contiguous(&self) -> bool {
+        if self.shape.contains(&0) {
+            return true;
+        }
+        let mut expected = 1usize;
+        for (d, s) in self.shape.iter().zip(self.strides).rev() {
+            if *d != 1 && *s != expected {
+                return false;
+            }
+            expected = expected.saturating_mul(*d);
+        }
+        true
+    }
+
+    /// The view's elements in C order, copied out of `src` (elements of `elem` bytes). The caller
+    /// has checked that [`Strided::end`] lies inside `src` and has budgeted the copy.
+    pub fn gather(&self, src: &[u8], elem: usize) -> Vec<u8> {
+        let numel = self.numel().unwrap_or(0);
+        let mut out = Vec::with_capacity(numel * elem);
+        if numel == 0 {
+            return out;
+        }
+        let Some((&inner, outer)) = self.shape.split_last() else {
+            // A 0-d view: one element.
+            out.extend_from_slice(&src[self.offset * elem..(self.offset + 1) * elem]);
+            return out;
+        };
+        let inner_stride = self.strides[outer.len()];
+        let mut index = vec![0usize; outer.len()];
+        loop {
+            let start = self.offset
+                + index
+                    .iter()
+                    .zip(self.strides)
+                    .map(|(i, s)| i * s)
+                    .sum::<usize>();
+            if inner_stride == 1 {
+                out.extend_from_slice(&src[start * elem..(start + inner) * elem]);
+            } else {
+                for k in 0..inner {
+                    let at = start + k * inner_stride;
+                    out.extend_from_slice(&src[at * elem..(at + 1) * elem]);
+                }
+            }
+            // The next index of the outer axes, last axis fastest.
+            let mut axis = outer.len();
+            loop {
+                if axis == 0 {
+                    return out;
+                }
+                axis -= 1;
+                index[axis] += 1;
+                if index[axis] < outer[axis] {
+                    break;
+                }
+                index[axis] = 0;
+            }
+        }
+    }
+}
+
+/// Elements of `elem` bytes with their bytes reversed (big-endian data to the wire's order).
+pub(crate) fn swap_bytes(data: &[u8], elem: usize) -> Vec<u8> {
+    let mut out = data.to_vec();
+    for chunk in out.chunks_exact_mut(elem) {
+        chunk.reverse();
+    }
+    out
+}
+
+/// Integer and float widths the wire format lacks, and the wire dtype each is widened to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Narrow {
+    /// int8, widened to int16 (exact).
+    I8,
+    /// uint16, widened to int32 (exact).
+    U16,
+    /// uint64, widened to float64 (exact up to 2^53).
+    U64,
+}
+
+impl Narrow {
+    /// The wire dtype the values are widened to.
+    pub fn wide(self) -> WireDType {
+        match self {
+            Narrow::I8 => WireDType::I16,
+            Narrow::U16 => WireDType::I32,
+            Narrow::U64 => WireDType::F64,
+        }
+    }
+
+    /// Bytes per element before widening.
+    pub fn size(self) -> usize {
+        match self {
+            Narrow::I8 => 1,
+            Narrow::U16 => 2,
+            Narrow::U64 => 8,
+        }
+    }
+
+    /// Little-endian values of this width, widened into the wire dtype's bytes.
+    pub fn widen(self, data: &[u8]) -> Vec<u8> {
+        match self {
+            Narrow::I8 => data
+                .iter()
+                .flat_map(|b| (*b as i8 as i16).to_le_bytes())
+                .collect(),
+            Narrow::U16 => chunks::<2>(data)
+                .flat_map(|b| (u16::from_le_bytes(b) as i32).to_le_bytes())
+                .collect(),
+            Narrow::U64 => chunks::<8>(data)
+                .flat_map(|b| (u64::from_le_bytes(b) as f64).to_le_bytes())
+                .collect(),
+        }
+    }
+}
+
 pub(crate) fn bytes_of<T: bytemuck::Pod>(values: &[T]) -> Bytes {
     // Every supported target of candle is little-endian, which is the wire's byte order.
     Bytes::copy_from_slice(bytemuck::cast_slice(values))
@@ -321,6 +497,71 @@ pub(crate) fn bytes_of<T: bytemuck::Pod>(values: &[T]) -> Bytes {
 
 pub(crate) fn chunks<const N: usize>(data: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
     data.chunks_exact(N).map(|c| c.try_into().unwrap())
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    #[test]
+    fn a_strided_view_gathers_in_c_order() {
+        // A 2×3 matrix stored in Fortran order: element [i, j] at i + 2j.
+        let src: Vec<u8> = vec![0, 3, 1, 4, 2, 5];
+        let fortran = Strided {
+            offset: 0,
+            shape: &[2, 3],
+            strides: &[1, 2],
+        };
+        assert!(!fortran.is_c_contiguous());
+        assert_eq!(fortran.end(), Some(6));
+        assert_eq!(fortran.gather(&src, 1), [0, 1, 2, 3, 4, 5]);
+        // Stride 0 repeats, an offset shifts, a 0-d view is one element.
+        let repeat = Strided {
+            offset: 1,
+            shape: &[2, 2],
+            strides: &[0, 1],
+        };
+        assert_eq!(repeat.gather(&src, 1), [3, 1, 3, 1]);
+        let scalar = Strided {
+            offset: 4,
+            shape: &[],
+            strides: &[],
+        };
+        assert!(scalar.is_c_contiguous());
+        assert_eq!((scalar.end(), scalar.gather(&src, 1)), (Some(5), vec![2]));
+        let empty = Strided {
+            offset: 9,
+            shape: &[3, 0],
+            strides: &[7, 7],
+        };
+        assert_eq!((empty.end(), empty.gather(&src, 1)), (Some(9), vec![]));
+        let contiguous = Strided {
+            offset: 2,
+            shape: &[1, 2, 2],
+            strides: &[99, 2, 1],
+        };
+        assert!(contiguous.is_c_contiguous());
+        let huge = Strided {
+            offset: 0,
+            shape: &[usize::MAX, 2],
+            strides: &[usize::MAX, 1],
+        };
+        assert_eq!((huge.numel(), huge.end()), (None, None));
+    }
+
+    #[test]
+    fn narrow_integers_widen_exactly() {
+        assert_eq!(Narrow::I8.widen(&[0xff, 5]), [0xff, 0xff, 5, 0]);
+        assert_eq!(
+            Narrow::U16.widen(&0xfffeu16.to_le_bytes()),
+            0xfffei32.to_le_bytes()
+        );
+        assert_eq!(
+            Narrow::U64.widen(&(1u64 << 40).to_le_bytes()),
+            ((1u64 << 40) as f64).to_le_bytes()
+        );
+        assert_eq!(swap_bytes(&[1, 2, 3, 4, 5, 6], 2), [2, 1, 4, 3, 6, 5]);
+    }
 }
 
 #[cfg(all(test, feature = "candle"))]

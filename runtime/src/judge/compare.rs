@@ -365,7 +365,7 @@ pub fn compare_leaf(
 }
 
 /// The multi-index of flat (row-major) index `flat` in `shape`.
-pub(crate) fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+pub fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
     let mut index = vec![0; shape.len()];
     for (axis, &size) in shape.iter().enumerate().rev() {
         if size > 0 {
