@@ -98,7 +98,7 @@ def reference_module(module):
 def construct(case: Case):
     """Construct the reference module under the case seed, in eval mode (module's own dtype)."""
     torch = case.backend.torch
-    torch.manual_seed(case.seed)
+    case.backend.seed(case.seed)
     try:
         module = case.obj(**case.init)
     except BaseException as e:  # SystemExit too: a reference must not end the worker

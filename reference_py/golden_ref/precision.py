@@ -22,8 +22,14 @@ def _low(torch):
     return {torch.float32, torch.float16, torch.bfloat16}
 
 
+_PROMOTE = {}
+
+
 def promotion_mode(torch):
-    """A TorchFunctionMode that computes in float64 wherever the code asks for less."""
+    """A TorchFunctionMode that computes in float64 wherever the code asks for less (the class is
+    made once per torch module: defining a class costs more than a small evaluation)."""
+    if id(torch) in _PROMOTE:
+        return _PROMOTE[id(torch)]()
     from torch.overrides import TorchFunctionMode
 
     low = _low(torch)
@@ -40,6 +46,7 @@ def promotion_mode(torch):
                 args = tuple(torch.float64 if a in low else a for a in args)
             return func(*args, **kwargs)
 
+    _PROMOTE[id(torch)] = Promote
     return Promote()
 
 
