@@ -44,7 +44,7 @@ pub mod run;
 
 pub use describe::checks::{GradMode, GradSpec, Kind, Loss, Optimizer, OverfitSpec};
 pub use describe::layer::{
-    Backend, Bound, Declared, DimExpr, Dist, Form, Layer, Params, Tol, Value,
+    Backend, Bound, Config, Declared, DimExpr, DimValue, Dist, Form, Layer, Params, Tol, Value,
 };
 pub use describe::outputs::{IntoOutputs, Outputs, PortInputs};
 pub use golden_files::{HostTensor, WireDType};
