@@ -79,8 +79,7 @@ def resolve(path: str):
     raise ReferenceError_(
         "import",
         f"no module named `{parts[0]}` in golden's import roots "
-        f"({os.environ.get('PYTHONPATH', '') or 'none'}) or the interpreter's site-packages. Put the "
-        "reference's folder in GOLDEN_REFERENCE_PATH, or in `reference_py/` beside your Cargo.toml.",
+        f"({os.environ.get('PYTHONPATH', '') or 'none'}) or the site-packages of `{sys.executable}`",
     )
 
 
