@@ -559,6 +559,8 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             /// it under this crate.
             fn snapshot(report: &::golden::Report) {
                 match report.snapshot() {
+                    ::std::option::Option::Some(text)
+                        if ::golden::__private::first_snapshot(report, &text) => {}
                     ::std::option::Option::Some(text) => {
                         let mut settings = ::golden::__private::insta::Settings::clone_current();
                         settings.set_snapshot_path(report.layer.declared.unwrap().snapshot_dir);

@@ -73,6 +73,18 @@ pub mod __private {
         }
     }
 
+    /// A check's first run writes its snapshot (outside CI): see
+    /// [`Report::write_first_snapshot`](crate::Report::write_first_snapshot). True when it did.
+    pub fn first_snapshot(report: &crate::Report, text: &str) -> bool {
+        match report.write_first_snapshot(text) {
+            Some(line) => {
+                eprintln!("{line}");
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Print why a snapshot was not asserted.
     pub fn skipped_snapshot(report: &crate::Report) {
         eprintln!(
