@@ -122,6 +122,7 @@ pub fn llama_model_with(vb: VarBuilder, input_ids: &Tensor, s: &Sizes, rope: Rop
         num_key_value_heads = kv,
         head_dim = 8,
         max_position_embeddings = 64,
+        use_cache = false,
     ),
     dims(b = 1..=2, t = 1..=8, kv = 1..=2),
     args(input_ids = [b, t] ~ int(0..64)),

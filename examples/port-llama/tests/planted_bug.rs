@@ -25,6 +25,7 @@ fn layer() -> Layer {
         .config_value("num_key_value_heads", Value::dim("kv"))
         .config_value("head_dim", 8)
         .config_value("max_position_embeddings", 64)
+        .config_value("use_cache", false)
         .dim("b", 1, 2)
         .dim("t", 1, 8)
         .dim("kv", 1, 2)
@@ -58,19 +59,28 @@ fn interleaved(i: &PortInputs) -> Result<golden::Outputs, String> {
 fn interleaved_rope_fails_and_is_named() {
     let failure = golden::check(&layer(), &interleaved).expect_err("the planted bug must fail");
     let msg = failure.to_string();
-    // RoPE changes nothing at position 0: the failure needs two positions, and it starts where
-    // the rotated queries and keys are first used, in the attention.
+    // RoPE changes nothing at position 0: the smallest failing case has two positions, and the
+    // trace's first divergence is in the decoder layer, after the projections (which agree).
     assert!(
-        msg.contains("golden: `llama_model_interleaved` leaves its reference `transformers.LlamaModel` at `layers.0.self_attn.o_proj`"),
+        msg.contains("golden: `llama_model_interleaved` leaves its reference `transformers.LlamaModel` at `layers.0."),
         "{msg}"
     );
+    assert!(msg.contains("dims b=1 t=2"), "{msg}");
+    assert!(msg.contains("3 layers.0.self_attn.q_proj") && msg.contains("ok"), "{msg}");
     if msg.contains("the mutation diagnosis was skipped") {
         // A replay on a machine without torch: the numbers alone fail it.
         return;
     }
     assert!(
-        msg.contains("likely cause:") && msg.contains("rotate_half"),
-        "the mutation diagnosis names the rotation: {msg}"
+        msg.contains(
+            "likely cause: the port matches the reference with rotary embeddings on interleaved \
+             pairs (x0,x1),(x2,x3)… (rope_i) at transformers/models/llama/modeling_llama.py:123 \
+             (instead of the two halves (rotate_half))"
+        ),
+        "the mutation diagnosis names the rotation and its line: {msg}"
     );
-    assert!(msg.contains("modeling_llama.py"), "{msg}");
+    assert!(
+        msg.contains("fix: rotate the two halves as the reference does: candle_nn::rotary_emb::rope"),
+        "{msg}"
+    );
 }
