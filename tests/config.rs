@@ -18,26 +18,25 @@ fn times(k: i64, dim: &str) -> DimValue {
 /// Hugging Face's LlamaMLP, built from a LlamaConfig whose hidden size is `2 * h` (LlamaConfig
 /// wants an even head size, here one head) and its intermediate size `3 * h`.
 fn llama_mlp(scratch: &Scratch) -> Layer {
-    Layer::module("llama_mlp", "transformers.models.llama.modeling_llama.LlamaMLP")
-        .config("transformers.LlamaConfig")
-        .config_value("hidden_size", Value::Dims(times(2, "h")))
-        .config_value("intermediate_size", Value::Dims(times(3, "h")))
-        .config_value("hidden_act", "silu")
-        .config_value("num_attention_heads", 1)
-        .dim("b", 1, 2)
-        .dim("t", 1, 3)
-        .dim("h", 1, 4)
-        .arg(
-            "x",
-            [
-                golden::DimExpr::from("b"),
-                "t".into(),
-                times(2, "h").into(),
-            ],
-            Dist::default(),
-        )
-        .cases(12)
-        .declared_at(scratch.declared)
+    Layer::module(
+        "llama_mlp",
+        "transformers.models.llama.modeling_llama.LlamaMLP",
+    )
+    .config("transformers.LlamaConfig")
+    .config_value("hidden_size", Value::Dims(times(2, "h")))
+    .config_value("intermediate_size", Value::Dims(times(3, "h")))
+    .config_value("hidden_act", "silu")
+    .config_value("num_attention_heads", 1)
+    .dim("b", 1, 2)
+    .dim("t", 1, 3)
+    .dim("h", 1, 4)
+    .arg(
+        "x",
+        [golden::DimExpr::from("b"), "t".into(), times(2, "h").into()],
+        Dist::default(),
+    )
+    .cases(12)
+    .declared_at(scratch.declared)
 }
 
 /// The SwiGLU MLP in candle; its sizes come from the case (`PortInputs::dim`), as the attribute
@@ -85,8 +84,12 @@ fn a_config_class_with_dims_builds_each_case_s_module_and_replays() {
     );
     assert!(snapshot.contains("x [b, t, 2 * h]"), "{snapshot}");
     for (key, spec) in &stored.params {
-        let d: usize = key.as_deref().unwrap().split("\"hidden_size\":").nth(1).unwrap()
-            [..1]
+        let d: usize = key
+            .as_deref()
+            .unwrap()
+            .split("\"hidden_size\":")
+            .nth(1)
+            .unwrap()[..1]
             .parse()
             .unwrap();
         let gate = spec
@@ -98,8 +101,15 @@ fn a_config_class_with_dims_builds_each_case_s_module_and_replays() {
     }
     // The provenance: torch, transformers and the file that defines LlamaMLP.
     let provenance = stored.provenance.as_ref().expect("format 3 records it");
-    let names: Vec<&str> = provenance.packages.iter().map(|(n, _)| n.as_str()).collect();
-    assert!(names.contains(&"torch") && names.contains(&"transformers"), "{names:?}");
+    let names: Vec<&str> = provenance
+        .packages
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert!(
+        names.contains(&"torch") && names.contains(&"transformers"),
+        "{names:?}"
+    );
     assert!(
         provenance
             .sources
@@ -133,7 +143,9 @@ fn a_wrong_port_of_a_configured_module_fails_with_the_case_s_sizes() {
         .expect_err("the swapped port fails");
     let msg = failure.to_string();
     assert!(
-        msg.contains("does not match its reference `transformers.models.llama.modeling_llama.LlamaMLP`"),
+        msg.contains(
+            "does not match its reference `transformers.models.llama.modeling_llama.LlamaMLP`"
+        ),
         "{msg}"
     );
     // The artifacts' case.json has the config as this case built it.

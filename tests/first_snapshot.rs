@@ -15,10 +15,15 @@ fn the_first_snapshot_is_written_outside_ci_only() {
         .arg("x", ["n"], Dist::default())
         .cases(4)
         .declared_at(scratch.declared);
-    let report = golden::check(&layer, &|i: &PortInputs| i.tensor(0).gelu_erf().into_outputs())
-        .unwrap_or_else(|f| panic!("{f}"));
+    let report = golden::check(&layer, &|i: &PortInputs| {
+        i.tensor(0).gelu_erf().into_outputs()
+    })
+    .unwrap_or_else(|f| panic!("{f}"));
     let text = report.snapshot().unwrap();
-    let path = scratch.dir.join("snapshots").join("first_snapshot__gelu.snap");
+    let path = scratch
+        .dir
+        .join("snapshots")
+        .join("first_snapshot__gelu.snap");
     let saved = (std::env::var_os("CI"), std::env::var_os("INSTA_UPDATE"));
     std::env::remove_var("INSTA_UPDATE");
 
@@ -28,7 +33,11 @@ fn the_first_snapshot_is_written_outside_ci_only() {
 
     std::env::set_var("INSTA_UPDATE", "no");
     std::env::set_var("CI", "false");
-    assert_eq!(report.write_first_snapshot(&text), None, "INSTA_UPDATE is the user's word");
+    assert_eq!(
+        report.write_first_snapshot(&text),
+        None,
+        "INSTA_UPDATE is the user's word"
+    );
     std::env::remove_var("INSTA_UPDATE");
 
     let line = report.write_first_snapshot(&text).expect("written");
@@ -42,9 +51,17 @@ fn the_first_snapshot_is_written_outside_ci_only() {
     let written = std::fs::read_to_string(&path).unwrap();
     assert_eq!(
         written,
-        format!("---\nsource: {}\n---\n{}\n", scratch.declared.source_file, text.trim_end())
+        format!(
+            "---\nsource: {}\n---\n{}\n",
+            scratch.declared.source_file,
+            text.trim_end()
+        )
     );
-    assert_eq!(report.write_first_snapshot(&text), None, "it exists now: insta compares");
+    assert_eq!(
+        report.write_first_snapshot(&text),
+        None,
+        "it exists now: insta compares"
+    );
 
     match saved.0 {
         Some(v) => std::env::set_var("CI", v),

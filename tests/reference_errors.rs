@@ -46,7 +46,10 @@ fn a_module_that_fails_to_import_shows_the_import_error() {
         "importlib's frames are left out: {msg}"
     );
     // The interpreter golden used, and the commands that add the missing package to it.
-    let python = golden::describe::env::python().program.display().to_string();
+    let python = golden::describe::env::python()
+        .program
+        .display()
+        .to_string();
     assert!(
         msg.contains(&format!(
             "fix: the interpreter golden used, `{python}` (chosen from {}), has no module \
@@ -69,7 +72,10 @@ fn a_package_that_does_not_exist_names_the_import_roots() {
         "the roots searched are listed: {msg}"
     );
     assert!(msg.contains("GOLDEN_REFERENCE_PATH"), "{msg}");
-    let python = golden::describe::env::python().program.display().to_string();
+    let python = golden::describe::env::python()
+        .program
+        .display()
+        .to_string();
     assert!(
         msg.contains("or the site-packages of `"),
         "the interpreter whose packages were searched: {msg}"

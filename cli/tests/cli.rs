@@ -568,7 +568,10 @@ fn setup_says_what_is_missing() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(out.stdout.is_empty(), "no interpreter is printed on failure");
+    assert!(
+        out.stdout.is_empty(),
+        "no interpreter is printed on failure"
+    );
     assert!(
         stderr.contains("does not depend on golden")
             && stderr.contains("comes from the checkout this `golden` was built from"),

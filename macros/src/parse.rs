@@ -256,7 +256,9 @@ fn parse_dim(input: ParseStream) -> Result<DimDecl> {
 }
 
 fn parse_axis(input: ParseStream) -> Result<Axis> {
-    if (input.peek(LitInt) || input.peek(Ident)) && (input.peek2(Token![,]) || input.peek2(syn::parse::End)) {
+    if (input.peek(LitInt) || input.peek(Ident))
+        && (input.peek2(Token![,]) || input.peek2(syn::parse::End))
+    {
         if input.peek(LitInt) {
             return Ok(Axis::Lit(parse_usize(&input.parse()?)?));
         }

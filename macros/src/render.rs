@@ -417,9 +417,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
         if !dotted_path(&class) {
             errors.push(
                 config.class.span(),
-                format!(
-                    "`{class}` is not a dotted Python path like `transformers.LlamaConfig`"
-                ),
+                format!("`{class}` is not a dotted Python path like `transformers.LlamaConfig`"),
             );
         }
         for (i, kv) in config.values.iter().enumerate() {

@@ -427,7 +427,11 @@ pub fn run(options: &Options, log: &dyn Fn(&str)) -> Result<Done, String> {
         ));
         let out = duct::cmd(
             &options.bootstrap,
-            [OsString::from("-m"), "venv".into(), options.venv.clone().into()],
+            [
+                OsString::from("-m"),
+                "venv".into(),
+                options.venv.clone().into(),
+            ],
         )
         .stdout_to_stderr()
         .stderr_capture()
@@ -506,7 +510,9 @@ mod tests {
         std::fs::write(dir.join("reference_py/requirements.txt"), "transformers\n").unwrap();
         assert_eq!(
             crate_requirements(&dir),
-            Some(Requirements::File(dir.join("reference_py/requirements.txt")))
+            Some(Requirements::File(
+                dir.join("reference_py/requirements.txt")
+            ))
         );
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -516,21 +522,38 @@ mod tests {
         let dir = temp("stamp");
         let golden = dir.join("golden");
         std::fs::create_dir_all(&golden).unwrap();
-        std::fs::write(golden.join("pyproject.toml"), "[project]\nname='golden-ref'\n").unwrap();
+        std::fs::write(
+            golden.join("pyproject.toml"),
+            "[project]\nname='golden-ref'\n",
+        )
+        .unwrap();
         let krate = dir.join("crate");
         std::fs::create_dir_all(krate.join("reference_py")).unwrap();
-        std::fs::write(krate.join("reference_py/requirements.txt"), "transformers==5.23.0\n")
-            .unwrap();
+        std::fs::write(
+            krate.join("reference_py/requirements.txt"),
+            "transformers==5.23.0\n",
+        )
+        .unwrap();
         let options = Options::for_crate(&krate, dir.join("venv"), golden.clone());
         let first = options.stamp().unwrap();
         assert_eq!(first, options.stamp().unwrap());
-        std::fs::write(krate.join("reference_py/requirements.txt"), "transformers==5.22.0\n")
-            .unwrap();
+        std::fs::write(
+            krate.join("reference_py/requirements.txt"),
+            "transformers==5.22.0\n",
+        )
+        .unwrap();
         let second = options.stamp().unwrap();
         assert_ne!(first, second, "a changed requirements file must reinstall");
-        std::fs::write(golden.join("pyproject.toml"), "[project]\nname='golden-ref'\n# new\n")
-            .unwrap();
-        assert_ne!(second, options.stamp().unwrap(), "a changed golden package too");
+        std::fs::write(
+            golden.join("pyproject.toml"),
+            "[project]\nname='golden-ref'\n# new\n",
+        )
+        .unwrap();
+        assert_ne!(
+            second,
+            options.stamp().unwrap(),
+            "a changed golden package too"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -541,7 +564,9 @@ mod tests {
             bootstrap: "python3".into(),
             golden: "/g/reference_py".into(),
             extras: vec!["torch".into()],
-            requirements: Some(Requirements::File("/c/reference_py/requirements.txt".into())),
+            requirements: Some(Requirements::File(
+                "/c/reference_py/requirements.txt".into(),
+            )),
         };
         assert_eq!(
             options.pip_command(),

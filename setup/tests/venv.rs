@@ -94,7 +94,10 @@ fn a_venv_is_created_reused_and_updated() {
     assert!(!updated.up_to_date);
     let logged = lines.lock().unwrap().join("\n");
     assert!(!logged.contains("creating a venv"), "{logged}");
-    assert!(logged.contains("installing golden's Python package"), "{logged}");
+    assert!(
+        logged.contains("installing golden's Python package"),
+        "{logged}"
+    );
 
     // A requirement that does not exist: pip's failure with the command, and no stamp claiming
     // the venv is up to date.

@@ -55,10 +55,7 @@ fn setup() -> Result<PathBuf, String> {
     if done.up_to_date {
         eprintln!("golden: Python side ready in {}", options.venv.display());
     } else {
-        eprintln!(
-            "golden: Python side ready ({:.0} s)",
-            done.seconds
-        );
+        eprintln!("golden: Python side ready ({:.0} s)", done.seconds);
     }
     Ok(done.python)
 }

@@ -143,12 +143,15 @@ fn minor(version: &str) -> &str {
 fn dist_version(site_packages: &Path, name: &str) -> Option<String> {
     let normal = |s: &str| s.to_lowercase().replace(['-', '.'], "_");
     let wanted = normal(name);
-    std::fs::read_dir(site_packages).ok()?.flatten().find_map(|e| {
-        let file = e.file_name().to_string_lossy().into_owned();
-        let stem = file.strip_suffix(".dist-info")?;
-        let (dist, version) = stem.rsplit_once('-')?;
-        (normal(dist) == wanted).then(|| version.to_string())
-    })
+    std::fs::read_dir(site_packages)
+        .ok()?
+        .flatten()
+        .find_map(|e| {
+            let file = e.file_name().to_string_lossy().into_owned();
+            let stem = file.strip_suffix(".dist-info")?;
+            let (dist, version) = stem.rsplit_once('-')?;
+            (normal(dist) == wanted).then(|| version.to_string())
+        })
 }
 
 /// SHA-256 in hex.
@@ -191,12 +194,9 @@ mod tests {
         let root = dir.join("reference_py");
         std::fs::create_dir_all(root.join("pkg")).unwrap();
         std::fs::write(root.join("pkg/ref.py"), "def f(x): return x + 1\n").unwrap();
-        let now = recorded().observed(&dir.join("venv/bin/python"), &[root.clone()]);
+        let now = recorded().observed(&dir.join("venv/bin/python"), std::slice::from_ref(&root));
         // numpy has no dist-info here: not compared.
-        assert_eq!(
-            now.packages,
-            vec![("transformers".into(), "5.23.0".into())]
-        );
+        assert_eq!(now.packages, vec![("transformers".into(), "5.23.0".into())]);
         assert_eq!(
             recorded().differences(&now),
             vec![

@@ -155,9 +155,13 @@ impl Source {
         let source = |via: Via, provenance: Option<Provenance>| {
             let stale = match &via {
                 Via::Replay(store) => replayed_stale(layer, store, &record_hint(layer, target)),
-                Via::Verify(_, store) => store.provenance.as_ref().zip(provenance.as_ref()).and_then(
-                    |(then, now)| stale_line(store, &then.differences(now), &record_hint(layer, target)),
-                ),
+                Via::Verify(_, store) => store
+                    .provenance
+                    .as_ref()
+                    .zip(provenance.as_ref())
+                    .and_then(|(then, now)| {
+                        stale_line(store, &then.differences(now), &record_hint(layer, target))
+                    }),
                 // Live beside a store: the store is what CI replays.
                 Via::Live(_) => provenance.as_ref().and_then(|now| {
                     let store = Store::load(&store::path(layer, target.store_suffix)?).ok()??;

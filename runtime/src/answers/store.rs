@@ -724,7 +724,15 @@ mod tests {
             );
         }
         // Read: a store written with a fine name, renamed afterwards and sealed again.
-        save(&path, "desc", &[], None, &[entry(1, 2), entry(2, 2)], 1 << 20).unwrap();
+        save(
+            &path,
+            "desc",
+            &[],
+            None,
+            &[entry(1, 2), entry(2, 2)],
+            1 << 20,
+        )
+        .unwrap();
         let bytes = std::fs::read(&path).unwrap();
         let mut frame = wire::read_frame(&mut &bytes[PREAMBLE..]).unwrap();
         frame.header["entries"][1]["expected"][0][0] = "../../up".into();

@@ -441,7 +441,11 @@ fn arg_size(layer: &Layer, arg: &ArgSpec, case: &CaseParams, total: u128) -> (St
     let dims: Vec<_> = layer
         .dims
         .iter()
-        .filter(|d| arg.shape.iter().any(|a| a.dims().contains(&d.name.as_str())))
+        .filter(|d| {
+            arg.shape
+                .iter()
+                .any(|a| a.dims().contains(&d.name.as_str()))
+        })
         .collect();
     let at: Vec<String> = dims
         .iter()

@@ -370,7 +370,10 @@ impl Value {
                 serde_json::Value::Array(items.iter().map(Value::to_json).collect())
             }
             Value::Dict(items) => serde_json::Value::Object(
-                items.iter().map(|(k, v)| (k.clone(), v.to_json())).collect(),
+                items
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_json()))
+                    .collect(),
             ),
             Value::None => serde_json::Value::Null,
             Value::Dims(e) => serde_json::Value::from(e.to_string()),

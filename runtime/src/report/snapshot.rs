@@ -116,7 +116,11 @@ impl Report {
         if path.exists() || !update.is_empty() || ci() {
             return None;
         }
-        let contents = format!("---\nsource: {}\n---\n{}\n", declared.source_file, text.trim_end());
+        let contents = format!(
+            "---\nsource: {}\n---\n{}\n",
+            declared.source_file,
+            text.trim_end()
+        );
         std::fs::create_dir_all(declared.snapshot_dir).ok()?;
         std::fs::write(&path, contents).ok()?;
         Some(format!(
