@@ -41,7 +41,10 @@ fn live_without_an_interpreter_names_the_fix() {
         msg.contains("could not start the Python interpreter `/nonexistent/bin/python3` (chosen from GOLDEN_PYTHON)"),
         "{msg}"
     );
-    assert!(msg.contains("cargo xtask setup"), "{msg}");
+    assert!(
+        msg.contains("fix: run `golden setup` in your crate"),
+        "{msg}"
+    );
 }
 
 #[test]

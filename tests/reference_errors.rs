@@ -45,8 +45,20 @@ fn a_module_that_fails_to_import_shows_the_import_error() {
         !msg.contains("importlib"),
         "importlib's frames are left out: {msg}"
     );
+    // The interpreter golden used, and the commands that add the missing package to it.
+    let python = golden::describe::env::python()
+        .program
+        .display()
+        .to_string();
     assert!(
-        msg.contains("fix: make `fault_ref.broken_import.fn` importable"),
+        msg.contains(&format!(
+            "fix: the interpreter golden used, `{python}` (chosen from {}), has no module \
+             `a_dependency_that_is_not_installed`. Add `a_dependency_that_is_not_installed` to \
+             reference_py/requirements.txt beside your Cargo.toml and run `golden setup`, or \
+             install it into that interpreter: {python} -m pip install \
+             a_dependency_that_is_not_installed",
+            golden::describe::env::python().source
+        )),
         "{msg}"
     );
 }
@@ -60,6 +72,22 @@ fn a_package_that_does_not_exist_names_the_import_roots() {
         "the roots searched are listed: {msg}"
     );
     assert!(msg.contains("GOLDEN_REFERENCE_PATH"), "{msg}");
+    let python = golden::describe::env::python()
+        .program
+        .display()
+        .to_string();
+    assert!(
+        msg.contains("or the site-packages of `"),
+        "the interpreter whose packages were searched: {msg}"
+    );
+    assert!(
+        msg.contains(&format!(
+            "if it is a package from PyPI, add it to reference_py/requirements.txt and run \
+             `golden setup`, or install it into the interpreter golden used: {python} -m pip \
+             install no_such_package"
+        )),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -165,7 +165,8 @@ fn a_store_missing_a_generated_case_is_out_of_date() {
     store::save(
         &path,
         &stored.description,
-        stored.params.as_ref(),
+        &stored.params,
+        stored.provenance.as_ref(),
         &entries,
         usize::MAX,
     )
@@ -204,7 +205,8 @@ fn a_partial_store_replays_what_it_holds_and_skips_the_snapshot() {
     let (kept, _) = store::save(
         &path,
         &stored.description,
-        stored.params.as_ref(),
+        &stored.params,
+        stored.provenance.as_ref(),
         stored.entries(),
         10_000,
     )
@@ -251,7 +253,8 @@ fn a_tampered_store_shows_in_the_snapshot_and_fails_verify() {
     store::save(
         &path,
         &stored.description,
-        stored.params.as_ref(),
+        &stored.params,
+        stored.provenance.as_ref(),
         &entries,
         usize::MAX,
     )
@@ -317,6 +320,7 @@ fn a_module_store_holds_the_parameter_list_not_every_case_s_parameters() {
         .entries()
         .iter()
         .all(|e| e.outputs.state_dict.is_empty()));
-    assert_eq!(stored.params.as_ref().map(|p| p.entries.len()), Some(4));
+    assert_eq!(stored.params.len(), 1, "one construction, one list");
+    assert_eq!(stored.params[0].1.entries.len(), 4);
     golden::check(&layer(Mode::Replay), &port).unwrap_or_else(|f| panic!("{f}"));
 }

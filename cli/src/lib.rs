@@ -1,5 +1,6 @@
 //! The `golden` command-line tool's commands, as a library (the framework's own tests call them):
-//! `diff` (two tensor files or folders), `show` (one tensor), `report` (the HTML report), and what
+//! `setup` (the Python environment), `diff` (two tensor files or folders), `show` (one tensor),
+//! `report` (the HTML report), and what
 //! they share: the natural order of tensor names, the read budget of every file (`read`) and a
 //! folder walk that follows no symlink loop (`walk`).
 
@@ -7,5 +8,6 @@ pub mod diff;
 pub mod natural;
 pub mod read;
 pub mod report;
+pub mod setup;
 pub mod show;
 pub mod walk;

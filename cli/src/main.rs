@@ -1,5 +1,8 @@
 //! `golden`: the command line beside `cargo test`.
 //!
+//! * `golden setup` — create or update the Python environment your crate's checks run their
+//!   references in (golden's Python package, numpy, torch and `reference_py/requirements.txt`),
+//!   and print its interpreter;
 //! * `golden diff A B` — compare two tensor files or folders of them, in natural layer order, and
 //!   name the first tensor that differs (exit status 1 when anything differs, 2 on errors);
 //! * `golden show FILE [NAME]` — statistics, a histogram and values of a tensor;
@@ -12,7 +15,7 @@
 //! loop. Input that cannot be read is an error naming the file, with exit status 2.
 
 use golden_cli::read::ReadOptions;
-use golden_cli::{diff, report, show};
+use golden_cli::{diff, report, setup, show};
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -22,7 +25,7 @@ use std::process::ExitCode;
 #[command(
     name = "golden",
     version,
-    about = "Compare and inspect tensors; build golden's HTML report"
+    about = "Set up golden's Python side; compare and inspect tensors; build golden's HTML report"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -36,6 +39,26 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create or update the Python environment your crate's checks run their references in:
+    /// golden's Python package, numpy, torch and your crate's `reference_py/requirements.txt` (or
+    /// its `pyproject.toml`). Prints the interpreter on stdout. An up-to-date venv is detected from
+    /// a stamp of what was installed, in a fraction of a second.
+    Setup {
+        /// The venv to create or update (default: GOLDEN_VENV, else ~/.cache/golden/venv, where
+        /// golden's checks look for it).
+        #[arg(long, value_name = "DIR")]
+        venv: Option<PathBuf>,
+        /// The crate (default: the nearest folder with a Cargo.toml, from the current one up).
+        #[arg(long = "crate", value_name = "DIR")]
+        crate_dir: Option<PathBuf>,
+        /// The Python that creates a missing venv (default: GOLDEN_BOOTSTRAP_PYTHON, else python3).
+        #[arg(long, value_name = "PYTHON")]
+        python: Option<std::ffi::OsString>,
+        /// golden's Python package, a `reference_py` folder of a golden checkout (default: that of
+        /// the golden your crate depends on).
+        #[arg(long, value_name = "DIR")]
+        golden: Option<PathBuf>,
+    },
     /// Compare two tensor files, or two folders of them (.npy, .npz, .safetensors, .pt/.pth).
     Diff {
         /// The reference file or folder.
@@ -86,6 +109,29 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
+        Command::Setup {
+            venv,
+            crate_dir,
+            python,
+            golden,
+        } => {
+            let args = setup::Args {
+                venv,
+                crate_dir,
+                python,
+                golden,
+            };
+            match setup::run(&args) {
+                Ok(python) => {
+                    println!("{}", python.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("golden setup: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Diff {
             a,
             b,

@@ -531,3 +531,56 @@ fn what_a_file_holds_that_is_not_a_tensor_is_named() {
         "{stdout}"
     );
 }
+
+/// `golden setup` outside any crate says where to run it, and with an interpreter that does not
+/// exist it names the interpreter and how to choose another, before installing anything.
+#[test]
+fn setup_says_what_is_missing() {
+    let dir = Dir::new("setup");
+    let out = Command::new(env!("CARGO_BIN_EXE_golden"))
+        .arg("setup")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("no Cargo.toml in") && stderr.contains("--crate DIR"),
+        "{stderr}"
+    );
+
+    // A crate that does not depend on golden (cargo metadata finds no `golden`): the set-up says
+    // where golden's package comes from instead; a missing bootstrap interpreter is named.
+    std::fs::write(
+        dir.path().join("Cargo.toml"),
+        "[package]\nname = \"lonely\"\nversion = \"0.1.0\"\nedition = \"2021\"\n[lib]\npath = \"lib.rs\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("lib.rs"), "").unwrap();
+    let venv = dir.path().join("venv");
+    let out = Command::new(env!("CARGO_BIN_EXE_golden"))
+        .args(["setup", "--python", "/no/such/python3", "--venv"])
+        .arg(&venv)
+        .current_dir(dir.path())
+        .env_remove("GOLDEN_PYTHON")
+        .env_remove("VIRTUAL_ENV")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "no interpreter is printed on failure"
+    );
+    assert!(
+        stderr.contains("does not depend on golden")
+            && stderr.contains("comes from the checkout this `golden` was built from"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("could not run `/no/such/python3` to create the venv")
+            && stderr.contains("--python"),
+        "{stderr}"
+    );
+    assert!(!venv.exists(), "nothing was created");
+}

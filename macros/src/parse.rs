@@ -14,6 +14,7 @@ pub const OPTIONS: &[&str] = &[
     "args",
     "consts",
     "init",
+    "config",
     "dtype",
     "dtypes",
     "tol",
@@ -38,6 +39,8 @@ pub struct DimDecl {
 pub enum Axis {
     Sym(Ident),
     Lit(usize),
+    /// An integer expression of dims: `heads * head_dim`.
+    Expr(DimValueDecl),
 }
 
 /// A bound of `int(lo..hi)`.
@@ -61,14 +64,55 @@ pub struct ArgDecl {
     pub dist: Option<DistDecl>,
 }
 
-/// A literal value of `consts(...)` / `init(...)`: kept as tokens for the Rust call, and as a
-/// `golden::Value` expression for the reference.
+/// A value of `consts(...)` / `init(...)` / `config = "..."(...)`: kept as tokens for the Rust
+/// call, and as a `golden::Value` expression for the reference.
 pub enum ValueDecl {
     Int(TokenStream),
     Float(TokenStream),
     Bool(TokenStream),
     Str(LitStr),
     List(Vec<ValueDecl>),
+    /// `{"key": value, ...}`: a Python dict.
+    Dict(Vec<(LitStr, ValueDecl)>),
+    /// `None`.
+    None,
+    /// An integer from the case's dims: `d`, `2 * d`, `(a + b) * 4`.
+    Dims(DimValueDecl),
+}
+
+/// An integer expression of dims, with the spans of its dims for errors.
+pub enum DimValueDecl {
+    Dim(Ident),
+    Lit(i64),
+    /// `+`, `-` or `*`.
+    Op(char, Box<DimValueDecl>, Box<DimValueDecl>),
+}
+
+impl DimValueDecl {
+    /// The dims it names.
+    pub fn dims(&self) -> Vec<&Ident> {
+        match self {
+            DimValueDecl::Dim(d) => vec![d],
+            DimValueDecl::Lit(_) => Vec::new(),
+            DimValueDecl::Op(_, a, b) => {
+                let mut out = a.dims();
+                out.extend(b.dims());
+                out
+            }
+        }
+    }
+}
+
+impl ValueDecl {
+    /// The dims it names, anywhere inside it.
+    pub fn dims(&self) -> Vec<&Ident> {
+        match self {
+            ValueDecl::Dims(e) => e.dims(),
+            ValueDecl::List(items) => items.iter().flat_map(ValueDecl::dims).collect(),
+            ValueDecl::Dict(items) => items.iter().flat_map(|(_, v)| v.dims()).collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 pub struct KeyValue {
@@ -115,6 +159,8 @@ pub struct Attr {
     pub args: Vec<ArgDecl>,
     pub consts: Vec<KeyValue>,
     pub init: Vec<KeyValue>,
+    /// `config = "pkg.ConfigClass"(key = value, ...)`, with the keyword.
+    pub config: Option<ConfigDecl>,
     pub dtypes: Option<(Ident, Vec<Ident>)>,
     pub tol: Option<(f64, f64)>,
     pub cases: Option<u32>,
@@ -131,6 +177,13 @@ pub struct Attr {
     pub weights: Option<(Ident, LitStr)>,
     /// `rename("from" = "to", ...)`, with the keyword.
     pub rename: Option<(Ident, Vec<(LitStr, LitStr)>)>,
+}
+
+/// `config = "pkg.ConfigClass"` or `config = "pkg.ConfigClass"(key = value, ...)`.
+pub struct ConfigDecl {
+    pub key: Ident,
+    pub class: LitStr,
+    pub values: Vec<KeyValue>,
 }
 
 /// `"from" = "to"` in `rename(...)`.
@@ -203,13 +256,21 @@ fn parse_dim(input: ParseStream) -> Result<DimDecl> {
 }
 
 fn parse_axis(input: ParseStream) -> Result<Axis> {
-    if input.peek(LitInt) {
-        return Ok(Axis::Lit(parse_usize(&input.parse()?)?));
-    }
-    if input.peek(Ident) {
+    if (input.peek(LitInt) || input.peek(Ident))
+        && (input.peek2(Token![,]) || input.peek2(syn::parse::End))
+    {
+        if input.peek(LitInt) {
+            return Ok(Axis::Lit(parse_usize(&input.parse()?)?));
+        }
         return Ok(Axis::Sym(input.parse()?));
     }
-    Err(input.error("expected a dim name or a size"))
+    let expr: syn::Expr = input.parse().map_err(|e| {
+        Error::new(
+            e.span(),
+            "expected a dim name, a size or an integer expression of dims (`heads * head_dim`)",
+        )
+    })?;
+    Ok(Axis::Expr(dim_value(&expr)?))
 }
 
 fn parse_bound(input: ParseStream) -> Result<BoundDecl> {
@@ -309,29 +370,97 @@ fn parse_arg(input: ParseStream) -> Result<ArgDecl> {
     Ok(ArgDecl { name, shape, dist })
 }
 
+const VALUE_HELP: &str = "expected a value: a number, a bool, a string, None, a dim or an integer \
+     expression of dims (`d`, `2 * d`), a list `[...]` or a dict `{\"key\": value}`";
+
 fn parse_value(input: ParseStream) -> Result<ValueDecl> {
     if input.peek(syn::token::Bracket) {
         let content;
         bracketed!(content in input);
         return Ok(ValueDecl::List(comma_list(&content, parse_value)?));
     }
-    let minus = input.parse::<Option<Token![-]>>()?;
-    let lit: Lit = input.parse().map_err(|e| {
-        Error::new(
-            e.span(),
-            "expected a literal: a number, a bool, a string or a list of those",
-        )
-    })?;
-    let tokens = quote!(#minus #lit);
-    match lit {
-        Lit::Int(_) => Ok(ValueDecl::Int(tokens)),
-        Lit::Float(_) => Ok(ValueDecl::Float(tokens)),
-        Lit::Bool(_) if minus.is_none() => Ok(ValueDecl::Bool(tokens)),
-        Lit::Str(s) if minus.is_none() => Ok(ValueDecl::Str(s)),
-        other => Err(Error::new(
-            other.span(),
-            "expected a literal: a number, a bool, a string or a list of those",
+    if input.peek(syn::token::Brace) {
+        let content;
+        syn::braced!(content in input);
+        let items = comma_list(&content, |input| {
+            let key: LitStr = input.parse().map_err(|e| {
+                Error::new(
+                    e.span(),
+                    "a dict's keys are strings: `{\"rope_type\": \"default\"}`",
+                )
+            })?;
+            input.parse::<Token![:]>()?;
+            Ok((key, parse_value(input)?))
+        })?;
+        return Ok(ValueDecl::Dict(items));
+    }
+    let expr: syn::Expr = input
+        .parse()
+        .map_err(|e| Error::new(e.span(), VALUE_HELP))?;
+    value_of_expr(&expr)
+}
+
+/// A value from the expression syn parsed: a literal, `None`, or an integer expression of dims.
+fn value_of_expr(expr: &syn::Expr) -> Result<ValueDecl> {
+    use syn::{Expr, UnOp};
+    match expr {
+        Expr::Lit(lit) => match &lit.lit {
+            Lit::Int(_) => Ok(ValueDecl::Int(quote!(#lit))),
+            Lit::Float(_) => Ok(ValueDecl::Float(quote!(#lit))),
+            Lit::Bool(_) => Ok(ValueDecl::Bool(quote!(#lit))),
+            Lit::Str(s) => Ok(ValueDecl::Str(s.clone())),
+            other => Err(Error::new(other.span(), VALUE_HELP)),
+        },
+        Expr::Unary(u) if matches!(u.op, UnOp::Neg(_)) => match &*u.expr {
+            Expr::Lit(lit) if matches!(lit.lit, Lit::Int(_)) => Ok(ValueDecl::Int(quote!(#expr))),
+            Expr::Lit(lit) if matches!(lit.lit, Lit::Float(_)) => {
+                Ok(ValueDecl::Float(quote!(#expr)))
+            }
+            _ => Ok(ValueDecl::Dims(dim_value(expr)?)),
+        },
+        Expr::Path(p) if p.path.is_ident("None") => Ok(ValueDecl::None),
+        Expr::Path(_) | Expr::Binary(_) | Expr::Paren(_) => Ok(ValueDecl::Dims(dim_value(expr)?)),
+        other => Err(Error::new_spanned(other, VALUE_HELP)),
+    }
+}
+
+const DIM_VALUE_HELP: &str = "an integer expression of dims has dims, whole numbers, `+`, `-`, \
+     `*` and parentheses: `d`, `2 * d`, `(heads + 1) * head_dim`";
+
+fn dim_value(expr: &syn::Expr) -> Result<DimValueDecl> {
+    use syn::{BinOp, Expr, UnOp};
+    match expr {
+        Expr::Path(p) => match p.path.get_ident() {
+            Some(ident) if p.qself.is_none() => Ok(DimValueDecl::Dim(ident.clone())),
+            _ => Err(Error::new_spanned(
+                p,
+                "expected a dim's name (a single identifier declared in `dims(...)`)",
+            )),
+        },
+        Expr::Lit(lit) => match &lit.lit {
+            Lit::Int(i) => Ok(DimValueDecl::Lit(i.base10_parse()?)),
+            other => Err(Error::new(other.span(), DIM_VALUE_HELP)),
+        },
+        Expr::Paren(p) => dim_value(&p.expr),
+        Expr::Unary(u) if matches!(u.op, UnOp::Neg(_)) => Ok(DimValueDecl::Op(
+            '-',
+            Box::new(DimValueDecl::Lit(0)),
+            Box::new(dim_value(&u.expr)?),
         )),
+        Expr::Binary(b) => {
+            let op = match b.op {
+                BinOp::Add(_) => '+',
+                BinOp::Sub(_) => '-',
+                BinOp::Mul(_) => '*',
+                _ => return Err(Error::new_spanned(b.op, DIM_VALUE_HELP)),
+            };
+            Ok(DimValueDecl::Op(
+                op,
+                Box::new(dim_value(&b.left)?),
+                Box::new(dim_value(&b.right)?),
+            ))
+        }
+        other => Err(Error::new_spanned(other, DIM_VALUE_HELP)),
     }
 }
 
@@ -536,6 +665,28 @@ impl Parse for Attr {
                     parenthesized!(content in input);
                     attr.init = comma_list(&content, parse_key_value)?;
                 }
+                "config" => {
+                    let help = |e: Error| {
+                        Error::new(
+                            e.span(),
+                            "expected `config = \"package.ConfigClass\"(key = value, ...)`, e.g. \
+                             `config = \"transformers.LlamaConfig\"(hidden_size = d)`",
+                        )
+                    };
+                    input.parse::<Token![=]>().map_err(help)?;
+                    let class: LitStr = input.parse().map_err(help)?;
+                    let values = if input.peek(syn::token::Paren) {
+                        parenthesized!(content in input);
+                        comma_list(&content, parse_key_value)?
+                    } else {
+                        Vec::new()
+                    };
+                    attr.config = Some(ConfigDecl {
+                        key: key.clone(),
+                        class,
+                        values,
+                    });
+                }
                 "dtype" => {
                     input.parse::<Token![=]>()?;
                     let dtype: Ident = input.parse()?;
@@ -649,6 +800,10 @@ impl ToTokens for Axis {
                 quote!(::golden::DimExpr::Sym(::std::string::String::from(#s)))
             }
             Axis::Lit(n) => quote!(::golden::DimExpr::Lit(#n)),
+            Axis::Expr(e) => {
+                let e = crate::render::dim_value_expr(e);
+                quote!(::golden::DimExpr::Expr(#e))
+            }
         })
     }
 }

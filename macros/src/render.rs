@@ -3,7 +3,8 @@
 //! be expanded here, in the user's crate, for insta to file it under the user's test).
 
 use crate::parse::{
-    ArgDecl, Attr, Axis, BoundDecl, DistDecl, GradDecl, KeyValue, OverfitDecl, ValueDecl, WrtName,
+    ArgDecl, Attr, Axis, BoundDecl, DimValueDecl, DistDecl, GradDecl, KeyValue, OverfitDecl,
+    ValueDecl, WrtName,
 };
 use crate::signature::{self, Kind, Param};
 use proc_macro2::{Span, TokenStream};
@@ -28,6 +29,25 @@ impl Errors {
     }
 }
 
+pub(crate) fn dim_value_expr(e: &DimValueDecl) -> TokenStream {
+    match e {
+        DimValueDecl::Dim(d) => {
+            let d = d.to_string();
+            quote!(::golden::DimValue::Dim(::std::string::String::from(#d)))
+        }
+        DimValueDecl::Lit(n) => quote!(::golden::DimValue::Lit(#n)),
+        DimValueDecl::Op(op, a, b) => {
+            let (a, b) = (dim_value_expr(a), dim_value_expr(b));
+            let variant = match op {
+                '+' => quote!(Add),
+                '-' => quote!(Sub),
+                _ => quote!(Mul),
+            };
+            quote!(::golden::DimValue::#variant(::std::boxed::Box::new(#a), ::std::boxed::Box::new(#b)))
+        }
+    }
+}
+
 fn value_expr(v: &ValueDecl) -> TokenStream {
     match v {
         ValueDecl::Int(t) => quote!(::golden::Value::Int((#t) as i64)),
@@ -38,19 +58,57 @@ fn value_expr(v: &ValueDecl) -> TokenStream {
             let items = items.iter().map(value_expr);
             quote!(::golden::Value::List(::std::vec![#(#items),*]))
         }
+        ValueDecl::Dict(items) => {
+            let items = items.iter().map(|(k, v)| {
+                let v = value_expr(v);
+                quote!((::std::string::String::from(#k), #v))
+            });
+            quote!(::golden::Value::Dict(::std::vec![#(#items),*]))
+        }
+        ValueDecl::None => quote!(::golden::Value::None),
+        ValueDecl::Dims(e) => {
+            let e = dim_value_expr(e);
+            quote!(::golden::Value::Dims(#e))
+        }
     }
 }
 
-/// The value as a Rust expression for the call (a list becomes an array literal).
-fn value_tokens(v: &ValueDecl) -> TokenStream {
-    match v {
+/// An integer expression of dims as Rust, in i64, the case's dims read from the port's inputs.
+fn dim_value_tokens(e: &DimValueDecl) -> TokenStream {
+    match e {
+        DimValueDecl::Dim(d) => {
+            let name = d.to_string();
+            quote_spanned!(d.span()=> (__golden_inputs.dim(#name) as i64))
+        }
+        DimValueDecl::Lit(n) => quote!((#n as i64)),
+        DimValueDecl::Op(op, a, b) => {
+            let (a, b) = (dim_value_tokens(a), dim_value_tokens(b));
+            match op {
+                '+' => quote!((#a + #b)),
+                '-' => quote!((#a - #b)),
+                _ => quote!((#a * #b)),
+            }
+        }
+    }
+}
+
+/// The value as a Rust expression for the call (a list becomes an array literal, a dim expression
+/// its value in the case, `None` `Option::None`); `None` for a dict, which no Rust parameter takes.
+fn value_tokens(v: &ValueDecl) -> Option<TokenStream> {
+    Some(match v {
         ValueDecl::Int(t) | ValueDecl::Float(t) | ValueDecl::Bool(t) => t.clone(),
         ValueDecl::Str(s) => quote!(#s),
         ValueDecl::List(items) => {
-            let items = items.iter().map(value_tokens);
+            let items = items.iter().map(value_tokens).collect::<Option<Vec<_>>>()?;
             quote!([#(#items),*])
         }
-    }
+        ValueDecl::Dict(..) => return None,
+        ValueDecl::None => quote!(::std::option::Option::None),
+        ValueDecl::Dims(e) => {
+            let e = dim_value_tokens(e);
+            quote!((#e as _))
+        }
+    })
 }
 
 fn dist_expr(d: &Option<DistDecl>) -> TokenStream {
@@ -78,6 +136,17 @@ fn dist_expr(d: &Option<DistDecl>) -> TokenStream {
     }
 }
 
+/// `package.module.name`: at least two identifiers joined by dots.
+fn dotted_path(path: &str) -> bool {
+    let parts: Vec<&str> = path.split('.').collect();
+    parts.len() >= 2
+        && parts.iter().all(|p| {
+            let mut chars = p.chars();
+            chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
+                && chars.all(|c| c.is_alphanumeric() || c == '_')
+        })
+}
+
 fn check_reference(attr: &Attr, errors: &mut Errors) -> Option<String> {
     let Some(reference) = &attr.reference else {
         errors.push(
@@ -88,14 +157,7 @@ fn check_reference(attr: &Attr, errors: &mut Errors) -> Option<String> {
         return None;
     };
     let path = reference.value();
-    let parts: Vec<&str> = path.split('.').collect();
-    let valid = parts.len() >= 2
-        && parts.iter().all(|p| {
-            let mut chars = p.chars();
-            chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
-                && chars.all(|c| c.is_alphanumeric() || c == '_')
-        });
-    if !valid {
+    if !dotted_path(&path) {
         errors.push(
             reference.span(),
             format!("`{path}` is not a dotted Python path like `package.module.callable`"),
@@ -121,6 +183,16 @@ fn check_dims_and_args(attr: &Attr, params: &[Param], fn_name: &Ident, errors: &
             errors.push(ident.span(), format!("unknown dim `{ident}` ({known})"));
         }
     };
+    let valued = attr
+        .consts
+        .iter()
+        .chain(&attr.init)
+        .chain(attr.config.iter().flat_map(|c| &c.values));
+    for kv in valued {
+        for ident in kv.value.dims() {
+            unknown_dim(ident, errors);
+        }
+    }
     for (i, arg) in attr.args.iter().enumerate() {
         let name = arg.name.to_string();
         if attr.args[..i].iter().any(|a| a.name == arg.name) {
@@ -141,8 +213,10 @@ fn check_dims_and_args(attr: &Attr, params: &[Param], fn_name: &Ident, errors: &
             Some(_) => {}
         }
         for axis in &arg.shape {
-            if let Axis::Sym(ident) = axis {
-                unknown_dim(ident, errors);
+            match axis {
+                Axis::Sym(ident) => unknown_dim(ident, errors),
+                Axis::Expr(e) => e.dims().into_iter().for_each(|i| unknown_dim(i, errors)),
+                Axis::Lit(_) => {}
             }
         }
         if let Some(DistDecl::Int(lo, hi)) = &arg.dist {
@@ -201,16 +275,30 @@ fn call_args(attr: &Attr, params: &[Param], errors: &mut Errors) -> (Vec<TokenSt
                     .consts
                     .iter()
                     .chain(attr.init.iter())
+                    .chain(attr.config.iter().flat_map(|c| &c.values))
                     .find(|kv| kv.name == p.name);
                 match found {
-                    Some(kv) => value_tokens(&kv.value),
+                    Some(kv) => match value_tokens(&kv.value) {
+                        Some(tokens) => tokens,
+                        None => {
+                            errors.push(
+                                p.name.span(),
+                                format!(
+                                    "`{name}` is a dict in the attribute, which no Rust parameter \
+                                     takes: give the port what it needs from it as separate \
+                                     parameters, or rename this one"
+                                ),
+                            );
+                            quote!(::std::unreachable!())
+                        }
+                    },
                     None => {
                         errors.push(
                             p.name.span(),
                             format!(
                                 "parameter `{name}` needs a value: add `{name} = ...` to `consts(...)`{}, \
                                  or make it a tensor (`&Tensor`) with a shape in `args(...)`",
-                                if module_form { " or `init(...)`" } else { "" }
+                                if module_form { ", `init(...)` or `config = \"...\"(...)`" } else { "" }
                             ),
                         );
                         quote!(::std::unreachable!())
@@ -317,6 +405,27 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
              `VarBuilder`",
         );
     }
+    if let Some(config) = &attr.config {
+        if !module_form {
+            errors.push(
+                config.key.span(),
+                "`config` builds the reference nn.Module from a configuration class; it needs the \
+                 module form, whose first parameter is a `VarBuilder`",
+            );
+        }
+        let class = config.class.value();
+        if !dotted_path(&class) {
+            errors.push(
+                config.class.span(),
+                format!("`{class}` is not a dotted Python path like `transformers.LlamaConfig`"),
+            );
+        }
+        for (i, kv) in config.values.iter().enumerate() {
+            if config.values[..i].iter().any(|o| o.name == kv.name) {
+                errors.push(kv.name.span(), format!("`{}` is given twice", kv.name));
+            }
+        }
+    }
     if !module_form && !attr.init.is_empty() {
         errors.push(
             attr.init[0].name.span(),
@@ -363,6 +472,11 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
     });
     let consts = key_values("konst", &attr.consts);
     let init = key_values("init", &attr.init);
+    let config = attr.config.as_ref().map(|c| {
+        let class = c.class.value();
+        let values = key_values("config_value", &c.values);
+        quote!(.config(#class) #(#values)*)
+    });
     let constructor = if module_form {
         quote!(module)
     } else {
@@ -420,6 +534,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                     #(#arg_calls)*
                     #(#consts)*
                     #(#init)*
+                    #config
                     .dtypes(&[#(#dtypes),*])
                     #tol
                     #cases
@@ -442,6 +557,8 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             /// it under this crate.
             fn snapshot(report: &::golden::Report) {
                 match report.snapshot() {
+                    ::std::option::Option::Some(text)
+                        if ::golden::__private::first_snapshot(report, &text) => {}
                     ::std::option::Option::Some(text) => {
                         let mut settings = ::golden::__private::insta::Settings::clone_current();
                         settings.set_snapshot_path(report.layer.declared.unwrap().snapshot_dir);

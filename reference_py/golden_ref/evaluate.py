@@ -25,6 +25,7 @@ The runtime's `compare.rs` turns these into the pass/fail rule; the float64 part
 from __future__ import annotations
 
 import copy
+import inspect
 
 import numpy as np
 
@@ -80,13 +81,17 @@ class Case:
         self.state = None
         # Evaluate twice in the case dtype and require the same bits (see NotDeterministic).
         self.twice = False
+        # Module form: (configuration class, its keywords) when the module is built from a
+        # configuration object (`config = "transformers.LlamaConfig"(...)`), see `construct`.
+        self.config = None
 
     def derived(self, obj, args=None):
         """The same case for another reference `obj` (a variant, a wrapper) and optionally other
-        inputs: the module's state carries over, tracing and `twice` do not."""
+        inputs: the module's state and configuration carry over, tracing and `twice` do not."""
         case = Case(obj, self.form, self.backend, self.args if args is None else args, self.kwargs,
                     self.init, self.seed, self.dtype)
         case.state = self.state
+        case.config = self.config
         return case
 
 
@@ -95,12 +100,51 @@ def reference_module(module):
     return module.inner if getattr(type(module), "golden_wrapper", False) else module
 
 
+def reference_class(obj):
+    """The reference's class behind one of golden's wrapper classes (variants, gradients,
+    mutations), or `obj` itself."""
+    return getattr(obj, "golden_inner", obj)
+
+
+def _takes_config_keyword(cls) -> bool:
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+    return "config" in parameters and parameters["config"].kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
+def constructor_arguments(case: Case):
+    """The positional and keyword arguments the reference module is constructed with: `init`, and
+    with a configuration class the object `config_class(**keywords)`, as the constructor's `config`
+    keyword when it has one (Hugging Face's modules: `LlamaAttention(config, layer_idx)`), else as
+    its first argument."""
+    kwargs = dict(case.init)
+    if case.config is None:
+        return (), kwargs
+    config_class, keywords = case.config
+    try:
+        config = config_class(**keywords)
+    except BaseException as e:  # SystemExit too: a reference must not end the worker
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise ReferenceRaised(f"constructing its configuration `{config_class.__name__}`", e) from None
+    if _takes_config_keyword(reference_class(case.obj)):
+        kwargs["config"] = config
+        return (), kwargs
+    return (config,), kwargs
+
+
 def construct(case: Case):
     """Construct the reference module under the case seed, in eval mode (module's own dtype)."""
     torch = case.backend.torch
     case.backend.seed(case.seed)
+    args, kwargs = constructor_arguments(case)
     try:
-        module = case.obj(**case.init)
+        module = case.obj(*args, **kwargs)
     except BaseException as e:  # SystemExit too: a reference must not end the worker
         if isinstance(e, KeyboardInterrupt):
             raise
@@ -492,10 +536,11 @@ def gradient_case(case: Case, names: list, wrt: list, params: bool) -> Case:
 
         class GradientOf(torch.nn.Module):
             golden_wrapper = True
+            golden_inner = cls
 
-            def __init__(self, **init):
+            def __init__(self, *args, **init):
                 super().__init__()
-                self.inner = cls(**init)
+                self.inner = cls(*args, **init)
 
             def forward(self, *args, **kwargs):
                 parameters = self.inner.named_parameters() if params else []
@@ -518,10 +563,11 @@ def _variant_module(cls, fn):
 
     class VariantOf(torch.nn.Module):
         golden_wrapper = True
+        golden_inner = cls
 
-        def __init__(self, **init):
+        def __init__(self, *args, **init):
             super().__init__()
-            self.inner = cls(**init)
+            self.inner = cls(*args, **init)
 
         def forward(self, *args, **kwargs):
             return fn(self.inner, *args, **kwargs)

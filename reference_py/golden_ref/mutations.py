@@ -312,13 +312,14 @@ def _wrapped(case: Case, session, built=None) -> Case:
 
         class Mutated(torch.nn.Module):
             golden_wrapper = True  # loads the case's state into `inner`, as evaluate's wrappers
+            golden_inner = cls
 
-            def __init__(self, **init):
+            def __init__(self, *args, **init):
                 super().__init__()
                 holder = {}
 
                 def build():
-                    holder["inner"] = cls(**init)
+                    holder["inner"] = cls(*args, **init)
 
                 session().run(build, constructing=True)
                 self.inner = holder["inner"]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
+import inspect
 import os
+import sys
 
 
 from .tracebacks import format_user_traceback
@@ -76,6 +79,81 @@ def resolve(path: str):
     raise ReferenceError_(
         "import",
         f"no module named `{parts[0]}` in golden's import roots "
-        f"({os.environ.get('PYTHONPATH', '') or 'none'}) or the interpreter's site-packages. Put the "
-        "reference's folder in GOLDEN_REFERENCE_PATH, or in `reference_py/` beside your Cargo.toml.",
+        f"({os.environ.get('PYTHONPATH', '') or 'none'}) or the site-packages of `{sys.executable}`",
     )
+
+
+def _distribution_version(name: str):
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8 has no importlib.metadata; golden needs 3.9
+        return None
+    try:
+        return metadata.version(name)
+    except Exception:
+        return None
+
+
+def _distributions_of(top_level: str):
+    """The installed distributions that provide the top-level package `top_level` (`transformers`
+    for `transformers`, `PyYAML` for `yaml`); none for a package on an import root."""
+    try:
+        from importlib import metadata
+
+        return list(metadata.packages_distributions().get(top_level, []))
+    except Exception:  # Python 3.9 has no packages_distributions: try the package's own name
+        return [top_level] if _distribution_version(top_level) else []
+
+
+def _source_file(obj):
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    path = getattr(module, "__file__", None)
+    return os.path.realpath(path) if path and path.endswith(".py") else None
+
+
+def _relative_to_root(path: str) -> str:
+    """`path` relative to the sys.path entry it is under (the longest), as an import names it:
+    `transformers/models/llama/modeling_llama.py`, `zoo_ref/blocks.py`."""
+    best = None
+    for entry in sys.path:
+        root = os.path.realpath(entry or os.getcwd())
+        if path.startswith(root + os.sep) and (best is None or len(root) > len(best)):
+            best = root
+    return os.path.relpath(path, best) if best else os.path.basename(path)
+
+
+def provenance(objects) -> dict:
+    """What the answers of a reference made of `objects` (the reference, its configuration class)
+    are computed with: Python's version, those of numpy, torch and the distributions that provide
+    the objects' packages, and the SHA-256 of their source files — the file defining each object
+    and, for a class, those defining its base classes in the same top-level package (Hugging
+    Face's `modeling_llama.py` holds the module, its attention and `rotate_half`; its
+    `PreTrainedModel` base is in `modeling_utils.py`). The runtime records it in the golden store
+    and compares it on replay (`answers/provenance.rs`)."""
+    packages = {}
+    for name in ("numpy", "torch"):
+        version = _distribution_version(name)
+        if version:
+            packages[name] = version
+    files = []
+    for obj in objects:
+        top = (getattr(obj, "__module__", None) or "").split(".")[0]
+        for dist in _distributions_of(top):
+            version = _distribution_version(dist)
+            if version:
+                packages[dist] = version
+        related = [obj]
+        if inspect.isclass(obj):
+            related += [c for c in obj.__mro__[1:] if (c.__module__ or "").split(".")[0] == top]
+        for o in related:
+            path = _source_file(o)
+            if path and path not in files:
+                files.append(path)
+    sources = {}
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                sources[_relative_to_root(path)] = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            pass
+    return {"python": "%d.%d.%d" % sys.version_info[:3], "packages": packages, "sources": sources}

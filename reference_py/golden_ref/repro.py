@@ -10,6 +10,7 @@ It depends on nothing of golden's: only numpy, and torch for the torch backend.
 """
 
 import importlib
+import inspect
 import json
 import math
 import os
@@ -94,7 +95,19 @@ def run_reference():
     target = obj
     if CASE["form"] == "module":
         torch.manual_seed(CASE["seed"])
-        target = obj(**CASE["init"]).eval().to(dtypes[CASE["dtype"]])
+        build_args, init = (), dict(CASE["init"])
+        if CASE.get("config"):
+            # Built from a configuration object, as golden's worker builds it.
+            config = resolve(CASE["config"]["class"])(**CASE["config"]["values"])
+            try:
+                takes_keyword = "config" in inspect.signature(obj).parameters
+            except (TypeError, ValueError):
+                takes_keyword = False
+            if takes_keyword:
+                init["config"] = config
+            else:
+                build_args = (config,)
+        target = obj(*build_args, **init).eval().to(dtypes[CASE["dtype"]])
         state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
         target.load_state_dict(state)
     recorded = []

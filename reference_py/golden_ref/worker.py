@@ -39,7 +39,7 @@ from .backends import BACKENDS, BackendError, OutputError
 from .evaluate import Case, NotDeterministic, ReferenceRaised, forward, gradient_case, param_spec, variants
 from .limits import AnswerTooLarge
 from .training import train
-from .references import ReferenceError_, resolve
+from .references import ReferenceError_, provenance, resolve
 
 
 class Worker:
@@ -75,6 +75,13 @@ class Worker:
             self.references[key] = obj
         return self.references[key]
 
+    def config_class(self, path: str):
+        """The configuration class of `config = "..."` (resolved like a reference)."""
+        key = ("config", path)
+        if key not in self.references:
+            self.references[key] = resolve(path)
+        return self.references[key]
+
     def handle(self, header: dict, tensors: list):
         op = header.get("op")
         if op == "hello":
@@ -88,9 +95,14 @@ class Worker:
                     info[name] = version
             return info, []
         if op == "load":
-            self.reference(header["reference"], header["form"], header["backend"])
+            obj = self.reference(header["reference"], header["form"], header["backend"])
+            objects = [obj]
+            if header.get("config"):
+                objects.append(self.config_class(header["config"]))
             version = self.backend(header["backend"]).check_available()
-            return ({header["backend"]: version} if version else {}), []
+            info = {header["backend"]: version} if version else {}
+            info["provenance"] = provenance(objects)
+            return info, []
         if op == "params":
             spec, spec_tensors = param_spec(self.case(header, tensors))
             table = wire.TensorTable()
@@ -136,6 +148,9 @@ class Worker:
             int(header["seed"]),
             header["dtype"],
         )
+        config = header.get("config")
+        if config:
+            case.config = (self.config_class(config["class"]), config.get("values", {}))
         case.trace = bool(header.get("trace", False))
         case.twice = bool(header.get("twice", False))
         if header.get("state_dict") is not None:

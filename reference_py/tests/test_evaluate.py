@@ -133,3 +133,71 @@ def forward_of(fn, args):
     from golden_ref.evaluate import forward
 
     return forward(_torch_case(fn, args))
+
+
+class ConstructorArgumentsTest(unittest.TestCase):
+    """`config = "pkg.Config"(...)`: the configuration object goes in as `config=` where the
+    constructor has that keyword, else first; wrappers are seen through."""
+
+    class Config:
+        def __init__(self, width=1):
+            self.width = width
+
+    def case(self, cls, init=None):
+        from golden_ref.evaluate import Case
+
+        case = Case(cls, "module", NumpyBackend(), [], {}, init or {}, 0, "f32")
+        case.config = (self.Config, {"width": 3})
+        return case
+
+    def test_the_config_keyword_where_the_constructor_has_one(self):
+        from golden_ref.evaluate import constructor_arguments
+
+        class ByKeyword:
+            def __init__(self, config, layer_idx=None):
+                pass
+
+        args, kwargs = constructor_arguments(self.case(ByKeyword, {"layer_idx": 2}))
+        self.assertEqual(args, ())
+        self.assertEqual(kwargs["layer_idx"], 2)
+        self.assertEqual(kwargs["config"].width, 3)
+
+    def test_first_otherwise_and_through_a_wrapper(self):
+        from golden_ref.evaluate import constructor_arguments
+
+        class Positional:
+            def __init__(self, cfg):
+                pass
+
+        class Wrapper:
+            golden_inner = Positional
+
+            def __init__(self, *args, **kwargs):
+                pass
+
+        for cls in (Positional, Wrapper):
+            args, kwargs = constructor_arguments(self.case(cls))
+            self.assertEqual(len(args), 1)
+            self.assertEqual(args[0].width, 3)
+            self.assertEqual(kwargs, {})
+
+    def test_a_config_that_raises_names_the_class(self):
+        from golden_ref.evaluate import ReferenceRaised, constructor_arguments
+
+        case = self.case(object)
+        case.config = (self.Config, {"depth": 1})
+        with self.assertRaises(ReferenceRaised) as raised:
+            constructor_arguments(case)
+        self.assertIn("constructing its configuration `Config`", raised.exception.phase)
+
+
+class ProvenanceTest(unittest.TestCase):
+    def test_names_python_numpy_and_the_defining_file(self):
+        from golden_ref.evaluate import nudge as defined_here
+        from golden_ref.references import provenance
+
+        p = provenance([defined_here])
+        self.assertRegex(p["python"], r"^\d+\.\d+\.\d+$")
+        self.assertIn("numpy", p["packages"])
+        self.assertEqual(list(p["sources"]), ["golden_ref/evaluate.py"])
+        self.assertRegex(p["sources"]["golden_ref/evaluate.py"], "^[0-9a-f]{64}$")

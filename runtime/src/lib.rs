@@ -44,7 +44,7 @@ pub mod run;
 
 pub use describe::checks::{GradMode, GradSpec, Kind, Loss, Optimizer, OverfitSpec};
 pub use describe::layer::{
-    Backend, Bound, Declared, DimExpr, Dist, Form, Layer, Params, Tol, Value,
+    Backend, Bound, Config, Declared, DimExpr, DimValue, Dist, Form, Layer, Params, Tol, Value,
 };
 pub use describe::outputs::{IntoOutputs, Outputs, PortInputs};
 pub use golden_files::{HostTensor, WireDType};
@@ -70,6 +70,18 @@ pub mod __private {
         match result {
             Ok(report) => report,
             Err(failure) => panic!("{failure}"),
+        }
+    }
+
+    /// A check's first run writes its snapshot (outside CI): see
+    /// [`Report::write_first_snapshot`](crate::Report::write_first_snapshot). True when it did.
+    pub fn first_snapshot(report: &crate::Report, text: &str) -> bool {
+        match report.write_first_snapshot(text) {
+            Some(line) => {
+                eprintln!("{line}");
+                true
+            }
+            None => false,
         }
     }
 

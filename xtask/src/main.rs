@@ -1,8 +1,8 @@
 //! The project's own tasks: `cargo xtask <task>`.
 //!
-//! * `setup` — create golden's Python venv outside the checkout (`GOLDEN_VENV`, default
-//!   `~/.cache/golden/venv`) and install `reference_py` with numpy and torch into it; reused while
-//!   `reference_py/pyproject.toml` is unchanged.
+//! * `setup` — `golden setup` for this workspace: create golden's Python venv outside the checkout
+//!   (`GOLDEN_VENV`, default `~/.cache/golden/venv`) and install `reference_py` (editable) with
+//!   numpy, torch and transformers into it; reused while its stamp matches (`golden-setup`).
 //! * `zoo` — run the example zoo's parity checks and print their report. Without golden's venv they
 //!   replay the committed golden stores (no Python packages needed); the report says how to go live.
 //! * `test` — setup (and Debian's `chromium` for the HTML report's test, installed when run as
@@ -17,7 +17,8 @@
 //! `test` builds the Rust side while pip installs the Python side: on a fresh machine the two take
 //! about as long as each other.
 //!
-//! It does not depend on the `golden` crate, so that it starts before candle is compiled.
+//! It does not depend on the `golden` crate, so that it starts before candle is compiled; the
+//! set-up is the `golden-setup` crate's, which `golden setup` runs too.
 
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
@@ -31,19 +32,6 @@ fn root() -> PathBuf {
         .expect("workspace root")
 }
 
-/// Same default as the runtime's `env::default_venv`: keep the two in step.
-fn venv() -> PathBuf {
-    if let Some(v) = std::env::var_os("GOLDEN_VENV").filter(|v| !v.is_empty()) {
-        return PathBuf::from(v);
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
-        .expect("HOME or XDG_CACHE_HOME must be set (or GOLDEN_VENV)");
-    cache.join("golden").join("venv")
-}
-
 fn run(cmd: &mut Command) -> Result<(), String> {
     let status = cmd
         .status()
@@ -55,49 +43,21 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-/// Create the venv and install the Python side into it, unless that was done for this very
-/// pyproject.toml. Returns the venv's interpreter.
+/// `golden setup` for golden's own workspace: the venv (`GOLDEN_VENV`, default
+/// `~/.cache/golden/venv`) with golden's Python package (editable), numpy, torch and
+/// transformers; nothing is installed while its stamp matches. Returns the venv's interpreter.
 fn setup() -> Result<PathBuf, String> {
-    let venv = venv();
-    let python = venv.join("bin").join("python");
-    let pyproject = root().join("reference_py").join("pyproject.toml");
-    let wanted = std::fs::read_to_string(&pyproject).map_err(|e| format!("{pyproject:?}: {e}"))?;
-    let stamp = venv.join("golden-setup.stamp");
-    if python.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(wanted.as_str()) {
-        eprintln!("golden: Python side ready in {}", venv.display());
-        return Ok(python);
-    }
-    let started = Instant::now();
-    if !python.exists() {
-        eprintln!("golden: creating a venv in {} ...", venv.display());
-        let bootstrap =
-            std::env::var("GOLDEN_BOOTSTRAP_PYTHON").unwrap_or_else(|_| "python3".into());
-        run(Command::new(&bootstrap).args(["-m", "venv"]).arg(&venv)).map_err(|e| {
-            format!("{e}\n  golden needs python3 (3.9 or newer) with its venv module to create its venv")
-        })?;
-    }
-    eprintln!(
-        "golden: installing numpy, torch and transformers into it (first time: ~2 min, 5.4 GB) ..."
+    let options = golden_setup::Options::for_golden(
+        &root().join("reference_py"),
+        golden_setup::default_venv()?,
     );
-    run(Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--upgrade",
-        ])
-        .arg(format!(
-            "{}[torch,hf]",
-            root().join("reference_py").display()
-        )))?;
-    std::fs::write(&stamp, wanted).map_err(|e| format!("{stamp:?}: {e}"))?;
-    eprintln!(
-        "golden: Python side ready ({:.0} s)",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(python)
+    let done = golden_setup::run(&options, &|line| eprintln!("golden: {line}"))?;
+    if done.up_to_date {
+        eprintln!("golden: Python side ready in {}", options.venv.display());
+    } else {
+        eprintln!("golden: Python side ready ({:.0} s)", done.seconds);
+    }
+    Ok(done.python)
 }
 
 /// Headless Chromium for the HTML report's test: found on the PATH, or installed from Debian's

@@ -4,14 +4,14 @@
 use crate::answers::params::ParamSpec;
 use crate::describe::env;
 use crate::describe::layer::dtype_name;
-use crate::describe::layer::Layer;
+use crate::describe::layer::{values_json, Config, Layer};
 use crate::judge::compare;
 use crate::python::key::WorkerKey;
 use crate::python::wire::{self, TensorTable};
 use crate::python::worker::{pool, WorkerError};
 use candle_core::DType;
 use golden_files::HostTensor;
-use serde_json::{json, Map, Value as Json};
+use serde_json::{json, Value as Json};
 use std::time::Duration;
 
 /// Named tensors, in the reference's order.
@@ -237,15 +237,6 @@ pub struct Live {
     timeout: Duration,
 }
 
-fn json_map(values: &[(String, crate::describe::layer::Value)]) -> Json {
-    Json::Object(
-        values
-            .iter()
-            .map(|(k, v)| (k.clone(), v.to_json()))
-            .collect::<Map<_, _>>(),
-    )
-}
-
 impl Live {
     /// A live reference for a layer, with the interpreter and roots from the environment.
     pub fn new(layer: &Layer) -> Result<Self, String> {
@@ -380,8 +371,9 @@ impl Live {
             "seed": seed,
             "dtype": dtype_name(dtype),
             "args": arg_refs,
-            "kwargs": json_map(&layer.consts),
-            "init": json_map(&layer.init),
+            "kwargs": values_json(&layer.consts),
+            "init": values_json(&layer.init),
+            "config": layer.config.as_ref().map(Config::to_json),
             "state_dict": state,
             "perturbations": PERTURBATIONS,
         })

@@ -4,5 +4,6 @@
 pub mod live;
 pub mod mutations;
 pub mod params;
+pub mod provenance;
 pub mod source;
 pub mod store;

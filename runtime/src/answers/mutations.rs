@@ -132,22 +132,9 @@ impl Live {
 /// Whether an interpreter visibly has torch without running it: a `bin/python` (a venv's, or a
 /// system's) with `lib/python*/{site,dist}-packages/torch` beside it.
 fn torch_visible(program: &Path) -> bool {
-    let Some(root) = program.parent().and_then(Path::parent) else {
-        return false;
-    };
-    let Ok(entries) = std::fs::read_dir(root.join("lib")) else {
-        return false;
-    };
-    entries.flatten().any(|e| {
-        e.file_name().to_string_lossy().starts_with("python")
-            && ["site-packages", "dist-packages"].iter().any(|packages| {
-                e.path()
-                    .join(packages)
-                    .join("torch")
-                    .join("__init__.py")
-                    .is_file()
-            })
-    })
+    crate::python::key::site_packages(program)
+        .iter()
+        .any(|p| p.join("torch").join("__init__.py").is_file())
 }
 
 /// Run the mutation search on one failing case through `source` (with `only`, just those
@@ -189,6 +176,7 @@ pub fn search(
             &on_demand
         }
     };
+    let layer = &*layer.for_case(&params.dims);
     live.mutations(layer, dtype, params.seed, args, port, state.as_ref(), only)
         .map_err(|e| e.to_string())
 }

@@ -7,11 +7,18 @@
 //!
 //! In module form the source also owns the reference module's parameters for each case
 //! (`answers/params.rs`): drawn from the case seed with the module's [`ParamSpec`] (asked of the
-//! worker once, or read from the store), or read from a checkpoint; they go with every request and
-//! come back as the answer's state_dict, which the port is served.
+//! worker once per distinct construction of the module — `init` and `config` values may depend on
+//! the case's dims, and so may the module's shapes — or read from the store), or read from a
+//! checkpoint; they go with every request and come back as the answer's state_dict, which the port
+//! is served.
+//!
+//! A source also knows what the reference's answers are computed with ([`Provenance`]); where a
+//! store's answers were computed with something else (another transformers, an edited reference),
+//! [`Source::stale`] says so.
 
 use crate::answers::live::{Live, Named, ReferenceOutputs, Request, VariantOutputs};
 use crate::answers::params::{renamed, ParamSpec};
+use crate::answers::provenance::Provenance;
 use crate::answers::store::{self, Entry, Store};
 use crate::describe::env::Mode;
 use crate::describe::inputs::CaseParams;
@@ -70,8 +77,14 @@ pub enum Via {
 pub struct Source {
     /// Where answers come from.
     pub via: Via,
-    /// Module form, drawn or checkpoint parameters: the module's state_dict entries.
-    spec: RefCell<Option<ParamSpec>>,
+    /// Module form, drawn or checkpoint parameters: the module's state_dict entries, per
+    /// construction key ([`Layer::construction_key`]), in the order they were first needed.
+    spec: RefCell<Vec<(String, ParamSpec)>>,
+    /// Live: what the reference runs with, as the worker reported it.
+    provenance: Option<Provenance>,
+    /// Where a store's answers were computed with something else than what this machine has: a
+    /// line for the user.
+    stale: Option<String>,
     /// `weights = "..."`: the checkpoint's tensors by the reference's names, per dtype.
     weights: RefCell<HashMap<&'static str, Named>>,
     /// The test function of the check, for the commands golden prints.
@@ -139,24 +152,49 @@ impl Source {
         mode: Mode,
         target: &Target<'_>,
     ) -> Result<(Source, Json), OpenError> {
-        let source = |via| Source {
-            via,
-            spec: RefCell::new(None),
-            weights: RefCell::new(HashMap::new()),
-            test: target.test.to_string(),
+        let source = |via: Via, provenance: Option<Provenance>| {
+            let stale = match &via {
+                Via::Replay(store) => replayed_stale(layer, store, &record_hint(layer, target)),
+                Via::Verify(_, store) => store
+                    .provenance
+                    .as_ref()
+                    .zip(provenance.as_ref())
+                    .and_then(|(then, now)| {
+                        stale_line(store, &then.differences(now), &record_hint(layer, target))
+                    }),
+                // Live beside a store: the store is what CI replays.
+                Via::Live(_) => provenance.as_ref().and_then(|now| {
+                    let store = Store::load(&store::path(layer, target.store_suffix)?).ok()??;
+                    let then = store.provenance.as_ref()?;
+                    stale_line(&store, &then.differences(now), &record_hint(layer, target))
+                }),
+                Via::Record(..) => None,
+            };
+            Source {
+                via,
+                spec: RefCell::new(Vec::new()),
+                provenance,
+                stale,
+                weights: RefCell::new(HashMap::new()),
+                test: target.test.to_string(),
+            }
         };
         if mode == Mode::Replay {
             return load_store(layer, target)
-                .map(|s| (source(Via::Replay(s)), Json::Null))
+                .map(|s| (source(Via::Replay(s), None), Json::Null))
                 .map_err(OpenError::Config);
         }
         let live = Live::new(layer).map_err(OpenError::Config)?;
-        match live.load(layer) {
-            Ok(versions) if mode == Mode::Verify => {
+        let loaded = live.load(layer).map(|versions| {
+            let provenance = Provenance::from_json(&versions["provenance"]);
+            (versions, provenance)
+        });
+        match loaded {
+            Ok((versions, provenance)) if mode == Mode::Verify => {
                 let store = load_store(layer, target).map_err(OpenError::Config)?;
-                Ok((source(Via::Verify(live, store)), versions))
+                Ok((source(Via::Verify(live, store), provenance), versions))
             }
-            Ok(versions) if mode == Mode::Record => {
+            Ok((versions, provenance)) if mode == Mode::Record => {
                 if store::path(layer, target.store_suffix).is_none() {
                     return Err(OpenError::Config(
                         "record needs to know where the store goes: declare the check with \
@@ -164,9 +202,12 @@ impl Source {
                             .into(),
                     ));
                 }
-                Ok((source(Via::Record(live, RefCell::default())), versions))
+                Ok((
+                    source(Via::Record(live, RefCell::default()), provenance),
+                    versions,
+                ))
             }
-            Ok(versions) => Ok((source(Via::Live(live)), versions)),
+            Ok((versions, provenance)) => Ok((source(Via::Live(live), provenance), versions)),
             Err(e) if mode == Mode::Auto => match load_store(layer, target) {
                 Ok(store) => {
                     eprintln!(
@@ -175,7 +216,7 @@ impl Source {
                         store.path.display(),
                         e.to_string().lines().next().unwrap_or_default()
                     );
-                    Ok((source(Via::Replay(store)), Json::Null))
+                    Ok((source(Via::Replay(store), None), Json::Null))
                 }
                 Err(why) => Err(OpenError::Setup(
                     e,
@@ -186,19 +227,20 @@ impl Source {
         }
     }
 
-    /// The module's parameter spec: from the store when replaying, else asked of the worker
-    /// once.
+    /// The module's parameter spec for `layer` as a case sees it ([`Layer::for_case`]): from the
+    /// store when replaying, else asked of the worker once per construction key.
     fn spec(&self, layer: &Layer, dtype: DType) -> Result<ParamSpec, WorkerError> {
-        if let Some(spec) = self.spec.borrow().as_ref() {
+        let key = layer.construction_key();
+        if let Some((_, spec)) = self.spec.borrow().iter().find(|(k, _)| *k == key) {
             return Ok(spec.clone());
         }
         let spec = match &self.via {
-            Via::Replay(store) => store.params.clone().ok_or_else(|| {
+            Via::Replay(store) => store.params_for(&key).cloned().ok_or_else(|| {
                 remote(
                     "store",
                     format!(
-                        "the golden store {} holds no parameter list for this module-form check; \
-                         record it again",
+                        "the golden store {} holds no parameter list for this module built with \
+                         {key}; record it again",
                         store.path.display()
                     ),
                 )
@@ -207,7 +249,7 @@ impl Source {
                 live.param_spec(layer, dtype)?
             }
         };
-        *self.spec.borrow_mut() = Some(spec.clone());
+        self.spec.borrow_mut().push((key, spec.clone()));
         Ok(spec)
     }
 
@@ -222,6 +264,7 @@ impl Source {
         if layer.form != Form::Module || layer.params == Params::Init {
             return Ok(None);
         }
+        let layer = &*layer.for_case(&params.dims);
         let spec = self.spec(layer, dtype)?;
         let state = match &layer.params {
             Params::Weights(_) => self.checkpoint(layer, dtype, &spec)?,
@@ -307,6 +350,7 @@ impl Source {
         params: &CaseParams,
         request: &Request<'_>,
     ) -> Answer {
+        let layer = &*layer.for_case(&params.dims);
         let during = || format!("running `{}` on {params}", layer.reference);
         let state = match self.state(layer, dtype, params) {
             Ok(s) => s,
@@ -402,6 +446,7 @@ impl Source {
         args: &[HostTensor],
     ) -> Option<Result<Vec<VariantOutputs>, WorkerError>> {
         let live = self.live()?;
+        let layer = &*layer.for_case(&params.dims);
         let state = match self.state(layer, dtype, params) {
             Ok(s) => s,
             Err(e) => return Some(Err(e)),
@@ -434,6 +479,12 @@ impl Source {
         }
     }
 
+    /// Where the store's answers were computed with something else than what this machine has
+    /// (another transformers, an edited reference): a line that says so and how to refresh it.
+    pub fn stale(&self) -> Option<&str> {
+        self.stale.as_deref()
+    }
+
     /// Whether answers come from the store.
     pub fn is_replay(&self) -> bool {
         matches!(self.via, Via::Replay(_))
@@ -447,9 +498,23 @@ impl Source {
         let path = store::path(layer, target.store_suffix).expect("checked when opened");
         let limit = store::limit_bytes()?;
         let entries = &recording.borrow().entries;
-        let spec = self.spec.borrow();
-        let (kept, size) = store::save(&path, target.description, spec.as_ref(), entries, limit)
-            .map_err(|e| e.to_string())?;
+        // One parameter list needs no key (every case is built alike): the store reads as before.
+        let specs: Vec<(Option<String>, ParamSpec)> = match &self.spec.borrow()[..] {
+            [(_, one)] if !layer.values_mention_dims() => vec![(None, one.clone())],
+            all => all
+                .iter()
+                .map(|(k, s)| (Some(k.clone()), s.clone()))
+                .collect(),
+        };
+        let (kept, size) = store::save(
+            &path,
+            target.description,
+            &specs,
+            self.provenance.as_ref(),
+            entries,
+            limit,
+        )
+        .map_err(|e| e.to_string())?;
         let mut line = format!(
             "golden: `{}`: recorded {kept} cases in {} ({:.0} KiB)",
             layer.name,
@@ -466,6 +531,28 @@ impl Source {
         }
         Ok(Some(line))
     }
+}
+
+/// The line that says a store's answers are stale evidence, if `differences` has any.
+fn stale_line(store: &Store, differences: &[String], hint: &str) -> Option<String> {
+    if differences.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "warning: the golden store {} was recorded with {}: its answers may not be what the \
+         reference gives now; {hint}",
+        store.path.display(),
+        differences.join(", ")
+    ))
+}
+
+/// A replay's staleness, seen without Python: the packages and source files the store records,
+/// as the interpreter golden would run has them.
+fn replayed_stale(layer: &Layer, store: &Store, hint: &str) -> Option<String> {
+    let then = store.provenance.as_ref()?;
+    let key = crate::python::key::WorkerKey::from_env(layer.manifest_dir());
+    let now = then.observed(&key.python.program, &key.roots);
+    stale_line(store, &then.differences(&now), hint)
 }
 
 /// An error the reference side reports for a case (not the worker's own failure).

@@ -5,8 +5,14 @@
 //! dtype and their rounding estimate (with `params = init`, the module's state_dict too) — keyed by
 //! a hash of the reference, its options, the dtype, the case seed and the exact input (and
 //! parameter) bytes. In module form with drawn or checkpoint parameters the store holds the
-//! module's parameter list once ([`ParamSpec`]): a replay draws the same parameters from it.
-//! `replay` regenerates the inputs from the seed and looks the outputs up.
+//! module's parameter list ([`ParamSpec`]) once per distinct construction of the module (one,
+//! unless `init` or `config` values depend on the case's dims): a replay draws the same parameters
+//! from it. `replay` regenerates the inputs from the seed and looks the outputs up.
+//!
+//! It also records what the answers were computed with ([`Provenance`]: Python, numpy, torch,
+//! the reference's distribution such as transformers, and the SHA-256 of the reference's source
+//! files), so that a replay on a machine with other versions, or of a reference edited since,
+//! says that its evidence may be stale.
 //!
 //! What a store is trusted for: to replay what the reference answered when it was recorded. The
 //! checksum catches damage, not intent; [`digest`] (SHA-256 of the file) goes into the check's
@@ -15,7 +21,7 @@
 //!
 //! ```text
 //! 8 bytes   b"GOLDSTOR"
-//! u32 LE    format version
+//! u32 LE    format version (3; format 2, with one parameter list and no provenance, is read too)
 //! u64 LE    FNV-1a 64 of everything after this field
 //! ...       one wire frame (wire.rs): a JSON header and the tensors it refers to, bf16 kept
 //! ```
@@ -32,6 +38,7 @@
 
 use crate::answers::live::{Named, ReferenceOutputs, Request, Unexplained};
 use crate::answers::params::ParamSpec;
+use crate::answers::provenance::Provenance;
 use crate::describe::inputs::fnv1a;
 use crate::describe::layer::dtype_name;
 use crate::describe::layer::Layer;
@@ -43,7 +50,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 8] = b"GOLDSTOR";
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
+/// The older format still read: one parameter list for every case, no provenance.
+const FORMAT_2: u32 = 2;
 const PREAMBLE: usize = 8 + 4 + 8;
 /// Default size bound of one store, in MiB.
 pub const DEFAULT_LIMIT_MIB: f64 = 4.0;
@@ -70,8 +79,12 @@ pub struct Store {
     pub description: String,
     /// `Some((kept, evaluated))` when the size bound dropped cases.
     pub partial: Option<(usize, usize)>,
-    /// Module form with drawn or checkpoint parameters: the module's parameter list.
-    pub params: Option<ParamSpec>,
+    /// Module form with drawn or checkpoint parameters: the module's parameter list for each
+    /// construction ([`Layer::construction_key`]); a format-2 store's one list has no key and
+    /// serves every case.
+    pub params: Vec<(Option<String>, ParamSpec)>,
+    /// What the answers were computed with (`None` in a format-2 store).
+    pub provenance: Option<Provenance>,
     entries: Vec<Entry>,
     index: HashMap<u64, usize>,
 }
@@ -123,7 +136,8 @@ pub fn path(layer: &Layer, suffix: &str) -> Option<PathBuf> {
 }
 
 /// The key of a request: a hash of everything the reference's answer depends on (with `state`,
-/// the module's parameters the request carries).
+/// the module's parameters the request carries). `layer` as the case sees it
+/// ([`Layer::for_case`]): values that depend on dims resolved.
 pub fn key(
     layer: &Layer,
     dtype: DType,
@@ -139,6 +153,11 @@ pub fn key(
     let mut bytes = Vec::new();
     let consts = json(&layer.consts);
     let init = json(&layer.init);
+    let config = layer
+        .config
+        .as_ref()
+        .map(|c| c.to_json().to_string())
+        .unwrap_or_default();
     let mut parts = vec![
         layer.reference.as_str(),
         layer.form.as_str(),
@@ -147,6 +166,10 @@ pub fn key(
         &init,
         dtype_name(dtype),
     ];
+    // A module without a configuration class keeps the keys it had before there were any.
+    if layer.config.is_some() {
+        parts.push(&config);
+    }
     // Forward requests add nothing: their keys stay what they were before other kinds existed.
     if !what.is_empty() {
         parts.push(&what);
@@ -325,11 +348,13 @@ pub(crate) fn base_size(description: &str) -> usize {
     1024 + description.len()
 }
 
-/// Write a store; returns how many entries were kept and the file's size.
+/// Write a store; returns how many entries were kept and the file's size. `params`: the module's
+/// parameter list per construction key (none in function form or with `params = init`).
 pub fn save(
     path: &Path,
     description: &str,
-    params: Option<&ParamSpec>,
+    params: &[(Option<String>, ParamSpec)],
+    provenance: Option<&Provenance>,
     entries: &[Entry],
     limit: usize,
 ) -> Result<(usize, usize), StoreError> {
@@ -398,8 +423,16 @@ pub fn save(
         "cases": {"kept": kept, "evaluated": entries.len()},
         "entries": items,
     });
-    if let Some(spec) = params {
-        header["params"] = spec.to_json(&mut table);
+    if !params.is_empty() {
+        header["params"] = Json::Array(
+            params
+                .iter()
+                .map(|(key, spec)| json!({"construction": key, "spec": spec.to_json(&mut table)}))
+                .collect(),
+        );
+    }
+    if let Some(p) = provenance {
+        header["recorded_with"] = p.to_json();
     }
     let frame = wire::encode(&Frame {
         id: 0,
@@ -458,9 +491,9 @@ impl Store {
             ));
         }
         let format = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-        if format != FORMAT {
+        if format != FORMAT && format != FORMAT_2 {
             return Err(corrupt(format!(
-                "format {format}, this golden reads format {FORMAT}"
+                "format {format}, this golden reads formats {FORMAT_2} and {FORMAT}"
             )));
         }
         let checksum = u64::from_le_bytes(bytes[12..20].try_into().unwrap());
@@ -474,10 +507,10 @@ impl Store {
         if !reader.is_empty() {
             return Err(corrupt(format!("{} bytes after the frame", reader.len())));
         }
-        Self::from_frame(path, frame).map_err(corrupt)
+        Self::from_frame(path, format, frame).map_err(corrupt)
     }
 
-    fn from_frame(path: &Path, frame: Frame) -> Result<Store, String> {
+    fn from_frame(path: &Path, format: u32, frame: Frame) -> Result<Store, String> {
         let h = &frame.header;
         let t = &frame.tensors;
         let named = |v: &Json| -> Result<Named, String> {
@@ -559,13 +592,36 @@ impl Store {
                 .ok_or("no description")?
                 .to_string(),
             partial: (kept < evaluated).then_some((kept, evaluated)),
-            params: match &h["params"] {
-                Json::Null => None,
-                p => Some(ParamSpec::from_json(p, t).map_err(|e| format!("`params`: {e}"))?),
+            params: match (&h["params"], format) {
+                (Json::Null, _) => Vec::new(),
+                (p, FORMAT_2) => vec![(
+                    None,
+                    ParamSpec::from_json(p, t).map_err(|e| format!("`params`: {e}"))?,
+                )],
+                (p, _) => p
+                    .as_array()
+                    .ok_or("`params` is not a list")?
+                    .iter()
+                    .map(|item| {
+                        let key = item["construction"].as_str().map(str::to_string);
+                        let spec = ParamSpec::from_json(&item["spec"], t)
+                            .map_err(|e| format!("`params`: {e}"))?;
+                        Ok((key, spec))
+                    })
+                    .collect::<Result<_, String>>()?,
             },
+            provenance: Provenance::from_json(&h["recorded_with"]),
             entries,
             index,
         })
+    }
+
+    /// The module's parameter list for a construction key ([`Layer::construction_key`]).
+    pub fn params_for(&self, key: &str) -> Option<&ParamSpec> {
+        self.params
+            .iter()
+            .find(|(k, _)| k.as_deref().is_none_or(|k| k == key))
+            .map(|(_, spec)| spec)
     }
 
     /// The recorded outputs of a case.
@@ -621,9 +677,9 @@ mod tests {
     fn round_trips_and_is_deterministic() {
         let path = temp("round");
         let entries = vec![entry(1, 10), entry(2, 3)];
-        save(&path, "desc", None, &entries, 1 << 20).unwrap();
+        save(&path, "desc", &[], None, &entries, 1 << 20).unwrap();
         let first = std::fs::read(&path).unwrap();
-        save(&path, "desc", None, &entries, 1 << 20).unwrap();
+        save(&path, "desc", &[], None, &entries, 1 << 20).unwrap();
         assert_eq!(first, std::fs::read(&path).unwrap(), "byte for byte");
         let store = Store::load(&path).unwrap().unwrap();
         assert_eq!(store.description, "desc");
@@ -635,7 +691,7 @@ mod tests {
     #[test]
     fn every_truncation_and_any_flipped_byte_is_corrupt_never_a_store() {
         let path = temp("corrupt");
-        save(&path, "desc", None, &[entry(7, 4)], 1 << 20).unwrap();
+        save(&path, "desc", &[], None, &[entry(7, 4)], 1 << 20).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         for cut in 0..bytes.len() {
             let err = Store::decode(&path, bytes[..cut].to_vec()).unwrap_err();
@@ -659,7 +715,7 @@ mod tests {
         for name in ["../x", "/abs", "a/b", "a\\b", "out..", "nul\0", "C:\\x"] {
             let mut e = entry(1, 2);
             e.outputs.state_dict[0].0 = name.to_string();
-            let err = save(&path, "desc", None, &[e], 1 << 20)
+            let err = save(&path, "desc", &[], None, &[e], 1 << 20)
                 .unwrap_err()
                 .to_string();
             assert!(
@@ -668,7 +724,15 @@ mod tests {
             );
         }
         // Read: a store written with a fine name, renamed afterwards and sealed again.
-        save(&path, "desc", None, &[entry(1, 2), entry(2, 2)], 1 << 20).unwrap();
+        save(
+            &path,
+            "desc",
+            &[],
+            None,
+            &[entry(1, 2), entry(2, 2)],
+            1 << 20,
+        )
+        .unwrap();
         let bytes = std::fs::read(&path).unwrap();
         let mut frame = wire::read_frame(&mut &bytes[PREAMBLE..]).unwrap();
         frame.header["entries"][1]["expected"][0][0] = "../../up".into();
@@ -690,7 +754,7 @@ mod tests {
     fn the_size_bound_keeps_the_first_cases_and_says_so() {
         let path = temp("bound");
         let entries: Vec<Entry> = (0..10).map(|k| entry(k, 1000)).collect();
-        let (kept, size) = save(&path, "desc", None, &entries, 20_000).unwrap();
+        let (kept, size) = save(&path, "desc", &[], None, &entries, 20_000).unwrap();
         assert!(kept > 0 && kept < 10, "{kept}");
         assert!(size <= 20_000, "{size}");
         let store = Store::load(&path).unwrap().unwrap();

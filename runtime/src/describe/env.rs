@@ -12,7 +12,7 @@
 //! | `GOLDEN_TIMEOUT` | seconds a reference may take on one case, and the port on one call (default 60; `0` or `inf`: no limit) |
 //! | `GOLDEN_START_TIMEOUT` | seconds a worker may take to start or import a reference (default 180) |
 //! | `GOLDEN_WORKERS` | most Python workers per test process (default: cores, at most 4) |
-//! | `GOLDEN_VENV` | the venv `cargo xtask setup` creates and golden looks for |
+//! | `GOLDEN_VENV` | the venv `golden setup` creates and golden looks for |
 //! | `GOLDEN_MUTATIONS` | the mutation diagnosis of a failure: `auto` (default), `always`, `off` |
 //! | `GOLDEN_VARIANTS` | `off` leaves the reference's declared `@variant`s unevaluated |
 
@@ -226,7 +226,7 @@ pub fn max_workers() -> Result<usize, String> {
     }
 }
 
-/// The venv golden's own set-up creates (`cargo xtask setup`): `GOLDEN_VENV`, else
+/// The venv `golden setup` (and `cargo xtask setup`) creates: `GOLDEN_VENV`, else
 /// `$XDG_CACHE_HOME/golden/venv`, else `~/.cache/golden/venv`. Outside any checkout, so that every
 /// clone reuses the 5 GB of torch.
 pub fn default_venv() -> Option<PathBuf> {
@@ -333,4 +333,12 @@ pub fn target_dir() -> Option<PathBuf> {
     }
     let triple_parent = profile_parent.parent()?;
     Some(triple_parent.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn golden_looks_for_the_venv_golden_setup_creates() {
+        assert_eq!(super::default_venv(), golden_setup::default_venv().ok());
+    }
 }

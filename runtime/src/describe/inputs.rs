@@ -91,6 +91,7 @@ impl CaseParams {
             .map(|d| match d {
                 DimExpr::Lit(n) => *n,
                 DimExpr::Sym(s) => self.dim(s).expect("validated by Layer::validate"),
+                DimExpr::Expr(e) => usize::try_from(e.eval(&self.dims).max(0)).unwrap_or(0),
             })
             .collect()
     }
@@ -100,9 +101,10 @@ impl CaseParams {
     pub fn sizes(&self, layer: &Layer) -> Vec<(String, usize)> {
         let mut sizes = self.dims.clone();
         for arg in &layer.args {
+            let shape = self.shape(arg);
             for (axis, d) in arg.shape.iter().enumerate() {
-                if let DimExpr::Lit(n) = d {
-                    sizes.push((format!("{}.shape[{axis}]", arg.name), *n));
+                if matches!(d, DimExpr::Lit(_) | DimExpr::Expr(_)) {
+                    sizes.push((format!("{}.shape[{axis}]", arg.name), shape[axis]));
                 }
             }
         }
@@ -439,7 +441,11 @@ fn arg_size(layer: &Layer, arg: &ArgSpec, case: &CaseParams, total: u128) -> (St
     let dims: Vec<_> = layer
         .dims
         .iter()
-        .filter(|d| arg.shape.contains(&DimExpr::Sym(d.name.clone())))
+        .filter(|d| {
+            arg.shape
+                .iter()
+                .any(|a| a.dims().contains(&d.name.as_str()))
+        })
         .collect();
     let at: Vec<String> = dims
         .iter()

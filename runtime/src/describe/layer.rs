@@ -52,18 +52,37 @@ impl Backend {
     }
 }
 
-/// One axis of an argument's shape: a symbolic dim or a fixed size.
+/// One axis of an argument's shape: a symbolic dim, a fixed size, or an integer expression of dims.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DimExpr {
     /// A dim declared in `dims(...)`, drawn per case.
     Sym(String),
     /// A fixed size.
     Lit(usize),
+    /// A size computed from the case's dims (`heads * head_dim`); a negative value counts as 0.
+    Expr(DimValue),
+}
+
+impl DimExpr {
+    /// The dims this axis depends on.
+    pub fn dims(&self) -> Vec<&str> {
+        match self {
+            DimExpr::Sym(s) => vec![s.as_str()],
+            DimExpr::Lit(_) => Vec::new(),
+            DimExpr::Expr(e) => e.dims(),
+        }
+    }
 }
 
 impl From<&str> for DimExpr {
     fn from(name: &str) -> Self {
         DimExpr::Sym(name.to_string())
+    }
+}
+
+impl From<DimValue> for DimExpr {
+    fn from(e: DimValue) -> Self {
+        DimExpr::Expr(e)
     }
 }
 
@@ -78,6 +97,7 @@ impl fmt::Display for DimExpr {
         match self {
             DimExpr::Sym(s) => f.write_str(s),
             DimExpr::Lit(n) => write!(f, "{n}"),
+            DimExpr::Expr(e) => write!(f, "{e}"),
         }
     }
 }
@@ -183,7 +203,99 @@ impl From<&str> for BoundArg {
     }
 }
 
-/// A non-tensor value: a const (Rust argument and Python keyword) or a module constructor keyword.
+/// An integer computed from a case's dims: `d`, `2 * d`, `heads * head_dim`. Resolved per case
+/// ([`DimValue::eval`]); descriptions and snapshots show it as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DimValue {
+    /// The value a dim takes in the case.
+    Dim(String),
+    /// A fixed number.
+    Lit(i64),
+    /// A sum.
+    Add(Box<DimValue>, Box<DimValue>),
+    /// A difference.
+    Sub(Box<DimValue>, Box<DimValue>),
+    /// A product.
+    Mul(Box<DimValue>, Box<DimValue>),
+}
+
+impl DimValue {
+    /// A dim's value.
+    pub fn dim(name: &str) -> Self {
+        DimValue::Dim(name.to_string())
+    }
+
+    /// Its value in a case with these dims (a dim the case lacks counts as 0: [`Layer`]'s
+    /// validation rejects those before any case runs). Saturates instead of overflowing.
+    pub fn eval(&self, dims: &[(String, usize)]) -> i64 {
+        match self {
+            DimValue::Dim(d) => dims
+                .iter()
+                .find(|(n, _)| n == d)
+                .map_or(0, |&(_, v)| i64::try_from(v).unwrap_or(i64::MAX)),
+            DimValue::Lit(n) => *n,
+            DimValue::Add(a, b) => a.eval(dims).saturating_add(b.eval(dims)),
+            DimValue::Sub(a, b) => a.eval(dims).saturating_sub(b.eval(dims)),
+            DimValue::Mul(a, b) => a.eval(dims).saturating_mul(b.eval(dims)),
+        }
+    }
+
+    /// The dims it names, in order of appearance.
+    pub fn dims(&self) -> Vec<&str> {
+        match self {
+            DimValue::Dim(d) => vec![d.as_str()],
+            DimValue::Lit(_) => Vec::new(),
+            DimValue::Add(a, b) | DimValue::Sub(a, b) | DimValue::Mul(a, b) => {
+                let mut out = a.dims();
+                out.extend(b.dims());
+                out
+            }
+        }
+    }
+
+    /// 0 for a sum or difference, 1 for a product, 2 for an atom (parentheses by precedence).
+    fn precedence(&self) -> u8 {
+        match self {
+            DimValue::Add(..) | DimValue::Sub(..) => 0,
+            DimValue::Mul(..) => 1,
+            _ => 2,
+        }
+    }
+}
+
+impl fmt::Display for DimValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let operand = |f: &mut fmt::Formatter<'_>, v: &DimValue, min: u8| {
+            if v.precedence() < min {
+                write!(f, "({v})")
+            } else {
+                write!(f, "{v}")
+            }
+        };
+        match self {
+            DimValue::Dim(d) => f.write_str(d),
+            DimValue::Lit(n) => write!(f, "{n}"),
+            DimValue::Add(a, b) => {
+                operand(f, a, 0)?;
+                f.write_str(" + ")?;
+                operand(f, b, 0)
+            }
+            DimValue::Sub(a, b) => {
+                operand(f, a, 0)?;
+                f.write_str(" - ")?;
+                operand(f, b, 1)
+            }
+            DimValue::Mul(a, b) => {
+                operand(f, a, 1)?;
+                f.write_str(" * ")?;
+                operand(f, b, 2)
+            }
+        }
+    }
+}
+
+/// A non-tensor value: a const (Rust argument and Python keyword), a module constructor keyword or
+/// a keyword of its configuration class.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     /// An integer.
@@ -196,9 +308,58 @@ pub enum Value {
     Str(String),
     /// A list (a Rust array literal; a Python list).
     List(Vec<Value>),
+    /// A Python dict with string keys, in the declared order (`{"rope_type": "default"}`).
+    Dict(Vec<(String, Value)>),
+    /// Python's `None`.
+    None,
+    /// An integer computed from the case's dims (`hidden_size = d`), resolved per case
+    /// ([`Value::resolve`]).
+    Dims(DimValue),
 }
 
 impl Value {
+    /// A dim's value in each case: `Value::dim("d")`.
+    pub fn dim(name: &str) -> Self {
+        Value::Dims(DimValue::dim(name))
+    }
+
+    /// Whether the value depends on the case's dims (anywhere inside it).
+    pub fn mentions_dims(&self) -> bool {
+        match self {
+            Value::Dims(_) => true,
+            Value::List(items) => items.iter().any(Value::mentions_dims),
+            Value::Dict(items) => items.iter().any(|(_, v)| v.mentions_dims()),
+            _ => false,
+        }
+    }
+
+    /// The dims it names, in order of appearance.
+    pub fn dims(&self) -> Vec<&str> {
+        match self {
+            Value::Dims(e) => e.dims(),
+            Value::List(items) => items.iter().flat_map(Value::dims).collect(),
+            Value::Dict(items) => items.iter().flat_map(|(_, v)| v.dims()).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The value in a case with these dims: every [`Value::Dims`] becomes its integer.
+    pub fn resolve(&self, dims: &[(String, usize)]) -> Value {
+        match self {
+            Value::Dims(e) => Value::Int(e.eval(dims)),
+            Value::List(items) => Value::List(items.iter().map(|v| v.resolve(dims)).collect()),
+            Value::Dict(items) => Value::Dict(
+                items
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.resolve(dims)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+
+    /// As JSON for the worker (a dict's keys sorted). A value that still depends on dims (not
+    /// [`resolve`](Value::resolve)d) is written as its expression, a string.
     pub(crate) fn to_json(&self) -> serde_json::Value {
         match self {
             Value::Int(n) => serde_json::Value::from(*n),
@@ -208,6 +369,14 @@ impl Value {
             Value::List(items) => {
                 serde_json::Value::Array(items.iter().map(Value::to_json).collect())
             }
+            Value::Dict(items) => serde_json::Value::Object(
+                items
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_json()))
+                    .collect(),
+            ),
+            Value::None => serde_json::Value::Null,
+            Value::Dims(e) => serde_json::Value::from(e.to_string()),
         }
     }
 }
@@ -229,7 +398,62 @@ impl fmt::Display for Value {
                 }
                 f.write_str("]")
             }
+            Value::Dict(items) => {
+                f.write_str("{")?;
+                for (i, (k, v)) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{k:?}: {v}")?;
+                }
+                f.write_str("}")
+            }
+            Value::None => f.write_str("None"),
+            Value::Dims(e) => write!(f, "{e}"),
         }
+    }
+}
+
+/// Keywords and their values, as the worker reads them (a JSON object).
+pub(crate) fn values_json(values: &[(String, Value)]) -> serde_json::Value {
+    serde_json::Value::Object(
+        values
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_json()))
+            .collect(),
+    )
+}
+
+/// `name = value, ...` as a description shows keywords.
+fn keywords(values: &[(String, Value)]) -> String {
+    values
+        .iter()
+        .map(|(k, v)| format!("{k} = {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Module form: the reference is built from a configuration class (`config =
+/// "transformers.LlamaConfig"(hidden_size = d, ...)`): golden constructs `class(**values)` and
+/// passes it to the module's constructor as its `config` keyword (or, for a constructor without
+/// one, its first argument), beside `init(...)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Dotted Python path of the configuration class.
+    pub class: String,
+    /// Its keywords.
+    pub values: Vec<(String, Value)>,
+}
+
+impl Config {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"class": self.class, "values": values_json(&self.values)})
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({})", self.class, keywords(&self.values))
     }
 }
 
@@ -306,6 +530,8 @@ pub struct Layer {
     pub consts: Vec<(String, Value)>,
     /// Constructor keywords of the reference module (module form).
     pub init: Vec<(String, Value)>,
+    /// Module form: the configuration object the module is built from (`config = "..."(...)`).
+    pub config: Option<Config>,
     /// Float dtypes to check, each with the same cases.
     pub dtypes: Vec<DType>,
     /// An explicit tolerance; `None` means golden's default rule (see `compare.rs`).
@@ -394,6 +620,7 @@ impl Layer {
             args: Vec::new(),
             consts: Vec::new(),
             init: Vec::new(),
+            config: None,
             dtypes: vec![DType::F32],
             tol: None,
             cases: DEFAULT_CASES,
@@ -459,6 +686,70 @@ impl Layer {
     pub fn init(mut self, name: &str, value: impl Into<Value>) -> Self {
         self.init.push((name.to_string(), value.into()));
         self
+    }
+
+    /// Module form: build the reference module from a configuration object, `class(**values)`
+    /// (`config = "transformers.LlamaConfig"` in the attribute); add its keywords with
+    /// [`Layer::config_value`].
+    pub fn config(mut self, class: &str) -> Self {
+        self.config = Some(Config {
+            class: class.to_string(),
+            values: Vec::new(),
+        });
+        self
+    }
+
+    /// A keyword of the configuration class (after [`Layer::config`]).
+    pub fn config_value(mut self, name: &str, value: impl Into<Value>) -> Self {
+        self.config
+            .as_mut()
+            .expect("Layer::config_value needs Layer::config first")
+            .values
+            .push((name.to_string(), value.into()));
+        self
+    }
+
+    /// Whether a const, an init or a config value depends on the case's dims.
+    pub fn values_mention_dims(&self) -> bool {
+        self.consts
+            .iter()
+            .chain(&self.init)
+            .chain(self.config.iter().flat_map(|c| &c.values))
+            .any(|(_, v)| v.mentions_dims())
+    }
+
+    /// The layer as one case with these dims sees it: consts, init and config values resolved
+    /// ([`Value::resolve`]). Borrowed when no value depends on dims. Requests, store keys and
+    /// failure artifacts use it; the description keeps the values as written.
+    pub fn for_case(&self, dims: &[(String, usize)]) -> std::borrow::Cow<'_, Layer> {
+        if !self.values_mention_dims() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let resolve = |values: &[(String, Value)]| -> Vec<(String, Value)> {
+            values
+                .iter()
+                .map(|(k, v)| (k.clone(), v.resolve(dims)))
+                .collect()
+        };
+        let mut layer = self.clone();
+        layer.consts = resolve(&self.consts);
+        layer.init = resolve(&self.init);
+        if let Some(config) = &mut layer.config {
+            config.values = resolve(&config.values);
+        }
+        std::borrow::Cow::Owned(layer)
+    }
+
+    /// What the module is constructed from, as one text (its `init` and config, as sent to the
+    /// worker): the module's parameters are the same for the same text. Of a layer
+    /// [`for_case`](Layer::for_case) when values depend on dims.
+    pub fn construction_key(&self) -> String {
+        let mut key = values_json(&self.init).to_string();
+        if let Some(config) = &self.config {
+            key.push(' ');
+            key.push_str(&config.to_json().to_string());
+        }
+        key
     }
 
     /// Check in these float dtypes.
@@ -634,9 +925,11 @@ impl Layer {
         }
         for (title, values) in [("consts", &self.consts), ("init", &self.init)] {
             if !values.is_empty() {
-                let v: Vec<String> = values.iter().map(|(k, v)| format!("{k} = {v}")).collect();
-                let _ = writeln!(s, "{title}: {}", v.join(", "));
+                let _ = writeln!(s, "{title}: {}", keywords(values));
             }
+        }
+        if let Some(config) = &self.config {
+            let _ = writeln!(s, "config: {config}");
         }
         if self.form == Form::Module {
             let _ = match &self.params {
@@ -682,7 +975,7 @@ impl Layer {
         }
         for arg in &self.args {
             for axis in &arg.shape {
-                if let DimExpr::Sym(d) = axis {
+                for d in axis.dims() {
                     if !known(d) {
                         return Err(format!(
                             "argument `{}` uses the unknown dim `{d}`",
@@ -704,6 +997,18 @@ impl Layer {
                 }
             }
         }
+        let valued = [("consts", &self.consts), ("init", &self.init)]
+            .into_iter()
+            .chain(self.config.iter().map(|c| ("config", &c.values)));
+        for (title, values) in valued {
+            for (name, value) in values {
+                if let Some(d) = value.dims().into_iter().find(|d| !known(d)) {
+                    return Err(format!(
+                        "`{title}({name} = {value})` uses the unknown dim `{d}`"
+                    ));
+                }
+            }
+        }
         if self.dtypes.is_empty() {
             return Err("no dtype to check".into());
         }
@@ -714,6 +1019,9 @@ impl Layer {
         }
         if self.form == Form::Function && !self.init.is_empty() {
             return Err("`init(...)` is for the module form (a port taking a VarBuilder)".into());
+        }
+        if self.form == Form::Function && self.config.is_some() {
+            return Err("`config` is for the module form (a port taking a VarBuilder)".into());
         }
         if self.form == Form::Function && (self.params != Params::Drawn || !self.rename.is_empty())
         {

@@ -12,12 +12,23 @@ use std::fmt::Display;
 pub struct PortInputs {
     pub(crate) tensors: Vec<Tensor>,
     pub(crate) var_builder: Option<VarBuilder<'static>>,
+    /// The case's dims, for parameters whose values depend on them.
+    pub(crate) dims: Vec<(String, usize)>,
 }
 
 impl PortInputs {
     /// The i-th tensor parameter (in the Rust signature's order).
     pub fn tensor(&self, i: usize) -> &Tensor {
         &self.tensors[i]
+    }
+
+    /// The value of a dim in this case (0 for a dim the check does not declare: the attribute
+    /// rejects those at compile time).
+    pub fn dim(&self, name: &str) -> usize {
+        self.dims
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |&(_, v)| v)
     }
 
     /// The `VarBuilder` serving the reference module's `state_dict()` (module form).

@@ -35,3 +35,22 @@ pub(crate) fn pythonpath(key: &WorkerKey) -> Result<std::ffi::OsString, String> 
     )
     .map_err(|e| format!("an import root cannot be put in PYTHONPATH: {e}"))
 }
+
+/// The site-packages folders an interpreter visibly has, without running it: a `bin/python` (a
+/// venv's, or a system's) with `lib/python*/{site,dist}-packages` beside it.
+pub fn site_packages(program: &std::path::Path) -> Vec<PathBuf> {
+    let Some(root) = program.parent().and_then(std::path::Path::parent) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(root.join("lib")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("python"))
+        .flat_map(|e| ["site-packages", "dist-packages"].map(|p| e.path().join(p)))
+        .filter(|p| p.is_dir())
+        .collect();
+    out.sort();
+    out
+}

@@ -123,8 +123,9 @@ impl fmt::Display for WorkerError {
             WorkerError::Spawn { python, error } => write!(
                 f,
                 "could not start the Python interpreter `{}` (chosen from {}): {error}.\n\
-                 fix: run `cargo xtask setup` (creates golden's venv with numpy and torch), or set \
-                 GOLDEN_PYTHON to an interpreter that has them",
+                 fix: run `golden setup` in your crate (creates golden's venv with numpy and \
+                 torch; in golden's own checkout `cargo xtask setup`), or set GOLDEN_PYTHON to an \
+                 interpreter that has them",
                 python.program.display(),
                 python.source
             ),
@@ -147,8 +148,11 @@ impl fmt::Display for WorkerError {
                 {
                     write!(
                         f,
-                        "\n  fix: this interpreter lacks golden's Python side; run `cargo xtask setup` \
-                         or set GOLDEN_PYTHON to an interpreter with numpy (and torch)"
+                        "\n  fix: this interpreter lacks golden's Python side; run `golden setup` \
+                         in your crate (it sets up golden's venv), or install numpy into this one: \
+                         {} -m pip install numpy; or set GOLDEN_PYTHON to an interpreter with numpy \
+                         and torch",
+                        python.program.display()
                     )?;
                 }
                 Ok(())

@@ -238,9 +238,9 @@ pub fn write(
             leaves.insert(name.clone(), json!({"dtype": t.dtype.name(), "rule": rule}));
         }
     }
-    let values = |v: &[(String, crate::describe::layer::Value)]| {
-        Json::Object(v.iter().map(|(k, v)| (k.clone(), v.to_json())).collect())
-    };
+    // Values that depend on dims, as this case has them.
+    let resolved = layer.for_case(&case.dims);
+    let values = crate::describe::layer::values_json;
     let case_json = json!({
         "layer": layer.name,
         "reference": layer.reference,
@@ -252,8 +252,9 @@ pub fn write(
         "args": layer.args.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
         "arg_dtypes": dtypes(&failure.inputs),
         "state_dict_dtypes": dtypes(failure.reference.as_ref().map_or(&[][..], |r| &r.state_dict)),
-        "kwargs": values(&layer.consts),
-        "init": values(&layer.init),
+        "kwargs": values(&resolved.consts),
+        "init": values(&resolved.init),
+        "config": resolved.config.as_ref().map(crate::describe::layer::Config::to_json),
         "leaves": leaves,
         "import_roots": env::import_roots(layer.manifest_dir()),
         "python": env::python().program,

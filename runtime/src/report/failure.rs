@@ -175,15 +175,67 @@ impl Failure {
     }
 }
 
+/// The module Python says is missing (`No module named 'transformers'`), top-level package first.
+fn missing_module(message: &str) -> Option<&str> {
+    let rest = message.split("No module named '").nth(1)?;
+    let name = &rest[..rest.find('\'')?];
+    Some(name.split('.').next().unwrap_or(name)).filter(|n| !n.is_empty())
+}
+
+/// The distribution pip installs for an importable name, where the two differ.
+fn pip_name(module: &str) -> &str {
+    match module {
+        "yaml" => "pyyaml",
+        "sklearn" => "scikit-learn",
+        "PIL" => "pillow",
+        "cv2" => "opencv-python",
+        "bs4" => "beautifulsoup4",
+        "google" => "protobuf",
+        "attr" => "attrs",
+        other => other,
+    }
+}
+
+/// How to add `module` to the interpreter golden runs: `golden setup` with the crate's
+/// requirements, or pip in that very interpreter.
+fn install_fix(module: &str) -> String {
+    let python = crate::describe::env::python();
+    let program = python.program.display().to_string();
+    let package = pip_name(module);
+    format!(
+        "fix: the interpreter golden used, `{program}` (chosen from {}), has no module \
+         `{module}`. Add `{package}` to reference_py/requirements.txt beside your Cargo.toml and \
+         run `golden setup`, or install it into that interpreter: {program} -m pip install \
+         {package}",
+        python.source
+    )
+}
+
 fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
     let WorkerError::Remote(r) = e else {
         return None;
     };
+    if let Some(module) = missing_module(&r.message) {
+        return Some(install_fix(module));
+    }
     Some(match r.kind.as_str() {
+        "import" if r.message.starts_with("no module named `") => {
+            let python = crate::describe::env::python();
+            let top = reference.split('.').next().unwrap_or(reference);
+            format!(
+                "fix: if `{top}` is your code, put its folder in `reference_py/` beside \
+                 Cargo.toml (or in GOLDEN_REFERENCE_PATH); if it is a package from PyPI, add it \
+                 to reference_py/requirements.txt and run `golden setup`, or install it into \
+                 the interpreter golden used: {} -m pip install {}",
+                python.program.display(),
+                pip_name(top)
+            )
+        }
         "import" => format!(
             "fix: make `{reference}` importable: its module must be on an import root \
              (GOLDEN_REFERENCE_PATH, or `reference_py/` beside Cargo.toml) and import cleanly in \
-             the interpreter golden uses"
+             the interpreter golden uses ({})",
+            crate::describe::env::python().program.display()
         ),
         "attribute" | "not_callable" => {
             format!("fix: `reference = \"{reference}\"` must name a function or an nn.Module class")
@@ -191,9 +243,11 @@ fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
         "not_module" => "fix: a port that takes a VarBuilder is checked in module form; its \
                          reference must be an nn.Module class (or drop the VarBuilder parameter)"
             .into(),
-        "backend" => "fix: install the backend's package into golden's interpreter (`cargo xtask \
-                      setup`), or choose `backend = \"numpy\"`"
-            .into(),
+        "backend" => format!(
+            "fix: install torch into the interpreter golden used with `golden setup`, or \
+             {} -m pip install torch; or choose `backend = \"numpy\"`",
+            crate::describe::env::python().program.display()
+        ),
         "raised" => "the reference raised on this case; if the inputs are outside its domain, \
                      narrow `args(...)` (e.g. `~ uniform(lo, hi)`) or `dims(...)`"
             .into(),

@@ -102,6 +102,37 @@ impl Report {
         Some(self.snapshot_text())
     }
 
+    /// A check's first run: when its snapshot file does not exist yet, outside CI and unless
+    /// `INSTA_UPDATE` says how insta should behave, write it (as insta writes an accepted
+    /// snapshot) and return a line for the user that names it. A snapshot test tool's first run
+    /// records its baseline (Jest does too); a *changed* snapshot still fails and goes through
+    /// `cargo insta review`, and in CI (`CI=true`) a missing snapshot still fails, insta writing
+    /// nothing. `None`: insta asserts as usual.
+    pub fn write_first_snapshot(&self, text: &str) -> Option<String> {
+        let declared = self.layer.declared?;
+        let path = std::path::Path::new(declared.snapshot_dir)
+            .join(format!("{}.snap", self.snapshot_name()));
+        let update = std::env::var("INSTA_UPDATE").unwrap_or_default();
+        if path.exists() || !update.is_empty() || ci() {
+            return None;
+        }
+        let contents = format!(
+            "---\nsource: {}\n---\n{}\n",
+            declared.source_file,
+            text.trim_end()
+        );
+        std::fs::create_dir_all(declared.snapshot_dir).ok()?;
+        std::fs::write(&path, contents).ok()?;
+        Some(format!(
+            "golden: `{}` passed its first run: its snapshot did not exist, so golden wrote it: {}\n  \
+             read it (what was checked, and how close the port is) and commit it with your code; \
+             from now on a change to it fails until you accept it (cargo insta review), and in CI \
+             (CI=true) a missing snapshot fails",
+            self.layer.name,
+            path.display()
+        ))
+    }
+
     /// Why the snapshot, which describes the declared cases, is not compared this time.
     pub fn snapshot_skipped(&self) -> Option<&'static str> {
         if self.overridden {
@@ -416,4 +447,13 @@ fn line_matches(a: &str, b: &str) -> bool {
         let (lo, hi) = (x.abs().min(y.abs()), x.abs().max(y.abs()));
         x == y || (x.signum() == y.signum() && lo > 0.0 && hi <= FIGURE_FACTOR * lo)
     })
+}
+
+/// Whether this runs in CI, as insta decides it (`CI` set and not `false`/`0`, or `TF_BUILD`).
+fn ci() -> bool {
+    match std::env::var("CI").ok().as_deref() {
+        Some("false") | Some("0") | Some("") => false,
+        None => std::env::var("TF_BUILD").is_ok(),
+        Some(_) => true,
+    }
 }

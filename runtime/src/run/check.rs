@@ -210,6 +210,9 @@ pub(crate) fn open_source(
     if mode == env::Mode::Auto && !source.is_replay() {
         eprintln!("golden: `{}`: {how}", layer.name);
     }
+    if let Some(stale) = source.stale() {
+        eprintln!("golden: `{}`: {stale}", layer.name);
+    }
     Ok((source, how))
 }
 
@@ -293,7 +296,11 @@ fn run_inner(
         }
     }
     finish_source(layer, kind, source, description)?;
-    if let Some(f) = failure {
+    if let Some(mut f) = failure {
+        // Stale evidence is part of what a failure says; the snapshot does not change with it.
+        if let Some(stale) = source.stale() {
+            f.notes.insert(0, stale.to_string());
+        }
         return Err(f);
     }
     Ok(Report {

@@ -177,10 +177,12 @@ pub(crate) fn call_port(
 ) -> Result<(Outputs, Taps), PortFailure> {
     let var_builder = state.map(StateDict::var_builder);
     let f = port.port();
+    let dims = port.dims();
     let (result, taps) = port.run("", move || {
         let inputs = PortInputs {
             tensors,
             var_builder,
+            dims,
         };
         if trace {
             crate::judge::trace::record(|| f(&inputs))
@@ -236,6 +238,7 @@ pub(crate) fn run_port(
             return Outcome::Fail(Box::new(failure));
         }
     };
+    port.enter_case(&params.dims);
     let result = call_port(port, tensors, state.as_ref(), layer.trace);
     if let Some(state) = &state {
         failure.params = state.request_issues();

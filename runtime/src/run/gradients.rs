@@ -347,6 +347,7 @@ impl CaseRunner for GradRunner<'_> {
     fn run(&self, source: &Source, dtype: DType, params: &CaseParams) -> Outcome {
         let layer = self.layer;
         self.port.take_fault();
+        self.port.enter_case(&params.dims);
         let mut failure = CaseFailure::default();
         let args = match inputs::make_args(layer, params, dtype) {
             Ok(a) => a,

@@ -527,6 +527,7 @@ fn run(
         dtype,
     };
     port.take_fault();
+    port.enter_case(&params.dims);
     let training = match train_port(port, spec, &batch) {
         Ok(t) => t,
         Err(e) => {

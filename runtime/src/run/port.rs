@@ -95,6 +95,9 @@ pub(crate) struct PortThread {
     jobs: RefCell<Option<mpsc::Sender<Job>>>,
     /// The last failure of a call, until [`PortThread::take_fault`].
     fault: RefCell<Option<PortFailure>>,
+    /// The dims of the case being run ([`PortThread::enter_case`]): the port's parameters whose
+    /// values depend on them get them (`PortInputs::dim`).
+    dims: RefCell<Vec<(String, usize)>>,
 }
 
 impl PortThread {
@@ -105,7 +108,18 @@ impl PortThread {
             timeout,
             jobs: RefCell::new(None),
             fault: RefCell::new(None),
+            dims: RefCell::new(Vec::new()),
         }
+    }
+
+    /// The case whose dims the next calls run with.
+    pub(crate) fn enter_case(&self, dims: &[(String, usize)]) {
+        *self.dims.borrow_mut() = dims.to_vec();
+    }
+
+    /// The dims of the case being run.
+    pub(crate) fn dims(&self) -> Vec<(String, usize)> {
+        self.dims.borrow().clone()
     }
 
     /// The port itself, to call inside [`PortThread::run`].

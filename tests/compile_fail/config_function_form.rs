@@ -1,0 +1,16 @@
+use candle_core::{Result, Tensor};
+use golden::golden_layer;
+
+#[golden_layer(
+    reference = "zoo_ref.gelu",
+    dims(n = 1..=8),
+    args(x = [n]),
+    config = "transformers.LlamaConfig"(hidden_size = n),
+)]
+fn gelu(x: &Tensor) -> Result<Tensor> {
+    x.gelu_erf()
+}
+
+fn main() {
+    let _ = gelu;
+}
