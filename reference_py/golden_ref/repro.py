@@ -9,6 +9,7 @@ compares the port's outputs with it by the same rule as the test, printing the s
 It depends on nothing of golden's: only numpy, and torch for the torch backend.
 """
 
+import contextlib
 import importlib
 import json
 import math
@@ -98,23 +99,34 @@ def run_reference():
         state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
         target.load_state_dict(state)
     recorded = []
+    taps = contextlib.nullcontext()
     if CASE.get("trace") and isinstance(target, torch.nn.Module):
-        # The trace points, as the worker records them: every submodule's output, in order.
+        # The trace points, as the worker records them: every submodule's output, and what the
+        # reference taps itself (golden_ref.tap), in order.
         calls = {}
+
+        def record(name, output):
+            for leaf, value in flatten(output, name):
+                calls[leaf] = calls.get(leaf, 0) + 1
+                suffix = f"#{calls[leaf]}" if calls[leaf] > 1 else ""
+                recorded.append((f"trace.{leaf}{suffix}", value.detach().clone()))
+
         for name, module in target.named_modules():
             if name:
                 def hook(_m, _i, output, name=name):
                     try:
-                        leaves = flatten(output, name)
+                        record(name, output)
                     except TypeError:
                         return
-                    for leaf, value in leaves:
-                        calls[leaf] = calls.get(leaf, 0) + 1
-                        suffix = f"#{calls[leaf]}" if calls[leaf] > 1 else ""
-                        recorded.append((f"trace.{leaf}{suffix}", value.detach().clone()))
                 module.register_forward_hook(hook)
+        try:
+            from golden_ref.tap import recording
+        except ImportError:  # the reference does not tap (golden's reference_py is not on the path)
+            pass
+        else:
+            taps = recording(record)
     torch.manual_seed(CASE["seed"])
-    with torch.no_grad():
+    with torch.no_grad(), taps:
         out = target(*args, **kwargs)
     leaves = flatten(out) + recorded
     return {k: v.detach().to(torch.float64).numpy() if v.is_floating_point() else v.numpy() for k, v in leaves}

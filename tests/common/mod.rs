@@ -1,6 +1,7 @@
 //! Helpers shared by the framework's integration tests.
 #![allow(dead_code)]
 
+pub mod llama;
 pub mod mutation_ports;
 pub mod processes;
 pub mod tiny_lm;

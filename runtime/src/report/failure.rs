@@ -66,6 +66,9 @@ pub struct CaseFailure {
     pub training_issues: Vec<String>,
     /// Trace points of the reference the port did not tap (`trace.<name>`, execution order).
     pub untapped: Vec<String>,
+    /// Taps of the port that name no trace point of the reference, each with what it could name
+    /// instead (`judge::trace::unknown_tap`). They fail the case, but are no divergence.
+    pub unknown_taps: Vec<String>,
     /// What the case showed that does not fail it on its own (see `report::passed::Note`).
     pub notes: Vec<crate::report::passed::Note>,
 }
@@ -116,6 +119,9 @@ impl CaseFailure {
             return g.clone();
         }
         if let Some(t) = self.training_issues.first() {
+            return t.clone();
+        }
+        if let Some(t) = self.unknown_taps.first() {
             return t.clone();
         }
         let failing: Vec<&str> = self
@@ -384,6 +390,20 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
+            FailureKind::Case(c) if !c.unknown_taps.is_empty() => {
+                let n = c.unknown_taps.len();
+                writeln!(
+                    out,
+                    "golden: `{}` taps {} its reference `{}` does not have{dtype}",
+                    self.layer,
+                    if n == 1 {
+                        "a point".to_string()
+                    } else {
+                        format!("{n} points")
+                    },
+                    self.reference
+                )?;
+            }
             FailureKind::Case(c) if crate::judge::trace::first_divergence(&c.leaves).is_some() => {
                 let tapped = c
                     .leaves
@@ -454,6 +474,16 @@ impl fmt::Display for Failure {
             if !c.training_issues.is_empty() {
                 writeln!(out, "  the training:")?;
                 for t in &c.training_issues {
+                    writeln!(out, "    - {t}")?;
+                }
+            }
+            if !c.unknown_taps.is_empty() {
+                writeln!(
+                    out,
+                    "  taps whose names the reference's trace does not have (a typo would \
+                     otherwise compare nothing):"
+                )?;
+                for t in &c.unknown_taps {
                     writeln!(out, "    - {t}")?;
                 }
             }
