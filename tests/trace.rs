@@ -66,6 +66,7 @@ fn a_bug_in_block_2_is_found_at_block_2() {
         let mut v: Vec<String> = std::fs::read_dir(format!("{dir}/trace/{side}"))
             .unwrap_or_else(|e| panic!("{dir}/trace/{side}: {e}"))
             .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".npy"))
             .collect();
         v.sort();
         v
@@ -78,6 +79,10 @@ fn a_bug_in_block_2_is_found_at_block_2() {
         "{reference:?}"
     );
     assert_eq!(names("port").len(), 31);
+    // Their order also as a manifest, which `golden diff` reads.
+    let order = std::fs::read_to_string(format!("{dir}/trace/reference/order.txt")).unwrap();
+    assert_eq!(order.lines().count(), 39);
+    assert_eq!(order.lines().nth(21), Some("021_blocks.2.attn.proj"));
 
     // `golden diff` on the two dump folders finds the same first divergence.
     let trace = std::path::Path::new(dir).join("trace");
@@ -88,9 +93,14 @@ fn a_bug_in_block_2_is_found_at_block_2() {
         &golden_cli::read::ReadOptions::default(),
     )
     .unwrap();
-    let (at, row) = diff.first_divergence().expect("a divergence");
+    let (at, row) = diff.first_divergence().expect("a known first divergence");
     assert_eq!(row.name, "021_blocks.2.attn.proj");
     assert_eq!(at, 21, "{}", diff.text());
+    assert!(
+        matches!(&diff.order, golden_cli::diff::Order::Manifest(p) if p.ends_with("reference/order.txt")),
+        "{:?}",
+        diff.order
+    );
     assert!(!diff.all_match());
 }
 

@@ -1,7 +1,9 @@
 //! `golden`: the command line beside `cargo test`.
 //!
-//! * `golden diff A B` — compare two tensor files or folders of them, in natural layer order, and
-//!   name the first tensor that differs (exit status 1 when anything differs, 2 on errors);
+//! * `golden diff A B` — compare two tensor files or folders of them, in the dumps' own order (an
+//!   `order.txt` beside them, numbered names) or else natural layer order, and name the first
+//!   tensor that differs when that is known, the candidates when it is a guess (exit status 1
+//!   when anything differs, 2 on errors);
 //! * `golden show FILE [NAME]` — statistics, a histogram and values of a tensor;
 //! * `golden report` — the HTML report of the last test run.
 //!

@@ -13,7 +13,8 @@
 //!
 //! With `trace`, `reference/` and `port/` hold the trace points too (`trace.<point>.npy`), and
 //! `trace/reference/` and `trace/port/` hold them again as `NNN_<point>.npy`, numbered in the
-//! reference's execution order, for `golden diff trace/reference trace/port`.
+//! reference's execution order, with that order in `order.txt` too, for
+//! `golden diff trace/reference trace/port`.
 //!
 //! For the gradient check, `reference/` and `port/` hold the gradients (`grad.<name>.npy`), and
 //! there is no repro.py (it reproduces forward comparisons).
@@ -173,6 +174,19 @@ pub fn write_trace(
         .map(|(i, (n, t))| (file(i, n), t.clone()))
         .collect();
     write_all(dir, "reference", &numbered)?;
+    // The order, also as a manifest (`golden diff` reads it; a renamed file keeps its place).
+    let manifest = |kind: &str, names: &[(String, HostTensor)]| -> Result<(), String> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let text: String = names
+            .iter()
+            .map(|(n, _)| format!("{}\n", file_name(n)))
+            .collect();
+        let path = dir.join(kind).join(ORDER_MANIFEST);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    manifest("reference", &numbered)?;
     let tapped: Vec<(String, HostTensor)> = port_outputs
         .iter()
         .filter(|(n, _)| crate::judge::trace::is_trace(n))
@@ -187,8 +201,15 @@ pub fn write_trace(
             (name, t.clone())
         })
         .collect();
-    write_all(dir, "port", &tapped)
+    write_all(dir, "port", &tapped)?;
+    let mut in_order = tapped;
+    in_order.sort_by_key(|(n, _)| !n.starts_with(|c: char| c.is_ascii_digit()));
+    manifest("port", &in_order)
 }
+
+/// The manifest beside a trace dump: its files' names (without `.npy`), one a line, in execution
+/// order (`golden diff` takes its order from it).
+pub const ORDER_MANIFEST: &str = "order.txt";
 
 /// Write a failing case's artifacts; returns the folder.
 pub fn write(
@@ -325,8 +346,19 @@ mod tests {
         files.sort();
         assert_eq!(
             files,
-            ["000_%2Fabs%2Fx.npy", "001_..%2Fup.npy", "001_..%2Fup.npy"]
+            [
+                "000_%2Fabs%2Fx.npy",
+                "001_..%2Fup.npy",
+                "001_..%2Fup.npy",
+                "order.txt",
+                "order.txt"
+            ]
         );
+        // The manifests name the files (their stems), in execution order.
+        let order = std::fs::read_to_string(dir.join("reference").join(ORDER_MANIFEST)).unwrap();
+        assert_eq!(order, "000_%2Fabs%2Fx\n001_..%2Fup\n");
+        let order = std::fs::read_to_string(dir.join("port").join(ORDER_MANIFEST)).unwrap();
+        assert_eq!(order, "001_..%2Fup\n");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
