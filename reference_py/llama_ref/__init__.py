@@ -1,6 +1,6 @@
-"""Hugging Face's Llama parts, built from a small LlamaConfig, as golden references: the tests of
-traces (`tests/trace.rs`) and of gradient failures (`tests/gradients.rs`) check candle ports of
-them as a user porting Llama would.
+"""Hugging Face's Llama decoder layer, built from a small LlamaConfig, as a golden reference: the
+tests of traces (`tests/trace.rs`) and of gradient failures (`tests/gradients.rs`) check candle
+ports of it as a user porting Llama would.
 
 `DecoderLayer` is `transformers`' own LlamaDecoderLayer (RMSNorm, attention with rotary embeddings
 and grouped key/value heads, SwiGLU MLP), run with its rotary embedding and a causal mask the way
@@ -31,19 +31,6 @@ def _config(hidden, heads, kv_heads, intermediate):
     )
     config._attn_implementation = "eager"
     return config
-
-
-class Mlp(nn.Module):
-    """LlamaMLP: down(silu(gate(x)) · up(x)), no biases."""
-
-    def __init__(self, hidden=16, intermediate=32):
-        super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaMLP
-
-        self.mlp = LlamaMLP(_config(hidden, 4, 2, intermediate))
-
-    def forward(self, x):
-        return self.mlp(x)
 
 
 @contextlib.contextmanager

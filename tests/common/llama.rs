@@ -44,20 +44,6 @@ pub fn decoder_layer(name: &str) -> Layer {
         .trace()
 }
 
-/// The SwiGLU MLP's check against `llama_ref.Mlp` (module names `mlp.gate_proj`, ...).
-pub fn mlp_layer(name: &str) -> Layer {
-    Layer::module(name, "llama_ref.Mlp")
-        .init("hidden", HIDDEN)
-        .init("intermediate", INTERMEDIATE)
-        .dim("b", 1, 2)
-        .dim("t", 1, 6)
-        .arg(
-            "x",
-            ["b".into(), "t".into(), DimExpr::Lit(HIDDEN)],
-            Dist::default(),
-        )
-}
-
 /// `x @ weightᵀ` for a bias-free Linear named `name` under `vb`.
 pub fn linear(vb: &VarBuilder, name: &str, x: &Tensor, out: usize, inp: usize) -> Result<Tensor> {
     let w = vb.get((out, inp), &format!("{name}.weight"))?;
@@ -192,10 +178,20 @@ pub fn mlp(vb: &VarBuilder, x: &Tensor, silu: impl Fn(&Tensor) -> Result<Tensor>
 
 /// The decoder layer: pre-norm attention and MLP, each with its residual.
 pub fn decoder(vb: VarBuilder, x: &Tensor, port: Port) -> Result<Tensor> {
+    decoder_with_silu(vb, x, port, candle_nn::ops::silu)
+}
+
+/// [`decoder`] with the MLP's activation given.
+pub fn decoder_with_silu(
+    vb: VarBuilder,
+    x: &Tensor,
+    port: Port,
+    silu: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
     let vb = vb.pp("layer");
     let h = (x + attention(&vb.pp("self_attn"), &rms_norm(&vb, "input_layernorm", x)?, port)?)?;
     let normed = rms_norm(&vb, "post_attention_layernorm", &h)?;
-    let out = (&h + mlp(&vb.pp("mlp"), &normed, |g| candle_nn::ops::silu(g))?)?;
+    let out = (&h + mlp(&vb.pp("mlp"), &normed, silu)?)?;
     golden::tap(vb.prefix(), &out);
     Ok(out)
 }

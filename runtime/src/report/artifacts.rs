@@ -16,8 +16,11 @@
 //! reference's execution order, with that order in `order.txt` too, for
 //! `golden diff trace/reference trace/port`.
 //!
-//! For the gradient check, `reference/` and `port/` hold the gradients (`grad.<name>.npy`), and
-//! there is no repro.py (it reproduces forward comparisons).
+//! For the gradient check, `reference/` and `port/` hold the gradients (`grad.<name>.npy`: PyTorch's
+//! float64 gradient in the case dtype, which the port's was judged against, and the port's),
+//! `rounding/` their rounding estimates, and `cotangents/<leaf>.npy` the cotangent of each output
+//! leaf; repro.py then computes PyTorch's gradient of `Σ sum(out · cotangent)` again and prints the
+//! same comparison. A training failure leaves no repro.py.
 //!
 //! Names come from outside golden's code — a reference's output keys and state_dict, a golden
 //! store — so every one goes through [`file_name`] before it names a file: `/`, `\`, `%` and
@@ -211,6 +214,13 @@ pub fn write_trace(
 /// order (`golden diff` takes its order from it).
 pub const ORDER_MANIFEST: &str = "order.txt";
 
+/// Whether a failure of this kind of check leaves a repro.py: the forward check (the reference's
+/// outputs) and the gradient check (PyTorch's gradient of `Σ sum(out · cotangent)`); a training
+/// run is not one case.
+pub fn has_repro(kind: Kind) -> bool {
+    matches!(kind, Kind::Forward | Kind::Gradients)
+}
+
 /// Write a failing case's artifacts; returns the folder.
 pub fn write(
     layer: &Layer,
@@ -223,6 +233,7 @@ pub fn write(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     write_all(&dir, "inputs", &failure.inputs)?;
+    write_all(&dir, "cotangents", &failure.cotangents)?;
     write_all(&dir, "port", &failure.port_outputs)?;
     let mut leaves = Map::new();
     if let Some(reference) = &failure.reference {
@@ -280,10 +291,15 @@ pub fn write(
         "python": env::python().program,
         "rerun": rerun_case_command(layer, kind.test(), dtype, case),
         "trace": layer.trace && kind == Kind::Forward,
+        "check": kind.name(),
+        // The gradient check: L = Σ sum(out · cotangent) over these output leaves, in this order.
+        "cotangents": failure.cotangents.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+        "cotangent_dtypes": dtypes(&failure.cotangents),
         "file_names": file_names(
             failure
                 .inputs
                 .iter()
+                .chain(&failure.cotangents)
                 .chain(&failure.port_outputs)
                 .chain(failure.reference.iter().flat_map(|r| r.state_dict.iter().chain(&r.expected)))
                 .map(|(n, _)| n)
@@ -294,7 +310,7 @@ pub fn write(
     }
     let text = serde_json::to_string_pretty(&case_json).expect("JSON");
     std::fs::write(dir.join("case.json"), text).map_err(|e| format!("case.json: {e}"))?;
-    if kind == Kind::Forward {
+    if has_repro(kind) {
         std::fs::write(dir.join("repro.py"), REPRO).map_err(|e| format!("repro.py: {e}"))?;
     }
     Ok(dir)

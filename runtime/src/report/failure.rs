@@ -61,6 +61,9 @@ pub struct CaseFailure {
     /// The gradient check: what is wrong with the port's gradients beyond their values (missing
     /// or extra gradients, finite differences, zero cotangent, determinism).
     pub gradient_issues: Vec<String>,
+    /// The gradient check: the cotangent of each float output leaf (`L = Σ sum(out ·
+    /// cotangent)`), left in the failure's artifacts for its repro.py.
+    pub cotangents: Vec<(String, HostTensor)>,
     /// The overfit check: what went wrong in training (no overfit, a parameter never updated, a
     /// step where the port's training parts from PyTorch's) and the gradient-health flags.
     pub training_issues: Vec<String>,

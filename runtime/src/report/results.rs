@@ -102,11 +102,7 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
         "reference": layer.reference,
         "dtypes": layer.dtypes.iter().map(|d| dtype_name(*d)).collect::<Vec<_>>(),
         "seconds": elapsed.as_secs_f64(),
-        "kind": match kind {
-            Kind::Forward => "forward",
-            Kind::Gradients => "gradients",
-            Kind::Overfit => "overfit",
-        },
+        "kind": kind.name(),
         "trace": layer.trace && kind == Kind::Forward,
     });
     match result {
