@@ -67,6 +67,9 @@ pub struct CaseFailure {
     /// The overfit check: what went wrong in training (no overfit, a parameter never updated, a
     /// step where the port's training parts from PyTorch's) and the gradient-health flags.
     pub training_issues: Vec<String>,
+    /// The overfit check: its figures (losses, parity with PyTorch), as a passing training
+    /// records them, for the results file.
+    pub figures: Vec<(String, f64)>,
     /// Trace points of the reference the port did not tap (`trace.<name>`, execution order).
     pub untapped: Vec<String>,
     /// Taps of the port that name no trace point of the reference, each with what it could name
