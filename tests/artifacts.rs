@@ -167,7 +167,9 @@ fn a_gradient_failure_leaves_its_cotangents_and_a_repro_py_that_prints_the_same_
         "{repro}"
     );
     assert!(
-        repro.contains("leaf `grad.x` (f32 [1, 1]): reference run again gives exactly what the test saw"),
+        repro.contains(
+            "leaf `grad.x` (f32 [1, 1]): reference run again gives exactly what the test saw"
+        ),
         "{repro}"
     );
     let expected = number_lines(&msg);

@@ -313,12 +313,18 @@ impl CustomOp1 for SiluSigmoidBackward {
             .contiguous_offsets()
             .ok_or_else(|| candle_core::Error::Msg("silu: contiguous input only".into()))?;
         let out = match storage {
-            CpuStorage::F32(v) => {
-                CpuStorage::F32(v[start..end].iter().map(|x| x / (1.0 + (-x).exp())).collect())
-            }
-            CpuStorage::F64(v) => {
-                CpuStorage::F64(v[start..end].iter().map(|x| x / (1.0 + (-x).exp())).collect())
-            }
+            CpuStorage::F32(v) => CpuStorage::F32(
+                v[start..end]
+                    .iter()
+                    .map(|x| x / (1.0 + (-x).exp()))
+                    .collect(),
+            ),
+            CpuStorage::F64(v) => CpuStorage::F64(
+                v[start..end]
+                    .iter()
+                    .map(|x| x / (1.0 + (-x).exp()))
+                    .collect(),
+            ),
             _ => candle_core::bail!("silu: f32 or f64 only"),
         };
         Ok((out, layout.shape().clone()))
@@ -381,7 +387,10 @@ fn a_wrong_backward_in_a_llama_decoder_layer_is_shrunk_cheaply_and_located_once(
         "{calls} calls of the port for {evaluated} cases"
     );
     // The case's cotangents are left beside its inputs and both sides' gradients, with a repro.py.
-    assert!(msg.contains("and a repro.py that runs PyTorch's gradient again"), "{msg}");
+    assert!(
+        msg.contains("and a repro.py that runs PyTorch's gradient again"),
+        "{msg}"
+    );
     let dir = std::path::PathBuf::from(msg.lines().last().unwrap().trim());
     for file in [
         "cotangents/out.npy",

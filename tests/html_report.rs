@@ -111,14 +111,17 @@ fn the_report_renders_in_headless_chromium() {
         ),
         "{dom:.2000}"
     );
-    let last = &dom[..dom.find("Older results, not from the last run").expect("stale part")];
+    let last = &dom[..dom
+        .find("Older results, not from the last run")
+        .expect("stale part")];
     let stale = &dom[dom.find("Older results, not from the last run").unwrap()..];
     let table_end = |t: &str| t[..t.find("</table>").unwrap()].to_string();
     let (last, stale) = (table_end(last), table_end(stale));
     assert!(!last.contains("html_removed_check"), "{last}");
     assert!(
-        stale.contains("<span class=\"badge stale\">stale</span> <span class=\"muted\">(failed)</span>")
-            && stale.contains("<code>html_removed_check</code>")
+        stale.contains(
+            "<span class=\"badge stale\">stale</span> <span class=\"muted\">(failed)</span>"
+        ) && stale.contains("<code>html_removed_check</code>")
             && stale.contains(" s older than the last run</td>"),
         "{stale}"
     );
@@ -126,7 +129,9 @@ fn the_report_renders_in_headless_chromium() {
     assert!(last.contains("<code>t_untraced_block</code>"), "{last}");
     assert!(!stale.contains("t_untraced_block"), "{stale}");
     // The training's row: its losses and its parity with PyTorch, not `0 / 0`.
-    let training = &last[last.find("<code>o_mlp_sgd_right__overfit</code>").expect(&last)..];
+    let training = &last[last
+        .find("<code>o_mlp_sgd_right__overfit</code>")
+        .expect(&last)..];
     let training = &training[..training.find("</tr>").unwrap()];
     assert!(
         training.contains("<td class=\"num\">1 batch</td><td class=\"num\">loss "),

@@ -236,7 +236,10 @@ fn a_rotary_bug_is_found_at_the_references_own_tap_after_the_rotation() {
             .to_string()
     };
     assert!(line("layer.self_attn.v_proj").ends_with("ok"), "{table}");
-    assert!(line("q_rot").ends_with("DIFFERS  <- first divergence"), "{table}");
+    assert!(
+        line("q_rot").ends_with("DIFFERS  <- first divergence"),
+        "{table}"
+    );
     assert!(line("k_rot").ends_with("differs"), "{table}");
 }
 

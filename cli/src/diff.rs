@@ -801,7 +801,10 @@ impl Diff {
     /// The differing tensors any of which may be the first divergence, in the order shown (one
     /// when it is known; none when nothing differs).
     pub fn divergence_candidates(&self) -> Vec<(usize, &Row)> {
-        self.candidates.iter().map(|&i| (i, &self.rows[i])).collect()
+        self.candidates
+            .iter()
+            .map(|&i| (i, &self.rows[i]))
+            .collect()
     }
 
     /// Whether every tensor is on both sides and matches.

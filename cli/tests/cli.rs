@@ -189,7 +189,9 @@ fn hf_dumps(name: &str, numbered: bool) -> (Dir, Dir, Vec<String>) {
     let mut names = Vec::new();
     for layer in 0..2 {
         for (m, module) in modules.iter().enumerate() {
-            let values: Vec<f64> = (0..16).map(|i| (layer * 5 + m * 3 + i) as f64 * 0.1).collect();
+            let values: Vec<f64> = (0..16)
+                .map(|i| (layer * 5 + m * 3 + i) as f64 * 0.1)
+                .collect();
             let mut changed = values.clone();
             changed[3] += 0.5;
             let stem = if numbered {
@@ -268,13 +270,15 @@ fn diff_of_hugging_face_names_never_states_a_guessed_first_divergence() {
     let (pa, pb) = (a.path().to_str().unwrap(), b.path().to_str().unwrap());
     let out = golden(&["diff", pa, pb]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("8 tensors in the order of their numbers;"), "{text}");
+    assert!(
+        text.contains("8 tensors in the order of their numbers;"),
+        "{text}"
+    );
     assert!(
         text.contains("first divergence: `000_0_input_layernorm` (#1): 1 of 16 elements differ"),
         "{text}"
     );
-    let doc: Json =
-        serde_json::from_slice(&golden(&["diff", pa, pb, "--json"]).stdout).unwrap();
+    let doc: Json = serde_json::from_slice(&golden(&["diff", pa, pb, "--json"]).stdout).unwrap();
     assert_eq!(doc["first_divergence"], "000_0_input_layernorm");
     assert_eq!(doc["order"]["from"], "numbers");
 }

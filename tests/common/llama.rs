@@ -57,7 +57,9 @@ fn rms_norm(vb: &VarBuilder, name: &str, x: &Tensor) -> Result<Tensor> {
     let dtype = x.dtype();
     let h = x.to_dtype(DType::F32.max_with(dtype))?;
     let variance = h.sqr()?.mean_keepdim(D::Minus1)?;
-    let h = h.broadcast_div(&(variance + 1e-6)?.sqrt()?)?.to_dtype(dtype)?;
+    let h = h
+        .broadcast_div(&(variance + 1e-6)?.sqrt()?)?
+        .to_dtype(dtype)?;
     let y = h.broadcast_mul(&vb.get(HIDDEN, &format!("{name}.weight"))?)?;
     golden::tap(format!("{}.{name}", vb.prefix()), &y);
     Ok(y)
@@ -100,8 +102,14 @@ fn attention(vb: &VarBuilder, x: &Tensor, port: Port) -> Result<Tensor> {
     let (b, t, _) = x.dims3()?;
     let heads = |y: Tensor, n: usize| y.reshape((b, t, n, HEAD_DIM))?.transpose(1, 2);
     let q = heads(linear(vb, "q_proj", x, HEADS * HEAD_DIM, HIDDEN)?, HEADS)?;
-    let k = heads(linear(vb, "k_proj", x, KV_HEADS * HEAD_DIM, HIDDEN)?, KV_HEADS)?;
-    let v = heads(linear(vb, "v_proj", x, KV_HEADS * HEAD_DIM, HIDDEN)?, KV_HEADS)?;
+    let k = heads(
+        linear(vb, "k_proj", x, KV_HEADS * HEAD_DIM, HIDDEN)?,
+        KV_HEADS,
+    )?;
+    let v = heads(
+        linear(vb, "v_proj", x, KV_HEADS * HEAD_DIM, HIDDEN)?,
+        KV_HEADS,
+    )?;
     // Rotary embeddings as LlamaRotaryEmbedding computes them (float32, then the input's dtype),
     // the frequencies duplicated over the two halves.
     let inv_freq: Vec<f32> = (0..HEAD_DIM / 2)
@@ -150,9 +158,8 @@ fn attention(vb: &VarBuilder, x: &Tensor, port: Port) -> Result<Tensor> {
         &scores,
     )?;
     let dtype = scores.dtype();
-    let probs =
-        candle_nn::ops::softmax(&scores.to_dtype(DType::F32.max_with(dtype))?, D::Minus1)?
-            .to_dtype(dtype)?;
+    let probs = candle_nn::ops::softmax(&scores.to_dtype(DType::F32.max_with(dtype))?, D::Minus1)?
+        .to_dtype(dtype)?;
     let out = probs
         .matmul(&v.contiguous()?)?
         .transpose(1, 2)?
@@ -168,7 +175,11 @@ fn attention(vb: &VarBuilder, x: &Tensor, port: Port) -> Result<Tensor> {
 }
 
 /// The SwiGLU MLP, with `silu` as given (candle's, or a custom op).
-pub fn mlp(vb: &VarBuilder, x: &Tensor, silu: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+pub fn mlp(
+    vb: &VarBuilder,
+    x: &Tensor,
+    silu: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
     let gate = linear(vb, "gate_proj", x, INTERMEDIATE, HIDDEN)?;
     let up = linear(vb, "up_proj", x, INTERMEDIATE, HIDDEN)?;
     let y = linear(vb, "down_proj", &(silu(&gate)? * up)?, HIDDEN, INTERMEDIATE)?;
@@ -189,7 +200,11 @@ pub fn decoder_with_silu(
     silu: impl Fn(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let vb = vb.pp("layer");
-    let h = (x + attention(&vb.pp("self_attn"), &rms_norm(&vb, "input_layernorm", x)?, port)?)?;
+    let h = (x + attention(
+        &vb.pp("self_attn"),
+        &rms_norm(&vb, "input_layernorm", x)?,
+        port,
+    )?)?;
     let normed = rms_norm(&vb, "post_attention_layernorm", &h)?;
     let out = (&h + mlp(&vb.pp("mlp"), &normed, silu)?)?;
     golden::tap(vb.prefix(), &out);

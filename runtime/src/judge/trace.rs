@@ -113,14 +113,17 @@ pub fn unknown_tap(leaf: &str, shape: &[usize], points: &[(&str, &[usize])]) -> 
         .iter()
         .filter_map(|(n, s)| Some((n.strip_prefix(PREFIX)?, *s)))
         .collect();
-    let mut out = format!("the port taps `{name}` {shape:?}, which is not a trace point of the reference");
+    let mut out =
+        format!("the port taps `{name}` {shape:?}, which is not a trace point of the reference");
     // A name tapped more often than the reference records it: `q_rot#2`.
     if let Some((base, nth)) = name.rsplit_once('#') {
         if let Ok(nth) = nth.parse::<usize>() {
             if points.iter().any(|(n, _)| *n == base) {
                 let times = points
                     .iter()
-                    .filter(|(n, _)| *n == base || n.strip_prefix(base).is_some_and(|r| r.starts_with('#')))
+                    .filter(|(n, _)| {
+                        *n == base || n.strip_prefix(base).is_some_and(|r| r.starts_with('#'))
+                    })
                     .count();
                 out.push_str(&format!(
                     ": the port taps `{base}` {nth} times or more, the reference records it {times} \
@@ -157,7 +160,11 @@ pub fn unknown_tap(leaf: &str, shape: &[usize], points: &[(&str, &[usize])]) -> 
              point per tensor (Hugging Face's attention returns its output and its attention \
              weights). Tap one of them: ",
             listed.join(", "),
-            if under.len() > listed.len() { ", …" } else { "" }
+            if under.len() > listed.len() {
+                ", …"
+            } else {
+                ""
+            }
         ));
         match same_shape.as_slice() {
             [one] => out.push_str(&format!("`{one}` has your tap's shape")),
@@ -298,10 +305,14 @@ mod tests {
              weights). Tap one of them: `layer.self_attn.0` has your tap's shape"
         );
         let typo = unknown_tap("trace.layer.input_layrnorm", &[1, 2, 16], &points);
-        assert!(typo.ends_with("did you mean `layer.input_layernorm`?"), "{typo}");
+        assert!(
+            typo.ends_with("did you mean `layer.input_layernorm`?"),
+            "{typo}"
+        );
         let again = unknown_tap("trace.q_rot#2", &[1, 4, 2, 4], &points);
         assert!(
-            again.contains("the port taps `q_rot` 2 times or more, the reference records it 1 time"),
+            again
+                .contains("the port taps `q_rot` 2 times or more, the reference records it 1 time"),
             "{again}"
         );
         let elsewhere = unknown_tap("trace.layer.mlp.gate", &[1, 2, 32], &points);
