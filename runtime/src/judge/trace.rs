@@ -11,11 +11,15 @@
 //! ```
 //!
 //! With `trace` on the attribute (module form), the worker records every submodule's output with
-//! forward hooks (leaves `trace.<name>`, in execution order, with their own rounding estimates), the
-//! forward check records the port's taps, and compares the two by name in the reference's
-//! execution order: the first point that differs is where the port leaves the reference, and the
-//! failure's headline. Points the port never tapped are listed, not failed; a tap whose name the
-//! reference does not have fails (a typo would otherwise compare nothing).
+//! forward hooks (leaves `trace.<name>`, in execution order, with their own rounding estimates) —
+//! a submodule that returns a tuple or a list is a point per tensor (`self_attn.0`,
+//! `self_attn.1`) — and what the reference taps itself with `golden_ref.tap("q_rot", q)`
+//! (intermediates no submodule returns). The forward check records the port's taps and compares
+//! the two by name in the reference's execution order: the first point that differs is where the
+//! port leaves the reference, and the failure's headline. Points the port never tapped are listed,
+//! not failed; a tap whose name the reference does not have fails the case before anything is
+//! compared, with the names it could mean ([`unknown_tap`]): a typo would otherwise compare
+//! nothing, and it is no divergence.
 //!
 //! A tap costs a thread-local lookup when no trace is recording (every check but a traced forward
 //! check, and every use outside golden).
@@ -29,7 +33,10 @@ thread_local! {
 }
 
 /// Record `t` as the trace point `name` when a traced check is running the port on this thread;
-/// otherwise do nothing.
+/// otherwise do nothing. `name` is a point of the reference: a submodule's state_dict prefix
+/// (`vb.prefix()`), `<module>.0` for the first tensor of a module that returns a tuple, or a name
+/// the reference taps itself (`golden_ref.tap`). Tapped again, a name is `<name>#2`, `#3`, … on
+/// both sides.
 pub fn tap(name: impl AsRef<str>, t: &Tensor) {
     RECORDING.with(|r| {
         if let Some(taps) = r.borrow_mut().as_mut() {
