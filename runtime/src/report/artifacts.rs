@@ -215,10 +215,15 @@ pub fn write_trace(
 pub const ORDER_MANIFEST: &str = "order.txt";
 
 /// Whether a failure of this kind of check leaves a repro.py: the forward check (the reference's
-/// outputs) and the gradient check (PyTorch's gradient of `Σ sum(out · cotangent)`); a training
-/// run is not one case.
-pub fn has_repro(kind: Kind) -> bool {
-    matches!(kind, Kind::Forward | Kind::Gradients)
+/// outputs) and, with the torch backend, the gradient check (PyTorch's gradient of
+/// `Σ sum(out · cotangent)`; the numpy backend has no autograd to run again); a training run is
+/// not one case.
+pub fn has_repro(layer: &Layer, kind: Kind) -> bool {
+    match kind {
+        Kind::Forward => true,
+        Kind::Gradients => layer.backend == crate::describe::layer::Backend::Torch,
+        Kind::Overfit => false,
+    }
 }
 
 /// Write a failing case's artifacts; returns the folder.
@@ -310,7 +315,7 @@ pub fn write(
     }
     let text = serde_json::to_string_pretty(&case_json).expect("JSON");
     std::fs::write(dir.join("case.json"), text).map_err(|e| format!("case.json: {e}"))?;
-    if has_repro(kind) {
+    if has_repro(layer, kind) {
         std::fs::write(dir.join("repro.py"), REPRO).map_err(|e| format!("repro.py: {e}"))?;
     }
     Ok(dir)

@@ -327,7 +327,7 @@ pub(crate) fn leave_artifacts(layer: &Layer, kind: Kind, dtype: DType, failure: 
             env::python().program.display(),
             dir.display()
         )),
-        Ok(dir) if artifacts::has_repro(kind) => failure.notes.push(format!(
+        Ok(dir) if artifacts::has_repro(layer, kind) => failure.notes.push(format!(
             "inputs, cotangents, both sides' gradients and a repro.py that runs PyTorch's gradient \
              again ({} repro.py) are in\n  {}",
             env::python().program.display(),
