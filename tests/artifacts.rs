@@ -128,3 +128,51 @@ fn module_form_artifacts_carry_the_state_dict() {
         "{repro}"
     );
 }
+
+#[test]
+fn a_gradient_failure_leaves_its_cotangents_and_a_repro_py_that_prints_the_same_numbers() {
+    let scratch = Scratch::new("artifacts_gradients");
+    let layer = Layer::function("square_half_gradient", "torch.square")
+        .dim("b", 1, 4)
+        .dim("n", 1, 32)
+        .arg("x", ["b", "n"], Dist::default())
+        .grad(golden::GradSpec::default())
+        .declared_at(scratch.declared)
+        .mode(Mode::Live);
+    // x · detach(x): the right square, half its gradient.
+    let port = |i: &PortInputs| (i.tensor(0).detach() * i.tensor(0)).into_outputs();
+    let failure = golden::run::gradients::check(&layer, &port).expect_err("a wrong gradient");
+    let msg = failure.to_string();
+    let dir = folder(&failure);
+    for file in [
+        "repro.py",
+        "inputs/x.npy",
+        "cotangents/out.npy",
+        "reference/grad.x.npy",
+        "port/grad.x.npy",
+        "rounding/grad.x.npy",
+    ] {
+        assert!(dir.join(file).is_file(), "{file}");
+    }
+    assert!(
+        msg.contains("and a repro.py that runs PyTorch's gradient again"),
+        "{msg}"
+    );
+    let repro = run_repro(&dir);
+    assert!(
+        repro.starts_with(
+            "golden repro: the gradients of `square_half_gradient` against PyTorch's of \
+             `torch.square` in f32"
+        ),
+        "{repro}"
+    );
+    assert!(
+        repro.contains(
+            "leaf `grad.x` (f32 [1, 1]): reference run again gives exactly what the test saw"
+        ),
+        "{repro}"
+    );
+    let expected = number_lines(&msg);
+    assert_eq!(expected.len(), 3, "{msg}");
+    assert_eq!(number_lines(&repro), expected, "{repro}\n{msg}");
+}

@@ -1,7 +1,9 @@
 //! The gradient check catches wrong gradients: custom backward passes that are off by a factor, of
 //! the wrong sign or blind to the incoming gradient, a detached intermediate, candle's fused ops that
-//! have no backward, and two gradients of candle 0.11.1 itself that golden found wrong. Stores in
-//! `tests/golden/`, so these hold in replay too.
+//! have no backward, and two gradients of candle 0.11.1 itself that golden found wrong; a wrong
+//! backward inside a port of Hugging Face's Llama decoder layer is shrunk on directional derivatives
+//! and located by Jacobians once, on the smallest case. Stores in `tests/golden/`, so these hold in
+//! replay too.
 
 mod common;
 
@@ -293,4 +295,111 @@ fn candle_conv1d_backward_panics_on_an_input_of_length_one() {
         "{msg}"
     );
     assert_eq!(f.case.as_ref().and_then(|c| c.dim("t")), Some(1), "{msg}");
+}
+
+// --- A SwiGLU MLP (Hugging Face's LlamaMLP) with a hand-written SiLU whose backward is wrong ----
+
+/// SiLU with the common wrong backward `σ(x) · grad` (the derivative of x·σ(x) is
+/// `σ(x)·(1 + x·(1 − σ(x)))`).
+struct SiluSigmoidBackward;
+
+impl CustomOp1 for SiluSigmoidBackward {
+    fn name(&self) -> &'static str {
+        "silu-sigmoid-backward"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (start, end) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("silu: contiguous input only".into()))?;
+        let out = match storage {
+            CpuStorage::F32(v) => CpuStorage::F32(
+                v[start..end]
+                    .iter()
+                    .map(|x| x / (1.0 + (-x).exp()))
+                    .collect(),
+            ),
+            CpuStorage::F64(v) => CpuStorage::F64(
+                v[start..end]
+                    .iter()
+                    .map(|x| x / (1.0 + (-x).exp()))
+                    .collect(),
+            ),
+            _ => candle_core::bail!("silu: f32 or f64 only"),
+        };
+        Ok((out, layout.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some((candle_nn::ops::sigmoid(arg)? * grad_res)?))
+    }
+}
+
+#[test]
+fn a_wrong_backward_in_a_llama_decoder_layer_is_shrunk_cheaply_and_located_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let started = std::time::Instant::now();
+    let layer = common::llama::decoder_layer("g_llama_decoder_silu").grad(GradSpec::default());
+    let f = must_fail_check(gradients::check, &layer, move |i| {
+        counted.fetch_add(1, Ordering::Relaxed);
+        common::llama::decoder_with_silu(
+            i.var_builder(),
+            i.tensor(0),
+            common::llama::Port::default(),
+            |g| g.contiguous()?.apply_op1(SiluSigmoidBackward),
+        )
+    });
+    let calls = calls.load(Ordering::Relaxed);
+    let (_, steps) = f.shrunk_from.clone().expect("shrunk");
+    // A figure for the README, not an assertion.
+    eprintln!(
+        "a failing gradient check (Llama decoder layer, wrong SiLU backward): {:.1} s, {calls} \
+         calls of the port, {steps} shrinking steps",
+        started.elapsed().as_secs_f64()
+    );
+    let msg = f.to_string();
+    let issues = grad_issues(&f);
+    // Located on the smallest case: the worst Jacobian entry of each input and parameter whose
+    // gradient the wrong backward reaches, against finite differences.
+    assert_eq!(f.case.as_ref().and_then(|c| c.dim("t")), Some(1), "{msg}");
+    for target in ["x", "layer.mlp.gate_proj.weight"] {
+        assert!(
+            issues.contains(&format!("- `{target}`: ∂out[0, 0, "))
+                && issues.contains(&format!("]/∂{target}[")),
+            "{target}: {issues}"
+        );
+    }
+    assert!(issues.contains("in the port's backward"), "{issues}");
+    // The MLP's other weights get their gradients without the activation's backward.
+    assert!(!issues.contains("`layer.mlp.up_proj.weight`"), "{issues}");
+    assert!(!issues.contains("`layer.mlp.down_proj.weight`"), "{issues}");
+    // Shrinking compared directional derivatives only (a few dozen calls of the port per case);
+    // the Jacobians (two forward passes per input element, a backward per output element) were
+    // computed once, on the smallest case: b = t = 1, at most 16 + 9 · 256 + 3 · 512 input
+    // elements.
+    let evaluated = (f.passed_before + steps + 4) as usize;
+    let jacobians = 2 * (16 + 256 * 3 + 128 * 2 + 512 * 3 + 16 * 2) + 16 * 10;
+    assert!(
+        calls <= evaluated * 60 + jacobians,
+        "{calls} calls of the port for {evaluated} cases"
+    );
+    // The case's cotangents are left beside its inputs and both sides' gradients, with a repro.py.
+    assert!(
+        msg.contains("and a repro.py that runs PyTorch's gradient again"),
+        "{msg}"
+    );
+    let dir = std::path::PathBuf::from(msg.lines().last().unwrap().trim());
+    for file in [
+        "cotangents/out.npy",
+        "inputs/x.npy",
+        "reference/grad.x.npy",
+        "port/grad.x.npy",
+        "repro.py",
+        "case.json",
+    ] {
+        assert!(dir.join(file).is_file(), "{file} in {}", dir.display());
+    }
 }

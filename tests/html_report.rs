@@ -1,8 +1,9 @@
 //! The HTML report (`golden report`), rendered by a real headless Chromium (Debian's `chromium`;
-//! `cargo xtask setup` installs it where it can): from the results of three checks run here in
-//! replay — one passing, a traced model failing at block 2, a wrong port — the page must render
-//! offline, name the first divergence, draw the drift plot and fill the slice viewer, and its
-//! screenshot must show the pass and fail badges and the plot.
+//! `cargo xtask setup` installs it where it can): from the results of checks run here in replay —
+//! one passing, a traced model failing at block 2, a wrong port, a training — the page must render
+//! offline, name the first divergence, draw the drift plot and fill the slice viewer, show the
+//! training's losses and parity, and keep an earlier run's result of a removed check apart as
+//! stale; its screenshot must show the pass and fail badges and the plot.
 
 mod common;
 
@@ -42,7 +43,9 @@ fn headless(page: &Path, extra: &[&str]) -> std::process::Output {
         .expect("chromium runs")
 }
 
-/// Run the three checks with results and artifacts in `target`; returns the results folder.
+/// Run the checks with results and artifacts in `target`; returns the results folder. An earlier
+/// run (`GOLDEN_RUN=earlier`) leaves the result of a check the last run no longer has, and one of
+/// a check the last run runs again; the last run has four checks, one of them a training.
 fn run_checks(target: &Path) -> PathBuf {
     // The runtime writes results and artifacts under CARGO_TARGET_DIR; this binary runs one test.
     std::env::set_var("CARGO_TARGET_DIR", target);
@@ -54,7 +57,22 @@ fn run_checks(target: &Path) -> PathBuf {
             .and_then(|b| b.forward(i.tensor(0)))
             .into_outputs()
     };
+    std::env::set_var("GOLDEN_RUN", "earlier");
     golden::check(&passing, &port).unwrap_or_else(|f| panic!("{f}"));
+    // A check since removed (it fails: its store was never recorded).
+    let removed = golden::Layer::function("html_removed_check", "zoo_ref.gelu")
+        .dim("n", 1, 8)
+        .arg("x", ["n"], golden::Dist::default());
+    common::must_fail(&removed, |i| i.tensor(0).gelu_erf());
+    std::env::set_var("GOLDEN_RUN", "latest");
+    golden::check(&passing, &port).unwrap_or_else(|f| panic!("{f}"));
+    let training = common::overfit_mlp::mlp_layer(
+        "o_mlp_sgd_right",
+        common::overfit_mlp::custom(common::overfit_mlp::sgd_step(1.0, None)),
+    );
+    common::must_pass_check(golden::run::overfit::check, &training, |i| {
+        common::overfit_mlp::mlp(i.var_builder(), i.tensor(0), false)
+    });
     common::must_fail(&common::tiny_lm::layer("t_tiny_lm_block2"), |i| {
         TinyLm::new(i.var_builder(), common::tiny_lm::CONFIG)?
             .with_bug_in_block(2)
@@ -86,9 +104,49 @@ fn the_report_renders_in_headless_chromium() {
     // What the script rendered: everything before the scripts themselves (whose source contains
     // the same markup as templates).
     let dom = &dom[..dom.find("<script").expect("the page's scripts")];
+    // The last run's four checks; the removed check's result is stale, apart, counted nowhere.
     assert!(
-        dom.contains("<title>golden report: 3 checks, 2 failing</title>"),
+        dom.contains(
+            "<title>golden report: 4 checks, 2 failing; 1 stale from earlier runs</title>"
+        ),
         "{dom:.2000}"
+    );
+    let last = &dom[..dom
+        .find("Older results, not from the last run")
+        .expect("stale part")];
+    let stale = &dom[dom.find("Older results, not from the last run").unwrap()..];
+    let table_end = |t: &str| t[..t.find("</table>").unwrap()].to_string();
+    let (last, stale) = (table_end(last), table_end(stale));
+    assert!(!last.contains("html_removed_check"), "{last}");
+    assert!(
+        stale.contains(
+            "<span class=\"badge stale\">stale</span> <span class=\"muted\">(failed)</span>"
+        ) && stale.contains("<code>html_removed_check</code>")
+            && stale.contains(" s older than the last run</td>"),
+        "{stale}"
+    );
+    // The check both runs ran is the last run's.
+    assert!(last.contains("<code>t_untraced_block</code>"), "{last}");
+    assert!(!stale.contains("t_untraced_block"), "{stale}");
+    // The training's row: its losses and its parity with PyTorch, not `0 / 0`.
+    let training = &last[last
+        .find("<code>o_mlp_sgd_right__overfit</code>")
+        .expect(&last)..];
+    let training = &training[..training.find("</tr>").unwrap()];
+    assert!(
+        training.contains("<td class=\"num\">1 batch</td><td class=\"num\">loss "),
+        "{training}"
+    );
+    let worst: f64 = training
+        .split("<td class=\"num\">")
+        .nth(3)
+        .and_then(|cell| cell.split('<').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no worst/allowed figure: {training}"));
+    assert!(worst > 0.0 && worst < 1.0, "{training}");
+    assert!(
+        dom.contains("<h3>Training on one batch, beside PyTorch</h3>"),
+        "{dom:.3000}"
     );
     assert!(
         dom.contains("data-rendered=\"1\""),

@@ -4,61 +4,13 @@
 
 mod common;
 
-use candle_core::{Module, Result, Tensor};
-use candle_nn::{linear, VarBuilder};
-use golden::describe::checks::Step;
+use candle_core::Module;
+use candle_nn::linear;
 use golden::run::overfit;
 use golden::{DimExpr, Dist, Failure, IntoOutputs, Layer, PortInputs};
 use golden::{Optimizer, OverfitSpec};
-use std::sync::Arc;
 
-const D: usize = 8;
-const HIDDEN: usize = 16;
-const LR: f64 = 0.05;
-
-/// `zoo_ref.MLP` (Linear → GELU → Linear), small, trained with `optimizer` for 100 steps.
-fn mlp_layer(name: &str, optimizer: Optimizer) -> Layer {
-    Layer::module(name, "zoo_ref.MLP")
-        .init("d_model", D)
-        .init("hidden", HIDDEN)
-        .dim("b", 2, 4)
-        .arg("x", ["b".into(), DimExpr::Lit(D)], Dist::default())
-        .overfit(OverfitSpec {
-            steps: 100,
-            optimizer,
-            ..OverfitSpec::default()
-        })
-}
-
-/// The port of `zoo_ref.MLP`; `detach` cuts the graph after the hidden layer.
-fn mlp(vb: VarBuilder, x: &Tensor, detach: bool) -> Result<Tensor> {
-    let fc1 = linear(D, HIDDEN, vb.pp("fc1"))?;
-    let fc2 = linear(HIDDEN, D, vb.pp("fc2"))?;
-    let hidden = fc1.forward(x)?.gelu_erf()?;
-    fc2.forward(&if detach { hidden.detach() } else { hidden })
-}
-
-/// A hand-written SGD step `w ← w − sign · lr · g`, skipping the parameter named `skip`.
-fn sgd_step(sign: f64, skip: Option<&'static str>) -> Step {
-    Arc::new(move |vars, grads| {
-        for (name, var) in vars {
-            if Some(name.as_str()) == skip {
-                continue;
-            }
-            if let Some(g) = grads.get(var.as_tensor()) {
-                var.set(&(var.as_tensor() - (g * (sign * LR))?)?)?;
-            }
-        }
-        Ok(())
-    })
-}
-
-fn custom(step: Step) -> Optimizer {
-    Optimizer::Custom {
-        like: Box::new(Optimizer::sgd(Some(LR))),
-        step,
-    }
-}
+use common::overfit_mlp::{custom, mlp, mlp_layer, sgd_step, D, HIDDEN};
 
 fn must_fail(layer: &Layer, detach: bool) -> Failure {
     common::must_fail_check(overfit::check, layer, move |i| {

@@ -66,6 +66,7 @@ fn a_bug_in_block_2_is_found_at_block_2() {
         let mut v: Vec<String> = std::fs::read_dir(format!("{dir}/trace/{side}"))
             .unwrap_or_else(|e| panic!("{dir}/trace/{side}: {e}"))
             .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".npy"))
             .collect();
         v.sort();
         v
@@ -78,6 +79,10 @@ fn a_bug_in_block_2_is_found_at_block_2() {
         "{reference:?}"
     );
     assert_eq!(names("port").len(), 31);
+    // Their order also as a manifest, which `golden diff` reads.
+    let order = std::fs::read_to_string(format!("{dir}/trace/reference/order.txt")).unwrap();
+    assert_eq!(order.lines().count(), 39);
+    assert_eq!(order.lines().nth(21), Some("021_blocks.2.attn.proj"));
 
     // `golden diff` on the two dump folders finds the same first divergence.
     let trace = std::path::Path::new(dir).join("trace");
@@ -88,9 +93,14 @@ fn a_bug_in_block_2_is_found_at_block_2() {
         &golden_cli::read::ReadOptions::default(),
     )
     .unwrap();
-    let (at, row) = diff.first_divergence().expect("a divergence");
+    let (at, row) = diff.first_divergence().expect("a known first divergence");
     assert_eq!(row.name, "021_blocks.2.attn.proj");
     assert_eq!(at, 21, "{}", diff.text());
+    assert!(
+        matches!(&diff.order, golden_cli::diff::Order::Manifest(p) if p.ends_with("reference/order.txt")),
+        "{:?}",
+        diff.order
+    );
     assert!(!diff.all_match());
 }
 
@@ -102,10 +112,135 @@ fn a_tap_the_reference_does_not_have_is_an_error() {
         Ok(logits)
     });
     let msg = f.to_string();
+    // Refused, with the name it probably meant; not reported as a divergence.
     assert!(
-        msg.contains("leaf `trace.blocks.0.atn` (f32 [1, 1, 32]): the port returns it, the reference does not"),
+        msg.starts_with(
+            "golden: `t_tiny_lm_typo` taps a point its reference `zoo_ref.TinyLM` does not have"
+        ),
         "{msg}"
     );
+    assert!(
+        msg.contains(
+            "the port taps `blocks.0.atn` [1, 1, 32], which is not a trace point of the \
+             reference; did you mean `blocks.0.attn`?"
+        ),
+        "{msg}"
+    );
+}
+
+// --- Hugging Face's LlamaDecoderLayer (transformers' own code) against a candle port -----------
+
+use common::llama;
+
+#[test]
+fn a_faithful_llama_decoder_layer_matches_at_every_point_and_at_the_references_own_taps() {
+    let port = llama::Port {
+        tap_rotary: true,
+        ..llama::Port::default()
+    };
+    let report = common::must_pass(&llama::decoder_layer("t_llama_decoder"), move |i| {
+        llama::decoder(i.var_builder(), i.tensor(0), port)
+    });
+    let leaves: Vec<&str> = report.runs[0].cases[0]
+        .leaves
+        .iter()
+        .map(|l| l.name.as_str())
+        .collect();
+    // The reference's own taps (`golden_ref.tap` around transformers' apply_rotary_pos_emb) are
+    // compared with the port's taps of the same names, in execution order among the submodules.
+    assert_eq!(
+        leaves,
+        [
+            "out",
+            "trace.layer.input_layernorm",
+            "trace.layer.self_attn.q_proj",
+            "trace.layer.self_attn.k_proj",
+            "trace.layer.self_attn.v_proj",
+            "trace.q_rot",
+            "trace.k_rot",
+            "trace.layer.self_attn.o_proj",
+            "trace.layer.self_attn.0",
+            "trace.layer.post_attention_layernorm",
+            "trace.layer.mlp.gate_proj",
+            "trace.layer.mlp.up_proj",
+            "trace.layer.mlp.down_proj",
+            "trace.layer.mlp",
+            "trace.layer",
+        ]
+    );
+}
+
+#[test]
+fn a_tap_of_a_module_that_returns_a_tuple_is_refused_with_the_points_it_has() {
+    // LlamaAttention returns (output, attention weights): its points are `self_attn.0` and
+    // `self_attn.1`, and a tap of `self_attn` names neither.
+    let port = llama::Port {
+        tap_attention_as_module: true,
+        ..llama::Port::default()
+    };
+    let f = common::must_fail(&llama::decoder_layer("t_llama_tuple_tap"), move |i| {
+        llama::decoder(i.var_builder(), i.tensor(0), port)
+    });
+    let msg = f.to_string();
+    let headline = msg.lines().next().unwrap();
+    assert!(
+        headline.starts_with(
+            "golden: `t_llama_tuple_tap` taps a point its reference `llama_ref.DecoderLayer` does \
+             not have"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(
+            "the port taps `layer.self_attn` [1, 1, 16], which is not a trace point of the \
+             reference; under it the reference has `layer.self_attn.0` [1, 1, 16], \
+             `layer.self_attn.1` [1, 4, 1, 1]: a module that returns a tuple or a list is a point \
+             per tensor (Hugging Face's attention returns its output and its attention \
+             weights). Tap one of them: `layer.self_attn.0` has your tap's shape"
+        ),
+        "{msg}"
+    );
+    // Not a divergence: every point the port tapped under the reference's names matched.
+    assert!(!msg.contains("leaves its reference"), "{msg}");
+    assert!(!msg.contains("first divergence"), "{msg}");
+}
+
+#[test]
+fn a_rotary_bug_is_found_at_the_references_own_tap_after_the_rotation() {
+    // Rotating interleaved pairs where Llama rotates halves: the projections before it match, the
+    // first point that differs is `q_rot`, which no submodule returns (the reference taps it).
+    let port = llama::Port {
+        tap_rotary: true,
+        rope_on_pairs: true,
+        ..llama::Port::default()
+    };
+    let f = common::must_fail(&llama::decoder_layer("t_llama_rope_pairs"), move |i| {
+        llama::decoder(i.var_builder(), i.tensor(0), port)
+    });
+    let msg = f.to_string();
+    let headline = msg.lines().next().unwrap();
+    assert!(
+        headline.starts_with(
+            "golden: `t_llama_rope_pairs` leaves its reference `llama_ref.DecoderLayer` at `q_rot` \
+             (trace point 5 of 14 tapped)"
+        ),
+        "{msg}"
+    );
+    let table = &msg[msg.find("the trace, in the reference's").expect(&msg)..];
+    let line = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no line for {name}:\n{table}"))
+            .trim_end()
+            .to_string()
+    };
+    assert!(line("layer.self_attn.v_proj").ends_with("ok"), "{table}");
+    assert!(
+        line("q_rot").ends_with("DIFFERS  <- first divergence"),
+        "{table}"
+    );
+    assert!(line("k_rot").ends_with("differs"), "{table}");
 }
 
 #[test]

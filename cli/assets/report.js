@@ -14,12 +14,32 @@
     return a >= 1e-3 && a < 1e5 ? String(+x.toPrecision(4)) : x.toExponential(2);
   };
   const ratio = (x) => (typeof x === "string" ? (x === "inf" ? Infinity : NaN) : x);
-  const badge = (status) => `<span class="badge ${status === "pass" ? "pass" : "fail"}">${status === "pass" ? "pass" : "FAIL"}</span>`;
+  // A stale result (not from the last run) gets a grey badge: its status is history.
+  const badge = (status, stale) => stale
+    ? `<span class="badge stale">stale</span> <span class="muted">(${status === "pass" ? "passed" : "failed"})</span>`
+    : `<span class="badge ${status === "pass" ? "pass" : "fail"}">${status === "pass" ? "pass" : "FAIL"}</span>`;
   const id = (c) => "check-" + (c.crate + "-" + c.check).replace(/[^A-Za-z0-9_-]/g, "_");
-  const worstOf = (c) => (c.leaves || []).reduce((m, l) => Math.max(m, ratio(l.worst_ratio) || 0), 0);
-  // Cases: how many ran, or for a failure how many passed before it.
-  const casesOf = (c) => (c.status === "pass" ? c.cases ?? "–" : `${c.passed_before ?? 0} + 1 failing`);
-  const maxAbsOf = (c) => (c.leaves || []).reduce((m, l) => Math.max(m, ratio(l.max_abs) || 0), 0);
+  // Leaves' figures; a training's parity against what it allows; none ("–") for a check that
+  // compared nothing (a configuration error), not 0.
+  const worstOf = (c) => {
+    if (c.training) return ratio(c.training.worst_ratio);
+    const leaves = c.leaves || [];
+    return leaves.length ? leaves.reduce((m, l) => Math.max(m, ratio(l.worst_ratio) || 0), 0) : null;
+  };
+  // Cases: how many ran, or for a failure how many passed before it; a training has one batch.
+  const casesOf = (c) => (c.kind === "overfit" ? "1 batch" : c.status === "pass" ? c.cases ?? "–" : `${c.passed_before ?? 0} + 1 failing`);
+  const maxAbsOf = (c) => {
+    if (c.training) return `loss ${num(ratio(c.training.loss_initial))} → ${num(ratio(c.training.loss_final))}`;
+    const leaves = c.leaves || [];
+    return leaves.length ? num(leaves.reduce((m, l) => Math.max(m, ratio(l.max_abs) || 0), 0)) : "–";
+  };
+  // How much older than the last run's newest result a result is.
+  const age = (ms) => {
+    if (ms === null || ms === undefined) return "of an unknown run";
+    const s = ms / 1000;
+    const text = s < 90 ? `${Math.round(s)} s` : s < 5400 ? `${Math.round(s / 60)} min` : s < 172800 ? `${Math.round(s / 3600)} h` : `${Math.round(s / 86400)} days`;
+    return `${text} older than the last run`;
+  };
 
   // float32 values from base64
   const decode = (b64) => {
@@ -128,8 +148,9 @@
     const s = document.createElement("section");
     s.id = id(c);
     const leaves = c.leaves || [];
-    let html = `<h2>${badge(c.status)} ${esc(c.check)} <span class="muted">— ${esc(c.kind || "forward")} check of <code>${esc(c.reference)}</code></span></h2>`;
-    html += `<p class="muted">${esc(c.source || "")} · ${casesOf(c)} cases${c.case ? " · failing case " + esc(c.case) : ""} · ${num(c.seconds)} s${c.crate ? " · crate " + esc(c.crate) : ""}</p>`;
+    let html = `<h2>${badge(c.status, c.stale)} ${esc(c.check)} <span class="muted">— ${esc(c.kind || "forward")} check of <code>${esc(c.reference)}</code></span></h2>`;
+    if (c.stale) html += `<p class="stale-note">Not from the last run: ${esc(age(c.age_ms))} (run ${esc(c.run || "unknown")}). The check may have been removed, renamed or not run this time.</p>`;
+    html += `<p class="muted">${esc(c.source || "")} · ${casesOf(c)}${c.kind === "overfit" ? "" : " cases"}${c.case ? " · failing case " + esc(c.case) : ""} · ${num(c.seconds)} s${c.crate ? " · crate " + esc(c.crate) : ""}</p>`;
     if (c.failure) {
       html += `<pre class="failure">${esc(c.failure)}</pre>`;
       if (c.artifacts) html += `<p>Artifacts (inputs, outputs, repro.py): <code>${esc(c.artifacts)}</code></p>`;
@@ -142,6 +163,15 @@
           `<td class="num">${num(ratio(l.max_abs))}</td><td class="num">${num(ratio(l.worst_ratio))}</td><td>${histogramSvg(l.histogram)}</td></tr>`;
       }
       html += `</table>`;
+    }
+    const t = c.training;
+    if (t) {
+      html += `<h3>Training on one batch, beside PyTorch</h3><table class="training">` +
+        `<tr><th>loss, first step</th><th>loss, last step</th><th>loss vs PyTorch (worst step, relative)</th><th>updates vs PyTorch (worst parameter, relative)</th><th>worst / allowed</th></tr>` +
+        `<tr><td class="num">${num(ratio(t.loss_initial))}</td><td class="num">${num(ratio(t.loss_final))}</td>` +
+        `<td class="num">${num(ratio(t.parity_loss))} <span class="muted">(allowed ${num(t.parity_loss_allowed)})</span></td>` +
+        `<td class="num">${num(ratio(t.parity_update))} <span class="muted">(allowed ${num(t.parity_update_allowed)})</span></td>` +
+        `<td class="num">${num(ratio(t.worst_ratio))}</td></tr></table>`;
     }
     const figures = c.figures || {};
     if (Object.keys(figures).length) {
@@ -166,22 +196,32 @@
     return s;
   }
 
-  const failing = checks.filter((c) => c.status !== "pass");
-  let top = `<h1>golden report</h1><p class="muted">From <code>${esc(data.results)}</code>.</p>` +
-    `<div class="chips"><span>${checks.length} checks</span><span>${checks.length - failing.length} pass</span>` +
-    `<span>${failing.length} fail</span></div>` +
-    `<h2>Checks</h2><table class="checks"><tr><th></th><th>check</th><th>kind</th><th>dtypes</th><th>cases</th>` +
-    `<th>max |port − ref|</th><th>worst / allowed</th><th>seconds</th></tr>`;
-  for (const c of checks) {
-    top += `<tr class="clickable" data-target="${id(c)}"><td>${badge(c.status)}</td><td><code>${esc(c.check)}</code>${c.trace ? ' <span class="muted">(trace)</span>' : ""}</td>` +
-      `<td>${esc(c.kind || "forward")}</td><td>${esc((c.dtypes || []).join(", "))}</td><td class="num">${casesOf(c)}</td>` +
-      `<td class="num">${num(maxAbsOf(c))}</td><td class="num">${num(worstOf(c))}</td><td class="num">${num(c.seconds)}</td></tr>`;
+  // The last run's checks, and older results (see cli/src/report.rs: what a run is).
+  const current = checks.filter((c) => !c.stale);
+  const stale = checks.filter((c) => c.stale);
+  const failing = current.filter((c) => c.status !== "pass");
+  const row = (c) => `<tr class="clickable" data-target="${id(c)}"><td>${badge(c.status, c.stale)}</td><td><code>${esc(c.check)}</code>${c.trace ? ' <span class="muted">(trace)</span>' : ""}</td>` +
+    `<td>${esc(c.kind || "forward")}</td><td>${esc((c.dtypes || []).join(", "))}</td><td class="num">${casesOf(c)}</td>` +
+    `<td class="num">${maxAbsOf(c)}</td><td class="num">${num(worstOf(c))}</td><td class="num">${c.stale ? esc(age(c.age_ms)) : num(c.seconds)}</td></tr>`;
+  const head = (last) => `<tr><th></th><th>check</th><th>kind</th><th>dtypes</th><th>cases</th>` +
+    `<th>max |port − ref|</th><th>worst / allowed</th><th>${last}</th></tr>`;
+  const run = data.last_run || {};
+  let top = `<h1>golden report</h1><p class="muted">From <code>${esc(data.results)}</code>: the last run` +
+    (run.id ? ` (<code>${esc(run.id)}</code>, its newest result written ${esc(new Date(run.written_ms).toISOString())})` : "") + `.</p>` +
+    `<div class="chips"><span>${current.length} checks</span><span>${current.length - failing.length} pass</span>` +
+    `<span>${failing.length} fail</span>${stale.length ? `<span class="stale-chip">${stale.length} stale</span>` : ""}</div>` +
+    `<h2>Checks of the last run</h2><table class="checks">${head("seconds")}${current.map(row).join("")}</table>`;
+  if (stale.length) {
+    top += `<h2 id="stale">Older results, not from the last run</h2><p class="muted">Left in the results folder by ` +
+      `earlier runs: checks since removed or renamed, or not run this time (another test target, a filter, an earlier mode). ` +
+      `They count in no figure above; delete the folder to drop them.</p>` +
+      `<table class="checks stale">${head("age")}${stale.map(row).join("")}</table>`;
   }
-  top += `</table>`;
   root.innerHTML = top;
   root.querySelectorAll("tr.clickable").forEach((tr) => tr.addEventListener("click", () => document.getElementById(tr.dataset.target).scrollIntoView()));
-  // Failing checks first, then the rest.
-  for (const c of [...failing, ...checks.filter((c) => c.status === "pass")]) root.appendChild(checkSection(c));
-  document.title = `golden report: ${checks.length} checks, ${failing.length} failing`;
+  // Failing checks first, then the rest, then the stale ones.
+  for (const c of [...failing, ...current.filter((c) => c.status === "pass"), ...stale]) root.appendChild(checkSection(c));
+  document.title = `golden report: ${current.length} checks, ${failing.length} failing` +
+    (stale.length ? `; ${stale.length} stale from earlier runs` : "");
   document.body.dataset.rendered = "1";
 })();

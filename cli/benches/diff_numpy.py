@@ -1,7 +1,8 @@
 """The NumPy side of `cargo xtask bench-diff`.
 
 `make DIR` writes two dump folders, DIR/a and DIR/b, shaped like a layer-by-layer dump of a
-25-block model (300 float32 .npy files, 225 MiB per folder). B is A with rounding-level noise,
+25-block model (300 float32 .npy files, 225 MiB per folder), each with the dump's order in
+`order.txt`. B is A with rounding-level noise,
 except that from block 13's `post_attn` on it carries a real error, as a port bug would.
 
 `compare A B` is what a user's hand-written script would do with NumPy: load each pair, compute
@@ -31,6 +32,7 @@ def make(root):
     for side in ("a", "b"):
         os.makedirs(os.path.join(root, side), exist_ok=True)
     buggy = False
+    order = []
     for block in range(BLOCKS):
         for stage in STAGES:
             shape = (4, 128, 1024 if stage in WIDE else 256)
@@ -41,6 +43,11 @@ def make(root):
             name = f"{block}_{stage}.npy"
             np.save(os.path.join(root, "a", name), a)
             np.save(os.path.join(root, "b", name), b.astype(np.float32))
+            order.append(name)
+    # The dump's order, for `golden diff` (the names alone leave a block's stages unordered).
+    for side in ("a", "b"):
+        with open(os.path.join(root, side, "order.txt"), "w") as f:
+            f.write("\n".join(order) + "\n")
 
 
 def dump_order(name):
@@ -76,7 +83,8 @@ def figures(a, b):
 
 
 def compare(dir_a, dir_b):
-    names = sorted(set(os.listdir(dir_a)) & set(os.listdir(dir_b)), key=dump_order)
+    common = set(os.listdir(dir_a)) & set(os.listdir(dir_b))
+    names = sorted((n for n in common if n.endswith(".npy")), key=dump_order)
     first = None
     for name in names:
         a = np.load(os.path.join(dir_a, name))

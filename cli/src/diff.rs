@@ -1,5 +1,12 @@
-//! `golden diff A B`: compare two tensor files, or two folders of them, tensor by tensor in natural
-//! order (`natural.rs`), and name the first that differs. A is the reference, B the candidate.
+//! `golden diff A B`: compare two tensor files, or two folders of them, tensor by tensor, and name
+//! the first that differs. A is the reference, B the candidate.
+//!
+//! The order is the dumps' own where they carry one — a manifest beside them ([`MANIFEST`], which
+//! golden writes beside its trace dumps), or names that each carry a number of their own
+//! (`000_tok`, `001_…`) — else the natural order of the names (`natural.rs`), in which only layer
+//! numbers are an order and stage names a guess. The first divergence is stated only when it is
+//! known; otherwise the diff says that the order is a guess and lists the differing tensors any
+//! of which may be first.
 //!
 //! Folders are paired file by file (same relative path, whatever the extension: `a/0_attn.npy`
 //! with `b/0_attn.pth`), then tensors inside a pair of files by name (a file holding one tensor
@@ -115,12 +122,155 @@ pub struct SkippedIn {
 pub struct Diff {
     pub a: PathBuf,
     pub b: PathBuf,
+    /// The rows, in the dumps' own order where they carry one, else in natural order.
     pub rows: Vec<Row>,
     pub tolerance: Tolerance,
     /// What the files hold that is not a tensor.
     pub skipped: Vec<SkippedIn>,
     /// Symlinked folders that were not followed, and why.
     pub notes: Vec<String>,
+    /// Where the order of the rows comes from.
+    pub order: Order,
+    /// The rows (indices) that differ and that no other differing row is known to precede: the
+    /// first divergence is one of them. One: it is known; more: the order between them is a guess.
+    candidates: Vec<usize>,
+}
+
+/// The name of the manifest a dump folder may carry: the tensors' names (paths relative to the
+/// folder, extensions optional), one a line, in the order they were computed. golden writes one
+/// beside its trace dumps; a dumping script can write its own.
+pub const MANIFEST: &str = "order.txt";
+
+/// Where the order of a diff's rows comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Order {
+    /// A manifest beside the dumps ([`MANIFEST`]).
+    Manifest(PathBuf),
+    /// The names' own numbers (`000_tok`, `001_blocks.0.ln1`, …: each a different number).
+    Numbered,
+    /// Natural order: layer numbers are an order, the stages within a layer a guess from usual
+    /// names (`natural.rs`).
+    Guessed,
+}
+
+impl Order {
+    fn describe(&self) -> String {
+        match self {
+            Order::Manifest(path) => format!("in the order of {}", path.display()),
+            Order::Numbered => "in the order of their numbers".into(),
+            Order::Guessed => {
+                "in natural order (layer numbers, then stage names: a guess where the names carry \
+                 no order)"
+                    .into()
+            }
+        }
+    }
+
+    fn json(&self) -> Json {
+        match self {
+            Order::Manifest(path) => json!({"from": "manifest", "manifest": path}),
+            Order::Numbered => json!({"from": "numbers"}),
+            Order::Guessed => json!({"from": "names (guessed)"}),
+        }
+    }
+}
+
+/// The most a manifest may hold (it is a list of names).
+const MANIFEST_LIMIT: u64 = 64 << 20;
+
+/// The positions a manifest gives names: the first line naming one wins; a line may carry a
+/// tensor file's extension.
+fn read_manifest(path: &Path) -> Result<std::collections::HashMap<String, u128>, String> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MANIFEST_LIMIT).read_to_string(&mut text))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut positions = std::collections::HashMap::new();
+    for (i, line) in text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .enumerate()
+    {
+        let name = match line.rsplit_once('.') {
+            Some((stem, x)) if EXTENSIONS.contains(&x.to_ascii_lowercase().as_str()) => stem,
+            _ => line,
+        };
+        positions.entry(name.to_string()).or_insert(i as u128);
+    }
+    Ok(positions)
+}
+
+/// Each row's position in the dumps' own order, and where that order comes from: A's manifest,
+/// else B's, else the names' numbers when they number the rows (each a different number).
+fn dump_order(
+    a: &Path,
+    b: &Path,
+    rows: &[Row],
+    notes: &mut Vec<String>,
+) -> (Order, Vec<Option<u128>>) {
+    for dir in [a, b] {
+        let path = dir.join(MANIFEST);
+        if !dir.is_dir() || !path.is_file() {
+            continue;
+        }
+        match read_manifest(&path) {
+            Ok(positions) => {
+                let of: Vec<Option<u128>> = rows
+                    .iter()
+                    .map(|r| positions.get(&r.name).copied())
+                    .collect();
+                let missing = of.iter().filter(|p| p.is_none()).count();
+                if missing > 0 {
+                    notes.push(format!(
+                        "{} does not name {missing} of the {} tensors: their order is a guess",
+                        path.display(),
+                        rows.len()
+                    ));
+                }
+                return (Order::Manifest(path), of);
+            }
+            Err(e) => notes.push(format!("{e}: not read, the order is a guess")),
+        }
+    }
+    let numbers: Vec<Option<u128>> = rows
+        .iter()
+        .map(|r| crate::natural::leading_number(r.name.rsplit('/').next().unwrap_or(&r.name)))
+        .collect();
+    let mut seen: Vec<u128> = numbers.iter().flatten().copied().collect();
+    let numbered = seen.len();
+    seen.sort_unstable();
+    seen.dedup();
+    if numbered >= 2 && seen.len() == numbered {
+        (Order::Numbered, numbers)
+    } else {
+        (Order::Guessed, vec![None; rows.len()])
+    }
+}
+
+/// Whether a row differs (in values or shape): a divergence.
+fn diverges(r: &Row) -> bool {
+    matches!(&r.outcome, Outcome::Compared(s) if s.mismatched > 0)
+        || matches!(r.outcome, Outcome::Shape)
+}
+
+/// The differing rows that no other differing row is known to precede (by the dumps' positions,
+/// or by layer numbers: `natural::certainly_before`). `rows` are sorted; a row is dropped only
+/// when a candidate certainly precedes it, so the list may hold more than the true first, never
+/// less.
+fn candidates(rows: &[Row], positions: &[Option<u128>]) -> Vec<usize> {
+    let before = |e: usize, d: usize| match (positions[e], positions[d]) {
+        (Some(x), Some(y)) => x < y,
+        _ => crate::natural::certainly_before(&rows[e].name, &rows[d].name),
+    };
+    let mut out: Vec<usize> = Vec::new();
+    for d in (0..rows.len()).filter(|&i| diverges(&rows[i])) {
+        if !out.iter().any(|&c| before(c, d)) {
+            out.push(d);
+        }
+    }
+    out
 }
 
 const EXTENSIONS: &[&str] = &["npy", "npz", "safetensors", "pt", "pth", "bin"];
@@ -611,7 +761,19 @@ pub fn run(a: &Path, b: &Path, tolerance: Tolerance, read: &ReadOptions) -> Resu
         eprintln!();
     }
     let (mut rows, mut skipped) = results.into_inner().unwrap();
+    // The dumps' own order where they carry one (a manifest, numbered names), the rows it does not
+    // place after them in natural order.
     rows.sort_by(|x, y| crate::natural::compare(&x.name, &y.name));
+    let (order, positions) = dump_order(a, b, &rows, &mut notes);
+    let mut placed: Vec<(Option<u128>, Row)> = positions.into_iter().zip(rows).collect();
+    placed.sort_by(|(p, _), (q, _)| match (p, q) {
+        (Some(p), Some(q)) => p.cmp(q),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    });
+    let (positions, rows): (Vec<Option<u128>>, Vec<Row>) = placed.into_iter().unzip();
+    let candidates = candidates(&rows, &positions);
     skipped.sort_by(|x, y| (x.side, &x.file).cmp(&(y.side, &y.file)));
     Ok(Diff {
         a: a.to_path_buf(),
@@ -620,16 +782,29 @@ pub fn run(a: &Path, b: &Path, tolerance: Tolerance, read: &ReadOptions) -> Resu
         tolerance,
         skipped,
         notes,
+        order,
+        candidates,
     })
 }
 
 impl Diff {
-    /// The first tensor (in natural order) both sides have and that differs, in values or shape.
+    /// The first tensor both sides have and that differs, in values or shape — when it is known:
+    /// the dumps carry their order, or no other differing tensor could have come before it. When
+    /// the order between several is a guess, `None`: see [`Diff::divergence_candidates`].
     pub fn first_divergence(&self) -> Option<(usize, &Row)> {
-        self.rows.iter().enumerate().find(|(_, r)| {
-            matches!(&r.outcome, Outcome::Compared(s) if s.mismatched > 0)
-                || matches!(r.outcome, Outcome::Shape)
-        })
+        match self.candidates.as_slice() {
+            [one] => Some((*one, &self.rows[*one])),
+            _ => None,
+        }
+    }
+
+    /// The differing tensors any of which may be the first divergence, in the order shown (one
+    /// when it is known; none when nothing differs).
+    pub fn divergence_candidates(&self) -> Vec<(usize, &Row)> {
+        self.candidates
+            .iter()
+            .map(|&i| (i, &self.rows[i]))
+            .collect()
     }
 
     /// Whether every tensor is on both sides and matches.
@@ -655,11 +830,11 @@ impl Diff {
         };
         let _ = writeln!(
             s,
-            "golden diff: {} (A, reference) against {} (B); {} tensors in natural order; \
-             tolerance: {tol}",
+            "golden diff: {} (A, reference) against {} (B); {} tensors {}; tolerance: {tol}",
             self.a.display(),
             self.b.display(),
-            self.rows.len()
+            self.rows.len(),
+            self.order.describe()
         );
         let width = self
             .rows
@@ -674,6 +849,7 @@ impl Diff {
             "#", "name", "shape", "dtype", "max|Δ|", "mean|Δ|", "max rel", "cosine", "NaN A/B"
         );
         let first = self.first_divergence().map(|(i, _)| i);
+        let guessed = self.candidates.len() > 1;
         for (i, r) in self.rows.iter().enumerate() {
             let shape = |x: &Option<(Vec<usize>, WireDType)>| {
                 x.as_ref().map_or("-".into(), |(s, _)| format!("{s:?}"))
@@ -696,7 +872,13 @@ impl Diff {
                     "DIFFERS ({} of {}){}",
                     st.mismatched,
                     st.numel,
-                    if f { "  <- first divergence" } else { "" }
+                    if f {
+                        "  <- first divergence"
+                    } else if guessed && self.candidates.contains(&i) {
+                        "  <- first divergence?"
+                    } else {
+                        ""
+                    }
                 ),
                 (Outcome::Shape, _) => format!("SHAPE {} vs {}", shape(&r.a), shape(&r.b)),
                 (Outcome::Only(true), _) => "only in A".into(),
@@ -721,39 +903,65 @@ impl Diff {
                 shape(r.a.as_ref().map_or(&r.b, |_| &r.a)),
             );
         }
-        match self.first_divergence() {
-            None if self.all_match() => {
+        // How a divergent row differs, after its name.
+        let how = |r: &Row| -> String {
+            match &r.outcome {
+                Outcome::Compared(st) => {
+                    let mut h = format!(
+                        ": {} of {} elements differ, max |Δ| {}",
+                        st.mismatched,
+                        st.numel,
+                        num(st.max_abs)
+                    );
+                    if let Some((index, x, y)) = &st.worst {
+                        let _ = write!(
+                            h,
+                            "; furthest outside the tolerance at {index:?}: A {}, B {}",
+                            num(*x),
+                            num(*y)
+                        );
+                    }
+                    let _ = write!(h, " (tolerance {})", st.rule);
+                    h
+                }
+                Outcome::Shape => ": the shapes differ".into(),
+                Outcome::Only(_) | Outcome::Error(_) => unreachable!("not a divergence"),
+            }
+        };
+        match self.candidates.as_slice() {
+            [] if self.all_match() => {
                 let _ = writeln!(s, "all {} tensors match", self.rows.len());
             }
-            None => {
+            [] => {
                 let _ = writeln!(s, "no tensor both sides have differs");
             }
-            Some((i, r)) => {
-                let _ = write!(s, "first divergence: `{}` (#{})", r.name, i + 1);
-                match &r.outcome {
-                    Outcome::Compared(st) => {
-                        let _ = write!(
-                            s,
-                            ": {} of {} elements differ, max |Δ| {}",
-                            st.mismatched,
-                            st.numel,
-                            num(st.max_abs)
-                        );
-                        if let Some((index, x, y)) = &st.worst {
-                            let _ = write!(
-                                s,
-                                "; furthest outside the tolerance at {index:?}: A {}, B {}",
-                                num(*x),
-                                num(*y)
-                            );
-                        }
-                        let _ = writeln!(s, " (tolerance {})", st.rule);
-                    }
-                    Outcome::Shape => {
-                        let _ = writeln!(s, ": the shapes differ");
-                    }
-                    Outcome::Only(_) | Outcome::Error(_) => unreachable!("not a divergence"),
+            [i] => {
+                let r = &self.rows[*i];
+                let _ = writeln!(s, "first divergence: `{}` (#{}){}", r.name, i + 1, how(r));
+            }
+            several => {
+                let _ = writeln!(
+                    s,
+                    "first divergence: not known. These names carry no order (no {MANIFEST} \
+                     beside the dumps, no number of their own on each), and only layer numbers \
+                     are taken as one: the first divergence is one of these {}, which golden \
+                     cannot order:",
+                    several.len()
+                );
+                for &i in several.iter().take(12) {
+                    let r = &self.rows[i];
+                    let _ = writeln!(s, "  `{}` (#{}){}", r.name, i + 1, how(r));
                 }
+                if several.len() > 12 {
+                    let _ = writeln!(s, "  … and {} more", several.len() - 12);
+                }
+                let _ = writeln!(
+                    s,
+                    "  golden's guess from the usual stage names is `{}`; to know, dump with \
+                     numbered names (`000_embed`, `001_…`) or write {MANIFEST} beside the dumps: \
+                     their names, one a line, in the order they were computed",
+                    self.rows[several[0]].name
+                );
             }
         }
         if !self.all_match() {
@@ -859,7 +1067,14 @@ impl Diff {
             "tensors": rows,
             "skipped": skipped,
             "notes": self.notes,
+            // Null unless known; the candidates say among which it is when the order is a guess.
             "first_divergence": self.first_divergence().map(|(_, r)| r.name.clone()),
+            "first_divergence_candidates": self
+                .divergence_candidates()
+                .iter()
+                .map(|(_, r)| r.name.clone())
+                .collect::<Vec<_>>(),
+            "order": self.order.json(),
             "match": self.all_match(),
         })
     }

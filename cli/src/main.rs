@@ -3,8 +3,10 @@
 //! * `golden setup` — create or update the Python environment your crate's checks run their
 //!   references in (golden's Python package, numpy, torch and `reference_py/requirements.txt`),
 //!   and print its interpreter;
-//! * `golden diff A B` — compare two tensor files or folders of them, in natural layer order, and
-//!   name the first tensor that differs (exit status 1 when anything differs, 2 on errors);
+//! * `golden diff A B` — compare two tensor files or folders of them, in the dumps' own order (an
+//!   `order.txt` beside them, numbered names) or else natural layer order, and name the first
+//!   tensor that differs when that is known, the candidates when it is a guess (exit status 1
+//!   when anything differs, 2 on errors);
 //! * `golden show FILE [NAME]` — statistics, a histogram and values of a tensor;
 //! * `golden report` — the HTML report of the last test run.
 //!

@@ -2,6 +2,12 @@
 //! after every check (`target/golden/results/<crate>/<check>.json`) and the traces it leaves
 //! (`target/golden/traces/…`, and `trace/` in a failure's artifacts).
 //!
+//! The page shows the last run's checks; results that other runs left in the folder (a check since
+//! removed, one not run this time, an earlier mode) are listed apart as stale, with how much older
+//! they are. A run is one `cargo test` or `cargo nextest run` (`GOLDEN_RUN` names one explicitly):
+//! every results file says which wrote it (`golden::report::results::run_id`), and the last run
+//! is the one of the newest file.
+//!
 //! The page holds everything (its script, its style, the data as JSON, trace tensors as base64
 //! float32): it opens from a file, offline. The script renders the table of checks, per check
 //! the error histograms and, for traces, the drift against depth and a slice viewer of the two
@@ -135,6 +141,37 @@ fn load(results: &Path) -> Result<Vec<Json>, String> {
     Ok(docs)
 }
 
+/// The last run: the run of the newest results file (its id and that file's time). Every check
+/// of another run — or of none, written before golden recorded runs — is marked `stale`, with
+/// `age_ms`, how much older it is than that newest file.
+fn mark_stale(checks: &mut [Json]) -> Json {
+    let newest = checks
+        .iter()
+        .filter(|c| c["run"].is_string())
+        .max_by_key(|c| c["written_ms"].as_u64().unwrap_or(0));
+    let (run, newest_ms) = match newest {
+        Some(c) => (c["run"].clone(), c["written_ms"].as_u64().unwrap_or(0)),
+        None => (Json::Null, 0),
+    };
+    for check in checks.iter_mut() {
+        let stale = run.is_null() || check["run"] != run;
+        check["stale"] = json!(stale);
+        if stale {
+            check["age_ms"] = match check["written_ms"].as_u64() {
+                Some(ms) if !run.is_null() => json!(newest_ms.saturating_sub(ms)),
+                _ => Json::Null,
+            };
+        }
+    }
+    if run.is_null() {
+        // No file says its run (results of an older golden): none is stale against another.
+        for check in checks.iter_mut() {
+            check["stale"] = json!(false);
+        }
+    }
+    json!({"id": run, "written_ms": newest_ms})
+}
+
 /// Build the page's data and HTML from a results folder.
 pub fn build(results: &Path) -> Result<String, String> {
     let mut checks = load(results)?;
@@ -144,16 +181,20 @@ pub fn build(results: &Path) -> Result<String, String> {
             results.display()
         ));
     }
+    let last_run = mark_stale(&mut checks);
     for check in &mut checks {
         if let Some(dir) = check["trace_dump"].as_str().map(PathBuf::from) {
             let leaves = check["leaves"].as_array().cloned().unwrap_or_default();
             check["trace_points"] = Json::Array(trace_points(&dir, &leaves));
         }
     }
-    let failing = checks.iter().filter(|c| c["status"] != "pass").count();
+    let current = checks.iter().filter(|c| c["stale"] != true);
+    let failing = current.clone().filter(|c| c["status"] != "pass").count();
+    let shown = current.count();
     let data = json!({
         "results": results,
         "checks": checks,
+        "last_run": last_run,
         "embedded_elements": EMBEDDED_ELEMENTS,
     });
     // `</` inside a script element would end it: JSON allows escaping the slash.
@@ -163,11 +204,10 @@ pub fn build(results: &Path) -> Result<String, String> {
     Ok(format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
-         <title>golden report (rendering: {} checks, {failing} failing)</title>\n<style>\n{STYLE}</style>\n\
+         <title>golden report (rendering: {shown} checks, {failing} failing)</title>\n<style>\n{STYLE}</style>\n\
          </head>\n<body>\n<main id=\"report\"><p>Rendering the report needs JavaScript.</p></main>\n\
          <script id=\"golden-data\" type=\"application/json\">{data}</script>\n\
-         <script>\n{SCRIPT}</script>\n</body>\n</html>\n",
-        checks.len()
+         <script>\n{SCRIPT}</script>\n</body>\n</html>\n"
     ))
 }
 

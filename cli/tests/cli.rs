@@ -93,13 +93,26 @@ fn diff_walks_layers_in_order_and_names_the_first_divergence() {
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
-    // Layer 2's first changed stage, not layer 10's nor an alphabetical first.
+    // The names order the layers (layer 2 before layer 10) but not the stages within layer 2:
+    // the four that differ there are candidates, none stated as the first.
     assert!(
         text.contains(
-            "first divergence: `2_post_attn` (#12): 1 of 64 elements differ, max |Δ| 0.25"
+            "first divergence: not known. These names carry no order (no order.txt beside the \
+             dumps, no number of their own on each), and only layer numbers are taken as one: the \
+             first divergence is one of these 4, which golden cannot order:\n  `2_post_attn` \
+             (#12): 1 of 64 elements differ, max |Δ| 0.25"
         ),
         "{text}"
     );
+    for candidate in ["2_post_attn_pre_resid", "2_pre_mlp", "2_post_mlp"] {
+        assert!(text.contains(&format!("\n  `{candidate}` (#")), "{text}");
+    }
+    assert!(
+        text.contains("golden's guess from the usual stage names is `2_post_attn`"),
+        "{text}"
+    );
+    assert!(!text.contains("  <- first divergence\n"), "{text}");
+    assert_eq!(text.matches("<- first divergence?").count(), 4, "{text}");
     let order: Vec<&str> = text
         .lines()
         .filter_map(|l| l.split_whitespace().nth(1))
@@ -119,13 +132,170 @@ fn diff_walks_layers_in_order_and_names_the_first_divergence() {
     assert!(text.contains("60 tensors: 20 match, 40 differ"), "{text}");
 }
 
+/// Write `order.txt` in `dir`: the names, one a line.
+fn manifest(dir: &Path, names: &[String]) {
+    std::fs::write(dir.join("order.txt"), names.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn diff_takes_the_order_of_a_manifest_beside_the_dumps() {
+    let (a, b) = dumps("manifest");
+    let stages = [
+        "post_ln_pre_attn",
+        "post_attn",
+        "post_attn_pre_resid",
+        "pre_mlp",
+        "post_mlp",
+    ];
+    let names: Vec<String> = (0..12)
+        .flat_map(|layer| stages.iter().map(move |s| format!("{layer}_{s}.npy")))
+        .collect();
+    manifest(a.path(), &names);
+    let out = golden(&[
+        "diff",
+        a.path().to_str().unwrap(),
+        b.path().to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "60 tensors in the order of {}/order.txt;",
+            a.path().display()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "first divergence: `2_post_attn` (#12): 1 of 64 elements differ, max |Δ| 0.25"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("not known"), "{text}");
+}
+
+/// Dumps named as Hugging Face's Llama modules are (`{layer}_{module}`), B with a bug in layer 0's
+/// input_layernorm that every later module inherits.
+fn hf_dumps(name: &str, numbered: bool) -> (Dir, Dir, Vec<String>) {
+    let (a, b) = (
+        Dir::new(&format!("{name}-a")),
+        Dir::new(&format!("{name}-b")),
+    );
+    let modules = [
+        "input_layernorm",
+        "self_attn",
+        "post_attention_layernorm",
+        "mlp",
+    ];
+    let mut names = Vec::new();
+    for layer in 0..2 {
+        for (m, module) in modules.iter().enumerate() {
+            let values: Vec<f64> = (0..16)
+                .map(|i| (layer * 5 + m * 3 + i) as f64 * 0.1)
+                .collect();
+            let mut changed = values.clone();
+            changed[3] += 0.5;
+            let stem = if numbered {
+                format!("{:03}_{layer}_{module}", names.len())
+            } else {
+                format!("{layer}_{module}")
+            };
+            let t = |v: &[f64]| HostTensor::from_f64(vec![16], v);
+            golden_files::npy::write(&a.path().join(format!("{stem}.npy")), &t(&values)).unwrap();
+            golden_files::npy::write(&b.path().join(format!("{stem}.npy")), &t(&changed)).unwrap();
+            names.push(stem);
+        }
+    }
+    (a, b, names)
+}
+
+#[test]
+fn diff_of_hugging_face_names_never_states_a_guessed_first_divergence() {
+    let (a, b, names) = hf_dumps("hf", false);
+    let (pa, pb) = (a.path().to_str().unwrap(), b.path().to_str().unwrap());
+    let out = golden(&["diff", pa, pb]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    // It used to put `0_self_attn` first and blame it; the bug is in `0_input_layernorm`, and the
+    // names alone cannot tell which of layer 0's modules ran first.
+    assert!(!text.contains("first divergence: `0_self_attn`"), "{text}");
+    assert!(
+        text.contains("in natural order (layer numbers, then stage names: a guess"),
+        "{text}"
+    );
+    let listed: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("first divergence: not known."))
+        .skip(1)
+        .take_while(|l| l.starts_with("  `"))
+        .map(|l| l.trim_start().split('`').nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            "0_input_layernorm",
+            "0_self_attn",
+            "0_post_attention_layernorm",
+            "0_mlp"
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains("golden's guess from the usual stage names is `0_input_layernorm`"),
+        "{text}"
+    );
+    // Layer 1 follows layer 0 by its number: none of its modules is a candidate.
+    assert!(!text.contains("  `1_"), "{text}");
+
+    let out = golden(&["diff", pa, pb, "--json"]);
+    let doc: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["first_divergence"], Json::Null);
+    assert_eq!(
+        doc["first_divergence_candidates"],
+        serde_json::json!([
+            "0_input_layernorm",
+            "0_self_attn",
+            "0_post_attention_layernorm",
+            "0_mlp"
+        ])
+    );
+    assert_eq!(doc["order"]["from"], "names (guessed)");
+
+    // With the dump's order, in a manifest or in the names' own numbers, it is known.
+    manifest(a.path(), &names);
+    let out = golden(&["diff", pa, pb, "--json"]);
+    let doc: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["first_divergence"], "0_input_layernorm");
+    assert_eq!(doc["order"]["from"], "manifest");
+    let (a, b, _) = hf_dumps("hf-numbered", true);
+    let (pa, pb) = (a.path().to_str().unwrap(), b.path().to_str().unwrap());
+    let out = golden(&["diff", pa, pb]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("8 tensors in the order of their numbers;"),
+        "{text}"
+    );
+    assert!(
+        text.contains("first divergence: `000_0_input_layernorm` (#1): 1 of 16 elements differ"),
+        "{text}"
+    );
+    let doc: Json = serde_json::from_slice(&golden(&["diff", pa, pb, "--json"]).stdout).unwrap();
+    assert_eq!(doc["first_divergence"], "000_0_input_layernorm");
+    assert_eq!(doc["order"]["from"], "numbers");
+}
+
 #[test]
 fn diff_json_and_tolerances() {
     let (a, b) = dumps("json");
     let (pa, pb) = (a.path().to_str().unwrap(), b.path().to_str().unwrap());
     let out = golden(&["diff", pa, pb, "--json"]);
     let doc: Json = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(doc["first_divergence"], "2_post_attn");
+    // Layer 2's stages have no known order: no first divergence is claimed.
+    assert_eq!(doc["first_divergence"], Json::Null);
+    assert_eq!(doc["first_divergence_candidates"][0], "2_post_attn");
+    assert_eq!(
+        doc["first_divergence_candidates"].as_array().unwrap().len(),
+        4
+    );
     assert_eq!(doc["match"], false);
     let row = &doc["tensors"][11];
     assert_eq!(row["name"], "2_post_attn");

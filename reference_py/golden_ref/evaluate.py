@@ -24,6 +24,7 @@ The runtime's `compare.rs` turns these into the pass/fail rule; the float64 part
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 
@@ -32,6 +33,7 @@ import numpy as np
 from .backends import OutputError, flatten_outputs
 from .limits import check_answer
 from .precision import promoted
+from .tap import recording
 from .tracebacks import format_user_traceback
 from .wire import FLOAT_DTYPES, WireTensor
 
@@ -198,8 +200,9 @@ def _call(case: Case, target, args, phase: str):
     backend.seed(case.seed)
     recorded = []
     hooks = _trace_hooks(case, target, recorded)
+    taps = recording(_tap_recorder(case, recorded)) if case.trace else contextlib.nullcontext()
     try:
-        with backend.no_grad():
+        with backend.no_grad(), taps:
             out = target(*args, **case.kwargs)
     except BaseException as e:  # SystemExit too: a reference must not end the worker
         if isinstance(e, KeyboardInterrupt):
@@ -230,10 +233,29 @@ def _trace_hooks(case: Case, target, recorded: list):
                 leaves = flatten_outputs(output, case.backend, prefix=name)
             except OutputError:
                 return  # an output without tensors is not a trace point
-            recorded.append([(n, t.detach().clone()) for n, t in leaves])
+            recorded.append([(n, _detached_copy(t)) for n, t in leaves])
 
         hooks.append(module.register_forward_hook(hook))
     return hooks
+
+
+def _tap_recorder(case: Case, recorded: list):
+    """What `golden_ref.tap(name, value)` records during a traced evaluation: `value` as the trace
+    point `name` (a tuple/list/dict as `name.0`, …), in execution order among the submodules'
+    outputs, copied like theirs. A value without tensors is an error in the reference, named."""
+
+    def record(name, value):
+        try:
+            leaves = flatten_outputs(value, case.backend, prefix=name)
+        except OutputError as e:
+            raise OutputError(f"golden_ref.tap({name!r}, ...): {e}") from None
+        recorded.append([(n, _detached_copy(t)) for n, t in leaves])
+
+    return record
+
+
+def _detached_copy(t):
+    return t.detach().clone() if hasattr(t, "detach") else np.array(t, copy=True)
 
 
 def _trace_leaves(recorded: list):

@@ -4,11 +4,17 @@
 golden copies this file into the failure's folder (`target/golden/failures/<crate>/<check>/`) next to
 `case.json` and the case's tensors as `.npy`. Run it with an interpreter that can import the
 reference: it loads the inputs (and, in module form, the state_dict), calls the reference again, and
-compares the port's outputs with it by the same rule as the test, printing the same numbers.
+compares the port's outputs with it by the same rule as the test, printing the same numbers. For a
+failed gradient check (`"check": "gradients"` in case.json) it computes PyTorch's gradient of
+sum(out · cotangent) again, with the cotangents the test drew (`cotangents/`), and compares the
+port's gradients with it the same way.
 
-It depends on nothing of golden's: only numpy, and torch for the torch backend.
+It needs only numpy, and torch for the torch backend; golden's own Python package is used when it
+is importable (case.json's import roots include it): `golden_ref.tap` for a reference's own trace
+points, `golden_ref.precision` for the gradient's float64 run.
 """
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -111,26 +117,92 @@ def run_reference():
         state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
         target.load_state_dict(state)
     recorded = []
+    taps = contextlib.nullcontext()
     if CASE.get("trace") and isinstance(target, torch.nn.Module):
-        # The trace points, as the worker records them: every submodule's output, in order.
+        # The trace points, as the worker records them: every submodule's output, and what the
+        # reference taps itself (golden_ref.tap), in order.
         calls = {}
+
+        def record(name, output):
+            for leaf, value in flatten(output, name):
+                calls[leaf] = calls.get(leaf, 0) + 1
+                suffix = f"#{calls[leaf]}" if calls[leaf] > 1 else ""
+                recorded.append((f"trace.{leaf}{suffix}", value.detach().clone()))
+
         for name, module in target.named_modules():
             if name:
                 def hook(_m, _i, output, name=name):
                     try:
-                        leaves = flatten(output, name)
+                        record(name, output)
                     except TypeError:
                         return
-                    for leaf, value in leaves:
-                        calls[leaf] = calls.get(leaf, 0) + 1
-                        suffix = f"#{calls[leaf]}" if calls[leaf] > 1 else ""
-                        recorded.append((f"trace.{leaf}{suffix}", value.detach().clone()))
                 module.register_forward_hook(hook)
+        try:
+            from golden_ref.tap import recording
+        except ImportError:  # the reference does not tap (golden's reference_py is not on the path)
+            pass
+        else:
+            taps = recording(record)
     torch.manual_seed(CASE["seed"])
-    with torch.no_grad():
+    with torch.no_grad(), taps:
         out = target(*args, **kwargs)
     leaves = flatten(out) + recorded
     return {k: v.detach().to(torch.float64).numpy() if v.is_floating_point() else v.numpy() for k, v in leaves}
+
+
+def run_gradients():
+    """PyTorch's gradients of L = Σ sum(out · cotangent), as the test computed the ones it judged
+    the port by: in float64 (inputs, cotangents and parameters upcast from the case dtype, the
+    reference's own upcasts promoted to float64 when golden's `precision` module is importable),
+    then rounded to the case dtype. Every float input and every parameter is differentiated; the
+    leaves the test compared are `grad.<name>`."""
+    import torch
+
+    torch.set_num_threads(1)
+    obj = resolve(CASE["reference"])
+    dtypes = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16}
+    case_dtype = dtypes[CASE["dtype"]]
+
+    def tensor(kind, name, dtype):
+        t = torch.from_numpy(load(kind, name))
+        return t.to(dtypes[dtype]) if dtype in dtypes else t
+
+    def wide(t):
+        return t.to(torch.float64) if t.is_floating_point() else t
+
+    args = [wide(tensor("inputs", n, CASE["arg_dtypes"][n])) for n in CASE["args"]]
+    cotangents = {n: wide(tensor("cotangents", n, CASE["cotangent_dtypes"][n])) for n in CASE["cotangents"]}
+    target = obj
+    if CASE["form"] == "module":
+        torch.manual_seed(CASE["seed"])
+        target = obj(**CASE["init"]).eval().to(case_dtype)
+        state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
+        target.load_state_dict(state)
+        target = target.to(torch.float64)
+    try:
+        from types import SimpleNamespace
+
+        from golden_ref.precision import promoted
+
+        precision = promoted(SimpleNamespace(torch=torch))
+    except ImportError:
+        print("  note: golden_ref.precision is not importable: the reference's own upcasts "
+              "(.to(torch.float32)) are not promoted to float64 as in the test")
+        precision = contextlib.nullcontext()
+    torch.manual_seed(CASE["seed"])
+    with torch.enable_grad(), precision:
+        inputs = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+        outputs = dict(flatten(target(*inputs, **CASE["kwargs"])))
+        total = sum((outputs[n] * c).sum() for n, c in cotangents.items())
+        targets = [(n, x) for n, x in zip(CASE["args"], inputs) if x.requires_grad]
+        if isinstance(target, torch.nn.Module):
+            targets += list(target.named_parameters())
+        grads = torch.autograd.grad(total, [x for _, x in targets], allow_unused=True)
+    return {
+        f"grad.{n}": g.to(case_dtype).to(torch.float64).numpy()
+        for (n, _), g in zip(targets, grads)
+        if g is not None
+    }
 
 
 def compare(name, leaf, fresh):
@@ -177,12 +249,22 @@ def main():
         CASE = json.load(f)
     for root in reversed(CASE["import_roots"]):
         sys.path.insert(0, root)
-    print(f"golden repro: `{CASE['layer']}` against `{CASE['reference']}` in {CASE['dtype']}")
-    print(f"  case: {CASE['case']}")
-    outputs = run_reference()
+    gradients = CASE.get("check") == "gradients"
+    if gradients:
+        print(f"golden repro: the gradients of `{CASE['layer']}` against PyTorch's of "
+              f"`{CASE['reference']}` in {CASE['dtype']}")
+        print(f"  case: {CASE['case']}")
+        print("  L = " + " + ".join(f"sum({n} · cotangent)" for n in CASE["cotangents"])
+              + "; the cotangents are in cotangents/")
+        outputs = run_gradients()
+    else:
+        print(f"golden repro: `{CASE['layer']}` against `{CASE['reference']}` in {CASE['dtype']}")
+        print(f"  case: {CASE['case']}")
+        outputs = run_reference()
     for name, leaf in CASE["leaves"].items():
         if name not in outputs:
-            print(f"  leaf `{name}`: the reference no longer returns it")
+            print(f"  leaf `{name}`: the reference no longer "
+                  + ("gives this gradient" if gradients else "returns it"))
             continue
         if not os.path.exists(path("port", name)):
             print(f"  leaf `{name}`: not tapped by the port")

@@ -128,6 +128,50 @@ class EvaluateTest(unittest.TestCase):
         self.assertFalse(entries["bn.num_batches_tracked"]["float"])
         self.assertEqual(len(tensors), 1)  # the step counter's value comes along
 
+    def test_reference_taps_are_trace_points_in_execution_order_and_no_ops_outside(self):
+        import torch
+
+        import golden_ref
+        from golden_ref.evaluate import forward
+
+        class Tapping(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = torch.nn.Linear(2, 2)
+                self.b = torch.nn.Linear(2, 2)
+
+            def forward(self, x):
+                h = self.a(x) * 2
+                golden_ref.tap("doubled", h)
+                golden_ref.tap("pair", (h, h + 1))
+                return self.b(h)
+
+        case = _torch_case(Tapping, [np.ones((1, 2))], form="module")
+        case.trace = True
+        result = forward(case)
+        names = [name for name, _ in result["expected"]]
+        self.assertEqual(names, ["out", "trace.a", "trace.doubled", "trace.pair.0", "trace.pair.1", "trace.b"])
+        # Every evaluation records them: the float64 run's leaves are the same.
+        self.assertEqual([n for n, _ in result["precise"]], names)
+        # Untraced, and outside golden's worker, a tap does nothing.
+        case.trace = False
+        self.assertEqual([n for n, _ in forward(case)["expected"]], ["out"])
+        golden_ref.tap("nowhere", torch.zeros(1))
+
+    def test_a_tap_of_something_that_is_no_tensor_is_the_reference_s_error(self):
+        import golden_ref
+        from golden_ref.evaluate import ReferenceRaised, forward
+
+        def taps_a_string(x):
+            golden_ref.tap("label", "not a tensor")
+            return x
+
+        case = _torch_case(taps_a_string, [np.ones(2)])
+        case.trace = True
+        with self.assertRaises(ReferenceRaised) as raised:
+            forward(case, precise=False)
+        self.assertIn("golden_ref.tap('label', ...): `label` is a builtins.str", str(raised.exception))
+
 
 def forward_of(fn, args):
     from golden_ref.evaluate import forward

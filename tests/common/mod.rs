@@ -1,7 +1,9 @@
 //! Helpers shared by the framework's integration tests.
 #![allow(dead_code)]
 
+pub mod llama;
 pub mod mutation_ports;
+pub mod overfit_mlp;
 pub mod processes;
 pub mod tiny_lm;
 pub mod variant_ports;

@@ -30,6 +30,16 @@ impl Kind {
         }
     }
 
+    /// The kind's name in results files and failure artifacts: `forward`, `gradients`,
+    /// `overfit`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Forward => "forward",
+            Kind::Gradients => "gradients",
+            Kind::Overfit => "overfit",
+        }
+    }
+
     /// What the check's snapshot, store and results file add to the check's name.
     pub fn suffix(self) -> &'static str {
         match self {

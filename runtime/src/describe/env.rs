@@ -15,6 +15,7 @@
 //! | `GOLDEN_VENV` | the venv `golden setup` creates and golden looks for |
 //! | `GOLDEN_MUTATIONS` | the mutation diagnosis of a failure: `auto` (default), `always`, `off` |
 //! | `GOLDEN_VARIANTS` | `off` leaves the reference's declared `@variant`s unevaluated |
+//! | `GOLDEN_RUN` | names the run a test process's results belong to (default: its `cargo test` or nextest run) |
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -64,6 +65,12 @@ pub fn mode() -> Result<Mode, String> {
             "GOLDEN_MODE={other:?} is not one of auto, live, replay, record, verify"
         )),
     }
+}
+
+/// `GOLDEN_RUN`: the name of the run this process's results belong to, when set (a script or a CI
+/// job that runs several cargo commands as one run). Read at every results file, not once.
+pub fn run_name() -> Option<String> {
+    var("GOLDEN_RUN").filter(|v| !v.trim().is_empty())
 }
 
 /// `GOLDEN_SEED`, when set: decimal (`42`) or hexadecimal (`0x2a`, the form failures print seeds

@@ -13,10 +13,14 @@
 //!
 //! With `trace`, `reference/` and `port/` hold the trace points too (`trace.<point>.npy`), and
 //! `trace/reference/` and `trace/port/` hold them again as `NNN_<point>.npy`, numbered in the
-//! reference's execution order, for `golden diff trace/reference trace/port`.
+//! reference's execution order, with that order in `order.txt` too, for
+//! `golden diff trace/reference trace/port`.
 //!
-//! For the gradient check, `reference/` and `port/` hold the gradients (`grad.<name>.npy`), and
-//! there is no repro.py (it reproduces forward comparisons).
+//! For the gradient check, `reference/` and `port/` hold the gradients (`grad.<name>.npy`: PyTorch's
+//! float64 gradient in the case dtype, which the port's was judged against, and the port's),
+//! `rounding/` their rounding estimates, and `cotangents/<leaf>.npy` the cotangent of each output
+//! leaf; repro.py then computes PyTorch's gradient of `Σ sum(out · cotangent)` again and prints the
+//! same comparison. A training failure leaves no repro.py.
 //!
 //! Names come from outside golden's code — a reference's output keys and state_dict, a golden
 //! store — so every one goes through [`file_name`] before it names a file: `/`, `\`, `%` and
@@ -173,6 +177,19 @@ pub fn write_trace(
         .map(|(i, (n, t))| (file(i, n), t.clone()))
         .collect();
     write_all(dir, "reference", &numbered)?;
+    // The order, also as a manifest (`golden diff` reads it; a renamed file keeps its place).
+    let manifest = |kind: &str, names: &[(String, HostTensor)]| -> Result<(), String> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let text: String = names
+            .iter()
+            .map(|(n, _)| format!("{}\n", file_name(n)))
+            .collect();
+        let path = dir.join(kind).join(ORDER_MANIFEST);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    manifest("reference", &numbered)?;
     let tapped: Vec<(String, HostTensor)> = port_outputs
         .iter()
         .filter(|(n, _)| crate::judge::trace::is_trace(n))
@@ -187,7 +204,26 @@ pub fn write_trace(
             (name, t.clone())
         })
         .collect();
-    write_all(dir, "port", &tapped)
+    write_all(dir, "port", &tapped)?;
+    let mut in_order = tapped;
+    in_order.sort_by_key(|(n, _)| !n.starts_with(|c: char| c.is_ascii_digit()));
+    manifest("port", &in_order)
+}
+
+/// The manifest beside a trace dump: its files' names (without `.npy`), one a line, in execution
+/// order (`golden diff` takes its order from it).
+pub const ORDER_MANIFEST: &str = "order.txt";
+
+/// Whether a failure of this kind of check leaves a repro.py: the forward check (the reference's
+/// outputs) and, with the torch backend, the gradient check (PyTorch's gradient of
+/// `Σ sum(out · cotangent)`; the numpy backend has no autograd to run again); a training run is
+/// not one case.
+pub fn has_repro(layer: &Layer, kind: Kind) -> bool {
+    match kind {
+        Kind::Forward => true,
+        Kind::Gradients => layer.backend == crate::describe::layer::Backend::Torch,
+        Kind::Overfit => false,
+    }
 }
 
 /// Write a failing case's artifacts; returns the folder.
@@ -202,6 +238,7 @@ pub fn write(
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     write_all(&dir, "inputs", &failure.inputs)?;
+    write_all(&dir, "cotangents", &failure.cotangents)?;
     write_all(&dir, "port", &failure.port_outputs)?;
     let mut leaves = Map::new();
     if let Some(reference) = &failure.reference {
@@ -260,10 +297,15 @@ pub fn write(
         "python": env::python().program,
         "rerun": rerun_case_command(layer, kind.test(), dtype, case),
         "trace": layer.trace && kind == Kind::Forward,
+        "check": kind.name(),
+        // The gradient check: L = Σ sum(out · cotangent) over these output leaves, in this order.
+        "cotangents": failure.cotangents.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+        "cotangent_dtypes": dtypes(&failure.cotangents),
         "file_names": file_names(
             failure
                 .inputs
                 .iter()
+                .chain(&failure.cotangents)
                 .chain(&failure.port_outputs)
                 .chain(failure.reference.iter().flat_map(|r| r.state_dict.iter().chain(&r.expected)))
                 .map(|(n, _)| n)
@@ -274,7 +316,7 @@ pub fn write(
     }
     let text = serde_json::to_string_pretty(&case_json).expect("JSON");
     std::fs::write(dir.join("case.json"), text).map_err(|e| format!("case.json: {e}"))?;
-    if kind == Kind::Forward {
+    if has_repro(layer, kind) {
         std::fs::write(dir.join("repro.py"), REPRO).map_err(|e| format!("repro.py: {e}"))?;
     }
     Ok(dir)
@@ -326,8 +368,19 @@ mod tests {
         files.sort();
         assert_eq!(
             files,
-            ["000_%2Fabs%2Fx.npy", "001_..%2Fup.npy", "001_..%2Fup.npy"]
+            [
+                "000_%2Fabs%2Fx.npy",
+                "001_..%2Fup.npy",
+                "001_..%2Fup.npy",
+                "order.txt",
+                "order.txt"
+            ]
         );
+        // The manifests name the files (their stems), in execution order.
+        let order = std::fs::read_to_string(dir.join("reference").join(ORDER_MANIFEST)).unwrap();
+        assert_eq!(order, "000_%2Fabs%2Fx\n001_..%2Fup\n");
+        let order = std::fs::read_to_string(dir.join("port").join(ORDER_MANIFEST)).unwrap();
+        assert_eq!(order, "001_..%2Fup\n");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -61,11 +61,20 @@ pub struct CaseFailure {
     /// The gradient check: what is wrong with the port's gradients beyond their values (missing
     /// or extra gradients, finite differences, zero cotangent, determinism).
     pub gradient_issues: Vec<String>,
+    /// The gradient check: the cotangent of each float output leaf (`L = Σ sum(out ·
+    /// cotangent)`), left in the failure's artifacts for its repro.py.
+    pub cotangents: Vec<(String, HostTensor)>,
     /// The overfit check: what went wrong in training (no overfit, a parameter never updated, a
     /// step where the port's training parts from PyTorch's) and the gradient-health flags.
     pub training_issues: Vec<String>,
+    /// The overfit check: its figures (losses, parity with PyTorch), as a passing training
+    /// records them, for the results file.
+    pub figures: Vec<(String, f64)>,
     /// Trace points of the reference the port did not tap (`trace.<name>`, execution order).
     pub untapped: Vec<String>,
+    /// Taps of the port that name no trace point of the reference, each with what it could name
+    /// instead (`judge::trace::unknown_tap`). They fail the case, but are no divergence.
+    pub unknown_taps: Vec<String>,
     /// What the case showed that does not fail it on its own (see `report::passed::Note`).
     pub notes: Vec<crate::report::passed::Note>,
 }
@@ -116,6 +125,9 @@ impl CaseFailure {
             return g.clone();
         }
         if let Some(t) = self.training_issues.first() {
+            return t.clone();
+        }
+        if let Some(t) = self.unknown_taps.first() {
             return t.clone();
         }
         let failing: Vec<&str> = self
@@ -438,6 +450,20 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
+            FailureKind::Case(c) if !c.unknown_taps.is_empty() => {
+                let n = c.unknown_taps.len();
+                writeln!(
+                    out,
+                    "golden: `{}` taps {} its reference `{}` does not have{dtype}",
+                    self.layer,
+                    if n == 1 {
+                        "a point".to_string()
+                    } else {
+                        format!("{n} points")
+                    },
+                    self.reference
+                )?;
+            }
             FailureKind::Case(c) if crate::judge::trace::first_divergence(&c.leaves).is_some() => {
                 let tapped = c
                     .leaves
@@ -508,6 +534,16 @@ impl fmt::Display for Failure {
             if !c.training_issues.is_empty() {
                 writeln!(out, "  the training:")?;
                 for t in &c.training_issues {
+                    writeln!(out, "    - {t}")?;
+                }
+            }
+            if !c.unknown_taps.is_empty() {
+                writeln!(
+                    out,
+                    "  taps whose names the reference's trace does not have (a typo would \
+                     otherwise compare nothing):"
+                )?;
+                for t in &c.unknown_taps {
                     writeln!(out, "    - {t}")?;
                 }
             }

@@ -3,6 +3,13 @@
 //! Written after every check, passing or failing, so that tools outside the test process (the
 //! quickstart's report, `cargo xtask zoo`) can show what the last run found. Best effort: a
 //! read-only target directory never fails a check.
+//!
+//! Each file says which **run** wrote it and when, so that `golden report` can tell the last run's
+//! results from older ones (a check since removed, an earlier mode). A run is one `cargo test` or
+//! `cargo nextest run`: every test process it starts. Its id is, in this order, `GOLDEN_RUN` (a
+//! script that runs several cargo commands names them one run), nextest's `NEXTEST_RUN_ID`, the
+//! cargo process that started this test process (its pid and start time, from `/proc` — cargo
+//! runs each test binary as its child), else this process alone.
 
 use crate::describe::checks::Kind;
 use crate::describe::layer::dtype_name;
@@ -90,6 +97,75 @@ fn figures_json(report: &Report) -> Json {
     Json::Object(out)
 }
 
+/// The id of the run this test process belongs to (see the module's documentation).
+pub fn run_id() -> String {
+    if let Some(name) = crate::describe::env::run_name() {
+        return name;
+    }
+    if let Ok(id) = std::env::var("NEXTEST_RUN_ID") {
+        return format!("nextest-{id}");
+    }
+    static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PROCESS
+        .get_or_init(|| {
+            let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map(|b| b.trim().to_string())
+                .unwrap_or_default();
+            let parent = std::os::unix::process::parent_id();
+            let comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).unwrap_or_default();
+            match started_ticks(parent) {
+                Some(ticks) if comm.trim() == "cargo" => format!("cargo-{boot}-{parent}-{ticks}"),
+                _ => format!(
+                    "process-{boot}-{}-{}",
+                    std::process::id(),
+                    started_ticks(std::process::id()).unwrap_or(0)
+                ),
+            }
+        })
+        .clone()
+}
+
+/// When a process started, in clock ticks since boot (`/proc/<pid>/stat`, field 22): with the pid
+/// and the boot, it names the process even after its pid is reused.
+fn started_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after its end.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A training's figures as the report shows them: the losses, and the parity with PyTorch against
+/// what it allows (`worst_ratio` above 1 fails, like a leaf's).
+fn training_json(figures: &[(String, f64)]) -> Option<Json> {
+    use crate::describe::checks::{PARITY_LOSS_RTOL, PARITY_UPDATE_RTOL};
+    let get = |name: &str| figures.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    let (initial, last) = (get("loss.initial")?, get("loss.final")?);
+    let (loss, update) = (get("parity.loss"), get("parity.update"));
+    let worst = [
+        loss.map(|l| l / PARITY_LOSS_RTOL),
+        update.map(|u| u / PARITY_UPDATE_RTOL),
+    ]
+    .into_iter()
+    .flatten()
+    .fold(0.0f64, f64::max);
+    Some(json!({
+        "loss_initial": finite(initial),
+        "loss_final": finite(last),
+        "parity_loss": loss.map(finite),
+        "parity_loss_allowed": PARITY_LOSS_RTOL,
+        "parity_update": update.map(finite),
+        "parity_update_allowed": PARITY_UPDATE_RTOL,
+        "worst_ratio": finite(worst),
+    }))
+}
+
 /// Write the results of one check.
 pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elapsed: Duration) {
     let Some(dir) = results_dir(layer) else {
@@ -97,16 +173,14 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
     };
     let name = format!("{}{}", layer.check_name(), kind.suffix());
     let mut doc = json!({
+        "run": run_id(),
+        "written_ms": now_ms(),
         "layer": layer.name,
         "check": name,
         "reference": layer.reference,
         "dtypes": layer.dtypes.iter().map(|d| dtype_name(*d)).collect::<Vec<_>>(),
         "seconds": elapsed.as_secs_f64(),
-        "kind": match kind {
-            Kind::Forward => "forward",
-            Kind::Gradients => "gradients",
-            Kind::Overfit => "overfit",
-        },
+        "kind": kind.name(),
         "trace": layer.trace && kind == Kind::Forward,
     });
     match result {
@@ -116,6 +190,15 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
             doc["source"] = json!(report.source);
             doc["leaves"] = Json::Array(leaves_json(report));
             doc["figures"] = figures_json(report);
+            if kind == Kind::Overfit {
+                let figures: Vec<(String, f64)> = report
+                    .runs
+                    .iter()
+                    .flat_map(|r| &r.cases)
+                    .flat_map(|c| c.figures.iter().cloned())
+                    .collect();
+                doc["training"] = json!(training_json(&figures));
+            }
             doc["health"] = json!(report.health);
             let mut notes: Vec<&str> = Vec::new();
             for n in report
@@ -145,6 +228,9 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
                 }
             }
             if let Some(c) = failure.case_failure() {
+                if let Some(training) = training_json(&c.figures) {
+                    doc["training"] = training;
+                }
                 doc["leaves"] = Json::Array(
                     c.leaves
                         .iter()

@@ -334,6 +334,12 @@ pub(crate) fn leave_artifacts(layer: &Layer, kind: Kind, dtype: DType, failure: 
             env::python().program.display(),
             dir.display()
         )),
+        Ok(dir) if artifacts::has_repro(layer, kind) => failure.notes.push(format!(
+            "inputs, cotangents, both sides' gradients and a repro.py that runs PyTorch's gradient \
+             again ({} repro.py) are in\n  {}",
+            env::python().program.display(),
+            dir.display()
+        )),
         Ok(dir) => failure.notes.push(format!(
             "the case's inputs and both sides' values (.npy) are in\n  {}",
             dir.display()

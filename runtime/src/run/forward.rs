@@ -279,12 +279,32 @@ pub(crate) fn run_port(
         .partition(|l| {
             crate::judge::trace::is_trace(&l.name) && l.verdict == compare::Verdict::MissingInPort
         });
+    // Taps the reference has no point for are refused with the names it has, not compared.
+    let points: Vec<(&str, &[usize])> = reference
+        .expected
+        .iter()
+        .filter(|(n, _)| crate::judge::trace::is_trace(n))
+        .map(|(n, t)| (n.as_str(), t.shape.as_slice()))
+        .collect();
+    let (unknown, leaves): (Vec<Leaf>, Vec<Leaf>) = leaves.into_iter().partition(|l| {
+        crate::judge::trace::is_trace(&l.name) && l.verdict == compare::Verdict::MissingInReference
+    });
+    failure.unknown_taps = unknown
+        .iter()
+        .map(|l| {
+            let shape = l.port.as_ref().map_or(&[][..], |(s, _)| s.as_slice());
+            crate::judge::trace::unknown_tap(&l.name, shape, &points)
+        })
+        .collect();
     failure.leaves = leaves;
     failure.untapped = untapped.into_iter().map(|l| l.name).collect();
     failure.port_outputs = port_host;
     let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
     failure.notes = crate::report::passed::reference_notes(reference, &names);
-    if failure.params.is_empty() && failure.leaves.iter().all(Leaf::passes) {
+    if failure.params.is_empty()
+        && failure.unknown_taps.is_empty()
+        && failure.leaves.iter().all(Leaf::passes)
+    {
         if let Some(dir) = trace_to {
             // Best effort: the report shows the trace when it is there.
             let _ = crate::report::artifacts::write_trace(dir, reference, &failure.port_outputs);

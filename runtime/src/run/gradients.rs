@@ -12,9 +12,10 @@
 //! * **Against finite differences**, on the port alone, in float64 — no Python. For each input (and,
 //!   in module form, each parameter) `w`, a random unit direction `u`: the analytic `⟨∇_w L, u⟩`
 //!   must match `(L(w + εu) − L(w − εu)) / 2ε` within `atol + rtol·|numeric|` (gradcheck's fast
-//!   mode; a few forward passes whatever the size). When it does not, golden computes the Jacobian of
-//!   the failing (input, output) pair element by element and reports the worst entry. `mode = full`
-//!   always compares whole Jacobians. Also: a zero cotangent must give zero gradients, and two
+//!   mode; a few forward passes whatever the size). Cases are generated and shrunk on these
+//!   directional derivatives alone; on the smallest failing case, golden then computes the Jacobian
+//!   of each disagreeing (input, output) pair element by element, once, and reports its worst entry
+//!   (`GradRunner::locate`). `mode = full` always compares whole Jacobians. Also: a zero cotangent must give zero gradients, and two
 //!   backward passes the same ones. Where PyTorch's autograd is the verdict and the port agrees
 //!   with it, a disagreement only finite differences see is a note, not a failure — with the reason
 //!   when golden can tell: the port computes below float64 (a faithful port of Hugging Face's
@@ -52,6 +53,7 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         layer,
         port: PortThread::new(port, check::port_timeout(layer)),
         spec,
+        locate: std::cell::Cell::new(false),
     };
     check::run(
         layer,
@@ -66,6 +68,11 @@ struct GradRunner<'a> {
     layer: &'a Layer,
     port: PortThread,
     spec: GradSpec,
+    /// Fast mode: compute the Jacobian of a pair whose directional derivative disagrees with
+    /// finite differences. Off while cases are generated and shrunk (each Jacobian costs two
+    /// forward passes per input element and a backward per output element), on for the final,
+    /// smallest case (`finish`).
+    locate: std::cell::Cell<bool>,
 }
 
 /// A cotangent (or a direction) of `t`'s shape: standard normal from the case seed.
@@ -385,6 +392,7 @@ impl CaseRunner for GradRunner<'_> {
             return Outcome::Fail(Box::new(failure));
         }
         let cotangents = cotangents(&forward.expected, params.seed, dtype);
+        failure.cotangents = cotangents.clone();
         let targets = self.targets(&forward.state_dict, &forward.buffers, &forward.aliases);
         for name in self.spec.wrt.iter().flatten() {
             let known = layer.args.iter().any(|a| &a.name == name)
@@ -408,7 +416,6 @@ impl CaseRunner for GradRunner<'_> {
                 Ok(r) => r,
                 Err(outcome) => return outcome,
             };
-            failure.reference = Some(reference.clone());
             if let Err(e) = self.compare_with_pytorch(
                 &args,
                 &forward,
@@ -500,18 +507,39 @@ impl CaseRunner for GradRunner<'_> {
 
     fn finish(
         &self,
-        _: &Source,
+        source: &Source,
         dtype: DType,
         failure: &mut Failure,
         first: Option<(CaseParams, Box<CaseFailure>)>,
     ) {
+        let crate::report::failure::FailureKind::Case(c) = &mut failure.kind else {
+            return;
+        };
+        // Shrinking judged each case by directional derivatives; the smallest case runs once
+        // more, now computing the Jacobian of each pair that disagrees, to say which entry.
+        if let Some(case) = failure.case.as_ref().filter(|_| {
+            self.spec.mode == GradMode::Fast
+                && c.gradient_issues.iter().any(|i| fd_target(i).is_some())
+        }) {
+            self.locate.set(true);
+            let again = self.run(source, dtype, case);
+            self.locate.set(false);
+            if let Outcome::Fail(located) = again {
+                c.gradient_issues = located.gradient_issues;
+            }
+        }
         // The smallest case can hide what the first one showed (zero inputs give zero gradients
-        // on both sides): add the first case's own findings.
-        if let (crate::report::failure::FailureKind::Case(c), Some((case, first))) =
-            (&mut failure.kind, first)
-        {
+        // on both sides): add the first case's own findings, those of inputs and parameters the
+        // smallest case does not already report.
+        if let Some((case, first)) = first {
+            let reported: Vec<String> = c
+                .gradient_issues
+                .iter()
+                .filter_map(|i| fd_target(i).map(str::to_string))
+                .collect();
             for issue in first.gradient_issues {
-                if !c.gradient_issues.contains(&issue) {
+                let known = fd_target(&issue).is_some_and(|t| reported.iter().any(|r| r == t));
+                if !known && !c.gradient_issues.contains(&issue) {
                     c.gradient_issues
                         .push(format!("on the first failing case ({case}): {issue}"));
                 }
@@ -519,6 +547,14 @@ impl CaseRunner for GradRunner<'_> {
         }
         check::leave_artifacts(self.layer, Kind::Gradients, dtype, failure);
     }
+}
+
+/// The input or parameter a finite-difference finding is about: its text starts with the name in
+/// backquotes and a colon (`` `x`: ∂out[0]/∂x[1] is … ``, `` `x`: the port's derivative … ``).
+fn fd_target(issue: &str) -> Option<&str> {
+    let rest = issue.strip_prefix('`')?;
+    let (name, after) = rest.split_once('`')?;
+    after.starts_with(':').then_some(name)
 }
 
 impl GradRunner<'_> {
@@ -587,6 +623,10 @@ impl GradRunner<'_> {
             crate::judge::compare::GRADIENT_ROUNDING_FACTOR,
         );
         failure.port_outputs = present;
+        // What the port was judged against (a failure's artifacts and repro.py use it), with the
+        // module's parameters as the port got them.
+        compared.state_dict = forward.state_dict.clone();
+        failure.reference = Some(compared);
         Ok(())
     }
 
@@ -773,15 +813,29 @@ impl GradRunner<'_> {
                         .map_or(vec![0.0; w.numel()], HostTensor::to_f64);
                     let per_leaf = dot(&g_leaf, &u);
                     let n = (plus[k] - minus[k]) / (2.0 * spec.eps);
-                    if (per_leaf - n).abs() > spec.atol + spec.rtol * n.abs()
-                        || spec.mode == GradMode::Full
-                    {
-                        let text = match self.jacobian(&case, name, leaf, &w, spec)? {
+                    let allowed = spec.atol + spec.rtol * n.abs();
+                    if (per_leaf - n).abs() > allowed || spec.mode == GradMode::Full {
+                        let directional = format!(
+                            "`{name}`: the port's derivative of sum(`{leaf}` · cotangent) along a \
+                             random unit direction is {} in its backward, {} by finite differences \
+                             — {}× outside atol {} + rtol {}·|numeric| (eps {})",
+                            num(per_leaf),
+                            num(n),
+                            num((per_leaf - n).abs() / allowed),
+                            num(spec.atol),
+                            num(spec.rtol),
+                            num(spec.eps)
+                        );
+                        // The Jacobian says which entry, at the cost of two forward passes per
+                        // input element: only on the case reported (see `locate`).
+                        let located = if self.locate.get() || spec.mode == GradMode::Full {
+                            self.jacobian(&case, name, leaf, &w, spec)?
+                        } else {
+                            None
+                        };
+                        let text = match located {
                             Some(text) => text,
-                            None if ratio > 1.0 => format!(
-                                "`{name}`: the port's directional derivative along a random u for `{leaf}` is {} where finite differences give {} (eps {})",
-                                num(per_leaf), num(n), num(spec.eps)
-                            ),
+                            None if ratio > 1.0 => directional,
                             None => continue,
                         };
                         issues.push(FdIssue {

@@ -746,6 +746,7 @@ fn run(
         case.training_issues = issues;
         case.training_issues
             .extend(health.iter().map(|h| format!("gradient health: {h}")));
+        case.figures = figures;
         Err(failure(FailureKind::Case(Box::new(case))))
     }
 }
