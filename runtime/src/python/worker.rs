@@ -425,8 +425,10 @@ fn kill_group(pgid: u32) {
 
 /// The thread that writes requests to the worker (never joined: see the module's doc). A request
 /// is the frame's parts ([`wire::encode_parts`]), written in order from where they are.
-fn writer_thread(mut sink: impl Write + Send + 'static) -> mpsc::Sender<Vec<Bytes>> {
+fn writer_thread(sink: impl Write + Send + 'static) -> mpsc::Sender<Vec<Bytes>> {
     let (to_worker, requests) = mpsc::channel::<Vec<Bytes>>();
+    // Small parts (headers between tensors) are gathered; large ones go straight to the pipe.
+    let mut sink = std::io::BufWriter::with_capacity(1 << 16, sink);
     std::thread::Builder::new()
         .name("golden-worker-in".into())
         .spawn(move || {
@@ -683,6 +685,13 @@ impl Worker {
         let starting = matches!(header["op"].as_str(), Some("hello" | "load"));
         let id = self.next_id;
         self.next_id += 1;
+        let payload: usize = tensors.iter().map(|t| t.data.len()).sum();
+        if payload > wire::MAX_FRAME {
+            return Err(WorkerError::Protocol(format!(
+                "a request of {payload} bytes of tensors exceeds the frame limit of {} bytes",
+                wire::MAX_FRAME
+            )));
+        }
         let mut header = header;
         let (offsets, shared) = match &mut self.shm {
             Some(link) => link.place(&tensors),
