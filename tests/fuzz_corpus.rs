@@ -116,8 +116,13 @@ fn stand_in_arena<B: From<Vec<u8>>>(
 ) -> Result<B, String> {
     const ARENA: [u8; 4096] = [7; 4096];
     let size = shm["size"].as_u64().expect("checked by the decoder");
-    let end = offset.checked_add(len as u64).expect("checked by the decoder");
-    assert!(end <= size, "asked for {offset}+{len} of an arena of {size}");
+    let end = offset
+        .checked_add(len as u64)
+        .expect("checked by the decoder");
+    assert!(
+        end <= size,
+        "asked for {offset}+{len} of an arena of {size}"
+    );
     if shm["name"] != "golden-1-1" || end > ARENA.len() as u64 {
         return Err("not the stand-in arena".into());
     }
@@ -135,7 +140,10 @@ fn wire_frames() {
         golden::python::wire::read_raw_frame(&mut &b[..])
             .is_ok_and(|raw| raw.has_shared() && raw.resolve(stand_in_arena).is_ok())
     });
-    assert!(shared > 0, "no input of the corpus has a tensor in shared memory");
+    assert!(
+        shared > 0,
+        "no input of the corpus has a tensor in shared memory"
+    );
 }
 
 #[test]
