@@ -243,8 +243,8 @@ fn main() {
         ),
     }
     println!(
-        "  {:>8} | {:>10} {:>7} | {:>10} {:>7} | {:>7} | {:>8}",
-        "size", "inline ms", "GB/s", "shm ms", "GB/s", "shm/in", "vs pipe"
+        "  {:>8} | {:>10} {:>7} | {:>10} {:>7} | {:>7} | {:>8} | {:>9}",
+        "size", "inline ms", "GB/s", "shm ms", "GB/s", "shm/in", "vs pipe", "vs memcpy"
     );
     let top = if quick { 16 << 20 } else { 256 << 20 };
     let mut bytes = 1 << 10;
@@ -266,14 +266,19 @@ fn main() {
                     bend = Some(bytes);
                 }
                 format!(
-                    "{:>10.3} {:>7.2} | {:>6.2}x | {:>7.2}x",
+                    "{:>10.3} {:>7.2} | {:>6.2}x | {:>7.2}x | {:>8.2}x",
                     ms(s),
                     gbps(moved, s),
                     ms(inline) / ms(s),
-                    pipe.map_or(f64::NAN, |p| gbps(moved, s) / p)
+                    pipe.map_or(f64::NAN, |p| gbps(moved, s) / p),
+                    gbps(moved, s) / memcpy
                 )
             }
-            None => "         -       - |       - |        -".into(),
+            None => format!(
+                "         -       - |       - | {:>7.2}x | {:>8.2}x",
+                pipe.map_or(f64::NAN, |p| gbps(moved, inline) / p),
+                gbps(moved, inline) / memcpy
+            ),
         };
         println!(
             "  {:>8} | {:>10.3} {:>7.2} | {line}",
@@ -299,7 +304,7 @@ fn main() {
     println!("\n  64 MiB f32 each way, torch.clone as checks call it (precise = false):");
     let modes: [(&str, Option<usize>); 2] = [("inline", None), ("shared memory", shm_min)];
     for (name, min) in modes {
-        if min.is_some() && shm_min.is_none() {
+        if name == "shared memory" && shm_min.is_none() {
             continue;
         }
         worker.set_shared_memory(min);
