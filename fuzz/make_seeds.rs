@@ -1,7 +1,7 @@
 //! Writes a few valid inputs of each target into fuzz/corpus/<target>/ to start from:
 //! `cargo +nightly run --manifest-path fuzz/Cargo.toml --bin make_seeds`.
 
-use golden::python::wire::{encode, Frame};
+use golden::python::wire::{encode, encode_parts, Frame};
 use golden_files::HostTensor;
 use serde_json::json;
 use std::path::Path;
@@ -37,6 +37,20 @@ fn main() {
         std::fs::write(dir.join(name), bytes).unwrap();
     };
     write("wire_frame", "seed_frame", &frame);
+    // The same tensors, the first in the stand-in arena of the wire_frame target.
+    let shared = Frame {
+        id: 8,
+        header: json!({
+            "op": "echo",
+            "$shm": {"pid": 1, "fd": 3, "name": "golden-1-1", "size": 4096},
+        }),
+        tensors: tensors.clone(),
+    };
+    write(
+        "wire_frame",
+        "seed_shared_frame",
+        &encode_parts(&shared, &[Some(64), None]).concat(),
+    );
     write("golden_store", "seed_sealed_frame", &store_frame);
     write(
         "golden_store",

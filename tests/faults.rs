@@ -27,13 +27,38 @@ fn identity(i: &PortInputs) -> Result<golden::Outputs, String> {
     i.tensor(0).clone().into_outputs()
 }
 
+/// The shared memory this process holds that no idle worker accounts for: arenas of workers
+/// that are gone, and more arenas of its own than one per idle worker.
+fn stray_arenas(idle: &[u32]) -> Vec<String> {
+    let me = std::process::id();
+    let held = processes::arenas_of(me);
+    let own = held
+        .iter()
+        .filter(|n| processes::arena_creator(n) == Some(me))
+        .count();
+    let mut stray: Vec<String> = held
+        .iter()
+        .filter(|n| processes::arena_creator(n).is_none_or(|p| p != me && !idle.contains(&p)))
+        .cloned()
+        .collect();
+    if own > idle.len() {
+        stray.push(format!(
+            "{own} arenas of this process for {} idle workers",
+            idle.len()
+        ));
+    }
+    stray
+}
+
 /// No worker of this process is running except the pool's idle ones, and no process a reference
-/// started (as `fault_ref` records them) except in the process group of an idle worker.
+/// started (as `fault_ref` records them) except in the process group of an idle worker; no shared
+/// memory is held but that of idle workers.
 fn assert_no_stray_workers() {
     let me = std::process::id();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let idle = golden::python::worker::pool().idle_pids();
+        let arenas = stray_arenas(&idle);
         let stray: Vec<u32> = processes::workers_of(me)
             .into_iter()
             .filter(|p| !idle.contains(p))
@@ -44,13 +69,13 @@ fn assert_no_stray_workers() {
                 processes::alive(p) && !processes::group_of(p).is_some_and(|g| idle.contains(&g))
             })
             .collect();
-        if stray.is_empty() && helpers.is_empty() {
+        if stray.is_empty() && helpers.is_empty() && arenas.is_empty() {
             return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "workers {stray:?} are still running and not in the pool (idle: {idle:?}), and \
-             processes {helpers:?} that references started"
+            "workers {stray:?} are still running and not in the pool (idle: {idle:?}), \
+             processes {helpers:?} that references started, and shared memory {arenas:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -554,4 +579,130 @@ fn an_invalid_worker_count_names_the_variable() {
             "{value}: {msg}"
         );
     }
+}
+
+// --- shared memory ------------------------------------------------------------------------------
+
+/// A layer whose input, 100,000 f32 (400 KB), travels through shared memory.
+fn large(reference: &str) -> Layer {
+    Layer::function("port", reference)
+        .dim("n", 100_000, 100_000)
+        .arg("x", ["n"], Dist::default())
+        .cases(2)
+        .mode(Mode::Live)
+}
+
+#[test]
+fn large_tensors_travel_through_shared_memory_both_ways() {
+    let _turn = take_turn();
+    golden::check(&large("fault_ref.identity"), &identity).unwrap_or_else(|f| panic!("{f}"));
+    let key = golden::python::key::WorkerKey::from_env(Some(env!("CARGO_MANIFEST_DIR")));
+    let worker = golden::python::worker::pool().check_out(&key).unwrap();
+    assert_eq!(
+        worker.shared_memory(),
+        Some(golden::python::shm::DEFAULT_MIN),
+        "{}",
+        worker.info
+    );
+    // Both arenas: this process's (requests) and the worker's (answers), mapped here.
+    let held = processes::arenas_of(std::process::id());
+    assert!(
+        held.iter()
+            .any(|n| processes::arena_creator(n) == Some(worker.pid())),
+        "{held:?}"
+    );
+    drop(worker);
+    assert_no_stray_workers();
+}
+
+#[test]
+fn an_answer_naming_a_file_as_its_shared_memory_is_a_protocol_error() {
+    let msg = fault(&large("fault_ref.names_a_bogus_arena"), &identity);
+    assert!(msg.contains("the worker broke the protocol"), "{msg}");
+    assert!(
+        msg.contains("fault_ref/__init__.py\", not the memfd `golden-"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("while running `fault_ref.names_a_bogus_arena`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_worker_killed_with_a_request_in_shared_memory_leaves_none_behind() {
+    // `fault` checks that no arena of the killed worker is held, nor any of this process's but
+    // the idle workers' ones.
+    let msg = fault(&large("fault_ref.sleeps").timeout(2.0), &identity);
+    assert!(msg.contains("did not answer within 2 s"), "{msg}");
+}
+
+/// `golden-fault-child checks` on a 400 KB input, twice, with a `sitecustomize.py` in the
+/// worker's import path: its stderr.
+fn large_checks_with_sitecustomize(name: &str, sitecustomize: &str) -> String {
+    let scratch = common::Scratch::new(name);
+    std::fs::write(scratch.dir.join("sitecustomize.py"), sitecustomize).unwrap();
+    let root = scratch.dir.display().to_string();
+    let out = child(
+        &["checks", "fault_ref.identity", "fault_ref.identity"],
+        &[
+            ("GOLDEN_REFERENCE_PATH", root.as_str()),
+            ("GOLDEN_FAULT_CHILD_N", "100000"),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert_eq!(
+        stdout.matches("pass\n----").count(),
+        2,
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn without_memfd_large_tensors_travel_inline_and_it_is_said_once() {
+    let stderr = large_checks_with_sitecustomize("no-memfd", "import os\ndel os.memfd_create\n");
+    let said = "golden: shared memory is not available for tensors (the worker cannot use it: \
+                this Python has no os.memfd_create); large tensors travel through the worker's pipe";
+    assert_eq!(stderr.matches(said).count(), 1, "{stderr}");
+}
+
+#[test]
+fn a_worker_whose_shared_memory_cannot_grow_answers_inline_and_it_is_said_once() {
+    // Memory that runs out: allocating more than 1 MiB fails as a full tmpfs does.
+    let stderr = large_checks_with_sitecustomize(
+        "full-shm",
+        "import errno, os\n\
+         _fallocate = os.posix_fallocate\n\
+         def posix_fallocate(fd, offset, length):\n\
+         \x20   if length > 1 << 20:\n\
+         \x20       raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n\
+         \x20   return _fallocate(fd, offset, length)\n\
+         os.posix_fallocate = posix_fallocate\n",
+    );
+    let said = "golden: shared memory is not available for tensors (the worker's own: growing \
+                shared memory to ";
+    assert_eq!(stderr.matches(said).count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(" bytes: No space left on device)"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("shared memory is not available").count(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn golden_shm_off_sends_everything_inline_and_an_invalid_value_is_named() {
+    let stdout = with_env("GOLDEN_SHM", "off");
+    assert_eq!(stdout.trim(), "pass");
+    let msg = with_env("GOLDEN_SHM", "sometimes");
+    assert!(
+        msg.contains("GOLDEN_SHM=\"sometimes\" is not one of auto, off"),
+        "{msg}"
+    );
 }

@@ -108,12 +108,42 @@ fn replay(target: &str, decode: impl Fn(&[u8]) -> bool + std::panic::RefUnwindSa
     decoded
 }
 
+/// The wire_frame target's stand-in for shared memory: an arena of 4 KiB named `golden-1-1`.
+fn stand_in_arena<B: From<Vec<u8>>>(
+    shm: &serde_json::Value,
+    offset: u64,
+    len: usize,
+) -> Result<B, String> {
+    const ARENA: [u8; 4096] = [7; 4096];
+    let size = shm["size"].as_u64().expect("checked by the decoder");
+    let end = offset
+        .checked_add(len as u64)
+        .expect("checked by the decoder");
+    assert!(
+        end <= size,
+        "asked for {offset}+{len} of an arena of {size}"
+    );
+    if shm["name"] != "golden-1-1" || end > ARENA.len() as u64 {
+        return Err("not the stand-in arena".into());
+    }
+    Ok(ARENA[offset as usize..end as usize].to_vec().into())
+}
+
 #[test]
 fn wire_frames() {
     let decoded = replay("wire_frame", |b| {
         golden::python::wire::read_frame(&mut &b[..]).is_ok()
     });
     assert!(decoded > 0, "no input of the corpus is a valid frame");
+    // Frames with tensors in shared memory, as the worker's streams carry them.
+    let shared = replay("wire_frame", |b| {
+        golden::python::wire::read_raw_frame(&mut &b[..])
+            .is_ok_and(|raw| raw.has_shared() && raw.resolve(stand_in_arena).is_ok())
+    });
+    assert!(
+        shared > 0,
+        "no input of the corpus has a tensor in shared memory"
+    );
 }
 
 #[test]

@@ -484,3 +484,34 @@ fn an_edited_reference_is_what_the_next_test_process_runs() {
     module(&root, "edited_ref", "x.clone()");
     assert_eq!(check().trim(), "pass");
 }
+
+#[test]
+fn a_served_copy_takes_large_tensors_through_shared_memory() {
+    let shared = Shared::new("shm");
+    // The copy answers the offer with an arena of its own, named by its pid.
+    let info = shared.info();
+    let pid = info["pid"].as_u64().unwrap();
+    assert_eq!(info["shm"]["pid"].as_u64(), Some(pid), "{info}");
+    assert!(
+        info["shm"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(&format!("golden-{pid}-"))),
+        "{info}"
+    );
+    let out = shared
+        .child(&["check", "fault_ref.identity"])
+        .env("GOLDEN_FAULT_CHILD_N", "100000")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "pass",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("shared memory is not available"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -178,6 +178,24 @@ def returns_large(x):
     return torch.ones(1 << 20)
 
 
+# --- shared memory ----------------------------------------------------------------------------------
+
+_decoys = []
+
+
+def names_a_bogus_arena(x):
+    """Returns its input, after making this worker's answers name, as their shared memory, a file it
+    opened (this very source file) where its arena's memfd should be: a corrupt frame. The runtime
+    must refuse to read it and say so."""
+    from golden_ref import shm
+
+    decoy = open(__file__, "rb")
+    _decoys.append(decoy)
+    real = shm.WriteArena.describe
+    shm.WriteArena.describe = lambda self: {**real(self), "fd": decoy.fileno()}
+    return x.clone()
+
+
 class HostileNames(torch.nn.Module):
     """A module whose names are paths: a parameter named `target` (an absolute path; PyTorch refuses
     only dots in a name) and outputs under the keys `../escaped` and `ok`. Golden must keep every

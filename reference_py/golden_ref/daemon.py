@@ -97,10 +97,10 @@ def _serve_connection(conn, directory: str, daemon_pid: int, client: int | None,
         faulthandler.enable(file=sys.stderr)
         if client:
             worker_module.watch_process(client)
-        proto_in = conn.makefile("rb", buffering=1 << 16)
+        proto_in = conn.makefile("rb", buffering=0)
         proto_out = conn.makefile("wb", buffering=1 << 16)
         code = worker_module.serve(
-            proto_in, proto_out, {"log": log_path, "daemon_pid": daemon_pid, "client_pid": client}
+            proto_in, proto_out, {"log": log_path, "daemon_pid": daemon_pid, "client_pid": client}, peer=client
         )
         # The client is done with this copy: so are the references' helpers.
         worker_module.end_group()

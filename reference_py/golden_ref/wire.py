@@ -12,6 +12,10 @@ One frame::
 The JSON header refers to the i-th tensor as ``{"$t": i}``. bf16 travels as its raw 16-bit pattern
 (NumPy has no bf16); bool as one byte per element. The runtime's `wire.rs` is the other half of this
 file: keep the two in step.
+
+A tensor whose dtype code has the bit 0x80 set lives in shared memory (:mod:`golden_ref.shm`):
+instead of its raw bytes, the entry ends with a u64 LE offset into the arena that the header's
+``"$shm"`` object names. Only the worker's own streams carry such tensors (a golden store never).
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ import struct
 
 import numpy as np
 
+from . import shm
+
 MAGIC = b"GLD1"
+# A tensor entry's dtype code with this bit: its bytes are in the frame's shared memory.
+SHARED = 0x80
 # A frame larger than this is refused rather than allocated: a corrupt length must not exhaust memory.
 # The runtime's limit is the same 2 GiB. GOLDEN_MAX_FRAME (bytes) can only lower it: golden's own
 # tests reach the limit with small tensors that way.
@@ -96,10 +104,12 @@ def _read_into(stream, buffer: memoryview) -> int:
     return filled
 
 
-def read_frame(stream):
+def read_frame(stream, session=None):
     """Read one frame: returns (request id, header dict, list of WireTensor), or None at EOF.
 
     The body is read into one writable buffer that the frame's arrays then share: no copies.
+    Tensors in shared memory are read-only views of the peer's arena, which `session` (a
+    :class:`golden_ref.shm.Session`) attaches; without a session they are a protocol error.
     """
     head = bytearray(4)
     got = _read_into(stream, memoryview(head))
@@ -114,11 +124,12 @@ def read_frame(stream):
     got = _read_into(stream, memoryview(body))
     if got < length:
         raise ProtocolError(f"stream ended inside a frame ({got} of {length} bytes)")
-    return decode_body(body)
+    return decode_body(body, session)
 
 
-def decode_body(body):
-    """Decode the part of a frame after its length prefix (arrays are views into `body`)."""
+def decode_body(body, session=None):
+    """Decode the part of a frame after its length prefix (arrays are views into `body`, or into
+    the peer's arena for tensors in shared memory)."""
     view = memoryview(body)
     pos = 0
 
@@ -144,6 +155,8 @@ def decode_body(body):
     tensors = []
     for index in range(count):
         code, ndim = struct.unpack("<BB", take(2))
+        shared = bool(code & SHARED)
+        code &= ~SHARED
         if code not in DTYPES:
             raise ProtocolError(f"tensor {index}: unknown dtype code {code}")
         if ndim > MAX_NDIM:
@@ -159,25 +172,49 @@ def decode_body(body):
                 f"tensor {index}: {nbytes} bytes for shape {list(dims)} of {name} "
                 f"(expected {numel * np_dtype.itemsize})"
             )
-        raw = take(nbytes)
-        array = np.frombuffer(raw, dtype=np_dtype).reshape(dims)
+        if shared:
+            (offset,) = struct.unpack("<Q", take(8))
+            array = _shared_array(header.get("$shm"), session, index, offset, nbytes, np_dtype, dims)
+        else:
+            raw = take(nbytes)
+            array = np.frombuffer(raw, dtype=np_dtype).reshape(dims)
         tensors.append(WireTensor(name, array))
     if pos != len(view):
         raise ProtocolError(f"{len(view) - pos} trailing bytes after the last tensor")
     return request_id, header, tensors
 
 
+def _shared_array(desc, session, index, offset, nbytes, np_dtype, dims):
+    """Tensor `index` of a frame: `nbytes` at `offset` of the arena `desc` names."""
+    if session is None:
+        raise ProtocolError(f"tensor {index} lives in shared memory, which this stream does not carry")
+    size = desc.get("size") if isinstance(desc, dict) else None
+    if not isinstance(size, int) or offset + nbytes > size:
+        raise ProtocolError(
+            f"tensor {index}: bytes {offset}..{offset + nbytes} are outside the shared memory the "
+            f"frame names ({size!r} bytes)"
+        )
+    try:
+        return session.attach(desc).array(offset, nbytes, np_dtype, dims)
+    except shm.BadArena as e:
+        raise ProtocolError(f"tensor {index}: {e}") from None
+
+
 def _size(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.1f} MiB"
 
 
-def frame_parts(request_id: int, header: dict, tensors: list[WireTensor]) -> list:
-    """The frame as a list of buffers, length prefix first; tensor data is not copied.
+def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], session=None) -> list:
+    """The frame as a list of buffers, length prefix first; tensor data is not copied (but for
+    tensors of at least `session.min` bytes, copied once into this worker's arena when the request
+    allows it).
 
-    Raises FrameTooLarge, from the tensors' shapes alone, for a frame over MAX_FRAME."""
-    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
+    Raises FrameTooLarge, from the tensors' shapes alone, for a frame over MAX_FRAME (counting the
+    tensors in shared memory too: the limit is the answer's, wherever its bytes travel)."""
     sizes = [t.array.size * DTYPES[CODES[t.dtype]][1].itemsize for t in tensors]
-    length = 4 + 12 + len(header_bytes) + 4 + sum(10 + 8 * t.array.ndim + n for t, n in zip(tensors, sizes))
+    entries = sum(10 + 8 * t.array.ndim + n for t, n in zip(tensors, sizes))
+    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
+    length = 4 + 12 + len(header_bytes) + 4 + entries
     if length > MAX_FRAME:
         big = max(range(len(tensors)), key=sizes.__getitem__, default=None)
         largest = "" if big is None else (
@@ -186,17 +223,54 @@ def frame_parts(request_id: int, header: dict, tensors: list[WireTensor]) -> lis
         raise FrameTooLarge(
             f"a frame of {_size(length)} exceeds the frame limit of {_size(MAX_FRAME)}{largest}"
         )
+    offsets = _place(header, tensors, sizes, session)
+    if offsets:
+        header = {**header, "$shm": session.writer.describe()}
+    if session is not None and session.fallback and not session.fallback_said:
+        session.fallback_said = True
+        header = {**header, "$shm_fallback": session.fallback}
+    if offsets or "$shm_fallback" in header:
+        header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
     parts = [MAGIC, struct.pack("<QI", request_id, len(header_bytes)), header_bytes]
     parts.append(struct.pack("<I", len(tensors)))
-    for t in tensors:
-        array = np.asarray(t.array, dtype=DTYPES[CODES[t.dtype]][1], order="C")
-        parts.append(struct.pack("<BB", CODES[t.dtype], array.ndim))
+    for i, t in enumerate(tensors):
+        code = CODES[t.dtype]
+        if i in offsets:
+            parts.append(struct.pack("<BB", code | SHARED, t.array.ndim))
+            if t.array.ndim:
+                parts.append(struct.pack(f"<{t.array.ndim}Q", *t.array.shape))
+            parts.append(struct.pack("<QQ", sizes[i], offsets[i]))
+            continue
+        array = np.asarray(t.array, dtype=DTYPES[code][1], order="C")
+        parts.append(struct.pack("<BB", code, array.ndim))
         if array.ndim:
             parts.append(struct.pack(f"<{array.ndim}Q", *array.shape))
         parts.append(struct.pack("<Q", array.nbytes))
         if array.nbytes:
             parts.append(memoryview(array.reshape(-1)).cast("B"))
-    return [struct.pack("<I", length)] + parts
+    body = sum(memoryview(p).nbytes for p in parts)
+    return [struct.pack("<I", body)] + parts
+
+
+def _place(header, tensors, sizes, session) -> dict:
+    """Copy the tensors of at least `session.min` bytes into the worker's arena: {index: offset}.
+    Empty when the request does not take shared memory or the arena cannot grow (then everything
+    travels inline, and the session says why once)."""
+    if session is None or session.min is None:
+        return {}
+    chosen = [i for i, n in enumerate(sizes) if n >= session.min]
+    if not chosen:
+        return {}
+    offsets, end = {}, 0
+    for i in chosen:
+        offsets[i] = end
+        end = shm.align(end + sizes[i])
+    arena = session.arena_for(end)
+    if arena is None:
+        return {}
+    for i in chosen:
+        arena.write(offsets[i], np.asarray(tensors[i].array, dtype=DTYPES[CODES[tensors[i].dtype]][1]))
+    return offsets
 
 
 def encode_frame(request_id: int, header: dict, tensors: list[WireTensor]) -> bytes:
@@ -204,8 +278,8 @@ def encode_frame(request_id: int, header: dict, tensors: list[WireTensor]) -> by
     return b"".join(frame_parts(request_id, header, tensors))
 
 
-def write_frame(stream, request_id: int, header: dict, tensors: list[WireTensor]) -> None:
-    for part in frame_parts(request_id, header, tensors):
+def write_frame(stream, request_id: int, header: dict, tensors: list[WireTensor], session=None) -> None:
+    for part in frame_parts(request_id, header, tensors, session):
         stream.write(part)
     stream.flush()
 

@@ -22,19 +22,24 @@ Requests (`op` in the JSON header):
   for those mutations that move it toward the port's outputs (:mod:`golden_ref.mutations`)
 * `gradients` -> PyTorch's gradients of sum(out * cotangent) on one case
 * `train` -> the overfit check's training steps in PyTorch (:mod:`golden_ref.training`)
+* `echo` -> the request's tensors, as they came (the transport's benchmark)
+
+Large tensors travel through shared memory when both sides can map it (:mod:`golden_ref.shm`):
+`hello` carries the runtime's offer, and the answer this worker's arena or why it has none.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import select
 import signal
 import sys
 import threading
 import time
 import traceback
 
-from . import wire
+from . import shm, wire
 from .backends import BACKENDS, BackendError, OutputError
 from .evaluate import Case, NotDeterministic, ReferenceRaised, forward, gradient_case, param_spec, variants
 from .limits import AnswerTooLarge
@@ -45,9 +50,10 @@ from .references import ReferenceError_, provenance, resolve
 class Worker:
     """State of one worker process: resolved references and backends, cached across requests."""
 
-    def __init__(self):
+    def __init__(self, session=None):
         self.references = {}
         self.backends = {}
+        self.session = session or shm.Session(None)
 
     def backend(self, name: str):
         if name not in BACKENDS:
@@ -89,11 +95,15 @@ class Worker:
 
             info = {"python": sys.version.split()[0], "numpy": numpy.__version__, "pid": os.getpid()}
             info.update(getattr(self, "extra_info", {}))
+            info.update(self.session.hello())
             for name in header.get("backends", []):
                 version = self.backend(name).check_available()
                 if version:
                     info[name] = version
             return info, []
+        if op == "echo":
+            table = wire.TensorTable()
+            return {"tensors": [table.ref(t) for t in tensors]}, table.tensors
         if op == "load":
             obj = self.reference(header["reference"], header["form"], header["backend"])
             objects = [obj]
@@ -278,7 +288,9 @@ def private_stdio() -> None:
 def main() -> int:
     # The protocol gets private duplicates of stdin and stdout (os.dup: not inherited by processes
     # the reference starts); the references get /dev/null and stderr in their place.
-    proto_in = os.fdopen(os.dup(0), "rb")
+    # Unbuffered input: frames are read straight into their buffers, and `serve` can wait for the
+    # next one with a timeout.
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
     proto_out = os.fdopen(os.dup(1), "wb")
     private_stdio()
     # A crash in a reference (or in torch) prints the Python stack on stderr, which the runtime
@@ -289,20 +301,42 @@ def main() -> int:
     if os.getppid() != parent:
         return 0
     watch_parent(parent)
-    code = serve(proto_in, proto_out)
+    code = serve(proto_in, proto_out, peer=parent)
     # The runtime closed our input (it is done with us, or gone): so are the references' helpers.
     end_group()
     return code
 
 
-def serve(proto_in, proto_out, extra_info=None) -> int:
+def _idle(stream, seconds: float) -> bool:
+    """Whether nothing arrives on `stream` for `seconds` (False for a stream without a descriptor)."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    readable, _, _ = select.select([fd], [], [], seconds)
+    return not readable
+
+
+def serve(proto_in, proto_out, extra_info=None, peer=None) -> int:
     """Answer requests from `proto_in` on `proto_out` until EOF. `extra_info` is added to the
-    answer to `hello`."""
-    worker = Worker()
+    answer to `hello`; `peer` is the pid of the runtime's process (its shared memory must be
+    its own)."""
+    session = shm.Session(peer)
+    worker = Worker(session)
     worker.extra_info = extra_info or {}
+    try:
+        return _serve(worker, session, proto_in, proto_out)
+    finally:
+        session.close()
+
+
+def _serve(worker, session, proto_in, proto_out) -> int:
     while True:
+        if session.large() and _idle(proto_in, shm.IDLE):
+            # Idle with a large arena: give its memory back (the runtime does the same).
+            session.release()
         try:
-            frame = wire.read_frame(proto_in)
+            frame = wire.read_frame(proto_in, session)
         except wire.ProtocolError as e:
             # The stream cannot be resynchronised after a broken frame: say why, then stop.
             wire.write_frame(proto_out, 0, {"ok": False, "error": error_response(e)}, [])
@@ -310,6 +344,7 @@ def serve(proto_in, proto_out, extra_info=None) -> int:
         if frame is None:
             return 0
         request_id, header, tensors = frame
+        session.request(header.pop("$shm", None))
         try:
             body, out_tensors = worker.handle(header, tensors)
             response = {"ok": True, **body}
@@ -317,9 +352,11 @@ def serve(proto_in, proto_out, extra_info=None) -> int:
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             response, out_tensors = {"ok": False, "error": error_response(e)}, []
+        # The request's tensors may be views of the runtime's arena: done with them.
+        del tensors, frame
         try:
             try:
-                wire.write_frame(proto_out, request_id, response, out_tensors)
+                wire.write_frame(proto_out, request_id, response, out_tensors, session)
             except wire.FrameTooLarge as e:
                 # Nothing was written yet: the answer becomes an error that says why.
                 error = {"kind": "too_large", "message": f"the answer to `{header.get('op')}` is too large: {e}"}

@@ -9,6 +9,9 @@
 //! * `checks <reference>[@timeout]...`: check each in turn in this process, printing each result
 //!   followed by a line `----`, then `stray workers: <pids>`: this process's workers that are not
 //!   idle in the pool (private workers only).
+//!
+//! The checks' input is `x: [n]` with `n` in 1..=4, or exactly `GOLDEN_FAULT_CHILD_N` (large
+//! inputs, for shared memory).
 
 #[path = "../common/processes.rs"]
 #[allow(dead_code)]
@@ -19,8 +22,11 @@ use std::time::{Duration, Instant};
 
 /// `pass`, or the failure's message.
 fn identity_check(reference: &str, timeout: Option<f64>) -> String {
+    let n: Option<usize> = std::env::var("GOLDEN_FAULT_CHILD_N")
+        .ok()
+        .and_then(|n| n.parse().ok());
     let mut layer = Layer::function("child", reference)
-        .dim("n", 1, 4)
+        .dim("n", n.unwrap_or(1), n.unwrap_or(4))
         .arg("x", ["n"], Dist::default())
         .cases(4)
         .mode(golden::describe::env::Mode::Live);

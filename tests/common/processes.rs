@@ -72,3 +72,38 @@ pub fn recorded_pids(file: &std::path::Path) -> Vec<u32> {
         .filter_map(|l| l.trim().parse().ok())
         .collect()
 }
+
+/// Golden's shared-memory arenas that process `pid` holds, as descriptors or mappings: their
+/// memfd names (`golden-<creator pid>-<n>`), each once.
+pub fn arenas_of(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|link| link.to_string_lossy().into_owned())
+        .chain(
+            std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| Some(l[l.find("/memfd:")?..].to_string()))
+                .collect::<Vec<_>>(),
+        )
+        .filter_map(|target| {
+            let name = target.strip_prefix("/memfd:")?;
+            let name = name.strip_suffix(" (deleted)").unwrap_or(name);
+            name.starts_with("golden-").then(|| name.to_string())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The pid in an arena's name `golden-<pid>-<n>`.
+pub fn arena_creator(name: &str) -> Option<u32> {
+    name.strip_prefix("golden-")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}

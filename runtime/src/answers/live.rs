@@ -243,6 +243,7 @@ impl Live {
         // Read by the worker pool and at start-up; an invalid value is reported here, once.
         env::max_workers()?;
         env::start_timeout()?;
+        crate::python::shm::mode()?;
         Ok(Live {
             key: WorkerKey::from_env(layer.manifest_dir()),
             timeout: match layer.timeout {

@@ -14,14 +14,22 @@
 //! away. The I/O threads of a worker are never joined: they end when the last holder of the pipes
 //! does, which is no business of the test's.
 //!
+//! Large tensors travel through shared memory when both sides can map it ([`crate::python::shm`]):
+//! the worker's `hello` answers the offer of this process's arena with its own. Frames are written
+//! from the tensors' own buffers (no frame is gathered into one), and read straight into theirs.
+//!
 //! Pool policy: at most `GOLDEN_WORKERS` (default: the number of cores, at most 4) workers per test
 //! process, started lazily when a check needs one and none is idle, kept until the process exits.
+//! An idle worker's large shared memory is released after [`shm::IDLE`] by a janitor thread that
+//! runs only while there is some.
 //! A worker exits by itself when the test process goes away: its stdin reaches EOF, and a watchdog
 //! thread in the worker notices its parent is gone even while a reference is busy.
 
 use crate::describe::env::{self, Python};
 use crate::python::key::{pythonpath, WorkerKey};
-use crate::python::wire::{self, Frame, WireError};
+use crate::python::shm;
+use crate::python::wire::{self, Frame, RawFrame, WireError};
+use bytes::Bytes;
 use golden_files::HostTensor;
 use serde_json::{json, Value as Json};
 use std::collections::VecDeque;
@@ -343,10 +351,12 @@ impl Process {
 pub struct Worker {
     key: WorkerKey,
     process: Process,
-    to_worker: Option<mpsc::Sender<Vec<u8>>>,
-    from_worker: mpsc::Receiver<Result<Frame, WireError>>,
+    to_worker: Option<mpsc::Sender<Vec<Bytes>>>,
+    from_worker: Answers,
     next_id: u64,
     healthy: bool,
+    /// Shared memory with the worker, when both sides can map it.
+    shm: Option<shm::Link>,
     /// The worker's answer to `hello`: versions of Python and NumPy, its pid (and, from the shared
     /// worker, its log, the daemon's pid and the client's).
     pub info: Json,
@@ -417,14 +427,18 @@ fn kill_group(pgid: u32) {
     }
 }
 
-/// The thread that writes requests to the worker (never joined: see the module's doc).
-fn writer_thread(mut sink: impl Write + Send + 'static) -> mpsc::Sender<Vec<u8>> {
-    let (to_worker, requests) = mpsc::channel::<Vec<u8>>();
+/// The thread that writes requests to the worker (never joined: see the module's doc). A request
+/// is the frame's parts ([`wire::encode_parts`]), written in order from where they are.
+fn writer_thread(sink: impl Write + Send + 'static) -> mpsc::Sender<Vec<Bytes>> {
+    let (to_worker, requests) = mpsc::channel::<Vec<Bytes>>();
+    // Small parts (headers between tensors) are gathered; large ones go straight to the pipe.
+    let mut sink = std::io::BufWriter::with_capacity(1 << 16, sink);
     std::thread::Builder::new()
         .name("golden-worker-in".into())
         .spawn(move || {
-            for bytes in requests {
-                if sink.write_all(&bytes).and_then(|_| sink.flush()).is_err() {
+            for parts in requests {
+                let written = parts.iter().try_for_each(|part| sink.write_all(part));
+                if written.and_then(|_| sink.flush()).is_err() {
                     break;
                 }
             }
@@ -433,8 +447,9 @@ fn writer_thread(mut sink: impl Write + Send + 'static) -> mpsc::Sender<Vec<u8>>
     to_worker
 }
 
-/// The thread that reads the worker's answers (never joined).
-type Answers = mpsc::Receiver<Result<Frame, WireError>>;
+/// The thread that reads the worker's answers (never joined). Tensors in shared memory are read by
+/// the request that waits for the answer ([`Worker::request`]).
+type Answers = mpsc::Receiver<Result<RawFrame, WireError>>;
 
 fn reader_thread(source: impl Read + Send + 'static) -> Answers {
     let (answers, from_worker) = mpsc::channel();
@@ -443,7 +458,7 @@ fn reader_thread(source: impl Read + Send + 'static) -> Answers {
         .spawn(move || {
             let mut reader = std::io::BufReader::with_capacity(1 << 16, source);
             loop {
-                let frame = match wire::read_frame(&mut reader) {
+                let frame = match wire::read_raw_frame(&mut reader) {
                     // Quote what else arrived with the first bytes (a banner is one write).
                     Err(WireError::NotAFrame(mut bytes)) => {
                         let more = reader.buffer();
@@ -526,6 +541,7 @@ impl Worker {
             from_worker,
             next_id: 1,
             healthy: true,
+            shm: None,
             info: Json::Null,
         };
         worker.hello()
@@ -549,6 +565,7 @@ impl Worker {
             from_worker,
             next_id: 1,
             healthy: true,
+            shm: None,
             info: Json::Null,
         };
         let mut worker = worker.hello()?;
@@ -560,7 +577,14 @@ impl Worker {
         Ok(worker)
     }
 
+    /// Ask the worker for `hello`, offering it this process's shared memory; keep the link if the
+    /// worker answers with its own, which must be its own (its pid) and a sealed memfd.
     fn hello(mut self) -> Result<Worker, WorkerError> {
+        if shm::mode() == Ok(shm::Mode::Auto) {
+            self.shm = shm::Link::offer()
+                .map_err(|e| shm::note_unavailable(&format!("memfd_create: {e}")))
+                .ok();
+        }
         let (info, _) = self.request(
             json!({"op": "hello"}),
             Vec::new(),
@@ -568,7 +592,44 @@ impl Worker {
             "starting up",
         )?;
         self.info = info;
+        if let Some(link) = &mut self.shm {
+            let pid = self.info["pid"]
+                .as_u64()
+                .and_then(|p| u32::try_from(p).ok());
+            let accepted = match pid {
+                Some(pid) => link.accept(&self.info, pid),
+                None => Err("the worker's hello has no pid".into()),
+            };
+            if let Err(why) = accepted {
+                shm::note_unavailable(&why);
+                self.shm = None;
+            }
+        }
         Ok(self)
+    }
+
+    /// The smallest tensor that travels to and from this worker through shared memory; `None`
+    /// when every tensor travels inline (shared memory off, unavailable, or set so).
+    pub fn shared_memory(&self) -> Option<usize> {
+        self.shm.as_ref().and_then(shm::Link::min)
+    }
+
+    /// Make tensors of at least `min` bytes travel through shared memory (`None`: every tensor
+    /// inline), for benchmarks and golden's own tests. Returns whether this worker has shared
+    /// memory at all (otherwise nothing changes).
+    pub fn set_shared_memory(&mut self, min: Option<usize>) -> bool {
+        match &mut self.shm {
+            Some(link) => {
+                link.set_min(min);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Bytes of shared memory this process holds mapped for the worker.
+    pub fn shared_memory_footprint(&self) -> usize {
+        self.shm.as_ref().map_or(0, shm::Link::footprint)
     }
 
     /// The process id of the interpreter.
@@ -628,19 +689,39 @@ impl Worker {
         let starting = matches!(header["op"].as_str(), Some("hello" | "load"));
         let id = self.next_id;
         self.next_id += 1;
-        let bytes = wire::encode(&Frame {
-            id,
-            header,
-            tensors,
-        });
-        if bytes.len() - 4 > wire::MAX_FRAME {
+        let payload: usize = tensors.iter().map(|t| t.data.len()).sum();
+        if payload > wire::MAX_FRAME {
             return Err(WorkerError::Protocol(format!(
-                "a request of {} bytes exceeds the frame limit of {} bytes",
-                bytes.len(),
+                "a request of {payload} bytes of tensors exceeds the frame limit of {} bytes",
                 wire::MAX_FRAME
             )));
         }
-        let sent = self.to_worker.as_ref().map(|tx| tx.send(bytes).is_ok());
+        let mut header = header;
+        let (offsets, shared) = match &mut self.shm {
+            Some(link) => link.place(&tensors),
+            None => (Vec::new(), None),
+        };
+        if let (Some(shared), Some(object)) = (shared, header.as_object_mut()) {
+            object.insert(wire::SHM_KEY.into(), shared);
+        }
+        let frame = Frame {
+            id,
+            header,
+            tensors,
+        };
+        let parts = wire::encode_parts(&frame, &offsets);
+        let in_shm: usize = (frame.tensors.iter().zip(&offsets))
+            .filter_map(|(t, o)| o.map(|_| t.data.len()))
+            .sum();
+        let len = parts.iter().map(Bytes::len).sum::<usize>() - 4 + in_shm;
+        if len > wire::MAX_FRAME {
+            return Err(WorkerError::Protocol(format!(
+                "a request of {} bytes exceeds the frame limit of {} bytes",
+                len + 4,
+                wire::MAX_FRAME
+            )));
+        }
+        let sent = self.to_worker.as_ref().map(|tx| tx.send(parts).is_ok());
         if sent != Some(true) {
             return Err(self.died(during));
         }
@@ -689,6 +770,14 @@ impl Worker {
                 frame.id
             )));
         }
+        let frame = match self.resolve(frame) {
+            Ok(frame) => frame,
+            Err(e) => {
+                self.healthy = false;
+                self.process.kill();
+                return Err(WorkerError::Protocol(format!("{e} while {during}")));
+            }
+        };
         match ok {
             Some(true) => Ok((frame.header, frame.tensors)),
             Some(false) => Err(WorkerError::Remote(remote_error(&frame.header))),
@@ -696,6 +785,34 @@ impl Worker {
                 self.healthy = false;
                 Err(WorkerError::Protocol("an answer without `ok`".into()))
             }
+        }
+    }
+
+    /// An answer with every tensor's bytes: those in the worker's arena copied out now, before
+    /// the next request lets the worker write it again.
+    fn resolve(&mut self, mut frame: RawFrame) -> Result<Frame, WireError> {
+        if let Some(why) = frame
+            .header
+            .as_object_mut()
+            .and_then(|o| o.remove("$shm_fallback"))
+        {
+            shm::note_unavailable(&format!(
+                "the worker's own: {}",
+                why.as_str().unwrap_or_default()
+            ));
+        }
+        match &mut self.shm {
+            Some(link) if frame.has_shared() => {
+                frame.resolve(|desc, offset, len| link.read(desc, offset, len))
+            }
+            _ => frame.inline(),
+        }
+    }
+
+    /// Release the shared memory of a worker idle for [`shm::IDLE`], if it is large.
+    fn release_idle_shm(&mut self) {
+        if let Some(link) = &mut self.shm {
+            link.release_if_idle();
         }
     }
 }
@@ -714,7 +831,7 @@ impl Worker {
     /// Wait up to `timeout` for the next frame, looking every [`WATCH_INTERVAL`] whether the
     /// worker is still alive: a worker that died is noticed at once, even when its pipes stay open
     /// (a process it started holds them).
-    fn answer(&mut self, timeout: Duration) -> Result<Result<Frame, WireError>, Waited> {
+    fn answer(&mut self, timeout: Duration) -> Result<Result<RawFrame, WireError>, Waited> {
         let deadline = Instant::now().checked_add(timeout);
         loop {
             let slice = match deadline {
@@ -779,6 +896,21 @@ impl Drop for Worker {
     }
 }
 
+/// Release the large shared memory of workers idle for [`shm::IDLE`]; ends when no idle worker
+/// holds any (a worker checked in with some starts it again).
+fn janitor() {
+    loop {
+        std::thread::sleep(shm::IDLE / 2);
+        let mut state = pool().state.lock().unwrap();
+        state.idle.iter_mut().for_each(Worker::release_idle_shm);
+        let large = |w: &Worker| w.shared_memory_footprint() > shm::KEEP;
+        if !state.idle.iter().any(large) {
+            state.janitor = false;
+            return;
+        }
+    }
+}
+
 /// Workers shared by the checks of one test process.
 pub struct Pool {
     state: Mutex<PoolState>,
@@ -789,6 +921,8 @@ pub struct Pool {
 struct PoolState {
     idle: Vec<Worker>,
     live: usize,
+    /// Whether the janitor thread runs (it releases idle workers' large shared memory).
+    janitor: bool,
 }
 
 /// A worker lent by the pool; it goes back when dropped (or is discarded if it died).
@@ -824,6 +958,7 @@ pub fn pool() -> &'static Pool {
         state: Mutex::new(PoolState {
             idle: Vec::new(),
             live: 0,
+            janitor: false,
         }),
         freed: Condvar::new(),
         // An invalid GOLDEN_WORKERS is reported when a check opens its reference (`Live::new`).
@@ -872,6 +1007,13 @@ impl Pool {
     fn check_in(&self, worker: Worker) {
         let mut state = self.state.lock().unwrap();
         if worker.is_healthy() {
+            if worker.shared_memory_footprint() > shm::KEEP && !state.janitor {
+                state.janitor = true;
+                std::thread::Builder::new()
+                    .name("golden-shm-janitor".into())
+                    .spawn(janitor)
+                    .expect("spawn a thread");
+            }
             state.idle.push(worker);
         } else {
             state.live -= 1;
