@@ -93,6 +93,10 @@ fn a_custom_backward_off_by_two_is_caught_by_both_checks() {
         issues.contains("in the port's backward") && issues.contains("(2× the finite difference)"),
         "{issues}"
     );
+    assert!(
+        issues.contains("likely cause: the port's backward is not the derivative"),
+        "{issues}"
+    );
     // PyTorch's autograd: grad.x differs.
     assert!(f.to_string().contains("leaf `grad.x`"), "{f}");
     assert!(
@@ -245,6 +249,13 @@ fn candle_conv1d_backward_with_a_stride_is_wrong() {
     let issues = grad_issues(&f);
     assert!(issues.contains("`weight`: ∂out"), "{issues}");
     assert!(f.to_string().contains("leaf `grad.weight`"), "{f}");
+    // The cause: a backward, here candle's own, not the port's forward.
+    assert!(
+        issues
+            .contains("likely cause: the port's backward is not the derivative of its own forward")
+            && issues.contains("candle 0.11.1's `conv1d` backward is one"),
+        "{issues}"
+    );
 }
 
 #[test]

@@ -292,11 +292,16 @@ fn call_args(attr: &Attr, params: &[Param], errors: &mut Errors) -> (Vec<TokenSt
                             quote!(::std::unreachable!())
                         }
                     },
+                    // A parameter named as a dim gets the case's size of that dim.
+                    None if attr.dims.iter().any(|d| d.name == p.name) => {
+                        quote_spanned!(span=> (__golden_inputs.dim(#name) as _))
+                    }
                     None => {
                         errors.push(
                             p.name.span(),
                             format!(
-                                "parameter `{name}` needs a value: add `{name} = ...` to `consts(...)`{}, \
+                                "parameter `{name}` needs a value: name it as a dim of `dims(...)`, \
+                                 add `{name} = ...` to `consts(...)`{}, \
                                  or make it a tensor (`&Tensor`) with a shape in `args(...)`",
                                 if module_form { ", `init(...)` or `config = \"...\"(...)`" } else { "" }
                             ),

@@ -545,9 +545,22 @@ impl CaseRunner for GradRunner<'_> {
                 }
             }
         }
+        // A backward that disagrees with the port's own finite differences is a bug in a
+        // backward, wherever the forward stands: say so, and where such bugs usually are.
+        if c.gradient_issues.iter().any(|i| fd_target(i).is_some()) {
+            c.gradient_issues.push(BACKWARD_CAUSE.to_string());
+        }
         check::leave_artifacts(self.layer, Kind::Gradients, dtype, failure);
     }
 }
+
+/// The likely cause of a port whose backward is not the derivative of its own forward.
+const BACKWARD_CAUSE: &str = "likely cause: the port's backward is not the derivative of its own \
+    forward (its backward against its own finite differences, above), so the bug is in how it \
+    differentiates: a `detach()` or a value taken out of the graph (`to_vec`, a tensor built \
+    anew), a custom op's `bwd`, or a candle op whose backward is wrong at these shapes (candle \
+    0.11.1's `conv1d` backward is one); check the port's steps one at a time with `grad` to find \
+    which";
 
 /// The input or parameter a finite-difference finding is about: its text starts with the name in
 /// backquotes and a colon (`` `x`: ∂out[0]/∂x[1] is … ``, `` `x`: the port's derivative … ``).
