@@ -461,6 +461,23 @@ impl StateDict {
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Self> {
+        let names: Vec<String> = entries.iter().map(|(n, _)| n.clone()).collect();
+        Self::serve_made(&names, aliases, rename, dtype, device, |k| {
+            Var::from_tensor(&entries[k].1.to_candle(device)?)
+        })
+    }
+
+    /// [`StateDict::serve`] with the entry of each name made by `make(index)` (called once per
+    /// tied group, for its first name): a caller that serves the same entries many times keeps
+    /// them in the form cheapest to copy.
+    pub(crate) fn serve_made(
+        names: &[String],
+        aliases: &[Vec<String>],
+        rename: &[(String, String)],
+        dtype: DType,
+        device: &Device,
+        mut make: impl FnMut(usize) -> candle_core::Result<Var>,
+    ) -> candle_core::Result<Self> {
         let map = VarMap::new();
         let served = |n: &str| renamed(n, rename);
         let aliases: Vec<Vec<String>> = aliases
@@ -469,7 +486,7 @@ impl StateDict {
             .collect();
         {
             let mut data = map.data().lock().unwrap();
-            for (name, t) in entries {
+            for (k, name) in names.iter().enumerate() {
                 let name = served(name);
                 let tied = aliases
                     .iter()
@@ -477,7 +494,7 @@ impl StateDict {
                     .and_then(|g| g.iter().find_map(|n| data.get(n).cloned()));
                 let var = match tied {
                     Some(var) => var,
-                    None => Var::from_tensor(&t.to_candle(device)?)?,
+                    None => make(k)?,
                 };
                 data.insert(name, var);
             }
@@ -485,11 +502,11 @@ impl StateDict {
         Ok(StateDict {
             inner: Arc::new(Tracked {
                 map,
-                names: entries.iter().map(|(n, _)| served(n)).collect(),
-                renamed: entries
+                names: names.iter().map(|n| served(n)).collect(),
+                renamed: names
                     .iter()
-                    .filter(|(n, _)| served(n) != *n)
-                    .map(|(n, _)| (served(n), n.clone()))
+                    .filter(|n| served(n) != **n)
+                    .map(|n| (served(n), n.clone()))
                     .collect(),
                 aliases,
                 reads: Mutex::new(BTreeSet::new()),

@@ -37,9 +37,12 @@ use crate::report::failure::{CaseFailure, Failure};
 use crate::report::passed::{reference_notes, CaseRecord, Note, Report};
 use crate::run::check::{self, CaseRunner, Outcome, Port};
 use crate::run::forward::call_port;
+use crate::run::port::{Heartbeat, SharedPort};
 use crate::run::port::{PortFailure, PortThread};
 use candle_core::{DType, Device, Tensor, Var};
-use golden_files::HostTensor;
+use golden_files::{HostTensor, WireDType};
+use std::ops::Range;
+use std::sync::Arc;
 
 /// Check a port's gradients (the layer's `grad` options, or the defaults).
 pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
@@ -999,29 +1002,77 @@ impl GradRunner<'_> {
                 *row = g.to_f64();
             }
         }
-        // Numeric columns: two forward passes per input element.
-        let mut worst: Option<(f64, usize, usize, f64, f64)> = None;
-        for j in 0..w0.len() {
-            let at = |sign: f64| -> Result<Vec<f64>, String> {
-                let mut moved = w0.clone();
-                moved[j] += sign * spec.eps;
-                let moved = HostTensor::from_f64(w.shape.clone(), &moved);
-                let run = self.run_moved(case, name, moved)?;
-                HostTensor::from_candle(run.outputs.leaf(leaf)?)
-                    .map(|h| h.to_f64())
-                    .map_err(|e| e.to_string())
-            };
-            let (p, m) = (at(1.0)?, at(-1.0)?);
-            for i in 0..n_out {
-                let numeric = (p[i] - m[i]) / (2.0 * spec.eps);
-                let a = analytic[i][j];
-                let excess = (a - numeric).abs() / (spec.atol + spec.rtol * numeric.abs());
-                if worst.is_none_or(|w| excess > w.0) {
-                    worst = Some((excess, i, j, a, numeric));
-                }
+        // Numeric columns: two forward passes per input element, all in one job on the port's
+        // thread (each call still bounded by the timeout), every call with fresh tensors.
+        let moved_arg = self.layer.args.iter().position(|x| x.name == name);
+        let group = case
+            .aliases
+            .iter()
+            .find(|g| g.iter().any(|n| n == name))
+            .cloned()
+            .unwrap_or_else(|| vec![name.to_string()]);
+        let columns = Arc::new(Columns {
+            port: self.port.port(),
+            dims: self.port.dims(),
+            module: self.layer.form == Form::Module,
+            args: case.args.iter().map(Fresh::of).collect(),
+            state: case
+                .state
+                .iter()
+                .map(|(n, t)| {
+                    let moves = moved_arg.is_none() && group.contains(n);
+                    (n.clone(), Fresh::of(t), moves)
+                })
+                .collect(),
+            aliases: case.aliases.clone(),
+            rename: self.layer.rename.clone(),
+            moved_arg,
+            w0,
+            leaf: leaf.to_string(),
+            analytic,
+            eps: spec.eps,
+            atol: spec.atol,
+            rtol: spec.rtol,
+        });
+        // The columns in as many parts as there are cores, one thread each (the parts are
+        // judged in order, as if they had run one after the other).
+        let n_in = columns.w0.len();
+        let parts = std::thread::available_parallelism()
+            .map_or(1, std::num::NonZeroUsize::get)
+            .clamp(1, MAX_PARTS)
+            .min(n_in.max(1));
+        let job = Arc::new(move |part: usize, beat: &Heartbeat| {
+            columns.evaluate(beat, part * n_in / parts..(part + 1) * n_in / parts)
+        });
+        let worst = match self.port.run_parts("", parts, job) {
+            Ok(Ok(parts)) => Worst::of(&parts),
+            Ok(Err(ColumnError::Golden(e))) => return Err(e),
+            Ok(Err(ColumnError::Port(message))) => {
+                self.port.fail(PortFailure {
+                    message: message.clone(),
+                    panicked: false,
+                    stuck: None,
+                });
+                return Err(format!("the port returned an error: {message}"));
             }
-        }
-        let Some((excess, i, j, a, numeric)) = worst.filter(|w| w.0 > 1.0) else {
+            Err(PortFailure {
+                message, panicked, ..
+            }) => {
+                return Err(if panicked {
+                    format!("the port panicked: {message}")
+                } else {
+                    format!("the port returned an error: {message}")
+                })
+            }
+        };
+        let Some(Entry {
+            excess,
+            i,
+            j,
+            analytic: a,
+            numeric,
+        }) = worst.filter(|w| w.excess > 1.0)
+        else {
             return Ok(None);
         };
         let ratio = if numeric != 0.0 {
@@ -1042,6 +1093,211 @@ impl GradRunner<'_> {
     }
 }
 
+/// A value the port gets, kept in the form cheapest to hand over afresh on every call.
+enum Fresh {
+    /// Float64 values and their shape: a copy per call.
+    F64(Vec<usize>, Vec<f64>),
+    /// Anything else (an integer input), as it travels.
+    Other(HostTensor),
+}
+
+impl Fresh {
+    fn of(t: &HostTensor) -> Self {
+        if t.dtype == WireDType::F64 {
+            Fresh::F64(t.shape.clone(), t.to_f64())
+        } else {
+            Fresh::Other(t.clone())
+        }
+    }
+
+    /// A fresh tensor of these values (of `values` instead, when given).
+    fn tensor(&self, values: Option<&[f64]>, device: &Device) -> candle_core::Result<Tensor> {
+        match (self, values) {
+            (Fresh::F64(shape, v), values) => {
+                Tensor::from_vec(values.unwrap_or(v).to_vec(), shape.as_slice(), device)
+            }
+            (Fresh::Other(h), _) => h.to_candle(device),
+        }
+    }
+
+    /// A fresh `Var` of these values (of `values` instead, when given).
+    fn var(&self, values: Option<&[f64]>, device: &Device) -> candle_core::Result<Var> {
+        match (self, values) {
+            (Fresh::F64(shape, v), values) => {
+                Var::from_vec(values.unwrap_or(v).to_vec(), shape.as_slice(), device)
+            }
+            (Fresh::Other(h), _) => Var::from_tensor(&h.to_candle(device)?),
+        }
+    }
+}
+
+/// Why a job of Jacobian columns stopped.
+enum ColumnError {
+    /// The port returned this error.
+    Port(String),
+    /// Golden could not serve the inputs or read the outputs.
+    Golden(String),
+}
+
+/// An entry of a Jacobian compared with its central difference.
+#[derive(Clone, Copy)]
+struct Entry {
+    /// `|analytic − numeric| / (atol + rtol·|numeric|)`.
+    excess: f64,
+    /// The output element.
+    i: usize,
+    /// The input element.
+    j: usize,
+    analytic: f64,
+    numeric: f64,
+}
+
+/// The threads that compute a Jacobian's columns at most.
+const MAX_PARTS: usize = 4;
+
+/// What decides the worst entry of a run of Jacobian entries in column-major order: the first,
+/// and the first greatest of those that are not NaN.
+#[derive(Default)]
+struct Worst {
+    first: Option<Entry>,
+    best: Option<Entry>,
+}
+
+impl Worst {
+    fn push(&mut self, e: Entry) {
+        if self.first.is_none() {
+            self.first = Some(e);
+        }
+        if !e.excess.is_nan() && self.best.is_none_or(|b| e.excess > b.excess) {
+            self.best = Some(e);
+        }
+    }
+
+    /// The worst entry of runs one after the other: the first entry, then each entry whose
+    /// excess is strictly greater than the worst's so far (so a NaN first entry stays, and later
+    /// NaNs never win) — what one loop over all the entries finds.
+    fn of(runs: &[Worst]) -> Option<Entry> {
+        let mut worst: Option<Entry> = None;
+        for run in runs {
+            worst = match worst {
+                None => match run.first {
+                    Some(first) if first.excess.is_nan() => Some(first),
+                    _ => run.best,
+                },
+                Some(w) if w.excess.is_nan() => Some(w),
+                Some(w) => match run.best {
+                    Some(b) if b.excess > w.excess => Some(b),
+                    _ => Some(w),
+                },
+            };
+        }
+        worst
+    }
+}
+
+/// The numeric side of one Jacobian (an output leaf with respect to an input or parameter), on
+/// the port's thread: two forward passes per input element, each with fresh tensors as the port
+/// always gets them, compared column by column with the analytic rows.
+struct Columns {
+    port: SharedPort,
+    dims: Vec<(String, usize)>,
+    /// Whether the port is a module (it gets the state dict).
+    module: bool,
+    args: Vec<Fresh>,
+    /// The state dict, with whether the entry is (a name of) the moved parameter.
+    state: Vec<(String, Fresh, bool)>,
+    aliases: Vec<Vec<String>>,
+    rename: Vec<(String, String)>,
+    /// The moved input; `None` when a parameter moves.
+    moved_arg: Option<usize>,
+    /// The moved input's or parameter's values.
+    w0: Vec<f64>,
+    leaf: String,
+    /// The port's backward, a row per output element.
+    analytic: Vec<Vec<f64>>,
+    eps: f64,
+    atol: f64,
+    rtol: f64,
+}
+
+impl Columns {
+    /// Compare the columns `columns`; stop at the first call that fails.
+    fn evaluate(&self, beat: &Heartbeat, columns: Range<usize>) -> Result<Worst, ColumnError> {
+        let mut worst = Worst::default();
+        let mut moved = self.w0.clone();
+        let n_out = self.analytic.len();
+        for j in columns {
+            if beat.cancelled() {
+                break;
+            }
+            moved[j] = self.w0[j] + self.eps;
+            let p = self.outputs(beat, &moved)?;
+            moved[j] = self.w0[j] - self.eps;
+            let m = self.outputs(beat, &moved)?;
+            moved[j] = self.w0[j];
+            for i in 0..n_out {
+                let numeric = (p[i] - m[i]) / (2.0 * self.eps);
+                let analytic = self.analytic[i][j];
+                let excess = (analytic - numeric).abs() / (self.atol + self.rtol * numeric.abs());
+                worst.push(Entry {
+                    excess,
+                    i,
+                    j,
+                    analytic,
+                    numeric,
+                });
+            }
+        }
+        Ok(worst)
+    }
+
+    /// The leaf's values, in float64, with the input or parameter at `moved`.
+    fn outputs(&self, beat: &Heartbeat, moved: &[f64]) -> Result<Vec<f64>, ColumnError> {
+        let device = Device::Cpu;
+        let golden = |e: candle_core::Error| ColumnError::Golden(e.to_string());
+        let tensors = self
+            .args
+            .iter()
+            .enumerate()
+            .map(|(k, a)| a.tensor((self.moved_arg == Some(k)).then_some(moved), &device))
+            .collect::<candle_core::Result<Vec<_>>>()
+            .map_err(golden)?;
+        let state = if self.module {
+            let names: Vec<String> = self.state.iter().map(|(n, _, _)| n.clone()).collect();
+            Some(
+                StateDict::serve_made(
+                    &names,
+                    &self.aliases,
+                    &self.rename,
+                    DType::F64,
+                    &device,
+                    |k| {
+                        let (_, value, moves) = &self.state[k];
+                        value.var(moves.then_some(moved), &device)
+                    },
+                )
+                .map_err(golden)?,
+            )
+        } else {
+            None
+        };
+        let inputs = crate::describe::outputs::PortInputs {
+            tensors,
+            var_builder: state.as_ref().map(StateDict::var_builder),
+            dims: self.dims.clone(),
+        };
+        beat.beat();
+        let outputs = (self.port)(&inputs).map_err(ColumnError::Port)?;
+        let out = outputs.leaf(&self.leaf).map_err(ColumnError::Golden)?;
+        let values = if out.dtype() == DType::F64 {
+            out.flatten_all().and_then(|o| o.to_vec1::<f64>())
+        } else {
+            HostTensor::from_candle(out).map(|h| h.to_f64())
+        };
+        values.map_err(golden)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1053,6 +1309,48 @@ mod tests {
             (d.eps, d.atol, d.rtol, d.mode),
             (1e-6, 1e-5, 1e-3, GradMode::Fast)
         );
+    }
+
+    #[test]
+    fn the_worst_jacobian_entry_of_parts_is_the_one_loop_finds() {
+        let mut rng = Rng::new(7, "worst");
+        for trial in 0..400 {
+            let n = 1 + trial % 9;
+            let entries: Vec<Entry> = rng
+                .normals(n)
+                .iter()
+                .enumerate()
+                .map(|(j, x)| Entry {
+                    // Ties and NaNs, first or later.
+                    excess: if x.abs() > 1.5 {
+                        f64::NAN
+                    } else {
+                        (x * 2.0).round()
+                    },
+                    i: 0,
+                    j,
+                    analytic: 0.0,
+                    numeric: 0.0,
+                })
+                .collect();
+            let mut one: Option<Entry> = None;
+            for e in &entries {
+                if one.is_none_or(|w| e.excess > w.excess) {
+                    one = Some(*e);
+                }
+            }
+            for cut in 0..=n {
+                let runs: Vec<Worst> = [&entries[..cut], &entries[cut..]]
+                    .iter()
+                    .map(|part| {
+                        let mut w = Worst::default();
+                        part.iter().for_each(|e| w.push(*e));
+                        w
+                    })
+                    .collect();
+                assert_eq!(Worst::of(&runs).map(|e| e.j), one.map(|e| e.j));
+            }
+        }
     }
 
     #[test]

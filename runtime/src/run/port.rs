@@ -3,10 +3,12 @@
 //!
 //! **A port that never returns.** Every call of the port's code — its forward pass, a backward
 //! pass through the graph it built, an optimizer step of the overfit check — runs on a helper
-//! thread (one per check, started on its first call), and the test thread waits for the answer at
-//! most the check's `timeout = N` seconds (else `GOLDEN_TIMEOUT`, default 60). A call that does not
-//! answer in time fails its case with *the port did not return within N s on `<case>`*. Rust cannot
-//! stop a thread from outside, so golden abandons it: **the stuck thread keeps running (and keeps
+//! thread (one per check, started on its first call; a Jacobian's columns, thousands of calls, run
+//! in one job per core, on that thread and on threads of their own), and the test thread waits for
+//! each call's answer at most the check's `timeout = N` seconds (else `GOLDEN_TIMEOUT`, default
+//! 60). A call that does not answer in time fails its case with *the port did not return within N
+//! s on `<case>`*. Rust cannot stop a thread from outside, so golden abandons it: **the stuck
+//! thread keeps running (and keeps
 //! what it holds) until the test process ends**, and the check's next call, if any, gets a fresh
 //! thread. This is why a port must own what it captures: [`PortFn`] asks for
 //! `Clone + Send + Sync + 'static`, which a plain function or a `move` closure over owned values
@@ -22,10 +24,10 @@
 use crate::describe::outputs::{Outputs, PortInputs};
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe, PanicHookInfo};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A port the runtime can call: any `Fn(&PortInputs) -> Result<Outputs, String>` that owns what it
 /// captures — a function, or a `move` closure over `Clone` values — so that golden can run it on a
@@ -86,6 +88,9 @@ impl PortFailure {
 }
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// One of the parts of [`PortThread::run_parts`]: `f(part, heartbeat)`.
+pub(crate) type PartJob<W, E> = Arc<dyn Fn(usize, &Heartbeat) -> Result<W, E> + Send + Sync>;
 
 /// The port of one check and the thread it runs on.
 pub(crate) struct PortThread {
@@ -173,10 +178,100 @@ impl PortThread {
         during: &str,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, PortFailure> {
+        self.run_watched(during, move |_| f())
+    }
+
+    /// Run a job making several calls of the port's code on the port's thread, as one hand-off:
+    /// the job calls [`Heartbeat::beat`] as each call starts, and each call, not the job, is
+    /// bounded by the timeout (the job fails as stuck when no call has started for that long).
+    /// Panics are the port's, as in [`PortThread::run`].
+    pub(crate) fn run_watched<T: Send + 'static>(
+        &self,
+        during: &str,
+        f: impl FnOnce(&Heartbeat) -> T + Send + 'static,
+    ) -> Result<T, PortFailure> {
+        let heartbeat = Heartbeat::new(Arc::new(AtomicBool::new(false)));
+        let answered = self.dispatch(heartbeat.clone(), f)?;
+        self.wait(during, &answered, &heartbeat, true)
+    }
+
+    /// Run `parts` jobs of calls of the port's code at once, `f(part, heartbeat)`: part 0 on the
+    /// port's thread, each other on a thread of its own (a port is `Send + Sync`; tests already
+    /// call one port from several threads). Each call is bounded by the timeout as in
+    /// [`PortThread::run_watched`]. The parts are waited for in order and the first that fails —
+    /// its error, its panic, a call that did not return — is the answer, as if they had run one
+    /// after the other; the later parts are then told to stop ([`Heartbeat::cancelled`]).
+    pub(crate) fn run_parts<W: Send + 'static, E: Send + 'static>(
+        &self,
+        during: &str,
+        parts: usize,
+        f: PartJob<W, E>,
+    ) -> Result<Result<Vec<W>, E>, PortFailure> {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let stop = |cancel: &AtomicBool| cancel.store(true, Ordering::Release);
+        let printed = SCOPE.with(|s| s.borrow().clone());
+        let mut started = Vec::new();
+        for part in 0..parts.max(1) {
+            let heartbeat = Heartbeat::new(cancel.clone());
+            let (beat, f) = (heartbeat.clone(), f.clone());
+            let answered = if part == 0 {
+                self.dispatch(beat, move |beat| f(0, beat))
+            } else {
+                let (answer, answered) = mpsc::channel();
+                let printed = printed.clone();
+                let name = format!(
+                    "golden port {part} ({})",
+                    std::thread::current().name().unwrap_or("a test")
+                );
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || {
+                        let _ = answer.send(catching_with(printed, || f(part, &beat)));
+                    })
+                    .map(|_| answered)
+                    .map_err(|e| {
+                        self.fail(PortFailure {
+                            message: format!("golden could not start a thread for the port: {e}"),
+                            panicked: false,
+                            stuck: None,
+                        })
+                    })
+            };
+            match answered {
+                Ok(answered) => started.push((answered, heartbeat)),
+                Err(failure) => {
+                    stop(&cancel);
+                    return Err(failure);
+                }
+            }
+        }
+        let mut values = Vec::new();
+        for (part, (answered, heartbeat)) in started.iter().enumerate() {
+            match self.wait(during, answered, heartbeat, part == 0) {
+                Ok(Ok(value)) => values.push(value),
+                Ok(Err(e)) => {
+                    stop(&cancel);
+                    return Ok(Err(e));
+                }
+                Err(failure) => {
+                    stop(&cancel);
+                    return Err(failure);
+                }
+            }
+        }
+        Ok(Ok(values))
+    }
+
+    /// Queue `f` on the port's thread, catching its panic.
+    fn dispatch<T: Send + 'static>(
+        &self,
+        heartbeat: Heartbeat,
+        f: impl FnOnce(&Heartbeat) -> T + Send + 'static,
+    ) -> Result<mpsc::Receiver<Result<T, String>>, PortFailure> {
         let printed = SCOPE.with(|s| s.borrow().clone());
         let (answer, answered) = mpsc::channel();
         let job: Job = Box::new(move || {
-            let _ = answer.send(catching_with(printed, f));
+            let _ = answer.send(catching_with(printed, || f(&heartbeat)));
         });
         // The thread only ends when its queue is dropped, so a send fails only if it could not
         // even start a job; then one fresh thread.
@@ -184,6 +279,18 @@ impl PortThread {
             self.jobs.borrow_mut().take();
             let _ = self.queue()?.send(job);
         }
+        Ok(answered)
+    }
+
+    /// Wait for a job's answer, at most the timeout after its latest call started. A job on the
+    /// port's thread (`port_thread`) that does not answer abandons that thread.
+    fn wait<T>(
+        &self,
+        during: &str,
+        answered: &mpsc::Receiver<Result<T, String>>,
+        heartbeat: &Heartbeat,
+        port_thread: bool,
+    ) -> Result<T, PortFailure> {
         let panicked = |message: String| PortFailure {
             message: if during.is_empty() {
                 message
@@ -193,25 +300,73 @@ impl PortThread {
             panicked: true,
             stuck: None,
         };
-        match answered.recv_timeout(self.timeout) {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(message)) => Err(self.fail(panicked(message))),
-            Err(RecvTimeoutError::Timeout) => {
-                // Abandon the thread: dropping its queue ends it if it ever finishes this job.
+        let abandon = || {
+            if port_thread {
                 self.jobs.borrow_mut().take();
-                Err(self.fail(PortFailure {
-                    message: String::new(),
-                    panicked: false,
-                    stuck: Some(self.timeout),
-                }))
             }
-            Err(RecvTimeoutError::Disconnected) => {
-                self.jobs.borrow_mut().take();
-                Err(self.fail(panicked(
-                    "the port's thread ended without an answer".to_string(),
-                )))
+        };
+        loop {
+            let wait = self.timeout.saturating_sub(heartbeat.since_last());
+            match answered.recv_timeout(wait) {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(message)) => return Err(self.fail(panicked(message))),
+                // A later call started meanwhile: it has its own timeout.
+                Err(RecvTimeoutError::Timeout) if heartbeat.since_last() < self.timeout => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    // Abandon the thread: dropping its queue ends it if it ever finishes this job.
+                    abandon();
+                    return Err(self.fail(PortFailure {
+                        message: String::new(),
+                        panicked: false,
+                        stuck: Some(self.timeout),
+                    }));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    abandon();
+                    return Err(self.fail(panicked(
+                        "the port's thread ended without an answer".to_string(),
+                    )));
+                }
             }
         }
+    }
+}
+
+/// When the latest call of a job made of several ([`PortThread::run_watched`]) started: the
+/// timeout counts from there. Also whether the job's answer is no longer wanted.
+#[derive(Clone)]
+pub(crate) struct Heartbeat {
+    start: Instant,
+    /// Nanoseconds from `start` to the latest beat.
+    last: Arc<AtomicU64>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Heartbeat {
+    fn new(cancel: Arc<AtomicBool>) -> Self {
+        Heartbeat {
+            start: Instant::now(),
+            last: Arc::new(AtomicU64::new(0)),
+            cancel,
+        }
+    }
+
+    /// A call of the port's code starts now.
+    pub(crate) fn beat(&self) {
+        let now = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last.store(now, Ordering::Release);
+    }
+
+    /// Whether the answer is no longer wanted (an earlier part failed): the job may stop.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Acquire)
+    }
+
+    /// The time since the latest beat (or since the job was queued).
+    fn since_last(&self) -> Duration {
+        self.start
+            .elapsed()
+            .saturating_sub(Duration::from_nanos(self.last.load(Ordering::Acquire)))
     }
 }
 
@@ -341,5 +496,47 @@ mod tests {
             .unwrap_err();
         assert_eq!(panicked.message, "in bwd (in the backward pass)");
         assert!(panicked.panicked && panicked.stuck.is_none());
+    }
+
+    #[test]
+    fn each_call_of_a_job_has_the_whole_timeout_and_parts_answer_in_order() {
+        let port = |_: &PortInputs| -> Result<Outputs, String> { Ok(Outputs(Vec::new())) };
+        let thread = PortThread::new(&port, Duration::from_millis(300));
+        // Three calls of 200 ms: longer than the timeout together, each within it.
+        let calls = thread.run_watched("", |beat| {
+            for _ in 0..3 {
+                beat.beat();
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            3
+        });
+        assert_eq!(calls.unwrap(), 3);
+        let stuck = thread
+            .run_watched("", |beat| {
+                beat.beat();
+                std::thread::sleep(Duration::from_millis(900));
+            })
+            .unwrap_err();
+        assert_eq!(stuck.stuck, Some(Duration::from_millis(300)));
+        // The first part that fails is the answer, whatever the later ones do.
+        let parts = |fail: Option<usize>, panic: Option<usize>| {
+            thread.run_parts(
+                "",
+                3,
+                Arc::new(move |part: usize, beat: &Heartbeat| {
+                    beat.beat();
+                    if panic == Some(part) {
+                        panic!("part {part}");
+                    }
+                    if fail == Some(part) {
+                        return Err(part);
+                    }
+                    Ok(part * 10)
+                }),
+            )
+        };
+        assert_eq!(parts(None, None).unwrap(), Ok(vec![0, 10, 20]));
+        assert_eq!(parts(Some(1), Some(2)).unwrap(), Err(1));
+        assert_eq!(parts(Some(2), Some(1)).unwrap_err().message, "part 1");
     }
 }
