@@ -191,8 +191,22 @@ def _copy(t: WireTensor) -> WireTensor:
     return WireTensor(t.dtype, np.array(t.array, copy=True))
 
 
-def _bits(t: WireTensor) -> bytes:
-    return t.array.tobytes()
+# Bits are compared this many bytes at a time: no copy of a whole (possibly huge) tensor.
+_CHUNK = 1 << 20
+
+
+def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays hold the same bits (NaNs with equal payloads are equal, 0.0 and -0.0 are
+    not), compared a chunk at a time without copying either: `tobytes()` of both made two copies
+    of every output, twice the payload of a large one at once."""
+    if a.shape != b.shape or a.nbytes != b.nbytes:
+        return False
+    size = a.dtype.itemsize if a.dtype.itemsize == b.dtype.itemsize else 1
+    as_bits = np.dtype(f"u{size}") if size in (1, 2, 4, 8) else np.dtype("u1")
+    x = np.ascontiguousarray(a).reshape(-1).view(as_bits)
+    y = np.ascontiguousarray(b).reshape(-1).view(as_bits)
+    step = max(_CHUNK // as_bits.itemsize, 1)
+    return all(np.array_equal(x[i:i + step], y[i:i + step]) for i in range(0, x.size, step))
 
 
 def _call(case: Case, target, args, phase: str):
@@ -360,11 +374,21 @@ def param_spec(case: Case):
     return {"entries": entries, "aliases": aliases}, tensors
 
 
-def _evaluate_once(case: Case, module, args, phase: str, limit=None):
+def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bool = False):
     """One evaluation in the case dtype on fresh copies of `args` (and of `module`); returns the
     outputs and what the reference changed in place (inputs by position, parameters by name).
-    `limit` sees the native outputs first (the frame limit)."""
+    `limit` sees the native outputs first (the frame limit).
+
+    `private`: `args` and `module` are this evaluation's own (made for it and used by nothing
+    after it, the nudged evaluations'): they are handed over as they are, without copying them
+    again, and nobody asks what was changed in them (`mutated` is empty)."""
     backend = case.backend
+    if private:
+        native = [backend.to_native(a) for a in args]
+        leaves = _call(case, module if module is not None else case.obj, native, phase)
+        if limit is not None:
+            limit(leaves)
+        return [(name, backend.from_native(v, case.dtype)) for name, v in leaves], []
     fresh = [_copy(a) for a in args]
     native = [backend.to_native(a) for a in fresh]
     target = copy.deepcopy(module) if module is not None else case.obj
@@ -376,7 +400,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None):
     for i, (before, now) in enumerate(zip(args, native)):
         after = backend.from_native(now, before.dtype) if backend.is_tensor(now) else None
         if after is not None and (after.dtype, after.array.shape) == (before.dtype, before.array.shape):
-            if _bits(after) != _bits(before):
+            if not _same_array(after.array, before.array):
                 mutated.append(f"input {i}")
     if module is not None:
         pristine = reference_module(module).state_dict()
@@ -389,7 +413,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None):
 def _same_bits(first, second):
     """Raise NotDeterministic, naming the first leaf and element that differ."""
     for (name, a), (_, b) in zip(first, second):
-        if a.array.shape != b.array.shape or _bits(a) != _bits(b):
+        if not _same_array(a.array, b.array):
             x, y = _floats(a), _floats(b)
             where = next((i for i in range(min(x.size, y.size)) if not _same(x[i], y[i])), 0)
             index = list(np.unravel_index(where, a.array.shape)) if a.array.shape else []
@@ -429,14 +453,17 @@ def nudge(t: WireTensor, rng: np.random.Generator) -> WireTensor:
         ("f32", 4): 0x7F80_0000,
         ("f64", 8): 0x7FF0_0000_0000_0000,
     }[(t.dtype, bits.dtype.itemsize)]
-    magnitude = bits & bits.dtype.type(magnitude_mask)
-    movable = (magnitude != 0) & ((magnitude & bits.dtype.type(exponent_all_ones)) != exponent_all_ones)
+    kind = bits.dtype.type
+    magnitude = bits & kind(magnitude_mask)
+    # Finite and non-zero: 0 < magnitude < exponent all ones (one unsigned comparison: zero wraps).
+    movable = (magnitude - kind(1)) < kind(exponent_all_ones - 1)
     # Stepping up from the largest finite value would reach infinity: step down there instead.
-    largest = bits.dtype.type(exponent_all_ones - 1)
-    up = rng.integers(0, 2, size=bits.shape).astype(bool) & (magnitude != largest)
-    step = np.where(up, bits.dtype.type(1), bits.dtype.type(0))
-    down = np.where(up, bits.dtype.type(0), bits.dtype.type(1))
-    moved = np.where(movable, bits + step - down, bits)
+    up = rng.integers(0, 2, size=bits.shape).astype(bool)
+    up &= magnitude != kind(exponent_all_ones - 1)
+    # +1 or -1 (wrapping) where movable, 0 elsewhere.
+    step = np.where(up, kind(1), kind(np.iinfo(kind).max))
+    step *= movable
+    moved = bits + step
     array = moved if t.dtype == "bf16" else moved.view(t.array.dtype)
     return WireTensor(t.dtype, array.reshape(t.array.shape))
 
@@ -445,7 +472,13 @@ def _evaluate64(case: Case, module, args, phase: str):
     """One float64 evaluation (under `promoted`) on fresh upcast copies of `args`; `module` is the
     case's module in the case dtype, copied and upcast."""
     backend = case.backend
-    native = [backend.to_float64(backend.to_native(_copy(a))) for a in args]
+    native = []
+    for a in args:
+        view = backend.to_native(a)
+        upcast = backend.to_float64(view)
+        # The upcast is a fresh tensor already, unless there was nothing to convert (an integer
+        # input, a float64 case): then the evaluation gets a copy.
+        native.append(backend.to_native(_copy(a)) if upcast is view else upcast)
     target = case.obj
     if module is not None:
         target = copy.deepcopy(module).to(backend.torch.float64)
@@ -478,7 +511,8 @@ def _precise(case: Case, module, expected, perturbations: int):
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(perturbations):
             rng = np.random.default_rng([case.seed & 0xFFFF_FFFF_FFFF_FFFF, k])
-            args_k = [nudge(a, rng) for a in case.args]
+            # Private to this nudge: the nudged floats are new arrays, the rest are copied.
+            args_k = [nudge(a, rng) if a.dtype in FLOAT_DTYPES else _copy(a) for a in case.args]
             module_k = None
             if module is not None:
                 torch = backend.torch
@@ -490,8 +524,16 @@ def _precise(case: Case, module, expected, perturbations: int):
                     else:
                         state[name] = value
                 module_k = _module_with_state(module, state, torch)
-            low, _ = _evaluate_once(case, module_k, args_k, "a nudged evaluation")
-            high = _evaluate64(case, module_k, args_k, "a nudged evaluation")
+            # float64 first (on copies), so that the case-dtype evaluation can have `args_k` and
+            # `module_k` themselves; an error is raised in the former order (the case dtype's first).
+            try:
+                high, high_error = _evaluate64(case, module_k, args_k, "a nudged evaluation"), None
+            except Exception as e:  # noqa: BLE001 - raised below, after the case-dtype evaluation
+                high, high_error = None, e
+            low, _ = _evaluate_once(case, module_k, args_k, "a nudged evaluation", private=True)
+            del args_k, module_k
+            if high_error is not None:
+                raise high_error
             low64 = {n: WireTensor("f64", _floats(t).reshape(t.array.shape)) for n, t in low if t.dtype in FLOAT_DTYPES}
             high64 = dict(_float64_leaves(backend, high, names))
             for name in own_sq:
@@ -499,8 +541,13 @@ def _precise(case: Case, module, expected, perturbations: int):
                 moved = high64[name].array - base64[name]  # the output's sensitivity to the nudge
                 if own.shape != own_sq[name].shape or moved.shape != own_sq[name].shape:
                     raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
-                own_sq[name] += own * own
-                moved_sq[name] += moved * moved
+                # In place: no temporaries the size of the output beyond `own` and `moved`.
+                np.multiply(own, own, out=own)
+                own_sq[name] += own
+                np.multiply(moved, moved, out=moved)
+                moved_sq[name] += moved
+                del own, moved
+            del low, low64, high, high64
     own = [(name, WireTensor("f64", _rms(own_sq[name], perturbations))) for name, _ in precise]
     moved = [(name, WireTensor("f64", _rms(moved_sq[name], perturbations))) for name, _ in precise]
     return precise, own, moved

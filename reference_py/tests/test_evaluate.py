@@ -29,6 +29,24 @@ class NudgeTest(unittest.TestCase):
         self.assertIs(nudge(ids, np.random.default_rng(0)), ids)
 
 
+class SameArrayTest(unittest.TestCase):
+    def test_compares_bits_a_chunk_at_a_time(self):
+        from golden_ref import evaluate
+
+        x = np.zeros(3 * evaluate._CHUNK // 4 + 5, dtype=np.float32)
+        self.assertTrue(evaluate._same_array(x, x.copy()))
+        for where in (0, evaluate._CHUNK // 4, x.size - 1):  # in the first, a middle, the last chunk
+            y = x.copy()
+            y[where] = 1.0
+            self.assertFalse(evaluate._same_array(x, y))
+        nan = np.array([np.nan, 0.0], dtype=np.float32)
+        self.assertTrue(evaluate._same_array(nan, nan.copy()))  # the same bits, not equal values
+        self.assertFalse(evaluate._same_array(nan[1:], -nan[1:]))  # 0.0 and -0.0
+        self.assertFalse(evaluate._same_array(x[:4], x[:4].reshape(2, 2)))
+        bits = np.array([1, 2], dtype=np.uint16)
+        self.assertTrue(evaluate._same_array(bits, bits.copy()))
+
+
 class Bf16Test(unittest.TestCase):
     def test_rounds_to_nearest_even(self):
         # 1 + 2^-8 is halfway between bf16 1.0 and 1 + 2^-7: ties to the even mantissa, 1.0.
@@ -74,6 +92,54 @@ class EvaluateTest(unittest.TestCase):
         # The float64 run saw the original input, not the already incremented one.
         np.testing.assert_array_equal(result["precise"][0][1].array, x + 1)
         np.testing.assert_array_equal(case.args[0].array, x)
+
+    def test_in_place_references_do_not_change_the_rounding_estimate(self):
+        # The nudged evaluations hand their private copies over without copying them again: an
+        # in-place reference must still estimate exactly like its out-of-place twin, inputs and
+        # parameters alike, integer inputs (not nudged, copied) included.
+        import torch
+
+        from golden_ref.evaluate import forward
+
+        def inplace(x, i):
+            i.add_(1)
+            return x.mul_(3.0).add_(i.to(x.dtype))
+
+        def pure(x, i):
+            return x * 3.0 + (i + 1).to(x.dtype)
+
+        x = np.linspace(-2, 2, 64, dtype=np.float32)
+        i = np.arange(64, dtype=np.int64)
+        cases = [_torch_case(inplace, [x, i]), _torch_case(pure, [x, i])]
+        for case in cases:
+            case.args[1] = WireTensor("i64", i)
+        a, b = forward(cases[0]), forward(cases[1])
+        np.testing.assert_array_equal(cases[0].args[1].array, i)
+        self.assertEqual(a["mutated"], ["input 0", "input 1"])
+        for key in ("expected", "precise", "own", "moved"):
+            for (_, s), (_, t) in zip(a[key], b[key]):
+                np.testing.assert_array_equal(s.array, t.array, err_msg=key)
+
+        class Scale(torch.nn.Module):
+            def __init__(self, inplace):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 64))
+                self.inplace = inplace
+
+            def forward(self, x):
+                if self.inplace:
+                    with torch.no_grad():
+                        self.w.mul_(2.0)
+                    return x * self.w
+                return x * (self.w * 2.0)
+
+        results = []
+        for flag in (True, False):
+            results.append(forward(_torch_case(Scale, [x], form="module", init={"inplace": flag})))
+        self.assertEqual(results[0]["mutated"], ["parameter w"])
+        for key in ("expected", "precise", "own", "moved"):
+            for (_, s), (_, t) in zip(results[0][key], results[1][key]):
+                np.testing.assert_array_equal(s.array, t.array, err_msg=key)
 
     def test_twice_catches_unseeded_noise_and_passes_torch_noise(self):
         import torch

@@ -6,7 +6,9 @@
 //! * tensor transport from 1 KiB to 256 MiB each way (the worker's `echo`), inline in the pipe and
 //!   through shared memory, beside a pipe (`dd | dd`) and `memcpy` measured in the same run;
 //! * the 64 MiB round trip of the identity reference as checks send it;
-//! * the peak resident memory of both processes for a 64 MiB round trip, above what they held before.
+//! * the peak resident memory of both processes for a 64 MiB round trip, above what they held before;
+//! * a check's cases on 1, 2 and 4 workers at once (the pool's `GOLDEN_WORKERS`), one test thread
+//!   per worker as `cargo test` runs checks: cases per second and the speed-up over one worker.
 //!
 //! All figures come from one run on one machine, so their ratios are what to read.
 //! `GOLDEN_BENCH_QUICK=1` stops the transport table at 16 MiB.
@@ -175,6 +177,32 @@ fn peaks(
     Some((mine * 1024, its * 1024))
 }
 
+/// Cases per second of `threads` checks at once, each on its own worker (what the pool gives as
+/// many test threads), each running `cases` forward cases of `x` as checks run them.
+fn throughput(key: &WorkerKey, threads: usize, cases: usize, x: &HostTensor) -> f64 {
+    let mut workers: Vec<Worker> = (0..threads)
+        .map(|_| {
+            let mut w = Worker::spawn(key).expect("a worker starts");
+            load(&mut w);
+            for _ in 0..10 {
+                forward(&mut w, x, true);
+            }
+            w
+        })
+        .collect();
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for w in workers.iter_mut() {
+            s.spawn(move || {
+                for _ in 0..cases {
+                    forward(w, x, true);
+                }
+            });
+        }
+    });
+    (threads * cases) as f64 / started.elapsed().as_secs_f64()
+}
+
 fn main() {
     let key = WorkerKey::from_env(Some(env!("CARGO_MANIFEST_DIR")));
     let quick = std::env::var_os("GOLDEN_BENCH_QUICK").is_some();
@@ -219,6 +247,29 @@ fn main() {
         "  fresh / persistent (as checks run it):                  {:>9.0}x",
         ms(fresh) / ms(transport.max(as_checked))
     );
+
+    // Checks at once, each on its own worker.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "\n  checks at once, each on its own worker (the pool's GOLDEN_WORKERS), {cores} cores:"
+    );
+    println!(
+        "  {:>7} | {:>16} {:>9} | {:>16} {:>9}",
+        "workers", "1k f32 cases/s", "speed-up", "256k f32 cases/s", "speed-up"
+    );
+    let medium_values: Vec<f64> = (0..1 << 18).map(|i| (i % 1000) as f64 / 1000.0).collect();
+    let medium = float_tensor(vec![1 << 18], &medium_values, candle_core::DType::F32);
+    let mut base = None;
+    for n in [1, 2, 4] {
+        let small_rate = throughput(&key, n, if quick { 100 } else { 400 }, &small);
+        let medium_rate = throughput(&key, n, if quick { 4 } else { 16 }, &medium);
+        let (s1, m1) = *base.get_or_insert((small_rate, medium_rate));
+        println!(
+            "  {n:>7} | {small_rate:>16.0} {:>8.2}x | {medium_rate:>16.1} {:>8.2}x",
+            small_rate / s1,
+            medium_rate / m1
+        );
+    }
 
     // Baselines, in this run.
     let pipe = pipe_baseline(1024).map(|d| gbps(1 << 30, d));
