@@ -447,90 +447,13 @@ fn weights_serve_a_checkpoint_to_both_sides() {
 
 // --- 11b. A faithful port of Hugging Face's LlamaAttention at large inputs -----------------------
 
-const HIDDEN: usize = 16;
-const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
-const HEAD_DIM: usize = HIDDEN / HEADS;
+use common::llama::{Port, HEADS, HIDDEN, KV_HEADS};
 
-/// `rotate_half`: `(x1, x2) -> (-x2, x1)` over the last axis's halves.
-fn rotate_half(x: &Tensor) -> Result<Tensor> {
-    let half = x.dim(D::Minus1)? / 2;
-    let x1 = x.narrow(D::Minus1, 0, half)?;
-    let x2 = x.narrow(D::Minus1, half, half)?;
-    Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)
-}
-
-/// LlamaAttention's eager path as a candle port: projections without bias, rotary embeddings in
-/// halves, key/value heads repeated for grouped queries, softmax in float32 like Hugging Face's.
+/// LlamaAttention's eager path as a candle port (`tests/common/llama.rs`, the decoder layer's own
+/// attention, faithful): projections without bias, rotary embeddings in halves, key/value heads
+/// repeated for grouped queries, softmax in float32 like Hugging Face's.
 fn llama_attention(i: &PortInputs) -> Result<Tensor> {
-    let vb = i.var_builder().pp("attn");
-    let x = i.tensor(0);
-    let (b, t, _) = x.dims3()?;
-    let proj = |name: &str, out: usize| -> Result<Tensor> {
-        let w = vb.get((out, HIDDEN), &format!("{name}.weight"))?;
-        x.broadcast_matmul(&w.t()?)
-    };
-    let heads = |y: Tensor, n: usize| y.reshape((b, t, n, HEAD_DIM))?.transpose(1, 2);
-    let q = heads(proj("q_proj", HEADS * HEAD_DIM)?, HEADS)?;
-    let k = heads(proj("k_proj", KV_HEADS * HEAD_DIM)?, KV_HEADS)?;
-    let v = heads(proj("v_proj", KV_HEADS * HEAD_DIM)?, KV_HEADS)?;
-    // Rotary embeddings, computed like LlamaRotaryEmbedding (in f32, then the input's dtype).
-    let inv_freq: Vec<f32> = (0..HEAD_DIM / 2)
-        .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / HEAD_DIM as f32))
-        .collect();
-    let positions: Vec<f32> = (0..t).map(|p| p as f32).collect();
-    let freqs = Tensor::new(positions, x.device())?
-        .unsqueeze(1)?
-        .matmul(&Tensor::new(inv_freq, x.device())?.unsqueeze(0)?)?;
-    let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?;
-    let (cos, sin) = (
-        emb.cos()?.to_dtype(x.dtype())?,
-        emb.sin()?.to_dtype(x.dtype())?,
-    );
-    let rope = |x: &Tensor| -> Result<Tensor> {
-        x.broadcast_mul(&cos)?
-            .add(&rotate_half(x)?.broadcast_mul(&sin)?)
-    };
-    let (q, k) = (rope(&q)?, rope(&k)?);
-    // Each key/value head serves HEADS / KV_HEADS consecutive query heads.
-    let repeat = |x: Tensor| -> Result<Tensor> {
-        x.unsqueeze(2)?
-            .expand((b, KV_HEADS, HEADS / KV_HEADS, t, HEAD_DIM))?
-            .reshape((b, HEADS, t, HEAD_DIM))
-    };
-    let (k, v) = (repeat(k)?, repeat(v)?);
-    let scores = (q.matmul(&k.t()?)? / (HEAD_DIM as f64).sqrt())?;
-    let mask: Vec<u8> = (0..t)
-        .flat_map(|r| (0..t).map(move |c| u8::from(c > r)))
-        .collect();
-    let mask = Tensor::from_vec(mask, (t, t), x.device())?.broadcast_as(scores.shape())?;
-    let scores = mask.where_cond(
-        &Tensor::full(f32::NEG_INFINITY, scores.shape(), x.device())?.to_dtype(scores.dtype())?,
-        &scores,
-    )?;
-    let dtype = scores.dtype();
-    let probs = candle_nn::ops::softmax(&scores.to_dtype(DType::F32.max(dtype))?, D::Minus1)?
-        .to_dtype(dtype)?;
-    let out = probs
-        .matmul(&v.contiguous()?)?
-        .transpose(1, 2)?
-        .reshape((b, t, HIDDEN))?;
-    out.broadcast_matmul(&vb.get((HIDDEN, HIDDEN), "o_proj.weight")?.t()?)
-}
-
-/// The wider of two float dtypes, so that the float32 softmax does not truncate a float64 run.
-trait Wider {
-    fn max(self, other: DType) -> DType;
-}
-
-impl Wider for DType {
-    fn max(self, other: DType) -> DType {
-        if self.size_in_bytes() >= other.size_in_bytes() {
-            self
-        } else {
-            other
-        }
-    }
+    common::llama::attention(&i.var_builder().pp("attn"), i.tensor(0), Port::default())
 }
 
 fn llama_layer(name: &str) -> Layer {

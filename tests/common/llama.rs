@@ -1,8 +1,8 @@
 //! A candle port of Hugging Face's Llama decoder layer (`llama_ref.DecoderLayer`: RMSNorm,
 //! attention with rotary embeddings and grouped key/value heads, SwiGLU MLP), written as a user
 //! porting Llama would, with `golden::tap` at the points a trace compares; and the layers of its
-//! checks. Used by `tests/trace.rs` and `tests/gradients.rs`; their golden stores are in
-//! `tests/golden/`.
+//! checks. Used by `tests/trace.rs`, `tests/gradients.rs` and (the attention) `tests/verdicts.rs`;
+//! their golden stores are in `tests/golden/`.
 
 use candle_core::{DType, Result, Tensor, D};
 use candle_nn::VarBuilder;
@@ -98,7 +98,7 @@ fn rotate(x: &Tensor, on_pairs: bool) -> Result<Tensor> {
 }
 
 /// The attention's output (before the residual).
-fn attention(vb: &VarBuilder, x: &Tensor, port: Port) -> Result<Tensor> {
+pub fn attention(vb: &VarBuilder, x: &Tensor, port: Port) -> Result<Tensor> {
     let (b, t, _) = x.dims3()?;
     let heads = |y: Tensor, n: usize| y.reshape((b, t, n, HEAD_DIM))?.transpose(1, 2);
     let q = heads(linear(vb, "q_proj", x, HEADS * HEAD_DIM, HIDDEN)?, HEADS)?;
