@@ -40,18 +40,26 @@ fn llama_mlp(scratch: &Scratch) -> Layer {
 }
 
 /// The SwiGLU MLP in candle; its sizes come from the case (`PortInputs::dim`), as the attribute
-/// passes `hidden_size = 2 * h` to a same-named parameter.
-fn swiglu(i: &PortInputs) -> Result<golden::Outputs, String> {
+/// passes `hidden_size = 2 * h` to a same-named parameter. `swapped` swaps the up and gate
+/// projections: SwiGLU's usual mistake.
+fn swiglu_port(i: &PortInputs, swapped: bool) -> Result<golden::Outputs, String> {
     let (d, inter) = (2 * i.dim("h"), 3 * i.dim("h"));
     let vb = i.var_builder();
     let run = || -> candle_core::Result<Tensor> {
-        let gate = candle_nn::linear_no_bias(d, inter, vb.pp("gate_proj"))?;
-        let up = candle_nn::linear_no_bias(d, inter, vb.pp("up_proj"))?;
+        let mut gate = candle_nn::linear_no_bias(d, inter, vb.pp("gate_proj"))?;
+        let mut up = candle_nn::linear_no_bias(d, inter, vb.pp("up_proj"))?;
+        if swapped {
+            std::mem::swap(&mut gate, &mut up);
+        }
         let down = candle_nn::linear_no_bias(inter, d, vb.pp("down_proj"))?;
         let x = i.tensor(0);
         down.forward(&(gate.forward(x)?.silu()? * up.forward(x)?)?)
     };
     run().into_outputs()
+}
+
+fn swiglu(i: &PortInputs) -> Result<golden::Outputs, String> {
+    swiglu_port(i, false)
 }
 
 #[test]
@@ -127,18 +135,7 @@ fn a_config_class_with_dims_builds_each_case_s_module_and_replays() {
 fn a_wrong_port_of_a_configured_module_fails_with_the_case_s_sizes() {
     let scratch = Scratch::new("config_wrong");
     // Up and gate swapped: SwiGLU's usual mistake.
-    let swapped = |i: &PortInputs| {
-        let (d, inter) = (2 * i.dim("h"), 3 * i.dim("h"));
-        let vb = i.var_builder();
-        let run = || -> candle_core::Result<Tensor> {
-            let gate = candle_nn::linear_no_bias(d, inter, vb.pp("gate_proj"))?;
-            let up = candle_nn::linear_no_bias(d, inter, vb.pp("up_proj"))?;
-            let down = candle_nn::linear_no_bias(inter, d, vb.pp("down_proj"))?;
-            let x = i.tensor(0);
-            down.forward(&(up.forward(x)?.silu()? * gate.forward(x)?)?)
-        };
-        run().into_outputs()
-    };
+    let swapped = |i: &PortInputs| swiglu_port(i, true);
     let failure = golden::check(&llama_mlp(&scratch).mode(Mode::Live), &swapped)
         .expect_err("the swapped port fails");
     let msg = failure.to_string();
