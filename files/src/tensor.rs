@@ -312,6 +312,30 @@ impl HostTensor {
             data: bytes_of(values),
         }
     }
+
+    /// The elements `start..start + len` along `axis` (same rank), or `None` when that range or
+    /// axis is not in the tensor.
+    pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Option<HostTensor> {
+        let size = *self.shape.get(axis)?;
+        if start.checked_add(len)? > size {
+            return None;
+        }
+        let elem = self.dtype.size();
+        let inner: usize = self.shape[axis + 1..].iter().product::<usize>() * elem;
+        let outer: usize = self.shape[..axis].iter().product();
+        let mut data = Vec::with_capacity(outer * len * inner);
+        for o in 0..outer {
+            let base = (o * size + start) * inner;
+            data.extend_from_slice(&self.data[base..base + len * inner]);
+        }
+        let mut shape = self.shape.clone();
+        shape[axis] = len;
+        Some(HostTensor {
+            dtype: self.dtype,
+            shape,
+            data: data.into(),
+        })
+    }
 }
 
 /// A tensor of a file, before its data is read.

@@ -26,6 +26,7 @@ pub const OPTIONS: &[&str] = &[
     "params",
     "weights",
     "rename",
+    "decode",
 ];
 
 /// `name = lo..=hi` (or `lo..hi`, or a single size).
@@ -150,6 +151,75 @@ pub struct OverfitDecl {
     pub threshold: Option<f64>,
 }
 
+/// `decode` or `decode(over = input_ids, axis = 1, padding, generate = N, window = W)`: drive the
+/// module through a schedule of calls.
+pub struct DecodeDecl {
+    /// The `decode` keyword (errors about the form point here).
+    pub key: Ident,
+    /// The sequence argument (default: the first of `args`).
+    pub over: Option<Ident>,
+    pub axis: Option<usize>,
+    pub padding: bool,
+    pub generate: Option<usize>,
+    pub window: Option<usize>,
+}
+
+impl DecodeDecl {
+    /// Bare `decode`: every option at its default.
+    fn bare(key: Ident) -> Self {
+        DecodeDecl {
+            key,
+            over: None,
+            axis: None,
+            padding: false,
+            generate: None,
+            window: None,
+        }
+    }
+}
+
+fn parse_decode(key: Ident, input: ParseStream) -> Result<DecodeDecl> {
+    let mut d = DecodeDecl::bare(key);
+    const HELP: &str = "expected `over = <argument>`, `axis = N`, `padding`, `generate = N` or \
+                        `window = N`";
+    while !input.is_empty() {
+        let key: Ident = input.parse()?;
+        let number = |input: ParseStream| -> Result<usize> {
+            input.parse::<Token![=]>()?;
+            let lit: LitInt = input.parse()?;
+            lit.base10_parse()
+        };
+        match key.to_string().as_str() {
+            "over" => {
+                input.parse::<Token![=]>()?;
+                d.over = Some(input.parse()?);
+            }
+            "axis" => d.axis = Some(number(input)?),
+            "padding" => d.padding = true,
+            "generate" => {
+                let n = number(input)?;
+                if n == 0 {
+                    return Err(Error::new(key.span(), "`generate` must be at least 1"));
+                }
+                d.generate = Some(n);
+            }
+            "window" => {
+                let n = number(input)?;
+                if n == 0 {
+                    return Err(Error::new(key.span(), "`window` must be at least 1"));
+                }
+                d.window = Some(n);
+            }
+            _ => return Err(Error::new(key.span(), HELP)),
+        }
+        if input.is_empty() {
+            break;
+        }
+        input.parse::<Token![,]>()?;
+    }
+    Ok(d)
+}
+
 /// The whole attribute.
 #[derive(Default)]
 pub struct Attr {
@@ -177,6 +247,8 @@ pub struct Attr {
     pub weights: Option<(Ident, LitStr)>,
     /// `rename("from" = "to", ...)`, with the keyword.
     pub rename: Option<(Ident, Vec<(LitStr, LitStr)>)>,
+    /// `decode(...)`.
+    pub decode: Option<DecodeDecl>,
 }
 
 /// `config = "pkg.ConfigClass"` or `config = "pkg.ConfigClass"(key = value, ...)`.
@@ -722,6 +794,14 @@ impl Parse for Attr {
                     });
                 }
                 "trace" => attr.trace = Some(key.clone()),
+                "decode" => {
+                    attr.decode = Some(if input.peek(syn::token::Paren) {
+                        parenthesized!(content in input);
+                        parse_decode(key.clone(), &content)?
+                    } else {
+                        DecodeDecl::bare(key.clone())
+                    });
+                }
                 "params" => {
                     input.parse::<Token![=]>()?;
                     let how: Ident = input.parse()?;

@@ -202,6 +202,15 @@ fn check_dims_and_args(attr: &Attr, params: &[Param], fn_name: &Ident, errors: &
             );
         }
         match params.iter().find(|p| p.name == arg.name) {
+            // With a schedule, the tensors are the steps' (`step.input("input_ids")`).
+            None if attr.decode.is_some() => {}
+            Some(_) if attr.decode.is_some() => errors.push(
+                arg.name.span(),
+                format!(
+                    "with `decode`, the function builds the model and each step gets the tensors \
+                     (`step.input(\"{name}\")`): drop the parameter `{name}`"
+                ),
+            ),
             None => errors.push(
                 arg.name.span(),
                 format!("`args` gives a shape for `{name}`, but `fn {fn_name}` has no parameter `{name}`"),
@@ -239,7 +248,7 @@ fn call_args(attr: &Attr, params: &[Param], errors: &mut Errors) -> (Vec<TokenSt
         let span = p.ty.span();
         let tokens = match p.kind {
             Kind::Tensor { by_ref } => {
-                if !attr.args.iter().any(|a| a.name == p.name) {
+                if !attr.args.iter().any(|a| a.name == p.name) && attr.decode.is_none() {
                     errors.push(
                         p.name.span(),
                         format!(
@@ -431,6 +440,27 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             }
         }
     }
+    if let Some(d) = attr.decode.as_ref().filter(|_| !module_form) {
+        errors.push(
+            d.key.span(),
+            "`decode` drives a module through time: it needs the module form, whose first \
+             parameter is a `VarBuilder` (the function builds the model and returns a stepper)",
+        );
+    }
+    if let Some(d) = &attr.decode {
+        let over = d.over.as_ref().or(attr.args.first().map(|a| &a.name));
+        match over {
+            None => errors.push(
+                d.key.span(),
+                "`decode` splits a sequence argument into steps: declare it in `args(...)`",
+            ),
+            Some(over) if !attr.args.iter().any(|a| a.name == *over) => errors.push(
+                over.span(),
+                format!("`decode(over = {over})`: `{over}` has no shape in `args(...)`"),
+            ),
+            Some(_) => {}
+        }
+    }
     if !module_form && !attr.init.is_empty() {
         errors.push(
             attr.init[0].name.span(),
@@ -507,6 +537,35 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
         .map(|(from, to)| quote!(.rename(#from, #to)));
     let name = fn_name.to_string();
     let reference = reference.unwrap_or_default();
+    let decode = attr.decode.as_ref().map(|d| {
+        let over = d
+            .over
+            .as_ref()
+            .or(attr.args.first().map(|a| &a.name))
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        let axis = d.axis.unwrap_or(1);
+        let padding = d.padding;
+        let generate = d.generate.unwrap_or(0);
+        let window = match d.window {
+            Some(w) => quote!(::std::option::Option::Some(#w)),
+            None => quote!(::std::option::Option::None),
+        };
+        quote!(.decode(::golden::Decode {
+            over: ::std::string::String::from(#over),
+            axis: #axis,
+            padding: #padding,
+            generate: #generate,
+            window: #window,
+        }))
+    });
+    let port_body = if attr.decode.is_some() {
+        quote!(::golden::drive(__golden_inputs, |__golden_inputs| {
+            ::golden::IntoStepper::into_stepper(super::#fn_name(#(#call),*))
+        }))
+    } else {
+        quote!(::golden::IntoOutputs::into_outputs(super::#fn_name(#(#call),*)))
+    };
 
     let grad_spec = attr.grad.as_ref().map(grad_spec);
     let grad_test = attr.grad.as_ref().map(|_| {
@@ -548,6 +607,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                     #params
                     #weights
                     #(#rename)*
+                    #decode
                     #grad_spec
                     #overfit_spec
             }
@@ -555,7 +615,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             fn port(
                 __golden_inputs: &::golden::PortInputs,
             ) -> ::std::result::Result<::golden::Outputs, ::std::string::String> {
-                ::golden::IntoOutputs::into_outputs(super::#fn_name(#(#call),*))
+                #port_body
             }
 
             /// The snapshot assertion must expand here, in the crate under test, for insta to file

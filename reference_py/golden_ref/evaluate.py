@@ -32,6 +32,7 @@ import numpy as np
 
 from .backends import OutputError, flatten_outputs
 from .limits import check_answer
+from . import schedule
 from .precision import promoted
 from .tap import recording
 from .tracebacks import format_user_traceback
@@ -86,6 +87,9 @@ class Case:
         # Module form: (configuration class, its keywords) when the module is built from a
         # configuration object (`config = "transformers.LlamaConfig"(...)`), see `construct`.
         self.config = None
+        # A `schedule.Plan`: drive the module through time (a cached decode, a padded batch) instead
+        # of one call; see `golden_ref.schedule`.
+        self.schedule = None
 
     def derived(self, obj, args=None):
         """The same case for another reference `obj` (a variant, a wrapper) and optionally other
@@ -94,6 +98,7 @@ class Case:
                     self.init, self.seed, self.dtype)
         case.state = self.state
         case.config = self.config
+        case.schedule = self.schedule
         return case
 
 
@@ -212,12 +217,22 @@ def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
 def _call(case: Case, target, args, phase: str):
     backend = case.backend
     backend.seed(case.seed)
+    plan = _plan(case, target, args)
+    # The one-shot run of a schedule needs the module as it was before the cached run (and without
+    # the trace's hooks: a trace follows the steps).
+    pristine = copy.deepcopy(target) if plan is not None and plan.cached and plan.oneshot else None
     recorded = []
     hooks = _trace_hooks(case, target, recorded)
     taps = recording(_tap_recorder(case, recorded)) if case.trace else contextlib.nullcontext()
     try:
         with backend.no_grad(), taps:
-            out = target(*args, **case.kwargs)
+            if plan is not None:
+                leaves = schedule.run(case, plan, target, pristine, args,
+                                      lambda during, e: ReferenceRaised(f"{phase}, {during}", e))
+            else:
+                leaves = flatten_outputs(target(*args, **case.kwargs), backend)
+    except (ReferenceRaised, schedule.ScheduleError, OutputError):
+        raise
     except BaseException as e:  # SystemExit too: a reference must not end the worker
         if isinstance(e, KeyboardInterrupt):
             raise
@@ -225,7 +240,21 @@ def _call(case: Case, target, args, phase: str):
     finally:
         for hook in hooks:
             hook.remove()
-    return flatten_outputs(out, backend) + _trace_leaves(recorded)
+    return leaves + _trace_leaves(recorded)
+
+
+def _plan(case: Case, target, args):
+    """The schedule a call follows: the case's, or for a submodule that takes what its model
+    builds (`position_embeddings`, a 4-D mask), one model-built forward; None for a plain call."""
+    if case.schedule is not None:
+        return case.schedule
+    torch = getattr(case.backend, "torch", None)
+    if torch is None or not isinstance(target, torch.nn.Module) or not schedule.wants_model_inputs(target):
+        return None
+    if not args or not torch.is_tensor(args[0]) or args[0].dim() < 2:
+        return None
+    case.schedule = schedule.Plan.single(arg=0, axis=1, length=args[0].shape[1])
+    return case.schedule
 
 
 def _trace_hooks(case: Case, target, recorded: list):

@@ -45,6 +45,7 @@ from .evaluate import Case, NotDeterministic, ReferenceRaised, forward, gradient
 from .limits import AnswerTooLarge
 from .training import train
 from .references import ReferenceError_, provenance, resolve
+from .schedule import Plan, ScheduleError
 
 
 class Worker:
@@ -165,6 +166,10 @@ class Worker:
         case.twice = bool(header.get("twice", False))
         if header.get("state_dict") is not None:
             case.state = [(name, t) for name, t in wire.resolve_refs(header["state_dict"], tensors)]
+        spec = header.get("schedule")
+        if spec is not None:
+            mask = wire.resolve_refs(spec["mask"], tensors) if spec.get("mask") is not None else None
+            case.schedule = Plan(spec, mask)
         return case
 
     def variants(self, header: dict, tensors: list):
@@ -230,6 +235,8 @@ def error_response(error: BaseException) -> dict:
         return {"kind": "raised", "message": str(error), "phase": error.phase, "traceback": error.traceback}
     if isinstance(error, OutputError):
         return {"kind": "return_type", "message": str(error)}
+    if isinstance(error, ScheduleError):
+        return {"kind": "schedule", "message": str(error)}
     if isinstance(error, AnswerTooLarge):
         return {"kind": "too_large", "message": str(error)}
     if isinstance(error, BackendError):

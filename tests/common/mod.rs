@@ -1,6 +1,8 @@
 //! Helpers shared by the framework's integration tests.
 #![allow(dead_code)]
 
+pub mod decoder;
+pub mod gpt2;
 pub mod llama;
 pub mod mutation_ports;
 pub mod overfit_mlp;

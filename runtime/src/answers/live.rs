@@ -5,6 +5,7 @@ use crate::answers::params::ParamSpec;
 use crate::describe::env;
 use crate::describe::layer::dtype_name;
 use crate::describe::layer::{values_json, Config, Layer};
+use crate::describe::schedule::Plan;
 use crate::judge::compare;
 use crate::python::key::WorkerKey;
 use crate::python::wire::{self, TensorTable};
@@ -306,6 +307,7 @@ impl Live {
     }
 
     /// Evaluate the reference's known variants (`golden_ref.variants`) on one case.
+    #[allow(clippy::too_many_arguments)]
     pub fn variants(
         &self,
         layer: &Layer,
@@ -313,10 +315,12 @@ impl Live {
         seed: u64,
         args: &[HostTensor],
         state: Option<&Named>,
+        plan: Option<&Plan>,
     ) -> Result<Vec<VariantOutputs>, WorkerError> {
         let mut table = TensorTable::default();
         let mut header = self.header(layer, dtype, seed, args, state, &mut table);
         header["op"] = json!("variants");
+        add_schedule(&mut header, plan, &mut table);
         let scale = input_scale(args, state);
         let mut worker = pool().check_out(&self.key)?;
         let (response, tensors) = worker.request(
@@ -393,7 +397,11 @@ impl Live {
         let mut table = TensorTable::default();
         let mut header = match request {
             Request::Forward {
-                args, trace, twice, ..
+                args,
+                trace,
+                twice,
+                plan,
+                ..
             } => {
                 let mut h = self.header(layer, dtype, seed, args, state, &mut table);
                 if *trace {
@@ -402,6 +410,7 @@ impl Live {
                 if *twice {
                     h["twice"] = json!(true);
                 }
+                add_schedule(&mut h, *plan, &mut table);
                 h
             }
             Request::Gradients {
@@ -504,6 +513,22 @@ impl Live {
     }
 }
 
+/// A case's schedule in a request's header (`golden_ref/schedule.py` reads it), its padding mask
+/// added to the request's tensors.
+pub(crate) fn add_schedule(header: &mut Json, plan: Option<&Plan>, table: &mut TensorTable) {
+    let Some(plan) = plan else {
+        return;
+    };
+    header["schedule"] = json!({
+        "arg": plan.arg,
+        "axis": plan.axis,
+        "chunks": plan.steps.chunks,
+        "generate": plan.steps.generate,
+        "mask": plan.mask.as_ref().map(|m| table.add(m.clone())),
+        "mistake": plan.mistake.map(|m| m.token()),
+    });
+}
+
 /// The largest finite magnitude among the float inputs and parameters of a case: part of the
 /// scale that rounding errors are relative to (see [`rounding_estimate`]).
 pub(crate) fn input_scale(args: &[HostTensor], state: Option<&Named>) -> f64 {
@@ -531,6 +556,9 @@ pub enum Request<'a> {
         /// Keep the float64 result, in float64 (the gradient check tells a port that computes
         /// below float64 by it).
         precise: bool,
+        /// A check with `decode(...)`: the case's schedule (the answer holds every step's
+        /// outputs, `step.<k>.…`, and the one-shot forward's at the same positions).
+        plan: Option<&'a Plan>,
     },
     /// PyTorch's gradients of `Σ sum(out · cotangent)` with respect to the inputs `wrt` (by
     /// index) and, with `params`, the module's parameters; leaves named `grad.<name>`.
@@ -567,10 +595,22 @@ impl Request<'_> {
     /// the tensors (for the golden store's key).
     pub fn key_parts(&self) -> (String, Vec<&HostTensor>) {
         match *self {
-            Request::Forward { args, trace, .. } => (
-                if trace { "trace".into() } else { String::new() },
-                args.iter().collect(),
-            ),
+            Request::Forward {
+                args, trace, plan, ..
+            } => {
+                let mut text = if trace {
+                    "trace".to_string()
+                } else {
+                    String::new()
+                };
+                if let Some(plan) = plan {
+                    text = format!("{text} {}", plan.steps.token()).trim().to_string();
+                    if let Some(m) = plan.mistake {
+                        text.push_str(&format!(" mistake={}", m.token()));
+                    }
+                }
+                (text, args.iter().collect())
+            }
             Request::Gradients {
                 args,
                 cotangents,

@@ -8,11 +8,14 @@
 //! the interpreter visibly has torch (or `GOLDEN_MUTATIONS=always`), so that a replay on a machine
 //! without PyTorch never starts Python and says the diagnosis was skipped.
 
-use crate::answers::live::{decode_outputs, input_scale, Live, Named, ReferenceOutputs};
+use crate::answers::live::{
+    add_schedule, decode_outputs, input_scale, Live, Named, ReferenceOutputs,
+};
 use crate::answers::source::Source;
 use crate::describe::env::{self, Mutations};
 use crate::describe::inputs::CaseParams;
 use crate::describe::layer::Layer;
+use crate::describe::schedule::Plan;
 use crate::python::wire::{self, TensorTable};
 use crate::python::worker::{pool, WorkerError};
 use candle_core::DType;
@@ -73,9 +76,11 @@ impl Live {
         port: &[(String, HostTensor)],
         state: Option<&Named>,
         only: Option<&[String]>,
+        plan: Option<&Plan>,
     ) -> Result<Search, WorkerError> {
         let mut table = TensorTable::default();
         let mut header = self.header(layer, dtype, seed, args, state, &mut table);
+        add_schedule(&mut header, plan, &mut table);
         let scale = input_scale(args, state);
         header["op"] = json!("mutations");
         header["names"] = json!(layer.args.iter().map(|a| &a.name).collect::<Vec<_>>());
@@ -176,7 +181,17 @@ pub fn search(
             &on_demand
         }
     };
+    let plan = params.plan(layer);
     let layer = &*layer.for_case(&params.dims);
-    live.mutations(layer, dtype, params.seed, args, port, state.as_ref(), only)
-        .map_err(|e| e.to_string())
+    live.mutations(
+        layer,
+        dtype,
+        params.seed,
+        args,
+        port,
+        state.as_ref(),
+        only,
+        plan.as_ref(),
+    )
+    .map_err(|e| e.to_string())
 }

@@ -446,6 +446,7 @@ impl Source {
         args: &[HostTensor],
     ) -> Option<Result<Vec<VariantOutputs>, WorkerError>> {
         let live = self.live()?;
+        let plan = params.plan(layer);
         let layer = &*layer.for_case(&params.dims);
         let state = match self.state(layer, dtype, params) {
             Ok(s) => s,
@@ -457,6 +458,7 @@ impl Source {
             params.seed,
             args,
             state.as_ref().map(|s| &s.0),
+            plan.as_ref(),
         ))
     }
 

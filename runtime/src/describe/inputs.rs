@@ -9,6 +9,8 @@
 //! edge values must not leave.
 
 use crate::describe::layer::{ArgSpec, Bound, DimExpr, Dist, Layer};
+pub use crate::describe::rng::{fnv1a, Rng};
+use crate::describe::schedule::{self, Padding, Steps};
 use candle_core::DType;
 use golden_files::{HostTensor, WireDType};
 use proptest::prelude::*;
@@ -76,6 +78,8 @@ pub struct CaseParams {
     pub seed: u64,
     /// How the float values look.
     pub style: Style,
+    /// A check with `decode(...)`: the schedule this case drives the module through.
+    pub steps: Option<Steps>,
 }
 
 impl CaseParams {
@@ -111,9 +115,11 @@ impl CaseParams {
         sizes
     }
 
-    /// The case as `GOLDEN_CASE` takes it: `b=1,n=1:round:0x4934c9de9c8e41db`.
+    /// The case as `GOLDEN_CASE` takes it: `b=1,n=1:round:0x4934c9de9c8e41db` (a schedule's
+    /// parts follow the dims: `b=1,n=4,steps=3+1:...`).
     pub fn token(&self) -> String {
-        let dims: Vec<String> = self.dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        let mut dims: Vec<String> = self.dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        dims.extend(self.steps.as_ref().map(Steps::token));
         format!(
             "{}:{}:{:#018x}",
             dims.join(","),
@@ -138,11 +144,19 @@ impl CaseParams {
             ));
         };
         let mut values: Vec<(String, usize)> = Vec::new();
+        let mut steps = Steps {
+            chunks: Vec::new(),
+            padding: Padding::None,
+            generate: 0,
+        };
         for pair in dims.split(',').filter(|p| !p.trim().is_empty()) {
             let (name, value) = pair
                 .split_once('=')
                 .ok_or_else(|| bad("a dim without `=`"))?;
             let name = name.trim();
+            if layer.decode.is_some() && steps.parse_part(name, value).map_err(|e| bad(&e))? {
+                continue;
+            }
             let Some(spec) = layer.dims.iter().find(|d| d.name == name) else {
                 let names: Vec<&str> = layer.dims.iter().map(|d| d.name.as_str()).collect();
                 return Err(bad(&format!(
@@ -189,7 +203,47 @@ impl CaseParams {
             .ok_or_else(|| bad(&format!("unknown value style `{style}`")))?;
         let seed = u64::from_str_radix(seed.trim_start_matches("0x"), 16)
             .map_err(|_| bad("the seed is not hexadecimal"))?;
-        Ok(CaseParams { dims, seed, style })
+        let mut case = CaseParams {
+            dims,
+            seed,
+            style,
+            steps: None,
+        };
+        if let Some((arg, axis)) = layer.scheduled_arg() {
+            let len = case.shape(&layer.args[arg])[axis];
+            if steps.chunks.is_empty() {
+                return Err(bad(&format!(
+                    "the schedule is missing: `{}` drives its module through steps \
+                     (`steps=3+1+1`, summing to the sequence's {len} positions)",
+                    layer.name
+                )));
+            }
+            if steps.prompt() != len {
+                return Err(bad(&format!(
+                    "`{}` sums to {}, and the sequence has {len} positions in this case",
+                    steps.token(),
+                    steps.prompt()
+                )));
+            }
+            case.steps = Some(steps);
+        }
+        Ok(case)
+    }
+
+    /// The schedule of this case, resolved: which argument it splits along which axis, its steps
+    /// and the prompt's padding mask.
+    pub fn plan(&self, layer: &Layer) -> Option<schedule::Plan> {
+        let steps = self.steps.clone()?;
+        let (arg, axis) = layer.scheduled_arg()?;
+        let shape = self.shape(&layer.args[arg]);
+        let mask = steps.mask(shape[0], shape[axis], self.seed);
+        Some(schedule::Plan {
+            arg,
+            axis,
+            steps,
+            mask,
+            mistake: None,
+        })
     }
 
     fn bound(&self, b: &Bound) -> i64 {
@@ -212,6 +266,9 @@ impl fmt::Display for CaseParams {
             }
             write!(f, "{name}={value}")?;
         }
+        if let Some(steps) = &self.steps {
+            write!(f, ", {steps}")?;
+        }
         write!(
             f,
             ", values {}, seed {:#018x}",
@@ -226,19 +283,35 @@ impl fmt::Display for CaseParams {
 /// Each dim takes its lower bound or its upper bound one time in eight each, so that a batch of one
 /// and the largest size come up in every run; otherwise uniform. The seed does not shrink (a smaller
 /// seed is not a simpler case); dims and style do.
-pub fn case_strategy(layer: &Layer) -> impl Strategy<Value = CaseParams> {
+pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
+    // A schedule's sequence is drawn around its window, when it has one and its length is a dim.
+    let window_dim = layer.window().and_then(|w| {
+        let (arg, axis) = layer.scheduled_arg()?;
+        match &layer.args[arg].shape[axis] {
+            DimExpr::Sym(d) => Some((d.clone(), w)),
+            _ => None,
+        }
+    });
     let dims: Vec<BoxedStrategy<(String, usize)>> = layer
         .dims
         .iter()
         .map(|d| {
             let name = d.name.clone();
-            prop_oneof![
-                1 => Just(d.lo),
-                6 => d.lo..=d.hi,
-                1 => Just(d.hi),
-            ]
-            .prop_map(move |v| (name.clone(), v))
-            .boxed()
+            let near = match &window_dim {
+                Some((dim, w)) if *dim == d.name => schedule::window_lengths(*w, d.lo, d.hi),
+                _ => Vec::new(),
+            };
+            let drawn = if layer.decode.is_none() {
+                prop_oneof![
+                    1 => Just(d.lo),
+                    6 => d.lo..=d.hi,
+                    1 => Just(d.hi),
+                ]
+                .boxed()
+            } else {
+                scheduled_dim(d.lo, d.hi, near)
+            };
+            drawn.prop_map(move |v| (name.clone(), v)).boxed()
         })
         .collect();
     let style = prop_oneof![
@@ -249,85 +322,76 @@ pub fn case_strategy(layer: &Layer) -> impl Strategy<Value = CaseParams> {
         4 => Just(Style::Large),
         3 => Just(Style::Special),
     ];
-    (dims, any::<u64>().no_shrink(), style).prop_map(|(dims, seed, style)| CaseParams {
-        dims,
-        seed,
-        style,
-    })
+    let Some((arg, axis)) = layer.scheduled_arg() else {
+        return (dims, any::<u64>().no_shrink(), style)
+            .prop_map(|(dims, seed, style)| CaseParams {
+                dims,
+                seed,
+                style,
+                steps: None,
+            })
+            .boxed();
+    };
+    // The schedule depends on the sequence's length in the case: drawn after the dims.
+    let decode = layer.decode.clone().expect("a scheduled arg has a decode");
+    let spec = layer.args[arg].clone();
+    (dims, any::<u64>().no_shrink(), style)
+        .prop_flat_map(move |(dims, seed, style)| {
+            let case = CaseParams {
+                dims,
+                seed,
+                style,
+                steps: None,
+            };
+            let len = case.shape(&spec)[axis];
+            (Just(case), schedule::strategy(&decode, len))
+        })
+        .prop_map(|(case, steps)| CaseParams {
+            steps: Some(steps),
+            ..case
+        })
+        .boxed()
 }
 
-/// xoshiro256++ seeded through splitmix64: fast, and the same numbers on every platform.
-pub struct Rng {
-    s: [u64; 4],
+/// A dim of a check with a schedule: its lower bound and its upper bound one time in sixteen each,
+/// the lengths around a window (`near`) three in sixteen, else uniform — and whatever was drawn,
+/// shrinking searches the whole range below it by halves. (A `prop_oneof!` of `Just`s shrinks from
+/// its upper bound only to the other alternatives' first draws: a failure at the largest length
+/// would stay there, and a schedule's failure often needs a length beyond a window.)
+fn scheduled_dim(lo: usize, hi: usize, near: Vec<usize>) -> BoxedStrategy<usize> {
+    BiasedDim { lo, hi, near }.boxed()
 }
 
-impl Rng {
-    /// A generator for one stream, e.g. `Rng::new(case_seed, "x")`.
-    pub fn new(seed: u64, stream: &str) -> Self {
-        let mut z = seed ^ fnv1a(stream.as_bytes());
-        let mut next = || {
-            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut x = z;
-            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            x ^ (x >> 31)
+#[derive(Debug)]
+struct BiasedDim {
+    lo: usize,
+    hi: usize,
+    near: Vec<usize>,
+}
+
+impl Strategy for BiasedDim {
+    type Tree = proptest::num::usize::BinarySearch;
+    type Value = usize;
+
+    fn new_tree(
+        &self,
+        runner: &mut proptest::test_runner::TestRunner,
+    ) -> proptest::strategy::NewTree<Self> {
+        use proptest::prelude::Rng;
+        let rng = runner.rng();
+        let below = |n: usize, rng: &mut proptest::test_runner::TestRng| {
+            (rng.next_u64() % n.max(1) as u64) as usize
         };
-        Rng {
-            s: [next(), next(), next(), next()],
-        }
+        let value = match below(16, rng) {
+            0 => self.lo,
+            1..=3 if !self.near.is_empty() => self.near[below(self.near.len(), rng)],
+            15 => self.hi,
+            _ => self.lo + below(self.hi - self.lo + 1, rng),
+        };
+        Ok(proptest::num::usize::BinarySearch::new_above(
+            self.lo, value,
+        ))
     }
-
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        let s = &mut self.s;
-        let result = s[0].wrapping_add(s[3]).rotate_left(23).wrapping_add(s[0]);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
-        result
-    }
-
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Uniform integer in [0, n).
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
-    }
-
-    /// Standard normal pair (Box–Muller).
-    fn normal_pair(&mut self) -> (f64, f64) {
-        let u1 = 1.0 - self.unit(); // (0, 1]: ln is finite
-        let u2 = self.unit();
-        let r = (-2.0 * u1.ln()).sqrt();
-        let theta = std::f64::consts::TAU * u2;
-        (r * theta.cos(), r * theta.sin())
-    }
-
-    /// `n` standard normal values.
-    pub fn normals(&mut self, n: usize) -> Vec<f64> {
-        let mut out = Vec::with_capacity(n + 1);
-        while out.len() < n {
-            let (a, b) = self.normal_pair();
-            out.push(a);
-            out.push(b);
-        }
-        out.truncate(n);
-        out
-    }
-}
-
-/// FNV-1a, to derive a stream per argument name from the case seed.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 const SPECIAL: [f64; 9] = [
@@ -482,6 +546,7 @@ pub fn largest_case_fits(layer: &Layer) -> Result<(), String> {
         dims: layer.dims.iter().map(|d| (d.name.clone(), d.hi)).collect(),
         seed: 0,
         style: Style::Declared,
+        steps: None,
     };
     let sizes: Vec<u128> = layer
         .args
@@ -574,6 +639,7 @@ mod tests {
             dims: vec![("b".into(), 3), ("d".into(), 5)],
             seed,
             style,
+            steps: None,
         }
     }
 
@@ -664,5 +730,43 @@ mod tests {
         let simplest = tree.current();
         assert_eq!(simplest.dims, vec![("b".into(), 1), ("d".into(), 2)]);
         assert_eq!(simplest.style, Style::Zeros);
+    }
+}
+
+#[cfg(test)]
+mod schedule_shrinking {
+    use super::*;
+    use crate::describe::schedule::Decode;
+    use proptest::test_runner::{Config, TestError, TestRunner};
+
+    #[test]
+    fn a_failure_from_a_length_on_shrinks_the_length() {
+        let layer = Layer::module("t", "m.M")
+            .config("C")
+            .config_value("sliding_window", 3usize)
+            .dim("b", 1, 3)
+            .dim("n", 2, 10)
+            .arg("ids", ["b", "n"], Dist::int(0, 8))
+            .decode(Decode::over("ids"));
+        // Whatever length the first failure has (the largest, one time in sixteen), shrinking
+        // reaches the shortest failing one.
+        for (seed, threshold) in (0u64..24).zip([4, 7, 9, 10].into_iter().cycle()) {
+            let config = Config {
+                rng_seed: proptest::test_runner::RngSeed::Fixed(seed),
+                ..Config::default()
+            };
+            let mut runner = TestRunner::new(config);
+            let result = runner.run(&case_strategy(&layer), |c| {
+                if c.dim("n").unwrap() >= threshold {
+                    Err(proptest::test_runner::TestCaseError::fail("long"))
+                } else {
+                    Ok(())
+                }
+            });
+            let Err(TestError::Fail(_, minimal)) = result else {
+                panic!("{result:?}")
+            };
+            assert_eq!(minimal.dim("n"), Some(threshold), "seed {seed}: {minimal}");
+        }
     }
 }

@@ -560,6 +560,9 @@ pub struct Layer {
     /// Module form: `rename(from = to, ...)`: the reference's state_dict names starting with
     /// `from` are served to the port starting with `to` instead (first match wins).
     pub rename: Vec<(String, String)>,
+    /// Module form: drive the module through a schedule of calls (`decode(...)`; see
+    /// `describe/schedule.rs`) instead of one forward.
+    pub decode: Option<crate::describe::schedule::Decode>,
 }
 
 /// Where a module-form check's parameters come from.
@@ -632,6 +635,7 @@ impl Layer {
             trace: false,
             params: Params::Drawn,
             rename: Vec::new(),
+            decode: None,
         }
     }
 
@@ -816,6 +820,38 @@ impl Layer {
         self
     }
 
+    /// Module form: drive the module through a schedule of calls over a sequence input
+    /// (`decode(...)` in the attribute; see `describe/schedule.rs`).
+    pub fn decode(mut self, decode: crate::describe::schedule::Decode) -> Self {
+        self.decode = Some(decode);
+        self
+    }
+
+    /// The sliding window a schedule is drawn around: `decode(window = w)`, else the
+    /// configuration's `sliding_window` when it is a number.
+    pub fn window(&self) -> Option<usize> {
+        let decode = self.decode.as_ref()?;
+        decode.window.or_else(|| {
+            let (_, value) = self
+                .config
+                .iter()
+                .flat_map(|c| &c.values)
+                .chain(&self.init)
+                .find(|(k, _)| k == "sliding_window")?;
+            match value {
+                Value::Int(w) if *w > 0 => usize::try_from(*w).ok(),
+                _ => None,
+            }
+        })
+    }
+
+    /// The index of the argument a schedule splits, and its sequence axis.
+    pub fn scheduled_arg(&self) -> Option<(usize, usize)> {
+        let decode = self.decode.as_ref()?;
+        let i = self.args.iter().position(|a| a.name == decode.over)?;
+        Some((i, decode.axis))
+    }
+
     /// The checkpoint of `weights = "..."`, resolved against the crate's manifest dir.
     pub fn weights_path(&self) -> Option<std::path::PathBuf> {
         let Params::Weights(path) = &self.params else {
@@ -949,6 +985,11 @@ impl Layer {
                 let _ = writeln!(s, "rename: {}", r.join(", "));
             }
         }
+        if let Some(decode) = &self.decode {
+            let mut d = decode.clone();
+            d.window = self.window();
+            let _ = writeln!(s, "decode: {d}");
+        }
         let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
         if self.trace {
             let _ = writeln!(s, "trace: the port's taps against every submodule's output");
@@ -1022,6 +1063,44 @@ impl Layer {
         }
         if self.form == Form::Function && self.config.is_some() {
             return Err("`config` is for the module form (a port taking a VarBuilder)".into());
+        }
+        if let Some(decode) = &self.decode {
+            if self.form == Form::Function {
+                return Err(
+                    "`decode` drives a module through time: it is for the module form (a port \
+                     taking a VarBuilder)"
+                        .into(),
+                );
+            }
+            let Some(arg) = self.args.iter().find(|a| a.name == decode.over) else {
+                let names: Vec<&str> = self.args.iter().map(|a| a.name.as_str()).collect();
+                return Err(format!(
+                    "`decode(over = {})` names no argument of the check (its arguments: {})",
+                    decode.over,
+                    names.join(", ")
+                ));
+            };
+            if arg.shape.len() <= decode.axis {
+                return Err(format!(
+                    "`decode` splits `{}` along axis {}, and `{}` has only {} axes",
+                    decode.over,
+                    decode.axis,
+                    decode.over,
+                    arg.shape.len()
+                ));
+            }
+            if decode.axis == 0 {
+                return Err(
+                    "`decode(axis = 0)`: axis 0 is the batch; the sequence is another axis".into(),
+                );
+            }
+            if decode.generate > 0 && !matches!(arg.dist, Dist::Int { .. }) {
+                return Err(format!(
+                    "`decode(generate = ..)` feeds the greedy token back as the next input, so \
+                     `{}` must be token ids (`~ int(0..vocab)`)",
+                    decode.over
+                ));
+            }
         }
         if self.form == Form::Function && (self.params != Params::Drawn || !self.rename.is_empty())
         {

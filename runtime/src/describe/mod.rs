@@ -7,3 +7,5 @@ pub mod inputs;
 pub mod layer;
 pub mod numbers;
 pub mod outputs;
+pub mod rng;
+pub mod schedule;

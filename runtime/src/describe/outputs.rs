@@ -14,6 +14,11 @@ pub struct PortInputs {
     pub(crate) var_builder: Option<VarBuilder<'static>>,
     /// The case's dims, for parameters whose values depend on them.
     pub(crate) dims: Vec<(String, usize)>,
+    /// The tensor arguments' names, in order.
+    pub(crate) names: Vec<String>,
+    /// A check with `decode(...)`: the schedule the port is driven through (`run/steps.rs`);
+    /// `None` runs one step over the whole input.
+    pub(crate) schedule: Option<crate::describe::schedule::PortSchedule>,
 }
 
 impl PortInputs {

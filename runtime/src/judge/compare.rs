@@ -87,7 +87,9 @@ impl Rule {
         Rule::Default { atol, rtol, factor }
     }
 
-    fn allowed(&self, reference: f64, rounding: f64) -> f64 {
+    /// The error allowed at an element whose reference value is `reference` and whose rounding
+    /// estimate is `rounding`.
+    pub fn allowed(&self, reference: f64, rounding: f64) -> f64 {
         match *self {
             Rule::Default { atol, rtol, factor } => {
                 atol + rtol * reference.abs() + factor * rounding

@@ -63,6 +63,16 @@ pub(crate) fn record<R>(f: impl FnOnce() -> R) -> (R, Vec<(String, Tensor)>) {
     (result, taps)
 }
 
+/// The first step of a schedule at which a leaf fails, with that leaf (its cached comparison
+/// before its one-shot one): where a port first leaves its reference in time.
+pub fn first_failing_step(leaves: &[Leaf]) -> Option<(usize, &Leaf)> {
+    leaves
+        .iter()
+        .filter(|l| !l.passes())
+        .filter_map(|l| crate::describe::schedule::step_of(&l.name).map(|(k, _)| (k, l)))
+        .min_by_key(|(k, l)| (*k, l.name.starts_with("oneshot.")))
+}
+
 /// The prefix of trace leaves.
 pub const PREFIX: &str = "trace.";
 

@@ -67,6 +67,9 @@ pub struct CaseFailure {
     /// The overfit check: what went wrong in training (no overfit, a parameter never updated, a
     /// step where the port's training parts from PyTorch's) and the gradient-health flags.
     pub training_issues: Vec<String>,
+    /// A check with a schedule: what the port does wrong beyond its steps' values (padding that
+    /// leaks into valid outputs, a free-running generation that parts from the reference's).
+    pub schedule_issues: Vec<String>,
     /// The overfit check: its figures (losses, parity with PyTorch), as a passing training
     /// records them, for the results file.
     pub figures: Vec<(String, f64)>,
@@ -127,6 +130,9 @@ impl CaseFailure {
         if let Some(t) = self.training_issues.first() {
             return t.clone();
         }
+        if let Some(t) = self.schedule_issues.first() {
+            return t.clone();
+        }
         if let Some(t) = self.unknown_taps.first() {
             return t.clone();
         }
@@ -176,6 +182,16 @@ impl Failure {
             notes: Vec::new(),
             check: crate::describe::checks::Kind::Forward,
         }
+    }
+
+    /// A schedule's failing case: its steps and the first step at which a leaf fails.
+    fn first_failing_step<'a>(
+        &'a self,
+        c: &CaseFailure,
+    ) -> Option<(&'a crate::describe::schedule::Steps, usize)> {
+        let steps = self.case.as_ref()?.steps.as_ref()?;
+        let (k, _) = crate::judge::trace::first_failing_step(&c.leaves)?;
+        Some((steps, k))
     }
 
     /// The case failure, if a case failed on values or errors.
@@ -464,6 +480,24 @@ impl fmt::Display for Failure {
                     self.reference
                 )?;
             }
+            FailureKind::Case(c) if !c.schedule_issues.is_empty() => {
+                writeln!(
+                    out,
+                    "golden: `{}` matches its reference `{}` step by step, but not through \
+                     time{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
+            FailureKind::Case(c) if self.first_failing_step(c).is_some() => {
+                let (steps, k) = self.first_failing_step(c).expect("checked");
+                writeln!(
+                    out,
+                    "golden: `{}` leaves its reference `{}` at {}{dtype}",
+                    self.layer,
+                    self.reference,
+                    steps.describe(k)
+                )?;
+            }
             FailureKind::Case(c) if crate::judge::trace::first_divergence(&c.leaves).is_some() => {
                 let tapped = c
                     .leaves
@@ -537,6 +571,12 @@ impl fmt::Display for Failure {
                     writeln!(out, "    - {t}")?;
                 }
             }
+            if !c.schedule_issues.is_empty() {
+                writeln!(out, "  through the schedule:")?;
+                for t in &c.schedule_issues {
+                    writeln!(out, "    - {t}")?;
+                }
+            }
             if !c.unknown_taps.is_empty() {
                 writeln!(
                     out,
@@ -578,7 +618,12 @@ impl fmt::Display for Failure {
             if first_divergence.is_some() {
                 write_trace(&mut out, c)?;
             }
-            // Of the trace points, only the first divergence is detailed: later ones inherit it.
+            let first_step = self.first_failing_step(c);
+            if let Some((steps, k)) = first_step {
+                write_steps(&mut out, c, steps, k)?;
+            }
+            // Of the trace points, only the first divergence is detailed: later ones inherit it;
+            // of a schedule's steps, only the first that differs.
             let failing: Vec<&Leaf> = c
                 .leaves
                 .iter()
@@ -587,6 +632,12 @@ impl fmt::Display for Failure {
                     !crate::judge::trace::is_trace(&l.name)
                         || first_divergence.is_some_and(|f| std::ptr::eq(*l, f))
                 })
+                .filter(
+                    |l| match (first_step, crate::describe::schedule::step_of(&l.name)) {
+                        (Some((_, first)), Some((k, _))) => k == first,
+                        _ => true,
+                    },
+                )
                 .collect();
             if !failing.is_empty() {
                 let outputs = c
@@ -655,6 +706,59 @@ impl fmt::Display for Failure {
         }
         f.write_str(out.trim_end())
     }
+}
+
+/// A schedule's failed case through time: each step, and whether it differs from the reference's
+/// cached run and from its one-shot forward.
+fn write_steps(
+    out: &mut String,
+    c: &CaseFailure,
+    steps: &crate::describe::schedule::Steps,
+    first: usize,
+) -> fmt::Result {
+    use crate::describe::schedule::step_of;
+    writeln!(
+        out,
+        "  through the schedule ({steps}), each step against the reference's cached run and its \
+         one-shot forward of the whole sequence:"
+    )?;
+    let verdict = |k: usize, oneshot: bool| {
+        let mut leaves = c.leaves.iter().filter(|l| {
+            l.name.starts_with("oneshot.") == oneshot
+                && step_of(&l.name).is_some_and(|(s, _)| s == k)
+        });
+        let first = leaves.next();
+        match first {
+            None => "—".to_string(),
+            Some(l) => {
+                let all: Vec<&Leaf> = std::iter::once(l).chain(leaves).collect();
+                let worst = all
+                    .iter()
+                    .map(|l| match &l.verdict {
+                        Verdict::Values(v) => v.worst_ratio,
+                        _ => f64::INFINITY,
+                    })
+                    .fold(0.0, f64::max);
+                let mark = if all.iter().all(|l| l.passes()) {
+                    "ok"
+                } else {
+                    "DIFFERS"
+                };
+                format!("{mark} ({}×)", num(worst))
+            }
+        }
+    };
+    for k in 0..steps.lengths().len() {
+        let arrow = if k == first { "  <- first" } else { "" };
+        writeln!(
+            out,
+            "    {}: cached {}, one-shot {}{arrow}",
+            steps.describe(k),
+            verdict(k, false),
+            verdict(k, true)
+        )?;
+    }
+    Ok(())
 }
 
 /// The trace of a failed case: every tapped point in the reference's execution order with its error

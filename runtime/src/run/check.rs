@@ -24,7 +24,7 @@ use proptest::test_runner::{
     TestRunner,
 };
 use std::cell::{Cell, RefCell};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The port as the runtime calls it: the macro wraps the user's function in one of these (see
 /// [`PortFn`](crate::run::port::PortFn) for what it must be).
@@ -97,15 +97,6 @@ pub(crate) fn seed() -> u64 {
 /// The number of cases: `GOLDEN_CASES`, or what the check declares.
 pub(crate) fn cases(_layer: &Layer, declared: u32) -> u32 {
     env::cases().ok().flatten().unwrap_or(declared)
-}
-
-/// How long one call of the port may take: the check's `timeout = N`, else `GOLDEN_TIMEOUT`
-/// (default 60 s; an invalid value fails the check in `settings` before any case runs).
-pub(crate) fn port_timeout(layer: &Layer) -> Duration {
-    layer
-        .timeout
-        .or_else(|| env::timeout().ok())
-        .unwrap_or(Duration::from_secs(60))
 }
 
 struct Settings {

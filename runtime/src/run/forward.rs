@@ -8,6 +8,7 @@ use crate::describe::checks::Kind;
 use crate::describe::inputs::{self, CaseParams};
 use crate::describe::layer::{Form, Layer};
 use crate::describe::outputs::{Outputs, PortInputs};
+use crate::describe::schedule::PortSchedule;
 use crate::judge::compare::{self, Leaf};
 use crate::judge::diagnose;
 use crate::python::worker::WorkerError;
@@ -15,6 +16,7 @@ use crate::report::failure::{CaseFailure, Failure, FailureKind, LeafDiagnosis, V
 use crate::report::passed::{CaseRecord, Report};
 use crate::run::check::{self, CaseRunner, Outcome, Port};
 use crate::run::port::{PortFailure, PortThread};
+use crate::run::schedule;
 use candle_core::{DType, Device};
 use golden_files::HostTensor;
 
@@ -24,7 +26,7 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     let description = layer.description(check::cases(layer, layer.cases), check::seed());
     let runner = ForwardRunner {
         layer,
-        port: PortThread::new(port, check::port_timeout(layer)),
+        port: PortThread::of(port, layer),
         trace_written: std::cell::Cell::new(false),
         determinism_checked: std::cell::RefCell::new(Vec::new()),
     };
@@ -74,11 +76,13 @@ impl CaseRunner for ForwardRunner<'_> {
         params: &CaseParams,
     ) -> Option<WorkerError> {
         let args = inputs::make_args(self.layer, params, dtype).ok()?;
+        let plan = params.plan(self.layer);
         let request = Request::Forward {
             args: &args,
             trace: self.layer.trace,
             twice: false,
             precise: false,
+            plan: plan.as_ref(),
         };
         source
             .request(self.layer, dtype, params, &request)
@@ -98,7 +102,11 @@ impl CaseRunner for ForwardRunner<'_> {
             matches!(outcome, Outcome::Pass(_))
         };
         let first = first.as_ref();
-        crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, first);
+        // A schedule's failure is first matched against mistakes in how a model is driven
+        // through time; the reference's own calls are searched when none fits.
+        if !schedule::explain(self.layer, dtype, source, failure, first) {
+            crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, first);
+        }
         check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
     }
 }
@@ -131,11 +139,13 @@ pub(crate) fn run_case(
             .zip(args.iter().cloned())
             .collect()
     };
+    let plan = params.plan(layer);
     let request = |twice| Request::Forward {
         args: &args,
         trace: layer.trace,
         twice,
         precise: false,
+        plan: plan.as_ref(),
     };
     let answer = source.request(layer, dtype, params, &request(twice));
     let reference = match Outcome::reference_outputs(answer, &mut failure) {
@@ -156,7 +166,8 @@ pub(crate) fn run_case(
                     f.reference_error = Some(e);
                 }
             }
-            f.reference = Some(reference);
+            // A schedule's failure keeps the answer as its steps were compared with it.
+            f.reference.get_or_insert(reference);
             Outcome::Fail(f)
         }
         other => other,
@@ -174,15 +185,19 @@ pub(crate) fn call_port(
     tensors: Vec<candle_core::Tensor>,
     state: Option<&StateDict>,
     trace: bool,
+    schedule: Option<PortSchedule>,
 ) -> Result<(Outputs, Taps), PortFailure> {
     let var_builder = state.map(StateDict::var_builder);
     let f = port.port();
     let dims = port.dims();
+    let names = port.names();
     let (result, taps) = port.run("", move || {
         let inputs = PortInputs {
             tensors,
             var_builder,
             dims,
+            names,
+            schedule,
         };
         if trace {
             crate::judge::trace::record(|| f(&inputs))
@@ -239,7 +254,14 @@ pub(crate) fn run_port(
         }
     };
     port.enter_case(&params.dims);
-    let result = call_port(port, tensors, state.as_ref(), layer.trace);
+    let schedule = schedule::port_schedule(layer, params, reference);
+    let result = call_port(
+        port,
+        tensors.clone(),
+        state.as_ref(),
+        layer.trace,
+        schedule.clone(),
+    );
     if let Some(state) = &state {
         failure.params = state.request_issues();
     }
@@ -247,6 +269,12 @@ pub(crate) fn run_port(
         Ok(called) => called,
         Err(fault) => {
             fault.report(&mut failure, params);
+            if let (Some(s), Some(e)) = (&schedule, failure.port_error.as_mut()) {
+                if fault.stuck.is_some() || fault.panicked {
+                    let k = s.at.load(std::sync::atomic::Ordering::Relaxed);
+                    e.push_str(&format!(" (at {})", s.plan.steps.describe(k)));
+                }
+            }
             return Outcome::Fail(Box::new(failure));
         }
     };
@@ -262,7 +290,7 @@ pub(crate) fn run_port(
                 .map_err(|e| format!("output `{n}`: {e}"))
         })
         .collect();
-    let port_host = match port_host.and_then(|mut p| {
+    let mut port_host = match port_host.and_then(|mut p| {
         p.extend(taps_as_leaves(&taps, dtype)?);
         Ok(p)
     }) {
@@ -272,6 +300,16 @@ pub(crate) fn run_port(
             return Outcome::Fail(Box::new(failure));
         }
     };
+    // A schedule: the steps against the cached run and the one-shot forward (`run/steps.rs`).
+    let first_run = schedule.as_ref().map(|_| port_host.clone());
+    let (reference, schedule_notes) = match &schedule {
+        Some(s) => {
+            let (aligned, notes) = schedule::align(reference, &mut port_host, &s.plan, layer.tol);
+            (std::borrow::Cow::Owned(aligned), notes)
+        }
+        None => (std::borrow::Cow::Borrowed(reference), Vec::new()),
+    };
+    let reference = reference.as_ref();
     failure.leaves = reference.compare(&port_host, layer.tol, compare::ROUNDING_FACTOR);
     // Reference points the port did not tap are listed, not failed.
     let (untapped, leaves): (Vec<Leaf>, Vec<Leaf>) = std::mem::take(&mut failure.leaves)
@@ -301,10 +339,25 @@ pub(crate) fn run_port(
     failure.port_outputs = port_host;
     let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
     failure.notes = crate::report::passed::reference_notes(reference, &names);
-    if failure.params.is_empty()
+    failure.notes.extend(schedule_notes);
+    let compared = failure.params.is_empty()
         && failure.unknown_taps.is_empty()
-        && failure.leaves.iter().all(Leaf::passes)
-    {
+        && failure.leaves.iter().all(Leaf::passes);
+    if let (true, Some(s), Some(first_run)) = (compared, &schedule, &first_run) {
+        let run = |tensors: Vec<candle_core::Tensor>, schedule| {
+            call_port(port, tensors, state.as_ref(), false, Some(schedule))
+                .map(|(outputs, _)| outputs)
+        };
+        let (issues, notes) = schedule_checks(
+            layer, dtype, params, args, &tensors, s, first_run, reference, &run,
+        );
+        failure.schedule_issues = issues;
+        failure.notes.extend(notes);
+    }
+    if schedule.is_some() && !compared {
+        failure.reference = Some(reference.clone());
+    }
+    if compared && failure.schedule_issues.is_empty() {
         if let Some(dir) = trace_to {
             // Best effort: the report shows the trace when it is there.
             let _ = crate::report::artifacts::write_trace(dir, reference, &failure.port_outputs);
@@ -449,4 +502,96 @@ fn diagnoses(layer: &Layer, c: &CaseFailure, case: &CaseParams, first: bool) -> 
         }
     }
     out
+}
+
+/// What a scheduled case's port must also do once its steps match its reference: keep padding out
+/// of its valid outputs (the leakage check: other tokens at the padded positions must not move a
+/// valid output by a single bit), and generate the reference's tokens on its own (free-running).
+/// Returns the failures and the notes.
+#[allow(clippy::too_many_arguments)]
+fn schedule_checks(
+    layer: &Layer,
+    dtype: DType,
+    params: &CaseParams,
+    args: &[HostTensor],
+    tensors: &[candle_core::Tensor],
+    schedule: &PortSchedule,
+    first_run: &[(String, HostTensor)],
+    reference: &ReferenceOutputs,
+    run: &dyn Fn(Vec<candle_core::Tensor>, PortSchedule) -> Result<Outputs, PortFailure>,
+) -> (Vec<String>, Vec<crate::report::passed::Note>) {
+    let plan = &schedule.plan;
+    let mut issues = Vec::new();
+    let mut notes = Vec::new();
+    let fresh = || PortSchedule {
+        at: std::sync::Arc::default(),
+        ..schedule.clone()
+    };
+    let host = |outputs: Outputs| -> Result<Vec<(String, HostTensor)>, String> {
+        outputs
+            .0
+            .iter()
+            .map(|(n, t)| {
+                Ok((
+                    n.clone(),
+                    HostTensor::from_candle(t).map_err(|e| e.to_string())?,
+                ))
+            })
+            .collect()
+    };
+    if let Some(mask) = &plan.mask {
+        let arg = &layer.args[plan.arg];
+        let other = CaseParams {
+            seed: params.seed ^ 0x5a5a_5a5a_5a5a_5a5a,
+            ..params.clone()
+        };
+        let swapped = inputs::make_arg(arg, &other, dtype)
+            .ok()
+            .and_then(|o| schedule::with_padding_from(&args[plan.arg], &o, mask, plan.axis));
+        if let Some(swapped) = swapped {
+            let mut moved = tensors.to_vec();
+            match swapped.to_candle(&Device::Cpu) {
+                Ok(t) => moved[plan.arg] = t,
+                Err(e) => issues.push(format!(
+                    "golden could not build the leakage check's input: {e}"
+                )),
+            }
+            match run(moved, fresh()).map_err(|f| f.message).and_then(host) {
+                Ok(second) => issues.extend(schedule::leakage(first_run, &second, plan)),
+                Err(e) => issues.push(format!(
+                    "with other tokens at the padded positions (the leakage check), the port \
+                     failed: {e}"
+                )),
+            }
+        }
+    }
+    if plan.steps.generate > 0 {
+        let free = PortSchedule {
+            forced: None,
+            ..fresh()
+        };
+        match run(tensors.to_vec(), free)
+            .map_err(|f| f.message)
+            .and_then(host)
+        {
+            Ok(outputs) => {
+                let verdict = schedule::free_running(
+                    &outputs,
+                    schedule.forced.as_ref(),
+                    reference,
+                    plan,
+                    layer.tol,
+                );
+                match verdict {
+                    Ok(Some(note)) => notes.push(note),
+                    Ok(None) => {}
+                    Err(issue) => issues.push(issue),
+                }
+            }
+            Err(e) => issues.push(format!(
+                "generating on its own (free-running), the port failed: {e}"
+            )),
+        }
+    }
+    (issues, notes)
 }

@@ -54,7 +54,7 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     );
     let runner = GradRunner {
         layer,
-        port: PortThread::new(port, check::port_timeout(layer)),
+        port: PortThread::of(port, layer),
         spec,
         locate: std::cell::Cell::new(false),
     };
@@ -116,6 +116,7 @@ fn forward(
             trace: false,
             twice: false,
             precise: true,
+            plan: None,
         },
     )
 }
@@ -225,7 +226,7 @@ impl GradRunner<'_> {
                 }
             }
         }
-        let (outputs, _) = call_port(&self.port, tensors, state.as_ref(), false).map_err(
+        let (outputs, _) = call_port(&self.port, tensors, state.as_ref(), false, None).map_err(
             |PortFailure {
                  message, panicked, ..
              }| {
@@ -1014,6 +1015,7 @@ impl GradRunner<'_> {
         let columns = Arc::new(Columns {
             port: self.port.port(),
             dims: self.port.dims(),
+            names: self.port.names(),
             module: self.layer.form == Form::Module,
             args: case.args.iter().map(Fresh::of).collect(),
             state: case
@@ -1201,6 +1203,7 @@ impl Worst {
 struct Columns {
     port: SharedPort,
     dims: Vec<(String, usize)>,
+    names: Vec<String>,
     /// Whether the port is a module (it gets the state dict).
     module: bool,
     args: Vec<Fresh>,
@@ -1285,6 +1288,8 @@ impl Columns {
             tensors,
             var_builder: state.as_ref().map(StateDict::var_builder),
             dims: self.dims.clone(),
+            names: self.names.clone(),
+            schedule: None,
         };
         beat.beat();
         let outputs = (self.port)(&inputs).map_err(ColumnError::Port)?;

@@ -8,3 +8,5 @@ pub mod gradients;
 pub mod mutations;
 pub mod overfit;
 pub mod port;
+pub mod schedule;
+pub mod steps;

@@ -101,6 +101,7 @@ fn batch(layer: &Layer, seed: u64) -> CaseParams {
             .collect(),
         seed: seed ^ inputs::fnv1a(layer.name.as_bytes()),
         style: Style::Declared,
+        steps: None,
     }
 }
 
@@ -283,7 +284,7 @@ fn train_port(
         })
         .collect();
     for step in 0..spec.steps {
-        let (outputs, _) = call_port(port, inputs.clone(), Some(&state), false)
+        let (outputs, _) = call_port(port, inputs.clone(), Some(&state), false, None)
             .map_err(|f| format!("the port failed while training: {}", f.message))?;
         let value = loss_of(spec.loss, &outputs, &targets).map_err(|e| format!("the loss: {e}"))?;
         losses.push(
@@ -379,7 +380,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         // The port's timeout as well as the reference's.
         crate::describe::env::timeout().map_err(config_error)?;
     }
-    let port = PortThread::new(port, check::port_timeout(layer));
+    let port = PortThread::of(port, layer);
     if layer.form != Form::Module {
         return Err(config_error(
             "the overfit check trains a module: its port takes a VarBuilder (module form)".into(),
@@ -474,6 +475,7 @@ fn run(
         trace: false,
         twice: false,
         precise: false,
+        plan: None,
     })?;
     let elements = forward
         .expected

@@ -87,6 +87,15 @@ impl PortFailure {
     }
 }
 
+/// How long one call of the port may take: the check's `timeout = N`, else `GOLDEN_TIMEOUT`
+/// (default 60 s; an invalid value fails the check in `settings` before any case runs).
+pub(crate) fn port_timeout(layer: &crate::describe::layer::Layer) -> Duration {
+    layer
+        .timeout
+        .or_else(|| crate::describe::env::timeout().ok())
+        .unwrap_or(Duration::from_secs(60))
+}
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// One of the parts of [`PortThread::run_parts`]: `f(part, heartbeat)`.
@@ -103,6 +112,8 @@ pub(crate) struct PortThread {
     /// The dims of the case being run ([`PortThread::enter_case`]): the port's parameters whose
     /// values depend on them get them (`PortInputs::dim`).
     dims: RefCell<Vec<(String, usize)>>,
+    /// The check's tensor arguments' names, in order (a stepping port reads its inputs by name).
+    names: Vec<String>,
 }
 
 impl PortThread {
@@ -114,7 +125,21 @@ impl PortThread {
             jobs: RefCell::new(None),
             fault: RefCell::new(None),
             dims: RefCell::new(Vec::new()),
+            names: Vec::new(),
         }
+    }
+
+    /// The port of `layer`'s check: its arguments' names known, each call bounded by the check's
+    /// timeout.
+    pub(crate) fn of(port: &Port<'_>, layer: &crate::describe::layer::Layer) -> Self {
+        let mut thread = Self::new(port, port_timeout(layer));
+        thread.names = layer.args.iter().map(|a| a.name.clone()).collect();
+        thread
+    }
+
+    /// The check's tensor arguments' names.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.names.clone()
     }
 
     /// The case whose dims the next calls run with.

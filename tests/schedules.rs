@@ -1,0 +1,218 @@
+//! Checks through time: ports that keep a KV cache, driven through generated schedules (a prefill
+//! and decode steps, chunked prefills, padded batches, sliding windows, generation) against
+//! transformers' own cached models. Right ports pass; each wrong port fails at the step where its
+//! bug first shows, with a message that names it.
+//!
+//! Each check has a golden store in `tests/golden/` (`GOLDEN_MODE=record cargo test --test
+//! schedules`), so the assertions hold in replay too.
+
+// A `Failure` carries the whole failing case; these helpers return it as the checks do.
+#![allow(clippy::result_large_err)]
+
+mod common;
+
+use common::decoder::{self, Bugs};
+use common::gpt2;
+use common::{declared_with_store, Scratch};
+use golden::{Decode, Failure, Layer, Report};
+
+fn run(layer: &Layer, window: Option<usize>, bugs: Bugs) -> Result<Report, Failure> {
+    let scratch = Scratch::new(&layer.name);
+    let layer = declared_with_store(layer, &scratch);
+    golden::check(&layer, &decoder::port(window, bugs))
+}
+
+fn must_fail(layer: &Layer, window: Option<usize>, bugs: Bugs) -> String {
+    match run(layer, window, bugs) {
+        Ok(_) => panic!("the wrong port `{}` passed", layer.name),
+        Err(f) => {
+            let msg = f.to_string();
+            println!("{msg}");
+            msg
+        }
+    }
+}
+
+fn must_pass(layer: &Layer, window: Option<usize>) -> Report {
+    run(layer, window, Bugs::default())
+        .unwrap_or_else(|f| panic!("the right port `{}` failed:\n{f}", layer.name))
+}
+
+fn llama(name: &str) -> Layer {
+    decoder::causal_lm(name, "transformers.LlamaForCausalLM", None)
+}
+
+fn mistral(name: &str, window: usize) -> Layer {
+    decoder::causal_lm(name, "transformers.MistralForCausalLM", Some(window))
+}
+
+fn padded(layer: Layer) -> Layer {
+    let mut layer = layer;
+    layer.decode = Some(Decode {
+        padding: true,
+        ..Decode::over("input_ids")
+    });
+    layer
+}
+
+fn generating(layer: Layer, tokens: usize) -> Layer {
+    let mut layer = layer;
+    let decode = layer.decode.take().unwrap();
+    layer.decode = Some(Decode {
+        generate: tokens,
+        ..decode
+    });
+    layer
+}
+
+#[test]
+fn a_cached_llama_port_passes_every_step() {
+    let report = must_pass(&llama("s_llama_right"), None);
+    assert!(!report.runs[0].cases.is_empty());
+}
+
+#[test]
+fn a_mistral_port_with_its_sliding_window_passes_every_step() {
+    must_pass(&mistral("s_mistral_right", 3), Some(3));
+}
+
+#[test]
+fn padded_batches_and_generation_pass_with_a_right_port() {
+    must_pass(&generating(padded(llama("s_llama_padded_right")), 3), None);
+}
+
+#[test]
+fn rotary_positions_not_offset_in_decode_fail_at_the_first_step_after_the_prefill() {
+    let bugs = Bugs {
+        rope_not_offset: true,
+        ..Bugs::default()
+    };
+    let msg = must_fail(&llama("s_llama_rope_offset"), None, bugs);
+    assert!(
+        msg.contains(
+            "leaves its reference `transformers.LlamaForCausalLM` at step 1, the decode step at \
+             position 1 (after 1 cached)"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("steps 1+1,"),
+        "shrunk to a prefill and one step: {msg}"
+    );
+    assert!(
+        msg.contains(
+            "likely cause: the port matches the reference with the schedule driven with position \
+             ids that restart at 0 in every call"
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("on both failing cases"), "{msg}");
+}
+
+#[test]
+fn a_cache_concatenated_on_the_wrong_axis_is_named_with_its_step() {
+    let bugs = Bugs {
+        cache_on_heads_axis: true,
+        ..Bugs::default()
+    };
+    let msg = must_fail(&llama("s_llama_cache_axis"), None, bugs);
+    // The step, the op and both shapes: the cache [1, 2·kv, 1, d] against the query's heads.
+    assert!(
+        msg.contains(
+            "the port returned an error: at step 1, the decode step at position 1 (after 1 \
+             cached): shape mismatch in matmul, lhs: [1, 4, 1, 4], rhs: [1, 8, 4, 1]"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_square_mask_fails_in_a_chunked_prefill() {
+    let bugs = Bugs {
+        square_mask: true,
+        ..Bugs::default()
+    };
+    let msg = must_fail(&llama("s_llama_square_mask"), None, bugs);
+    // The smallest chunked prefill: one token cached, then two.
+    assert!(msg.contains("steps 1+2,"), "{msg}");
+    assert!(
+        msg.contains(
+            "at step 1, a chunk of 2 tokens at positions 1..=2 on a cache of 1: cannot broadcast \
+             [1, 1, 2, 2] to [1, 4, 2, 3]"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_sliding_window_one_key_wider_fails_once_crossed() {
+    let bugs = Bugs {
+        window_wider: true,
+        ..Bugs::default()
+    };
+    let msg = must_fail(&mistral("s_mistral_window_wider", 3), Some(3), bugs);
+    // Position 3 is the first that a window of 3 keys no longer reaches back to 0.
+    assert!(msg.contains("n=4"), "shrunk to the window + 1: {msg}");
+    assert!(
+        msg.contains("leaves its reference `transformers.MistralForCausalLM` at step"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(
+            "the schedule driven with a sliding window of 4 keys (instead of 3 keys: key j is seen \
+             by query i when j > i − 3)"
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("fix: keep keys j with i − 3 < j ≤ i"), "{msg}");
+}
+
+fn run_gpt2(name: &str, bugs: Bugs) -> Result<Report, Failure> {
+    let scratch = Scratch::new(name);
+    let layer = declared_with_store(&gpt2::gpt2(name), &scratch);
+    golden::check(&layer, &gpt2::port(bugs))
+}
+
+#[test]
+fn a_gpt2_port_with_learned_positions_passes_padded_batches() {
+    run_gpt2("s_gpt2_right", Bugs::default()).unwrap_or_else(|f| panic!("{f}"));
+}
+
+#[test]
+fn position_ids_that_ignore_left_padding_fail() {
+    let bugs = Bugs {
+        positions_ignore_padding: true,
+        ..Bugs::default()
+    };
+    let msg = run_gpt2("s_gpt2_positions_padding", bugs)
+        .expect_err("a wrong port")
+        .to_string();
+    println!("{msg}");
+    assert!(
+        msg.contains("padding left") || msg.contains("padding one-token"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(
+            "the schedule driven with position ids `offset..offset + t` in every row, padding \
+             counted"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn padded_keys_that_are_not_masked_fail() {
+    let bugs = Bugs {
+        pad_keys_unmasked: true,
+        ..Bugs::default()
+    };
+    let msg = must_fail(&padded(llama("s_llama_pad_keys")), None, bugs);
+    // Whether the values show it on a case depends on its tokens (a pad token equal to the valid
+    // one leaves the attention's average unchanged); the leakage check does not.
+    assert!(
+        msg.contains("padding leaks into valid outputs")
+            || msg.contains("the schedule driven with no padding mask"),
+        "{msg}"
+    );
+}
