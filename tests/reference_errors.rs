@@ -284,3 +284,42 @@ fn unseeded_noise_is_reported_as_a_nondeterministic_reference() {
         assert!(msg.contains("np.random or random"), "{msg}");
     }
 }
+
+/// `decode(...)` on a transformers module that keeps no cache: no case can run (a reference of
+/// `tests/schedules.rs`'s kind, here because it needs the live reference to say so).
+#[test]
+fn a_reference_without_a_cache_is_a_clear_error_not_a_shrunk_case() {
+    let layer = Layer::module(
+        "s_mlp_no_cache",
+        "transformers.models.llama.modeling_llama.LlamaMLP",
+    )
+    .config("transformers.LlamaConfig")
+    .config_value("hidden_size", 8usize)
+    .config_value("intermediate_size", 12usize)
+    .config_value("num_attention_heads", 2usize)
+    .dim("n", 2, 6)
+    .arg(
+        "x",
+        [golden::DimExpr::Lit(1), "n".into(), golden::DimExpr::Lit(8)],
+        golden::Dist::default(),
+    )
+    .decode(golden::Decode::over("x"));
+    let port = |inputs: &golden::PortInputs| {
+        golden::drive(inputs, |_| {
+            golden::IntoStepper::into_stepper(Ok::<_, String>(|step: &golden::Step| {
+                Ok::<_, candle_core::Error>(step.tensor(0).clone())
+            }))
+        })
+    };
+    let msg = golden::check(&layer, &port)
+        .expect_err("no cache")
+        .to_string();
+    assert!(
+        msg.contains(
+            "cannot check `s_mlp_no_cache`: the reference cannot be driven through \
+                      `decode`'s schedules"
+        ) && msg.contains("`LlamaMLP.forward` takes no `past_key_values`"),
+        "{msg}"
+    );
+    assert!(!msg.contains("shrunk"), "{msg}");
+}

@@ -68,7 +68,27 @@ fn generating(layer: Layer, tokens: usize) -> Layer {
 #[test]
 fn a_cached_llama_port_passes_every_step() {
     let report = must_pass(&llama("s_llama_right"), None);
-    assert!(!report.runs[0].cases.is_empty());
+    let snapshot = report.snapshot().expect("the declared cases ran");
+    println!("{snapshot}");
+    // The snapshot says which schedules were covered and how close every step came, against the
+    // cached run and against the one-shot forward.
+    assert!(
+        snapshot.contains("decode: over input_ids (axis 1)"),
+        "{snapshot}"
+    );
+    assert!(snapshot.contains("  schedules: 12 cases; "), "{snapshot}");
+    assert!(
+        snapshot.contains("decoding after a prefill of"),
+        "{snapshot}"
+    );
+    for against in ["cached run", "one-shot forward"] {
+        assert!(
+            snapshot.contains(&format!(
+                "every step's out.logits, against the {against} (f32)"
+            )),
+            "{snapshot}"
+        );
+    }
 }
 
 #[test]
@@ -213,6 +233,54 @@ fn padded_keys_that_are_not_masked_fail() {
     assert!(
         msg.contains("padding leaks into valid outputs")
             || msg.contains("the schedule driven with no padding mask"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_schedule_longer_than_the_positions_is_refused_before_any_case() {
+    let mut layer = llama("s_llama_too_long");
+    layer.dims[1].hi = 64;
+    layer = generating(layer, 4);
+    let port = decoder::port(None, Bugs::default());
+    let msg = golden::check(&layer, &port)
+        .expect_err("too long")
+        .to_string();
+    assert!(
+        msg.contains(
+            "the longest schedule reaches 68 positions (`n` up to 64, then 4 generated), beyond \
+             the module's max_position_embeddings (64)"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_port_stuck_at_a_step_is_abandoned_at_the_timeout_naming_the_step() {
+    let layer = llama("s_llama_stuck").timeout(3.0);
+    let scratch = Scratch::new(&layer.name);
+    let layer = declared_with_store(&layer, &scratch);
+    let port = |inputs: &golden::PortInputs| {
+        golden::drive(inputs, |inputs| {
+            let made = decoder::Model::new(inputs.var_builder(), None, Bugs::default()).map(
+                |mut model| {
+                    move |step: &golden::Step| {
+                        if step.index() == 1 {
+                            std::thread::sleep(std::time::Duration::from_secs(3600));
+                        }
+                        model.step(step)
+                    }
+                },
+            );
+            golden::IntoStepper::into_stepper(made)
+        })
+    };
+    let started = std::time::Instant::now();
+    let msg = golden::check(&layer, &port).expect_err("stuck").to_string();
+    assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
+    assert!(msg.contains("did not return within 3 s"), "{msg}");
+    assert!(
+        msg.contains("(at step 1, the decode step at position"),
         "{msg}"
     );
 }

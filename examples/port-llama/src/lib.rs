@@ -7,8 +7,12 @@
 //!   case, with its gradients and a training check;
 //! * [`rope::apply_rotary_pos_emb`] — the rotary embedding (`rotate_half`), with its gradients;
 //! * [`model::llama_model`] — `LlamaModel` with one decoder layer: embedding, RMSNorm, attention
-//!   with RoPE and grouped KV heads (GQA), the MLP, the final norm; traced point by point.
+//!   with RoPE and grouped KV heads (GQA), the MLP, the final norm; traced point by point;
+//! * [`decode::cached_llama`] — `LlamaForCausalLM` with a KV cache, driven through generated
+//!   schedules (prefill and decode steps, chunked prefills, padded batches), and
+//!   [`decode::greedy_llama`], greedy generation teacher-forced and free-running.
 
+pub mod decode;
 pub mod mlp;
 pub mod model;
 pub mod norm;

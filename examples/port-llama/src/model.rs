@@ -52,17 +52,28 @@ fn attention(vb: VarBuilder, x: &Tensor, s: &Sizes, rope: Rope) -> Result<Tensor
     let (b, t, _) = x.dims3()?;
     let name = vb.prefix();
     let proj = |out: usize, what: &str| linear_no_bias(s.hidden, out, vb.pp(what));
-    let (q_proj, k_proj) = (proj(s.heads * s.head_dim, "q_proj")?, proj(s.kv_heads * s.head_dim, "k_proj")?);
+    let (q_proj, k_proj) = (
+        proj(s.heads * s.head_dim, "q_proj")?,
+        proj(s.kv_heads * s.head_dim, "k_proj")?,
+    );
     let v_proj = proj(s.kv_heads * s.head_dim, "v_proj")?;
     let o_proj = linear_no_bias(s.heads * s.head_dim, s.hidden, vb.pp("o_proj"))?;
-    let heads = |x: Tensor, n: usize| x.reshape((b, t, n, s.head_dim))?.transpose(1, 2)?.contiguous();
+    let heads = |x: Tensor, n: usize| {
+        x.reshape((b, t, n, s.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()
+    };
     let q = q_proj.forward(x)?;
     let k = k_proj.forward(x)?;
     let v = v_proj.forward(x)?;
     golden::tap(&format!("{name}.q_proj"), &q);
     golden::tap(&format!("{name}.k_proj"), &k);
     golden::tap(&format!("{name}.v_proj"), &v);
-    let (q, k, v) = (heads(q, s.heads)?, heads(k, s.kv_heads)?, heads(v, s.kv_heads)?);
+    let (q, k, v) = (
+        heads(q, s.heads)?,
+        heads(k, s.kv_heads)?,
+        heads(v, s.kv_heads)?,
+    );
     let (cos, sin) = rope_tables(t, s.head_dim, x.device())?;
     let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
     let (q, k) = (rope(&q, &cos, &sin)?, rope(&k, &cos, &sin)?);
@@ -90,7 +101,12 @@ fn attention(vb: VarBuilder, x: &Tensor, s: &Sizes, rope: Rope) -> Result<Tensor
 }
 
 /// The model's last hidden state, with the rotary embedding applied by `rope`.
-pub fn llama_model_with(vb: VarBuilder, input_ids: &Tensor, s: &Sizes, rope: Rope) -> Result<Tensor> {
+pub fn llama_model_with(
+    vb: VarBuilder,
+    input_ids: &Tensor,
+    s: &Sizes,
+    rope: Rope,
+) -> Result<Tensor> {
     let embed = embedding(s.vocab, s.hidden, vb.pp("embed_tokens"))?;
     let mut h = embed.forward(input_ids)?;
     golden::tap("embed_tokens", &h);
@@ -98,7 +114,8 @@ pub fn llama_model_with(vb: VarBuilder, input_ids: &Tensor, s: &Sizes, rope: Rop
     let input_norm = RmsNorm::new(layer.pp("input_layernorm"), s.hidden, EPS)?.forward(&h)?;
     golden::tap("layers.0.input_layernorm", &input_norm);
     h = (h + attention(layer.pp("self_attn"), &input_norm, s, rope)?)?;
-    let post_norm = RmsNorm::new(layer.pp("post_attention_layernorm"), s.hidden, EPS)?.forward(&h)?;
+    let post_norm =
+        RmsNorm::new(layer.pp("post_attention_layernorm"), s.hidden, EPS)?.forward(&h)?;
     golden::tap("layers.0.post_attention_layernorm", &post_norm);
     let mlp = Mlp::new(layer.pp("mlp"), s.hidden, s.intermediate)?.forward(&post_norm)?;
     golden::tap("layers.0.mlp", &mlp);
@@ -152,4 +169,3 @@ pub fn llama_model(
     // `LlamaModel` returns a `BaseModelOutputWithPast`, a dict: its leaves are named by key.
     Ok(BTreeMap::from([("last_hidden_state", out)]))
 }
-

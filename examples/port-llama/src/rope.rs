@@ -21,9 +21,8 @@ pub fn apply_with(
     sin: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
     let (cos, sin) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
-    let embed = |x: &Tensor| -> Result<Tensor> {
-        x.broadcast_mul(&cos)? + rotate(x)?.broadcast_mul(&sin)?
-    };
+    let embed =
+        |x: &Tensor| -> Result<Tensor> { x.broadcast_mul(&cos)? + rotate(x)?.broadcast_mul(&sin)? };
     Ok((embed(q)?, embed(k)?))
 }
 

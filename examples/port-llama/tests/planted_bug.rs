@@ -66,7 +66,10 @@ fn interleaved_rope_fails_and_is_named() {
         "{msg}"
     );
     assert!(msg.contains("dims b=1 t=2"), "{msg}");
-    assert!(msg.contains("3 layers.0.self_attn.q_proj") && msg.contains("ok"), "{msg}");
+    assert!(
+        msg.contains("3 layers.0.self_attn.q_proj") && msg.contains("ok"),
+        "{msg}"
+    );
     if msg.contains("the mutation diagnosis was skipped") {
         // A replay on a machine without torch: the numbers alone fail it.
         return;
@@ -80,7 +83,9 @@ fn interleaved_rope_fails_and_is_named() {
         "the mutation diagnosis names the rotation and its line: {msg}"
     );
     assert!(
-        msg.contains("fix: rotate the two halves as the reference does: candle_nn::rotary_emb::rope"),
+        msg.contains(
+            "fix: rotate the two halves as the reference does: candle_nn::rotary_emb::rope"
+        ),
         "{msg}"
     );
 }

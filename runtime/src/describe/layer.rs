@@ -1094,6 +1094,32 @@ impl Layer {
                     "`decode(axis = 0)`: axis 0 is the batch; the sequence is another axis".into(),
                 );
             }
+            // The longest schedule must fit the module's positions: said before any case runs.
+            let limit = self
+                .config
+                .iter()
+                .flat_map(|c| &c.values)
+                .chain(&self.init)
+                .find(|(k, _)| k == "max_position_embeddings" || k == "n_positions");
+            if let (Some((key, Value::Int(limit))), DimExpr::Sym(d)) =
+                (limit, &arg.shape[decode.axis])
+            {
+                let longest = self.dims.iter().find(|s| &s.name == d).map(|s| s.hi);
+                if let Some(longest) = longest {
+                    let total = (longest + decode.generate) as i64;
+                    if total > *limit {
+                        return Err(format!(
+                            "the longest schedule reaches {total} positions (`{d}` up to {longest}{}), \
+                             beyond the module's {key} ({limit}): narrow `{d}` or raise {key}",
+                            if decode.generate > 0 {
+                                format!(", then {} generated", decode.generate)
+                            } else {
+                                String::new()
+                            }
+                        ));
+                    }
+                }
+            }
             if decode.generate > 0 && !matches!(arg.dist, Dist::Int { .. }) {
                 return Err(format!(
                     "`decode(generate = ..)` feeds the greedy token back as the next input, so \

@@ -424,10 +424,13 @@ pub(crate) fn strategy(decode: &Decode, len: usize) -> BoxedStrategy<Steps> {
         .flatten()
         .filter(|&p| (1..=len).contains(&p))
         .collect();
+    // A prefill leaves at least one step after it (the whole prompt at once is `OneShot`).
+    let last = (len - 1).max(1);
+    let near: Vec<usize> = near.into_iter().filter(|&p| p <= last).collect();
     let prefill = if near.is_empty() {
-        (1..=len).boxed()
+        (1..=last).boxed()
     } else {
-        prop_oneof![1 => 1..=len, 1 => proptest::sample::select(near)].boxed()
+        prop_oneof![1 => 1..=last, 1 => proptest::sample::select(near)].boxed()
     };
     let padding = if decode.padding {
         prop_oneof![

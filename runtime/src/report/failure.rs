@@ -110,6 +110,12 @@ impl CaseFailure {
         remote_kind(self.reference_error.as_ref()) == Some("nondeterministic")
     }
 
+    /// Whether the reference cannot be driven through the case's schedule at all (no cache to
+    /// carry, more positions than it has): no case can run.
+    pub fn reference_cannot_follow_schedule(&self) -> bool {
+        remote_kind(self.reference_error.as_ref()) == Some("schedule")
+    }
+
     /// One line for proptest's own bookkeeping.
     pub fn headline(&self) -> String {
         if let Some(p) = self.params.first() {

@@ -86,6 +86,151 @@ fn describe_rule(rule: &Rule) -> String {
     }
 }
 
+/// The schedules a check's cases covered, as one line: how many of each kind, their lengths, the
+/// padding, the generated tokens, and how often the window was crossed in a prefill and in a
+/// decode step.
+fn write_schedules(
+    s: &mut String,
+    cases: &[crate::report::passed::CaseRecord],
+    window: Option<usize>,
+) {
+    use crate::describe::schedule::Padding;
+    let all: Vec<&crate::describe::schedule::Steps> = cases
+        .iter()
+        .filter_map(|c| c.params.steps.as_ref())
+        .collect();
+    if all.is_empty() {
+        return;
+    }
+    let range = |values: Vec<usize>| -> String {
+        let (lo, hi) = (
+            values.iter().copied().min().unwrap_or(0),
+            values.iter().copied().max().unwrap_or(0),
+        );
+        if lo == hi {
+            lo.to_string()
+        } else {
+            format!("{lo}–{hi}")
+        }
+    };
+    let once = |s: &&&crate::describe::schedule::Steps| s.chunks.len() == 1;
+    let decodes: Vec<&&crate::describe::schedule::Steps> = all
+        .iter()
+        .filter(|s| s.chunks.len() > 1 && s.chunks[1..].iter().all(|&c| c == 1))
+        .collect();
+    let chunked = all
+        .iter()
+        .filter(|s| s.chunks.len() > 1 && s.chunks[1..].iter().any(|&c| c > 1))
+        .count();
+    let mut parts = vec![format!(
+        "{} case{}",
+        all.len(),
+        if all.len() == 1 { "" } else { "s" }
+    )];
+    if !decodes.is_empty() {
+        parts.push(format!(
+            "{} decoding after a prefill of {}",
+            decodes.len(),
+            range(decodes.iter().map(|s| s.chunks[0]).collect())
+        ));
+    }
+    if chunked > 0 {
+        parts.push(format!("{chunked} chunked prefills"));
+    }
+    let at_once = all.iter().filter(once).count();
+    if at_once > 0 {
+        parts.push(format!("{at_once} all at once"));
+    }
+    parts.push(format!(
+        "up to {} steps",
+        all.iter().map(|s| s.lengths().len()).max().unwrap_or(0)
+    ));
+    let paddings: Vec<String> = Padding::ALL
+        .into_iter()
+        .filter_map(|p| {
+            let n = all.iter().filter(|s| s.padding == p).count();
+            (n > 0).then(|| format!("{} {n}", p.token()))
+        })
+        .collect();
+    if paddings.len() > 1 || all[0].padding != Padding::None {
+        parts.push(format!("padding {}", paddings.join(", ")));
+    }
+    let generating: Vec<usize> = all.iter().map(|s| s.generate).filter(|&g| g > 0).collect();
+    if !generating.is_empty() {
+        parts.push(format!(
+            "{} generating {} tokens",
+            generating.len(),
+            range(generating.clone())
+        ));
+    }
+    if let Some(w) = window {
+        let in_prefill = all.iter().filter(|s| s.chunks[0] > w).count();
+        let in_decode = all
+            .iter()
+            .filter(|s| s.lengths().len() > 1 && s.prompt() + s.generate > w.max(s.chunks[0]))
+            .count();
+        parts.push(format!(
+            "the window of {w} crossed in the prefill in {in_prefill}, after it in {in_decode}"
+        ));
+    }
+    let _ = writeln!(s, "  schedules: {}", parts.join("; "));
+}
+
+/// A schedule's leaves, each over every step of every case: `step.<k>.<leaf>` against the
+/// reference's cached run, `oneshot.<k>.<leaf>` against its one-shot forward, trace points
+/// without their call count.
+fn write_steps(s: &mut String, cases: &[crate::report::passed::CaseRecord]) {
+    let mut groups: Vec<(String, Vec<&Leaf>)> = Vec::new();
+    for leaf in cases.iter().flat_map(|c| &c.leaves) {
+        let key = match crate::describe::schedule::step_of(&leaf.name) {
+            Some((_, rest)) if leaf.name.starts_with("oneshot.") => {
+                format!("every step's {rest}, against the one-shot forward")
+            }
+            Some((_, rest)) => format!("every step's {rest}, against the cached run"),
+            None => match leaf.name.rsplit_once('#') {
+                Some((point, n)) if n.chars().all(|c| c.is_ascii_digit()) => point.to_string(),
+                _ => leaf.name.clone(),
+            },
+        };
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, all)) => all.push(leaf),
+            None => groups.push((key, vec![leaf])),
+        }
+    }
+    for (key, leaves) in groups {
+        let values: Vec<&crate::judge::compare::Values> = leaves
+            .iter()
+            .filter_map(|l| match &l.verdict {
+                Verdict::Values(v) => Some(&**v),
+                _ => None,
+            })
+            .collect();
+        let dtype = leaves[0]
+            .reference
+            .as_ref()
+            .map(|r| r.1.name())
+            .unwrap_or("?");
+        let _ = writeln!(s, "  {key} ({dtype})");
+        let Some(v0) = values.first() else { continue };
+        let _ = writeln!(s, "    tolerance: {}", describe_rule(&v0.rule));
+        if v0.rule == Rule::Exact {
+            let _ = writeln!(s, "    equal in every case");
+            continue;
+        }
+        let max_abs = values
+            .iter()
+            .filter_map(|v| v.greatest_abs.as_ref().map(|g| g.diff))
+            .fold(0.0f64, f64::max);
+        let worst = values.iter().map(|v| v.worst_ratio).fold(0.0f64, f64::max);
+        let _ = writeln!(
+            s,
+            "    max |port - ref|: {}, worst element {}× allowed",
+            figure(max_abs),
+            figure(worst)
+        );
+    }
+}
+
 impl Report {
     /// The snapshot's name: [`Layer::check_name`], and for the other kinds of check their suffix
     /// (`norms__layer_norm__gradients`).
@@ -148,7 +293,12 @@ impl Report {
         let mut s = self.description.clone();
         for run in &self.runs {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
-            self.write_leaves(&mut s, &run.cases);
+            if self.layer.decode.is_some() {
+                write_schedules(&mut s, &run.cases, self.layer.window());
+                write_steps(&mut s, &run.cases);
+            } else {
+                self.write_leaves(&mut s, &run.cases);
+            }
             Self::write_figures(&mut s, &run.cases);
             let mut notes: Vec<&str> = Vec::new();
             for note in run.cases.iter().flat_map(|c| &c.notes) {

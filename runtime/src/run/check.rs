@@ -526,6 +526,23 @@ fn run_dtype(
                 *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));
                 Err(TestCaseError::fail("the reference is not deterministic"))
             }
+            // A reference that cannot be driven through a schedule (no cache, too few positions)
+            // cannot on any case: a configuration error, not shrunk.
+            Outcome::Fail(f) if f.reference_cannot_follow_schedule() => {
+                let message = f
+                    .reference_error
+                    .as_ref()
+                    .map_or_else(String::new, |e| e.to_string());
+                *fatal.borrow_mut() = Some((
+                    params,
+                    FailureKind::Config(format!(
+                        "the reference cannot be driven through `decode`'s schedules: {message}"
+                    )),
+                ));
+                Err(TestCaseError::fail(
+                    "the reference cannot follow the schedule",
+                ))
+            }
             // A port that did not return is not shrunk: each try would wait the whole timeout.
             Outcome::Fail(f) if f.port_stuck => {
                 *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));

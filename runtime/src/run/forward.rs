@@ -583,8 +583,7 @@ fn schedule_checks(
                     layer.tol,
                 );
                 match verdict {
-                    Ok(Some(note)) => notes.push(note),
-                    Ok(None) => {}
+                    Ok(note) => notes.push(note),
                     Err(issue) => issues.push(issue),
                 }
             }

@@ -289,17 +289,18 @@ pub(crate) fn leakage(
     None
 }
 
-/// The free-running pass's verdict: the port's own greedy tokens against the reference's. Where
-/// they first differ, the reference's logits there decide: when its top two are closer than the
-/// tolerance allows for both (a tie within rounding), the flip is a note; otherwise a failure
-/// (the teacher-forced steps matched, so the port's logits there depend on more than its inputs).
+/// The free-running pass's verdict: the port's own greedy tokens against the reference's (a note
+/// when they are the same). Where they first differ, the reference's logits there decide: when
+/// its top two are closer than the tolerance allows for both (a tie within rounding), the flip is a
+/// note; otherwise a failure (the teacher-forced steps matched, so the port's logits there depend
+/// on more than its inputs).
 pub(crate) fn free_running(
     port: &[(String, HostTensor)],
     forced: Option<&HostTensor>,
     reference: &crate::answers::live::ReferenceOutputs,
     plan: &crate::describe::schedule::Plan,
     tol: Option<crate::describe::layer::Tol>,
-) -> Result<Option<crate::report::passed::Note>, String> {
+) -> Result<crate::report::passed::Note, String> {
     use crate::describe::numbers::num;
     let (Some(ours), Some(theirs)) = (find(port, TOKENS), forced) else {
         return Err("the free-running pass produced no tokens".into());
@@ -307,7 +308,11 @@ pub(crate) fn free_running(
     let (ours, theirs) = (ours.to_i64(), theirs.to_i64());
     let generate = plan.steps.generate;
     let Some(at) = (0..ours.len().min(theirs.len())).find(|&i| ours[i] != theirs[i]) else {
-        return Ok(None);
+        let summary = "free-running, the port generates the reference's greedy tokens".to_string();
+        return Ok(crate::report::passed::Note {
+            detail: format!("{summary} ({generate} per row)"),
+            summary,
+        });
     };
     let (row, j) = (at / generate, at % generate);
     // Token j is chosen by the step that ends just before the position it fills.
@@ -360,14 +365,14 @@ pub(crate) fn free_running(
         let summary = "free-running, the port's greedy tokens part from the reference's at a tie \
                        within rounding: a flip between near-tied logits, not a failure"
             .to_string();
-        return Ok(Some(crate::report::passed::Note {
+        return Ok(crate::report::passed::Note {
             detail: format!(
                 "{what}, within the {} the tolerance allows for both: a flip between near-tied \
                  logits, not a failure (the steps after it feed other tokens and are not compared)",
                 num(bound)
             ),
             summary,
-        }));
+        });
     }
     Err(format!(
         "{what}, more than the {} the tolerance allows for both: the teacher-forced steps \
