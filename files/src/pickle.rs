@@ -18,8 +18,8 @@
 //! storage.
 
 use crate::budget::{Budget, OverBudget, ReadError};
-use crate::formats::{Archive, Entry, Skipped};
-use crate::tensor::{HostTensor, Narrow, Strided, WireDType};
+use crate::archive::Archive;
+use crate::tensor::{Entry, HostTensor, Narrow, Skipped, Strided, WireDType};
 use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::HashMap;
