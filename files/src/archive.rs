@@ -14,9 +14,17 @@ pub(crate) struct Archive {
 }
 
 impl Archive {
+    /// The archive starts at the file's first byte (golden has sniffed its local header there).
+    /// Telling the zip reader so matters: left to detect where the archive starts, it takes the
+    /// central directory to begin at "end record − the directory's declared size", which in
+    /// torch.save's files is 76 bytes too far (a zip64 end record and locator lie between), and
+    /// when a record happens to start there (a 21-character stem) it reads the file as shifted.
     pub(crate) fn new(bytes: Bytes) -> Result<Archive, zip::result::ZipError> {
+        let config = zip::read::Config {
+            archive_offset: zip::read::ArchiveOffset::Known(0),
+        };
         Ok(Archive {
-            zip: zip::ZipArchive::new(Cursor::new(bytes.clone()))?,
+            zip: zip::ZipArchive::with_config(config, Cursor::new(bytes.clone()))?,
             bytes,
         })
     }
@@ -59,4 +67,3 @@ impl Archive {
         Ok(out.into())
     }
 }
-

@@ -17,8 +17,8 @@
 //! Walking the result visits at most [`MAX_NODES`] values, and a view may not read outside its
 //! storage.
 
-use crate::budget::{Budget, OverBudget, ReadError};
 use crate::archive::Archive;
+use crate::budget::{Budget, OverBudget, ReadError};
 use crate::tensor::{Entry, HostTensor, Narrow, Skipped, Strided, WireDType};
 use bytes::Bytes;
 use std::cell::RefCell;
