@@ -87,6 +87,16 @@ impl Rule {
         Rule::Default { atol, rtol, factor }
     }
 
+    /// Whether `value` is within the rule of `reference`, element by element as a comparison
+    /// judges it without a rounding estimate: non-finite values only equal to the same (NaN to
+    /// NaN), finite ones within `atol + rtol·|reference|` (exactly equal under [`Rule::Exact`]).
+    pub fn admits(&self, reference: f64, value: f64) -> bool {
+        if !(value.is_finite() && reference.is_finite()) {
+            return (value.is_nan() && reference.is_nan()) || value == reference;
+        }
+        (value - reference).abs() <= self.allowed(reference, 0.0)
+    }
+
     fn allowed(&self, reference: f64, rounding: f64) -> f64 {
         match *self {
             Rule::Default { atol, rtol, factor } => {
