@@ -649,13 +649,13 @@ pub fn run(a: &Path, b: &Path, tolerance: Tolerance, read: &ReadOptions) -> Resu
         tolerance,
         ..Options::default()
     };
-    let sides = [Side::open(a, read)?, Side::open(b, read)?];
-    run_sides(&sides, options, &Mapping::default(), read)
+    let (a, b) = (Side::open(a, read)?, Side::open(b, read)?);
+    run_sides([&a, &b], options, &Mapping::default(), read)
 }
 
 /// Run the diff of two opened sides.
 pub fn run_sides(
-    sides: &[Side; 2],
+    sides: [&Side; 2],
     options: Options,
     mapping: &Mapping,
     read: &ReadOptions,
@@ -666,7 +666,7 @@ pub fn run_sides(
 /// Run the diff of two opened sides; `progress(done, total)` is called as pairs of files are
 /// compared.
 pub fn run_with_progress(
-    sides: &[Side; 2],
+    sides: [&Side; 2],
     options: Options,
     mapping: &Mapping,
     read: &ReadOptions,

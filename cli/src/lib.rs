@@ -20,4 +20,5 @@ pub mod setup;
 pub mod show;
 pub mod side;
 pub mod unpack;
+pub mod view;
 pub mod walk;

@@ -8,6 +8,7 @@
 //!   name the first tensor that differs when that is known, the candidates when it is a guess
 //!   (exit status 1 when anything differs or nothing could be compared, 2 on errors);
 //! * `golden show FILE [NAME]` — statistics, a histogram and values of a tensor;
+//! * `golden view [A B]` — two dumps side by side in the browser (a local web server);
 //! * `golden report` — the HTML report of the last test run.
 //!
 //! Install with `cargo install --path cli`.
@@ -19,7 +20,7 @@
 use golden_cli::mapping::Mapping;
 use golden_cli::read::ReadOptions;
 use golden_cli::side::Side;
-use golden_cli::{diff, report, setup, show};
+use golden_cli::{diff, report, setup, show, view};
 
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -103,6 +104,34 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         bins: usize,
     },
+    /// Two dumps side by side in the browser: serves a page on 127.0.0.1 (a free port unless
+    /// --port) and prints its address. Each side is a tensor file, a folder or an archive (.zip,
+    /// .tar, .tar.gz) given here or dropped on the page. Ctrl-C stops it and removes its
+    /// temporary files.
+    View {
+        /// The reference (optional: or upload it from the page).
+        a: Option<PathBuf>,
+        /// The dumps compared with it (optional: or upload them from the page).
+        b: Option<PathBuf>,
+        /// The port to listen on (default: a free one).
+        #[arg(long)]
+        port: Option<u16>,
+        /// Absolute tolerance (default: torch.testing.assert_close's for each dtype).
+        #[arg(long)]
+        atol: Option<f64>,
+        /// Relative tolerance (default: torch.testing.assert_close's for each dtype).
+        #[arg(long)]
+        rtol: Option<f64>,
+        /// Compare only tensors of equal shapes.
+        #[arg(long)]
+        strict_shapes: bool,
+        /// Rules pairing B's names with A's (see `golden diff --map`).
+        #[arg(long, value_name = "FILE")]
+        map: Option<PathBuf>,
+        /// Most bytes one upload may have: 2GiB, 512MiB, ... (default 16GiB).
+        #[arg(long, value_name = "SIZE", default_value = "16GiB")]
+        max_upload: String,
+    },
     /// Build the HTML report of the last test run from target/golden/results.
     Report {
         /// The results folder (default: target/golden/results under the current workspace).
@@ -125,12 +154,12 @@ fn diff_command(
     read: &ReadOptions,
 ) -> Result<diff::Diff, String> {
     let mapping = map.map(Mapping::read).transpose()?.unwrap_or_default();
-    let sides = [Side::open(a, read)?, Side::open(b, read)?];
+    let (a, b) = (Side::open(a, read)?, Side::open(b, read)?);
     let options = diff::Options {
         tolerance: diff::Tolerance { atol, rtol },
         strict_shapes,
     };
-    diff::run_sides(&sides, options, &mapping, read)
+    diff::run_sides([&a, &b], options, &mapping, read)
 }
 
 fn main() -> ExitCode {
@@ -211,6 +240,50 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::View {
+            a,
+            b,
+            port,
+            atol,
+            rtol,
+            strict_shapes,
+            map,
+            max_upload,
+        } => {
+            let config = (|| -> Result<view::Config, String> {
+                let mapping = map
+                    .as_deref()
+                    .map(Mapping::read)
+                    .transpose()?
+                    .unwrap_or_default();
+                let max_upload = golden_files::budget::parse_size(&max_upload)
+                    .map_err(|e| format!("--max-upload: {e}"))?;
+                for (option, value) in [("--atol", atol), ("--rtol", rtol)] {
+                    if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+                        return Err(format!(
+                            "{option} {v}: a tolerance is a finite number, 0 or more"
+                        ));
+                    }
+                }
+                Ok(view::Config {
+                    port,
+                    options: diff::Options {
+                        tolerance: diff::Tolerance { atol, rtol },
+                        strict_shapes,
+                    },
+                    mapping,
+                    read: read.clone(),
+                    max_upload,
+                })
+            })();
+            match config.and_then(|c| view::run([a.as_deref(), b.as_deref()], c)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("golden view: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Report { results, out } => match report::run(results, out) {
             Ok(path) => {
                 println!("{}", path.display());

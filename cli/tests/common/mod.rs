@@ -116,3 +116,121 @@ else:
         &[folder, out],
     );
 }
+
+/// A `golden view` server this test started (ended on drop if still running).
+pub struct Server {
+    pub child: std::process::Child,
+    pub port: u16,
+}
+
+impl Server {
+    /// Start `golden view` with `args`, its temporary files in `tmp`; wait for its address.
+    pub fn start(args: &[&str], tmp: &Path) -> Server {
+        use std::io::BufRead as _;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_golden"))
+            .arg("view")
+            .args(args)
+            .env("TMPDIR", tmp)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("golden view starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(120)) else {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "golden view printed no address: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        };
+        let rest = line
+            .strip_prefix("golden view: http://127.0.0.1:")
+            .unwrap_or_else(|| panic!("not the loopback address: {line}"));
+        let port = rest.split('/').next().unwrap().parse().unwrap();
+        Server { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.port)
+    }
+
+    /// Send raw bytes, read the whole answer: (status, body).
+    pub fn raw(&self, request: &[u8]) -> (u16, String) {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(120)))
+            .unwrap();
+        s.write_all(request).unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        self.raw(
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+    }
+
+    pub fn post(&self, path: &str, body: &[u8]) -> (u16, String) {
+        let mut request = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        request.extend_from_slice(body);
+        self.raw(&request)
+    }
+
+    /// The state, once the comparison is no longer running.
+    pub fn settled_state(&self) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+        loop {
+            let (status, body) = self.get("/api/state");
+            assert_eq!(status, 200, "{body}");
+            let state: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if state["status"] != "comparing" {
+                return state;
+            }
+            assert!(std::time::Instant::now() < deadline, "still comparing");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// Stop it as Ctrl-C does; its exit status.
+    pub fn interrupt(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        let status = self.child.wait().unwrap();
+        std::mem::forget(self);
+        status
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
