@@ -106,8 +106,9 @@ enum Command {
     },
     /// Two dumps side by side in the browser: serves a page on 127.0.0.1 (a free port unless
     /// --port) and prints its address. Each side is a tensor file, a folder or an archive (.zip,
-    /// .tar, .tar.gz) given here or dropped on the page. Ctrl-C stops it and removes its
-    /// temporary files.
+    /// .tar, .tar.gz) given here or dropped on the page; a failing check's artifacts folder
+    /// (target/golden/failures/<crate>/<check>) alone shows its reference against its port.
+    /// Ctrl-C stops it and removes its temporary files.
     View {
         /// The reference (optional: or upload it from the page).
         a: Option<PathBuf>,

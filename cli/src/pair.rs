@@ -149,7 +149,8 @@ pub fn rule(a: WireDType, b: WireDType, tol: Tolerance) -> Rule {
     Rule::for_leaf(rule_dtype(a, b), tol.explicit(), 0.0)
 }
 
-fn rule_text(rule: Rule) -> String {
+/// A rule as the rows state it (`atol 1e-5 + rtol 1.3e-6·|A|`, `exact`).
+pub fn rule_text(rule: Rule) -> String {
     match rule {
         Rule::Exact => "exact".into(),
         Rule::Default { atol, rtol, .. } | Rule::Explicit(Tol { atol, rtol }) => {

@@ -494,7 +494,7 @@ async fn values(State(server): State<Shared>, Query(q): Query<ValuesQuery>) -> R
         "b_dtype": t.b.dtype.name(),
         "b_shape": r.b.as_ref().map(|(s, _)| s.clone()),
         "note": r.explained().map(|e| e.note()),
-        "rule": format!("{}", t.rule),
+        "rule": pair::rule_text(t.rule),
         "start": box_start,
         "end": box_end,
         "flat": q.flat || shape.is_empty(),
@@ -598,9 +598,29 @@ fn router(server: Shared) -> Router {
         .with_state(server)
 }
 
-/// Serve the page until the process is stopped; `sides` are the sides given on the command line.
+/// The two sides of a failing check's artifacts folder (`target/golden/failures/<crate>/<check>/`):
+/// the reference's and the port's outputs — their trace points, numbered in the reference's
+/// order (`trace/reference`, `trace/port`), when the check was traced.
+pub fn artifact_sides(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    ["trace", ""].iter().find_map(|sub| {
+        let base = dir.join(sub);
+        let (r, p) = (base.join("reference"), base.join("port"));
+        (r.is_dir() && p.is_dir()).then_some((r, p))
+    })
+}
+
+/// Serve the page until the process is stopped; `sides` are the sides given on the command line
+/// (one folder alone may be a failure's artifacts: [`artifact_sides`]).
 /// Prints the address on stdout once it listens.
 pub fn run(sides: [Option<&Path>; 2], config: Config) -> Result<(), String> {
+    let artifacts = match sides {
+        [Some(dir), None] => artifact_sides(dir),
+        _ => None,
+    };
+    let sides = match &artifacts {
+        Some((r, p)) => [Some(r.as_path()), Some(p.as_path())],
+        None => sides,
+    };
     let mut loaded: [Option<Loaded>; 2] = [None, None];
     for (k, path) in sides.iter().enumerate() {
         if let Some(path) = path {

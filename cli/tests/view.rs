@@ -285,3 +285,47 @@ fn two_large_archives_are_compared_in_bounded_memory() {
     assert_eq!(status.code(), Some(130));
     assert!(empty(&tmp));
 }
+
+#[test]
+fn a_failures_artifacts_folder_opens_as_its_reference_against_its_port() {
+    let d = Dir::new("view-artifacts");
+    let failure = d.path().join("failures/zoo/t_block");
+    for (kind, shift) in [("trace/reference", 0.0), ("trace/port", 0.25)] {
+        let dir = failure.join(kind);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, point) in ["embed", "blocks.0.attn", "blocks.0.mlp"]
+            .iter()
+            .enumerate()
+        {
+            let shift = if i == 2 { shift } else { 0.0 };
+            let t = golden_files::HostTensor::from_f64(
+                vec![2, 3],
+                &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0 + shift],
+            );
+            golden_files::npy::write(&dir.join(format!("{i:03}_{point}.npy")), &t).unwrap();
+        }
+        std::fs::write(
+            dir.join("order.txt"),
+            "000_embed.npy\n001_blocks.0.attn.npy\n002_blocks.0.mlp.npy\n",
+        )
+        .unwrap();
+    }
+    std::fs::create_dir_all(failure.join("reference")).unwrap();
+    std::fs::create_dir_all(failure.join("port")).unwrap();
+    let tmp = d.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let server = Server::start(&[failure.to_str().unwrap()], &tmp);
+    let state = server.settled_state();
+    assert_eq!(state["status"], "ready", "{state}");
+    assert!(state["sides"][0]["name"]
+        .as_str()
+        .unwrap()
+        .ends_with("trace/reference"));
+    assert!(state["sides"][1]["name"]
+        .as_str()
+        .unwrap()
+        .ends_with("trace/port"));
+    assert_eq!(state["diff"]["first_divergence"], "002_blocks.0.mlp");
+    assert_eq!(state["diff"]["order"]["from"], "manifest");
+    assert_eq!(server.interrupt().code(), Some(130));
+}
