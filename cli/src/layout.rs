@@ -4,7 +4,7 @@
 //!   (`B.unsqueeze(0)`), an axis split or merged (`[76, 512]` against `[76, 8, 64]`);
 //! * a permutation of the axes, alone or with the above (`[1, 8, 76, 64]` against `[76, 8, 64]`
 //!   is `B.permute(1, 0, 2).unsqueeze(0)`);
-//! * tensor-parallel shards of B concatenated along one axis first ([`concat`]).
+//! * tensor-parallel shards of B concatenated along one axis first ([`concat()`]).
 //!
 //! A [`Layout`] reads B's elements in A's order without copying B: A's element at flat index `i`
 //! is B's at `Σ index_k · strides_k`, `index` being `i` unravelled in [`Layout::dims`]. The

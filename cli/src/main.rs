@@ -107,7 +107,7 @@ enum Command {
     /// Two dumps side by side in the browser: serves a page on 127.0.0.1 (a free port unless
     /// --port) and prints its address. Each side is a tensor file, a folder or an archive (.zip,
     /// .tar, .tar.gz) given here or dropped on the page; a failing check's artifacts folder
-    /// (target/golden/failures/<crate>/<check>) alone shows its reference against its port.
+    /// (target/golden/failures/CRATE/CHECK) alone shows its reference against its port.
     /// Ctrl-C stops it and removes its temporary files.
     View {
         /// The reference (optional: or upload it from the page).
