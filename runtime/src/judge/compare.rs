@@ -852,6 +852,28 @@ mod tests {
     }
 
     #[test]
+    fn one_element_is_admitted_as_a_scan_judges_it() {
+        let values = [0.0, 1.0, -2.5, 1e-3, f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+        let nudges = [0.0, 5e-6, 2e-5, 1.0, f64::NAN, f64::INFINITY];
+        for rule in [
+            Rule::for_leaf(WireDType::F32, None, 0.0),
+            Rule::Explicit(Tol {
+                atol: 0.0,
+                rtol: 1e-3,
+            }),
+        ] {
+            for &r in &values {
+                for &d in &nudges {
+                    let x = r + d;
+                    let mut scan = Scan::default();
+                    scan.element(0, x, r, 0.0, rule);
+                    assert_eq!(rule.admits(r, x), scan.mismatched == 0, "{rule} {r} {x}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn integers_are_exact() {
         let port = t(&[2], &[3.0, 4.0], WireDType::I64);
         let reference = t(&[2], &[3.0, 5.0], WireDType::I64);
