@@ -301,18 +301,19 @@ function renderValues(v, flat) {
     const cols = [];
     for (let c = v.start[last]; c < v.end[last]; c++) cols.push(c);
     const head = el("tr");
-    head.append(el("th", `[${v.start.slice(0, -2).join(", ")}${last > 1 ? ", " : ""}i, j]`));
+    head.append(el("th", "index"));
     for (const c of cols) head.append(el("th", `j=${c}`));
     table.append(head);
+    // One row per index of the leading axes and i (leading axes may span more than one).
     const rows = new Map();
     for (const cell of v.cells) {
-      const i = cell[1][last - 1];
-      if (!rows.has(i)) rows.set(i, []);
-      rows.get(i).push(cell);
+      const key = cell[1].slice(0, -1).join(", ");
+      if (!rows.has(key)) rows.set(key, []);
+      rows.get(key).push(cell);
     }
-    for (const [i, cells] of rows) {
+    for (const [key, cells] of rows) {
       const tr = el("tr");
-      tr.append(el("th", `i=${i}`));
+      tr.append(el("th", `[${key}, j]`));
       for (const cell of cells) {
         const td = el("td");
         td.dataset.flat = String(cell[0]);

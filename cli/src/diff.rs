@@ -660,7 +660,19 @@ pub fn run_sides(
     mapping: &Mapping,
     read: &ReadOptions,
 ) -> Result<Diff, String> {
-    run_with_progress(sides, options, mapping, read, &|_, _| {})
+    // On a terminal, long runs show their progress on stderr.
+    let terminal = std::io::stderr().is_terminal();
+    let shown = AtomicUsize::new(0);
+    let result = run_with_progress(sides, options, mapping, read, &|done, total| {
+        if terminal && total > 8 {
+            shown.store(total, Ordering::SeqCst);
+            eprint!("\rgolden diff: {done}/{total} files compared");
+        }
+    });
+    if shown.load(Ordering::SeqCst) > 0 {
+        eprintln!();
+    }
+    result
 }
 
 /// Run the diff of two opened sides; `progress(done, total)` is called as pairs of files are
@@ -689,7 +701,6 @@ pub fn run_with_progress(
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let results: Mutex<(Vec<Row>, Vec<SkippedIn>)> = Mutex::new((Vec::new(), Vec::new()));
-    let terminal = total > 8 && std::io::stderr().is_terminal();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(total.max(1));
@@ -706,15 +717,9 @@ pub fn run_with_progress(
                 results.1.extend(found.skipped);
                 let d = done.fetch_add(1, Ordering::SeqCst) + 1;
                 progress(d, total);
-                if terminal {
-                    eprint!("\rgolden diff: {d}/{total} files compared");
-                }
             });
         }
     });
-    if terminal {
-        eprintln!();
-    }
     let (mut rows, mut skipped) = results.into_inner().unwrap();
     // The dumps' own order where they carry one (a manifest, numbered names), the rows it does not
     // place after them in natural order.

@@ -196,20 +196,25 @@ with tarfile.open(evil, "w") as t:
 
 #[test]
 fn two_large_archives_are_compared_in_bounded_memory() {
-    // Two archives of 32 tensors of 4 MiB each (128 MiB a side), made here with the tar crate;
-    // B differs from A in one element of the last tensor.
-    const FILES: usize = 32;
+    // Two archives of 32 tensors of 4 MiB each (128 MiB a side; GOLDEN_VIEW_LARGE_MIB sets
+    // another size, such as 2048 for the figure in the README), made here with the tar crate; B
+    // differs from A in one element of the last tensor.
+    let mib: usize = std::env::var("GOLDEN_VIEW_LARGE_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128);
+    let files = (mib / 4).max(2);
     const ELEMENTS: usize = 1 << 20;
     let d = Dir::new("view-large");
     let tmp = d.path().join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
     let make = |path: &Path, changed: bool| {
         let mut t = tar::Builder::new(std::fs::File::create(path).unwrap());
-        for k in 0..FILES {
+        for k in 0..files {
             let values: Vec<u8> = (0..ELEMENTS)
                 .flat_map(|i| {
                     let mut v = ((i * 7 + k) % 1000) as f32 * 0.001;
-                    if changed && k == FILES - 1 && i == 12345 {
+                    if changed && k == files - 1 && i == 12345 {
                         v += 1.0;
                     }
                     v.to_le_bytes()
@@ -244,7 +249,7 @@ fn two_large_archives_are_compared_in_bounded_memory() {
     assert_eq!(state["status"], "ready", "{state}");
     assert_eq!(
         state["diff"]["first_divergence"],
-        format!("{}_post_mlp", FILES - 1)
+        format!("{}_post_mlp", files - 1)
     );
     let row = state["diff"]["tensors"]
         .as_array()

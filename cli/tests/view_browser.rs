@@ -219,7 +219,7 @@ fn the_viewer_compares_two_uploaded_archives_in_headless_chromium() {
         r#"
 import json, os, sys, torch
 t = torch.load(os.path.join(sys.argv[1], "3_post_mlp.pth"))
-print(json.dumps({"first": t.flatten()[:10].tolist(), "row": t[0, 2, 5, :].tolist()}))
+print(json.dumps({"first": t.flatten()[:10].tolist(), "row": t[0, 2, 5, :].tolist(), "grid": t[0, 0, :10, :].tolist()}))
 "#,
         &[&a],
     ))
@@ -304,6 +304,27 @@ print(json.dumps({"first": t.flatten()[:10].tolist(), "row": t[0, 2, 5, :].tolis
             close(&row[2], want) && close(&row[3], want),
             "{row:?} against {want}"
         );
+    }
+
+    // The 2-D view: A[0, 0, :10, :] as a grid, each cell A over B.
+    chrome.eval(
+        "(() => { const m = document.getElementById('mode'); m.value = '2d'; m.dispatchEvent(new Event('change')); })()",
+    );
+    let grid = chrome.wait_for(
+        "document.querySelectorAll('#values tr').length === 11 && [...document.querySelectorAll('#values tr')].slice(1).map(tr => [...tr.querySelectorAll('td')].map(td => [td.querySelector('.a').textContent, td.querySelector('.b').textContent]))",
+    );
+    let grid: Vec<Vec<(String, String)>> = serde_json::from_value(grid).unwrap();
+    for (i, row) in expected["grid"].as_array().unwrap().iter().enumerate() {
+        let row = row.as_array().unwrap();
+        assert_eq!(grid[i].len(), 8);
+        for (j, want) in row.iter().enumerate() {
+            let (x, y) = &grid[i][j];
+            let want = want.as_f64().unwrap();
+            assert!(
+                close(x, want) && close(y, want),
+                "[{i}, {j}]: {x} {y} against {want}"
+            );
+        }
     }
 
     // Layer 4: jump to the worst element, marked outside the tolerance.

@@ -853,7 +853,15 @@ mod tests {
 
     #[test]
     fn one_element_is_admitted_as_a_scan_judges_it() {
-        let values = [0.0, 1.0, -2.5, 1e-3, f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+        let values = [
+            0.0,
+            1.0,
+            -2.5,
+            1e-3,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ];
         let nudges = [0.0, 5e-6, 2e-5, 1.0, f64::NAN, f64::INFINITY];
         for rule in [
             Rule::for_leaf(WireDType::F32, None, 0.0),
