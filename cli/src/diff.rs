@@ -1,5 +1,6 @@
-//! `golden diff A B`: compare two tensor files, or two folders of them, tensor by tensor, and name
-//! the first that differs. A is the reference, B the candidate.
+//! `golden diff A B`: compare two tensor files, two folders or two archives of them (`.zip`,
+//! `.tar`, `.tar.gz`), tensor by tensor, and name the first that differs. A is the reference, B
+//! the candidate.
 //!
 //! The order is the dumps' own where they carry one — a manifest beside them ([`MANIFEST`], which
 //! golden writes beside its trace dumps), or names that each carry a number of their own
@@ -8,17 +9,25 @@
 //! known; otherwise the diff says that the order is a guess and lists the differing tensors any
 //! of which may be first.
 //!
-//! Folders are paired file by file (same relative path, whatever the extension: `a/0_attn.npy`
-//! with `b/0_attn.pth`), then tensors inside a pair of files by name (a file holding one tensor
-//! pairs with the other side's one tensor). Pairs of files are read and compared on several
-//! threads; each file is read once, and of it only one pair of tensors at a time, within the
-//! file's read budget (`read.rs`). The comparison goes in chunks, so tensors of different dtypes
-//! are never copied whole. What a file holds that is not a tensor is named, and so are the
-//! symlinks to folders the walk does not follow (`walk.rs`).
+//! Folders and archives are paired file by file (`pairing.rs`: same relative path whatever the
+//! extension, `a/0_attn.npy` with `b/0_attn.pth`; B's names mapped by `--map`; tensor-parallel
+//! shards gathered), then tensors inside a pair of files by name (a file holding one tensor pairs
+//! with the other side's one tensor). Pairs of files are read and compared on several threads;
+//! each file is read once, and of it only one pair of tensors at a time, within the file's read
+//! budget (`read.rs`). Each pair is compared by `pair.rs` — the engine the viewer shares — which
+//! explains shapes that differ (reshaped, permuted, sharded) unless `--strict-shapes`. What a file
+//! holds that is not a tensor is named, and so are the archive entries and the symlinks to
+//! folders that are left out.
+//!
+//! A comparison that compared nothing is never a match: the diff says what each side holds and
+//! why nothing paired ([`Diff::nothing_compared`]).
 
+use crate::mapping::Mapping;
+use crate::pair::Compared;
+pub use crate::pair::{Explained, Options, Stats, Tolerance};
+use crate::pairing::FilePair;
 use crate::read::ReadOptions;
-use golden::describe::layer::Tol;
-use golden::judge::compare::{self, Element, Expected, Rule, Verdict};
+use crate::side::Side;
 use golden_files::formats::{Skipped, TensorFile};
 use golden_files::{HostTensor, ReadError, WireDType};
 use serde_json::{json, Value as Json};
@@ -27,66 +36,46 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// The tolerance: explicit, or assert_close's default for each tensor's dtype.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Tolerance {
-    /// Absolute part.
-    pub atol: Option<f64>,
-    /// Relative part.
-    pub rtol: Option<f64>,
-}
-
-impl Tolerance {
-    fn explicit(&self) -> Option<Tol> {
-        match (self.atol, self.rtol) {
-            (None, None) => None,
-            (a, r) => Some(Tol {
-                atol: a.unwrap_or(0.0),
-                rtol: r.unwrap_or(0.0),
-            }),
-        }
-    }
-}
-
-/// The figures of one pair of tensors.
-#[derive(Clone, Debug, Default)]
-pub struct Stats {
-    pub numel: usize,
-    pub max_abs: f64,
-    pub mean_abs: f64,
-    pub max_rel: f64,
-    pub mean_rel: f64,
-    /// Cosine similarity of the two as flat vectors (NaN when either is all zeros).
-    pub cosine: f64,
-    pub nan: (usize, usize),
-    pub inf: (usize, usize),
-    pub mismatched: usize,
-    /// The rule applied.
-    pub rule: String,
-    /// The element furthest outside its tolerance: index, A, B.
-    pub worst: Option<(Vec<usize>, f64, f64)>,
-}
-
 /// What comparing one name found.
 #[derive(Clone, Debug)]
 pub enum Outcome {
-    /// Compared element by element.
-    Compared(Stats),
-    /// The shapes differ.
-    Shape,
+    /// Compared element by element (under an explanation when the shapes differ).
+    Compared(Box<Stats>),
+    /// The shapes differ and nothing lines them up (or `--strict-shapes`): why.
+    Shape(String),
     /// Only one side has it (`true`: only A).
     Only(bool),
     /// A file could not be read.
     Error(String),
 }
 
+/// Where a row's tensors are: each side's files (several: shards, in order) and the name of the
+/// tensor in each. The viewer reads a pair's values again through it.
+#[derive(Clone, Debug, Default)]
+pub struct Source {
+    /// A's files and tensor names.
+    pub a: Vec<(PathBuf, String)>,
+    /// B's files and tensor names.
+    pub b: Vec<(PathBuf, String)>,
+}
+
 /// One row of the diff.
 #[derive(Clone, Debug)]
 pub struct Row {
+    /// The name (A's, when a mapping renamed B's).
     pub name: String,
+    /// A's shape and dtype (of its first shard, when it came in shards).
     pub a: Option<(Vec<usize>, WireDType)>,
+    /// B's shape and dtype (of its first shard, when it came in shards).
     pub b: Option<(Vec<usize>, WireDType)>,
+    /// What comparing found.
     pub outcome: Outcome,
+    /// B's own name(s), when they differ from the row's (a mapping, shards).
+    pub b_names: Vec<String>,
+    /// The mapping rule that paired B's name with A's, if one did.
+    pub rule: Option<String>,
+    /// Where the tensors are.
+    pub source: Source,
 }
 
 impl Row {
@@ -95,14 +84,24 @@ impl Row {
         matches!(&self.outcome, Outcome::Compared(s) if s.mismatched == 0)
     }
 
-    fn status(&self) -> &'static str {
+    /// The row's status in the JSON and the page: `match`, `differ`, `shape`, `only_in_a`,
+    /// `only_in_b` or `error`.
+    pub fn status(&self) -> &'static str {
         match &self.outcome {
             Outcome::Compared(s) if s.mismatched == 0 => "match",
             Outcome::Compared(_) => "differ",
-            Outcome::Shape => "shape",
+            Outcome::Shape(_) => "shape",
             Outcome::Only(true) => "only_in_a",
             Outcome::Only(false) => "only_in_b",
             Outcome::Error(_) => "error",
+        }
+    }
+
+    /// How B was lined up with A, if the shapes differ.
+    pub fn explained(&self) -> Option<&Explained> {
+        match &self.outcome {
+            Outcome::Compared(s) => s.explained.as_ref(),
+            _ => None,
         }
     }
 }
@@ -112,25 +111,45 @@ impl Row {
 pub struct SkippedIn {
     /// Which side: `A` or `B`.
     pub side: &'static str,
-    /// The file.
+    /// The file, as messages show it (an archive's entry as `archive.tar.gz:entry.pth`).
     pub file: PathBuf,
     /// What was skipped.
     pub skipped: Skipped,
 }
 
+/// What one side held, for the summary of a diff that compared nothing.
+#[derive(Clone, Debug)]
+pub struct Held {
+    /// What the user gave.
+    pub origin: PathBuf,
+    /// `a folder`, `a .tar.gz archive`, `a file`.
+    pub form: &'static str,
+    /// Tensor files.
+    pub files: usize,
+    /// Tensors (and numbers) in them.
+    pub tensors: usize,
+    /// The first names of its rows.
+    pub names: Vec<String>,
+}
+
 /// The whole diff.
 pub struct Diff {
+    /// A, as given.
     pub a: PathBuf,
+    /// B, as given.
     pub b: PathBuf,
     /// The rows, in the dumps' own order where they carry one, else in natural order.
     pub rows: Vec<Row>,
+    /// The tolerance.
     pub tolerance: Tolerance,
     /// What the files hold that is not a tensor.
     pub skipped: Vec<SkippedIn>,
-    /// Symlinked folders that were not followed, and why.
+    /// Archive entries left out and symlinked folders not followed, and why.
     pub notes: Vec<String>,
     /// Where the order of the rows comes from.
     pub order: Order,
+    /// What each side held.
+    pub held: [Held; 2],
     /// The rows (indices) that differ and that no other differing row is known to precede: the
     /// first divergence is one of them. One: it is known; more: the order between them is a guess.
     candidates: Vec<usize>,
@@ -194,7 +213,11 @@ fn read_manifest(path: &Path) -> Result<std::collections::HashMap<String, u128>,
         .enumerate()
     {
         let name = match line.rsplit_once('.') {
-            Some((stem, x)) if EXTENSIONS.contains(&x.to_ascii_lowercase().as_str()) => stem,
+            Some((stem, x))
+                if crate::unpack::TENSOR_EXTENSIONS.contains(&x.to_ascii_lowercase().as_str()) =>
+            {
+                stem
+            }
             _ => line,
         };
         positions.entry(name.to_string()).or_insert(i as u128);
@@ -205,16 +228,22 @@ fn read_manifest(path: &Path) -> Result<std::collections::HashMap<String, u128>,
 /// Each row's position in the dumps' own order, and where that order comes from: A's manifest,
 /// else B's, else the names' numbers when they number the rows (each a different number).
 fn dump_order(
-    a: &Path,
-    b: &Path,
+    sides: [&Side; 2],
     rows: &[Row],
     notes: &mut Vec<String>,
 ) -> (Order, Vec<Option<u128>>) {
-    for dir in [a, b] {
+    for side in sides {
+        let Some(dir) = side.manifest_dir() else {
+            continue;
+        };
         let path = dir.join(MANIFEST);
-        if !dir.is_dir() || !path.is_file() {
+        if !path.is_file() {
             continue;
         }
+        let shown = match side.form {
+            crate::side::Form::Archive(_) => PathBuf::from(side.shown(&path)),
+            _ => path.clone(),
+        };
         match read_manifest(&path) {
             Ok(positions) => {
                 let of: Vec<Option<u128>> = rows
@@ -225,11 +254,11 @@ fn dump_order(
                 if missing > 0 {
                     notes.push(format!(
                         "{} does not name {missing} of the {} tensors: their order is a guess",
-                        path.display(),
+                        shown.display(),
                         rows.len()
                     ));
                 }
-                return (Order::Manifest(path), of);
+                return (Order::Manifest(shown), of);
             }
             Err(e) => notes.push(format!("{e}: not read, the order is a guess")),
         }
@@ -252,7 +281,7 @@ fn dump_order(
 /// Whether a row differs (in values or shape): a divergence.
 fn diverges(r: &Row) -> bool {
     matches!(&r.outcome, Outcome::Compared(s) if s.mismatched > 0)
-        || matches!(r.outcome, Outcome::Shape)
+        || matches!(r.outcome, Outcome::Shape(_))
 }
 
 /// The differing rows that no other differing row is known to precede (by the dumps' positions,
@@ -273,78 +302,23 @@ fn candidates(rows: &[Row], positions: &[Option<u128>]) -> Vec<usize> {
     out
 }
 
-const EXTENSIONS: &[&str] = &["npy", "npz", "safetensors", "pt", "pth", "bin"];
-
-/// Tensor files under `dir`, by their path relative to it without the extension, and the
-/// symlinks that were not followed (each real folder is visited once).
-fn files_under(dir: &Path, notes: &mut Vec<String>) -> Result<Vec<(String, PathBuf)>, String> {
-    let walk = crate::walk::files_under(dir, |path| {
-        path.extension()
-            .and_then(|x| x.to_str())
-            .is_some_and(|x| EXTENSIONS.contains(&x.to_ascii_lowercase().as_str()))
-    })?;
-    notes.extend(
-        walk.notes
-            .into_iter()
-            .map(|n| format!("in {}: {n}", dir.display())),
-    );
-    Ok(walk
-        .files
-        .into_iter()
-        .map(|path| {
-            let rel = path.strip_prefix(dir).unwrap_or(&path).with_extension("");
-            (rel.to_string_lossy().replace('\\', "/"), path)
-        })
-        .collect())
-}
-
-/// Pairs of files to compare: (key, A's file, B's file).
-type FilePair = (String, Option<PathBuf>, Option<PathBuf>);
-
-fn pair_files(a: &Path, b: &Path, notes: &mut Vec<String>) -> Result<Vec<FilePair>, String> {
-    for path in [a, b] {
-        if let Err(e) = std::fs::metadata(path) {
-            return Err(format!("{}: {e}", path.display()));
-        }
-    }
-    match (a.is_dir(), b.is_dir()) {
-        (false, false) => Ok(vec![(String::new(), Some(a.into()), Some(b.into()))]),
-        (true, true) => {
-            let (fa, fb) = (files_under(a, notes)?, files_under(b, notes)?);
-            if fa.is_empty() && fb.is_empty() {
-                return Err(format!(
-                    "neither {} nor {} holds tensor files ({})",
-                    a.display(),
-                    b.display(),
-                    EXTENSIONS.join(", ")
-                ));
-            }
-            let in_b: std::collections::HashMap<&String, &PathBuf> =
-                fb.iter().map(|(k, p)| (k, p)).collect();
-            let in_a: std::collections::HashSet<&String> = fa.iter().map(|(k, _)| k).collect();
-            let mut pairs: Vec<FilePair> = fa
-                .iter()
-                .map(|(k, p)| {
-                    (
-                        k.clone(),
-                        Some(p.clone()),
-                        in_b.get(k).map(|p| (*p).clone()),
-                    )
-                })
-                .collect();
-            for (k, p) in &fb {
-                if !in_a.contains(k) {
-                    pairs.push((k.clone(), None, Some(p.clone())));
-                }
-            }
-            Ok(pairs)
-        }
+/// The pairs of files of two sides: two single files pair whatever their names; two folders
+/// (or archives) by key.
+fn pair_files(a: &Side, b: &Side, mapping: &Mapping) -> Result<Vec<FilePair>, String> {
+    match (a.is_folder(), b.is_folder()) {
+        (false, false) => Ok(vec![FilePair {
+            key: String::new(),
+            a: a.files.clone(),
+            b: b.files.clone(),
+            rule: None,
+        }]),
+        (true, true) => Ok(crate::pairing::pair(a, b, mapping)),
         _ => Err(format!(
-            "compare two files or two folders: {} is a {} and {} a {}",
-            a.display(),
-            if a.is_dir() { "folder" } else { "file" },
-            b.display(),
-            if b.is_dir() { "folder" } else { "file" }
+            "compare two files, or two folders or archives: {} is {} and {} {}",
+            a.origin.display(),
+            a.describe(),
+            b.origin.display(),
+            b.describe()
         )),
     }
 }
@@ -369,32 +343,109 @@ fn error_row(name: String, e: String) -> Row {
         a: None,
         b: None,
         outcome: Outcome::Error(e),
+        b_names: Vec::new(),
+        rule: None,
+        source: Source::default(),
     }
 }
 
 /// A file that went over its read budget, and the pairs left uncompared.
 struct Over {
-    file: PathBuf,
+    file: String,
     /// The tensor that went over.
     at: String,
     /// The first pair left: its row's name and sides.
-    next: Option<(String, Side, Side)>,
+    next: Option<(String, Shape, Shape)>,
     left: usize,
 }
 
 /// A side of a row: shape and dtype.
-type Side = Option<(Vec<usize>, WireDType)>;
+type Shape = Option<(Vec<usize>, WireDType)>;
+
+/// A side's files of a pair, opened: several when it comes in shards.
+struct Opened<'s> {
+    side: &'s Side,
+    files: Vec<TensorFile>,
+    /// Each file's own key.
+    keys: Vec<String>,
+}
+
+impl Opened<'_> {
+    /// The tensors every file has: (name, shape, dtype) of the first file's.
+    fn entries(&self) -> Vec<(String, Vec<usize>, WireDType)> {
+        let Some(first) = self.files.first() else {
+            return Vec::new();
+        };
+        first
+            .entries()
+            .iter()
+            .map(|e| (e.name.clone(), e.shape.clone(), e.dtype))
+            .collect()
+    }
+
+    /// Tensor `name` (entry `i` of the first file) from every file.
+    fn load(&mut self, name: &str, i: usize) -> Result<Vec<HostTensor>, (Option<usize>, String)> {
+        let single = self.files.len() == 1;
+        let mut out = Vec::new();
+        for (k, f) in self.files.iter_mut().enumerate() {
+            // Shards that hold one tensor each name it after their own file: the one is it.
+            let index = if single {
+                Some(i)
+            } else if f.entries().len() == 1 {
+                Some(0)
+            } else {
+                f.find(name)
+            };
+            let shown = self.side.shown(f.path());
+            let Some(index) = index else {
+                return Err((None, format!("{shown}: this shard has no tensor `{name}`")));
+            };
+            match f.load(index) {
+                Ok(t) => out.push(t),
+                Err(e) => {
+                    let over = matches!(e, ReadError::OverBudget(_)).then_some(k);
+                    return Err((over, format!("{shown}: {e}")));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The shards' names in the statement of a join: their own keys' last parts.
+    fn shard_names(&self, name: &str, several: bool) -> Vec<String> {
+        self.keys
+            .iter()
+            .map(|k| {
+                let last = k.rsplit('/').next().unwrap_or(k);
+                if several {
+                    format!("{last}/{name}")
+                } else {
+                    last.to_string()
+                }
+            })
+            .collect()
+    }
+}
 
 /// Compare one pair of files into rows, reading one pair of tensors at a time.
 fn compare_files(
-    key: &str,
-    a: Option<&Path>,
-    b: Option<&Path>,
-    tol: Tolerance,
+    pair: &FilePair,
+    sides: [&Side; 2],
+    options: Options,
+    mapping: &Mapping,
     read: &ReadOptions,
 ) -> FileResult {
-    let open = |p: Option<&Path>| p.map(|p| read.open(p)).transpose();
-    let (mut fa, mut fb) = match (open(a), open(b)) {
+    let key = pair.key.as_str();
+    let open = |files: &[(String, PathBuf)], side: &Side| -> Result<Vec<TensorFile>, String> {
+        files
+            .iter()
+            .map(|(_, p)| {
+                read.open(p)
+                    .map_err(|e| e.replace(&p.display().to_string(), &side.shown(p)))
+            })
+            .collect()
+    };
+    let (fa, fb) = match (open(&pair.a, sides[0]), open(&pair.b, sides[1])) {
         (Ok(fa), Ok(fb)) => (fa, fb),
         (Err(e), _) | (_, Err(e)) => {
             let name = if key.is_empty() {
@@ -409,24 +460,34 @@ fn compare_files(
         }
     };
     let mut skipped = Vec::new();
-    for (side, f) in [("A", &fa), ("B", &fb)] {
-        if let Some(f) = f {
-            skipped.extend(f.skipped().iter().map(|s| SkippedIn {
+    for (side, files, s) in [("A", &fa, sides[0]), ("B", &fb, sides[1])] {
+        for f in files {
+            skipped.extend(f.skipped().iter().map(|k| SkippedIn {
                 side,
-                file: f.path().to_path_buf(),
-                skipped: s.clone(),
+                file: PathBuf::from(s.shown(f.path())),
+                skipped: k.clone(),
             }));
         }
     }
-    let names = |f: &Option<TensorFile>| -> Vec<(String, Vec<usize>, WireDType)> {
-        f.as_ref().map_or_else(Vec::new, |f| {
-            f.entries()
-                .iter()
-                .map(|e| (e.name.clone(), e.shape.clone(), e.dtype))
-                .collect()
-        })
+    let keys = |files: &[(String, PathBuf)]| files.iter().map(|(k, _)| k.clone()).collect();
+    let mut oa = Opened {
+        side: sides[0],
+        files: fa,
+        keys: keys(&pair.a),
     };
-    let (ea, eb) = (names(&fa), names(&fb));
+    let mut ob = Opened {
+        side: sides[1],
+        files: fb,
+        keys: keys(&pair.b),
+    };
+    let (ea, eb) = (oa.entries(), ob.entries());
+    // B's own key, when the pair's key is not it.
+    let b_file_names: Vec<String> = pair
+        .b
+        .iter()
+        .map(|(k, _)| k.clone())
+        .filter(|k| k != key || pair.b.len() > 1)
+        .collect();
     // Pairs of (row name, index in A, index in B).
     let mut pairs: Vec<(String, Option<usize>, Option<usize>)> = Vec::new();
     if ea.len() == 1 && eb.len() == 1 {
@@ -450,276 +511,180 @@ fn compare_files(
                 join(key, name)
             }
         };
+        // B's tensor names as A's, through the mapping.
+        let b_as_a: Vec<String> = eb
+            .iter()
+            .map(|(n, _, _)| mapping.to_a(n).unwrap_or_else(|| n.clone()))
+            .collect();
         for (i, (name, _, _)) in ea.iter().enumerate() {
-            match eb.iter().position(|(n, _, _)| n == name) {
+            match b_as_a.iter().position(|n| n == name) {
                 Some(j) => pairs.push((join(key, name), Some(i), Some(j))),
                 None => pairs.push((single_file_key(name, ea.len() == 1), Some(i), None)),
             }
         }
-        for (j, (name, _, _)) in eb.iter().enumerate() {
+        for (j, name) in b_as_a.iter().enumerate() {
             if !ea.iter().any(|(n, _, _)| n == name) {
                 pairs.push((single_file_key(name, eb.len() == 1), None, Some(j)));
             }
         }
     }
+    let several = |o: &Opened| o.files.len() > 1 && o.entries().len() > 1;
+    let (several_a, several_b) = (several(&oa), several(&ob));
     let mut rows = Vec::new();
     // A file over its budget is read no further: the pairs left are counted, under the name of
     // the first of them.
-    let mut over: [Option<Over>; 2] = [None, None];
+    let mut over: Option<Over> = None;
     for (name, ia, ib) in pairs {
         let describe = |e: &Vec<(String, Vec<usize>, WireDType)>, i: Option<usize>| {
             i.map(|i| (e[i].1.clone(), e[i].2))
         };
         let (da, db) = (describe(&ea, ia), describe(&eb, ib));
+        // B's own names when a mapping or shards gave the row another.
+        let b_names = match (ia, ib) {
+            (Some(i), Some(j)) if eb.len() > 1 && eb[j].0 != ea[i].0 => vec![eb[j].0.clone()],
+            (_, Some(_)) => b_file_names.clone(),
+            _ => Vec::new(),
+        };
+        let source = |o: &Opened, e: &Vec<(String, Vec<usize>, WireDType)>, i: Option<usize>| {
+            i.map_or_else(Vec::new, |i| {
+                o.files
+                    .iter()
+                    .map(|f| (f.path().to_path_buf(), e[i].0.clone()))
+                    .collect()
+            })
+        };
+        let src = Source {
+            a: source(&oa, &ea, ia),
+            b: source(&ob, &eb, ib),
+        };
         let (Some(i), Some(j)) = (ia, ib) else {
             rows.push(Row {
                 name,
                 a: da,
                 b: db,
                 outcome: Outcome::Only(ia.is_some()),
+                b_names,
+                rule: pair.rule.clone(),
+                source: src,
             });
             continue;
         };
-        if let Some(o) = over.iter_mut().flatten().next() {
+        if let Some(o) = over.as_mut() {
             o.next
                 .get_or_insert_with(|| (name.clone(), da.clone(), db.clone()));
             o.left += 1;
             continue;
         }
-        let mut load = |f: &mut Option<TensorFile>, k: usize, side: usize| {
-            let f = f.as_mut().expect("a file for each side of a pair");
-            f.load(k).map_err(|e| {
-                if matches!(e, ReadError::OverBudget(_)) {
-                    over[side] = Some(Over {
-                        file: f.path().to_path_buf(),
-                        at: f.entries()[k].name.clone(),
+        let loaded = oa
+            .load(&ea[i].0, i)
+            .map_err(|e| (e, &oa))
+            .and_then(|ta| Ok((ta, ob.load(&eb[j].0, j).map_err(|e| (e, &ob))?)));
+        let outcome = match loaded {
+            Ok((ta, tb)) => {
+                let compared = crate::pair::compare(
+                    &ta,
+                    &oa.shard_names(&ea[i].0, several_a),
+                    &tb,
+                    &ob.shard_names(&eb[j].0, several_b),
+                    options,
+                );
+                match compared {
+                    Compared::Values(stats) => Outcome::Compared(stats),
+                    Compared::Shape(why) => Outcome::Shape(why),
+                }
+            }
+            Err(((went_over, e), o)) => {
+                if let Some(k) = went_over {
+                    over = Some(Over {
+                        file: o.side.shown(o.files[k].path()),
+                        at: if std::ptr::eq(o.side, sides[0]) {
+                            ea[i].0.clone()
+                        } else {
+                            eb[j].0.clone()
+                        },
                         next: None,
                         left: 0,
                     });
                 }
-                format!("{}: {e}", f.path().display())
-            })
+                Outcome::Error(e)
+            }
         };
-        match load(&mut fa, i, 0).and_then(|ta| Ok((ta, load(&mut fb, j, 1)?))) {
-            Ok((ta, tb)) => rows.push(compare_tensors(name, &ta, &tb, tol)),
-            Err(e) => rows.push(Row {
-                name,
-                a: da,
-                b: db,
-                outcome: Outcome::Error(e),
-            }),
-        }
+        rows.push(Row {
+            name,
+            a: da,
+            b: db,
+            outcome,
+            b_names,
+            rule: pair.rule.clone(),
+            source: src,
+        });
     }
-    for o in over.into_iter().flatten() {
+    if let Some(o) = over {
         if let Some((name, a, b)) = o.next {
-            rows.push(Row {
+            let mut row = error_row(
                 name,
-                a,
-                b,
-                outcome: Outcome::Error(format!(
+                format!(
                     "{}: not compared{}: the file went over its read budget at `{}`",
-                    o.file.display(),
+                    o.file,
                     match o.left - 1 {
                         0 => String::new(),
                         1 => ", nor the tensor after it".into(),
                         n => format!(", nor the {n} tensors after it"),
                     },
                     o.at
-                )),
-            });
+                ),
+            );
+            row.a = a;
+            row.b = b;
+            rows.push(row);
         }
     }
     FileResult { rows, skipped }
 }
 
-/// Significant bits of a float dtype (bf16 keeps 8, f16 11: bf16 is the less precise of the two
-/// although both take 2 bytes).
-fn precision(d: WireDType) -> u32 {
-    match d {
-        WireDType::F64 => 53,
-        WireDType::F32 => 24,
-        WireDType::F16 => 11,
-        WireDType::BF16 => 8,
-        _ => 64,
-    }
-}
-
-/// The less precise of two float dtypes (the tolerance is that dtype's, in either order).
-fn coarser(a: WireDType, b: WireDType) -> WireDType {
-    if precision(a) <= precision(b) {
-        a
-    } else {
-        b
-    }
-}
-
-/// Elements compared at a time: the chunks of mixed dtypes are the only copies.
-const CHUNK: usize = 1 << 20;
-
-/// Elements `start..start + len` of `t`, flat: a slice of its bytes, or an f64 copy.
-fn chunk(t: &HostTensor, start: usize, len: usize, as_f64: bool) -> HostTensor {
-    if as_f64 {
-        let mut values = vec![0.0; len];
-        t.read_f64_into(start, &mut values);
-        return HostTensor::from_f64(vec![len], &values);
-    }
-    let size = t.dtype.size();
-    HostTensor {
-        dtype: t.dtype,
-        shape: vec![len],
-        data: t.data.slice(start * size..(start + len) * size),
-    }
-}
-
-fn compare_tensors(name: String, a: &HostTensor, b: &HostTensor, tol: Tolerance) -> Row {
-    let mut row = Row {
-        name,
-        a: Some((a.shape.clone(), a.dtype)),
-        b: Some((b.shape.clone(), b.dtype)),
-        outcome: Outcome::Shape,
-    };
-    if a.shape != b.shape {
-        return row;
-    }
-    // Different dtypes (f32 against f64, i64 against u8) are compared as f64 values, with the
-    // coarser float dtype's tolerance.
-    let mixed = a.dtype != b.dtype;
-    let rule_dtype = if !mixed {
-        a.dtype
-    } else {
-        match (a.dtype.is_float(), b.dtype.is_float()) {
-            (true, true) => coarser(a.dtype, b.dtype),
-            (true, false) => a.dtype,
-            (false, true) => b.dtype,
-            (false, false) => WireDType::I64,
-        }
-    };
-    let rule = Rule::for_leaf(rule_dtype, tol.explicit(), 0.0);
-    // The f64 copies of mixed dtypes get the coarser dtype's rule, spelled out.
-    let explicit = match rule {
-        Rule::Default { atol, rtol, .. } | Rule::Explicit(Tol { atol, rtol }) => {
-            Some(Tol { atol, rtol })
-        }
-        Rule::Exact => Some(Tol {
-            atol: 0.0,
-            rtol: 0.0,
-        }),
-    };
-    let mut stats = moments(a, b);
-    stats.rule = match rule {
-        Rule::Exact => "exact".into(),
-        Rule::Default { atol, rtol, .. } | Rule::Explicit(Tol { atol, rtol }) => format!(
-            "atol {} + rtol {}·|A|",
-            golden::describe::numbers::num(atol),
-            golden::describe::numbers::num(rtol)
-        ),
-    };
-    // Chunk by chunk; the figures that span chunks are merged, indices made whole again.
-    let (n, mut start) = (a.numel(), 0);
-    let (mut worst, mut worst_ratio, mut first_nonfinite): (Option<Element>, f64, Option<Element>) =
-        (None, f64::NEG_INFINITY, None);
-    while start < n {
-        let len = CHUNK.min(n - start);
-        let (ca, cb) = (chunk(a, start, len, mixed), chunk(b, start, len, mixed));
-        let leaf = compare::compare_leaf(
-            "",
-            &cb,
-            &Expected {
-                value: &ca,
-                rounding: None,
-                precise: None,
-            },
-            if mixed { explicit } else { tol.explicit() },
-            0.0,
-        );
-        if let Verdict::Values(v) = leaf.verdict {
-            let whole = |mut e: Element| {
-                e.index = compare::unravel(start + e.index.first().copied().unwrap_or(0), &a.shape);
-                e
-            };
-            stats.nan = (stats.nan.0 + v.nan.0, stats.nan.1 + v.nan.1);
-            stats.inf = (stats.inf.0 + v.inf.0, stats.inf.1 + v.inf.1);
-            stats.mismatched += v.mismatched;
-            if first_nonfinite.is_none() {
-                first_nonfinite = v.first_nonfinite_mismatch.map(whole);
-            }
-            if v.worst.is_some() && v.worst_ratio > worst_ratio {
-                worst_ratio = v.worst_ratio;
-                worst = v.worst.map(whole);
-            }
-        }
-        start += len;
-    }
-    stats.worst = first_nonfinite
-        .or(worst)
-        .filter(|_| stats.mismatched > 0)
-        .map(|e| (e.index, e.reference, e.port));
-    row.outcome = Outcome::Compared(stats);
-    row
-}
-
-/// max/mean absolute and relative difference and cosine similarity, over finite pairs.
-fn moments(a: &HostTensor, b: &HostTensor) -> Stats {
-    const CHUNK: usize = 4096;
-    let n = a.numel();
-    let (mut x, mut y) = (vec![0.0; CHUNK], vec![0.0; CHUNK]);
-    let (mut sum_abs, mut sum_rel, mut max_abs, mut max_rel) = (0.0, 0.0, 0.0f64, 0.0f64);
-    let (mut dot, mut nx, mut ny, mut finite, mut rel_count) = (0.0, 0.0, 0.0, 0usize, 0usize);
-    let mut start = 0;
-    while start < n {
-        let len = CHUNK.min(n - start);
-        a.read_f64_into(start, &mut x[..len]);
-        b.read_f64_into(start, &mut y[..len]);
-        for k in 0..len {
-            let (p, q) = (x[k], y[k]);
-            if !(p.is_finite() && q.is_finite()) {
-                continue;
-            }
-            finite += 1;
-            let d = (p - q).abs();
-            sum_abs += d;
-            max_abs = max_abs.max(d);
-            if p != 0.0 {
-                let r = d / p.abs();
-                sum_rel += r;
-                rel_count += 1;
-                max_rel = max_rel.max(r);
-            } else if d > 0.0 {
-                max_rel = f64::INFINITY;
-            }
-            dot += p * q;
-            nx += p * p;
-            ny += q * q;
-        }
-        start += len;
-    }
-    Stats {
-        numel: n,
-        max_abs,
-        mean_abs: if finite > 0 {
-            sum_abs / finite as f64
-        } else {
-            0.0
-        },
-        max_rel,
-        mean_rel: if rel_count > 0 {
-            sum_rel / rel_count as f64
-        } else {
-            0.0
-        },
-        cosine: if nx > 0.0 && ny > 0.0 {
-            dot / (nx.sqrt() * ny.sqrt())
-        } else if nx == 0.0 && ny == 0.0 {
-            1.0
-        } else {
-            f64::NAN
-        },
-        ..Stats::default()
-    }
-}
-
-/// Run the diff, each file within its read budget.
+/// Run the diff with the default options (assert_close's tolerance unless given, shapes
+/// explained, no mapping), each file within its read budget.
 pub fn run(a: &Path, b: &Path, tolerance: Tolerance, read: &ReadOptions) -> Result<Diff, String> {
+    let options = Options {
+        tolerance,
+        ..Options::default()
+    };
+    let (a, b) = (Side::open(a, read)?, Side::open(b, read)?);
+    run_sides([&a, &b], options, &Mapping::default(), read)
+}
+
+/// Run the diff of two opened sides.
+pub fn run_sides(
+    sides: [&Side; 2],
+    options: Options,
+    mapping: &Mapping,
+    read: &ReadOptions,
+) -> Result<Diff, String> {
+    // On a terminal, long runs show their progress on stderr.
+    let terminal = std::io::stderr().is_terminal();
+    let shown = AtomicUsize::new(0);
+    let result = run_with_progress(sides, options, mapping, read, &|done, total| {
+        if terminal && total > 8 {
+            shown.store(total, Ordering::SeqCst);
+            eprint!("\rgolden diff: {done}/{total} files compared");
+        }
+    });
+    if shown.load(Ordering::SeqCst) > 0 {
+        eprintln!();
+    }
+    result
+}
+
+/// Run the diff of two opened sides; `progress(done, total)` is called as pairs of files are
+/// compared.
+pub fn run_with_progress(
+    sides: [&Side; 2],
+    options: Options,
+    mapping: &Mapping,
+    read: &ReadOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<Diff, String> {
+    let tolerance = options.tolerance;
     // Neither a NaN nor a negative tolerance is one: either failed every element that was not
     // exactly equal.
     for (option, value) in [("--atol", tolerance.atol), ("--rtol", tolerance.rtol)] {
@@ -729,13 +694,13 @@ pub fn run(a: &Path, b: &Path, tolerance: Tolerance, read: &ReadOptions) -> Resu
             ));
         }
     }
-    let mut notes = Vec::new();
-    let pairs = pair_files(a, b, &mut notes)?;
+    let [sa, sb] = sides;
+    let mut notes: Vec<String> = sa.notes.iter().chain(&sb.notes).cloned().collect();
+    let pairs = pair_files(sa, sb, mapping)?;
     let total = pairs.len();
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let results: Mutex<(Vec<Row>, Vec<SkippedIn>)> = Mutex::new((Vec::new(), Vec::new()));
-    let progress = total > 8 && std::io::stderr().is_terminal();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(total.max(1));
@@ -743,28 +708,23 @@ pub fn run(a: &Path, b: &Path, tolerance: Tolerance, read: &ReadOptions) -> Resu
         for _ in 0..threads {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some((key, fa, fb)) = pairs.get(i) else {
+                let Some(pair) = pairs.get(i) else {
                     break;
                 };
-                let found = compare_files(key, fa.as_deref(), fb.as_deref(), tolerance, read);
+                let found = compare_files(pair, [sa, sb], options, mapping, read);
                 let mut results = results.lock().unwrap();
                 results.0.extend(found.rows);
                 results.1.extend(found.skipped);
                 let d = done.fetch_add(1, Ordering::SeqCst) + 1;
-                if progress {
-                    eprint!("\rgolden diff: {d}/{total} files compared");
-                }
+                progress(d, total);
             });
         }
     });
-    if progress {
-        eprintln!();
-    }
     let (mut rows, mut skipped) = results.into_inner().unwrap();
     // The dumps' own order where they carry one (a manifest, numbered names), the rows it does not
     // place after them in natural order.
     rows.sort_by(|x, y| crate::natural::compare(&x.name, &y.name));
-    let (order, positions) = dump_order(a, b, &rows, &mut notes);
+    let (order, positions) = dump_order([sa, sb], &rows, &mut notes);
     let mut placed: Vec<(Option<u128>, Row)> = positions.into_iter().zip(rows).collect();
     placed.sort_by(|(p, _), (q, _)| match (p, q) {
         (Some(p), Some(q)) => p.cmp(q),
@@ -775,14 +735,28 @@ pub fn run(a: &Path, b: &Path, tolerance: Tolerance, read: &ReadOptions) -> Resu
     let (positions, rows): (Vec<Option<u128>>, Vec<Row>) = placed.into_iter().unzip();
     let candidates = candidates(&rows, &positions);
     skipped.sort_by(|x, y| (x.side, &x.file).cmp(&(y.side, &y.file)));
+    let held = |side: &Side, has: fn(&Row) -> bool| Held {
+        origin: side.origin.clone(),
+        form: side.describe(),
+        files: side.files.len(),
+        tensors: rows.iter().filter(|r| has(r)).count(),
+        names: rows
+            .iter()
+            .filter(|r| has(r))
+            .take(4)
+            .map(|r| r.name.clone())
+            .collect(),
+    };
+    let held = [held(sa, |r| r.a.is_some()), held(sb, |r| r.b.is_some())];
     Ok(Diff {
-        a: a.to_path_buf(),
-        b: b.to_path_buf(),
+        a: sa.origin.clone(),
+        b: sb.origin.clone(),
         rows,
         tolerance,
         skipped,
         notes,
         order,
+        held,
         candidates,
     })
 }
@@ -807,9 +781,87 @@ impl Diff {
             .collect()
     }
 
-    /// Whether every tensor is on both sides and matches.
+    /// Whether every tensor is on both sides and matches — and at least one was compared: a
+    /// comparison that compared nothing is never a match.
     pub fn all_match(&self) -> bool {
-        self.rows.iter().all(Row::matches)
+        self.nothing_compared().is_none() && self.rows.iter().all(Row::matches)
+    }
+
+    /// When no pair of tensors was compared: what each side holds and why nothing paired.
+    pub fn nothing_compared(&self) -> Option<String> {
+        let compared = self
+            .rows
+            .iter()
+            .any(|r| matches!(r.outcome, Outcome::Compared(_) | Outcome::Shape(_)));
+        if compared {
+            return None;
+        }
+        let errors = self
+            .rows
+            .iter()
+            .filter(|r| matches!(r.outcome, Outcome::Error(_)))
+            .count();
+        let holds = |side: &str, h: &Held| {
+            let skipped: Vec<String> = self
+                .skipped
+                .iter()
+                .filter(|k| k.side == side)
+                .take(4)
+                .map(|k| k.skipped.to_string())
+                .collect();
+            let mut s = format!(
+                "{side} ({}, {}) holds {} tensor{} in {} tensor file{}",
+                h.origin.display(),
+                h.form,
+                h.tensors,
+                if h.tensors == 1 { "" } else { "s" },
+                h.files,
+                if h.files == 1 { "" } else { "s" },
+            );
+            if !h.names.is_empty() {
+                let names: Vec<String> = h.names.iter().map(|n| format!("`{n}`")).collect();
+                s.push_str(&format!(
+                    " ({}{})",
+                    names.join(", "),
+                    if h.tensors > names.len() { ", …" } else { "" }
+                ));
+            }
+            if !skipped.is_empty() {
+                s.push_str(&format!("; skipped, not tensors: {}", skipped.join(", ")));
+            }
+            s
+        };
+        let [a, b] = &self.held;
+        let why = if errors > 0 && errors == self.rows.len() {
+            "every file that could pair failed to read (the errors are above)".to_string()
+        } else if a.files == 0 || b.files == 0 {
+            let side = if a.files == 0 { "A" } else { "B" };
+            format!(
+                "{side} holds no tensor file golden reads ({}){}",
+                crate::unpack::TENSOR_EXTENSIONS
+                    .iter()
+                    .map(|x| format!(".{x}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if self.notes.iter().any(|n| n.contains("left out")) {
+                    ": see what was left out below"
+                } else {
+                    ""
+                }
+            )
+        } else if a.tensors == 0 || b.tensors == 0 {
+            let side = if a.tensors == 0 { "A" } else { "B" };
+            format!("{side}'s files hold no tensor or number golden reads")
+        } else {
+            "no name is on both sides; if they are the same tensors under other names, pair them \
+             with --map FILE (rules such as `{layer}_post_attn = layers.{layer}.self_attn`)"
+                .to_string()
+        };
+        Some(format!(
+            "nothing was compared: {}; {}. Why: {why}",
+            holds("A", a),
+            holds("B", b)
+        ))
     }
 
     /// Whether a file could not be read.
@@ -866,10 +918,23 @@ impl Diff {
             } else {
                 r.name.clone()
             };
+            // How B was lined up or named, when it differs from A.
+            let mut how = Vec::new();
+            if let Some(e) = r.explained() {
+                how.push(e.note());
+            }
+            if !r.b_names.is_empty() && r.explained().is_none_or(|e| e.concat.is_none()) {
+                how.push(format!("B: {}", r.b_names.join(", ")));
+            }
+            let how = if how.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", how.join("; "))
+            };
             let status = match (&r.outcome, Some(i) == first) {
-                (Outcome::Compared(st), _) if st.mismatched == 0 => "ok".to_string(),
+                (Outcome::Compared(st), _) if st.mismatched == 0 => format!("ok{how}"),
                 (Outcome::Compared(st), f) => format!(
-                    "DIFFERS ({} of {}){}",
+                    "DIFFERS ({} of {}){how}{}",
                     st.mismatched,
                     st.numel,
                     if f {
@@ -880,9 +945,11 @@ impl Diff {
                         ""
                     }
                 ),
-                (Outcome::Shape, _) => format!("SHAPE {} vs {}", shape(&r.a), shape(&r.b)),
+                (Outcome::Shape(why), _) => {
+                    format!("SHAPE {} vs {}: {why}", shape(&r.a), shape(&r.b))
+                }
                 (Outcome::Only(true), _) => "only in A".into(),
-                (Outcome::Only(false), _) => "only in B".into(),
+                (Outcome::Only(false), _) => format!("only in B{how}"),
                 (Outcome::Error(e), _) => format!("ERROR {e}"),
             };
             let figures = match &r.outcome {
@@ -900,7 +967,10 @@ impl Diff {
                 s,
                 "{:>5}  {name:<width$}  {:<16} {dtype:<9} {figures}  {status}",
                 i + 1,
-                shape(r.a.as_ref().map_or(&r.b, |_| &r.a)),
+                match (&r.a, &r.b) {
+                    (Some((x, _)), Some((y, _))) if x != y => format!("{x:?} / {y:?}"),
+                    _ => shape(r.a.as_ref().map_or(&r.b, |_| &r.a)),
+                },
             );
         }
         // How a divergent row differs, after its name.
@@ -922,13 +992,19 @@ impl Diff {
                         );
                     }
                     let _ = write!(h, " (tolerance {})", st.rule);
+                    if let Some(e) = &st.explained {
+                        let _ = write!(h, "; {}", e.note());
+                    }
                     h
                 }
-                Outcome::Shape => ": the shapes differ".into(),
+                Outcome::Shape(why) => format!(": the shapes differ ({why})"),
                 Outcome::Only(_) | Outcome::Error(_) => unreachable!("not a divergence"),
             }
         };
         match self.candidates.as_slice() {
+            [] if self.nothing_compared().is_some() => {
+                let _ = writeln!(s, "{}", self.nothing_compared().unwrap_or_default());
+            }
             [] if self.all_match() => {
                 let _ = writeln!(s, "all {} tensors match", self.rows.len());
             }
@@ -974,7 +1050,7 @@ impl Diff {
                     self.rows.len(),
                     count(Row::matches),
                     count(|r| matches!(&r.outcome, Outcome::Compared(st) if st.mismatched > 0)),
-                    count(|r| matches!(r.outcome, Outcome::Shape)),
+                    count(|r| matches!(r.outcome, Outcome::Shape(_))),
                     count(|r| matches!(r.outcome, Outcome::Only(true))),
                     count(|r| matches!(r.outcome, Outcome::Only(false))),
                     count(|r| matches!(r.outcome, Outcome::Error(_))),
@@ -1047,9 +1123,24 @@ impl Diff {
                             row["worst"] =
                                 json!({"index": index, "a": finite(*x), "b": finite(*y)});
                         }
+                        if let Some(e) = &st.explained {
+                            row["explained"] = json!({
+                                "as": e.text,
+                                "agrees": e.agrees,
+                                "tried": e.tried,
+                                "note": e.note(),
+                            });
+                        }
                     }
                     Outcome::Error(e) => row["error"] = json!(e),
-                    _ => {}
+                    Outcome::Shape(why) => row["why"] = json!(why),
+                    Outcome::Only(_) => {}
+                }
+                if !r.b_names.is_empty() {
+                    row["b_names"] = json!(r.b_names);
+                }
+                if let Some(rule) = &r.rule {
+                    row["mapped_by"] = json!(rule);
                 }
                 row
             })
@@ -1076,6 +1167,7 @@ impl Diff {
                 .collect::<Vec<_>>(),
             "order": self.order.json(),
             "match": self.all_match(),
+            "nothing_compared": self.nothing_compared(),
         })
     }
 }

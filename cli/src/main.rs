@@ -3,11 +3,12 @@
 //! * `golden setup` — create or update the Python environment your crate's checks run their
 //!   references in (golden's Python package, numpy, torch and `reference_py/requirements.txt`),
 //!   and print its interpreter;
-//! * `golden diff A B` — compare two tensor files or folders of them, in the dumps' own order (an
-//!   `order.txt` beside them, numbered names) or else natural layer order, and name the first
-//!   tensor that differs when that is known, the candidates when it is a guess (exit status 1
-//!   when anything differs, 2 on errors);
+//! * `golden diff A B` — compare two tensor files, or folders or archives of them, in the dumps'
+//!   own order (an `order.txt` beside them, numbered names) or else natural layer order, and
+//!   name the first tensor that differs when that is known, the candidates when it is a guess
+//!   (exit status 1 when anything differs or nothing could be compared, 2 on errors);
 //! * `golden show FILE [NAME]` — statistics, a histogram and values of a tensor;
+//! * `golden view [A B]` — two dumps side by side in the browser (a local web server);
 //! * `golden report` — the HTML report of the last test run.
 //!
 //! Install with `cargo install --path cli`.
@@ -16,11 +17,13 @@
 //! within a read budget (`--read-budget`), and folders are walked without following a symlink
 //! loop. Input that cannot be read is an error naming the file, with exit status 2.
 
+use golden_cli::mapping::Mapping;
 use golden_cli::read::ReadOptions;
-use golden_cli::{diff, report, setup, show};
+use golden_cli::side::Side;
+use golden_cli::{diff, report, setup, show, view};
 
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -61,11 +64,12 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         golden: Option<PathBuf>,
     },
-    /// Compare two tensor files, or two folders of them (.npy, .npz, .safetensors, .pt/.pth).
+    /// Compare two tensor files (.npy, .npz, .safetensors, .pt/.pth), or two folders or archives
+    /// of them (.zip, .tar, .tar.gz/.tgz).
     Diff {
-        /// The reference file or folder.
+        /// The reference: a file, a folder or an archive.
         a: PathBuf,
-        /// The file or folder compared with it.
+        /// The file, folder or archive compared with it.
         b: PathBuf,
         /// Absolute tolerance (default: torch.testing.assert_close's for each dtype).
         #[arg(long)]
@@ -76,12 +80,22 @@ enum Command {
         /// Print JSON instead of the table.
         #[arg(long)]
         json: bool,
+        /// Compare only tensors of equal shapes: no reshape, permutation or joining of
+        /// tensor-parallel shards is tried when shapes differ.
+        #[arg(long)]
+        strict_shapes: bool,
+        /// Rules pairing B's names with A's, one a line: `A pattern = B pattern`, with
+        /// placeholders such as `{layer}` (`{layer}_post_attn = layers.{layer}.self_attn`).
+        #[arg(long, value_name = "FILE")]
+        map: Option<PathBuf>,
     },
     /// Show a tensor: statistics, a histogram, values.
     Show {
-        /// The tensor file.
+        /// The tensor file, or a folder or archive of them.
         file: PathBuf,
-        /// Which tensor of the file (a file of several lists them without it).
+        /// Which tensor: of a file of several, its name; in a folder or archive, a file's path
+        /// without the extension, then `/name` for a file of several. Without it, they are
+        /// listed.
         name: Option<String>,
         /// Values to print, NumPy style: `0,:,3:7`.
         #[arg(long)]
@@ -89,6 +103,35 @@ enum Command {
         /// Histogram bins (1 to 1000).
         #[arg(long, default_value_t = 20)]
         bins: usize,
+    },
+    /// Two dumps side by side in the browser: serves a page on 127.0.0.1 (a free port unless
+    /// --port) and prints its address. Each side is a tensor file, a folder or an archive (.zip,
+    /// .tar, .tar.gz) given here or dropped on the page; a failing check's artifacts folder
+    /// (target/golden/failures/CRATE/CHECK) alone shows its reference against its port.
+    /// Ctrl-C stops it and removes its temporary files.
+    View {
+        /// The reference (optional: or upload it from the page).
+        a: Option<PathBuf>,
+        /// The dumps compared with it (optional: or upload them from the page).
+        b: Option<PathBuf>,
+        /// The port to listen on (default: a free one).
+        #[arg(long)]
+        port: Option<u16>,
+        /// Absolute tolerance (default: torch.testing.assert_close's for each dtype).
+        #[arg(long)]
+        atol: Option<f64>,
+        /// Relative tolerance (default: torch.testing.assert_close's for each dtype).
+        #[arg(long)]
+        rtol: Option<f64>,
+        /// Compare only tensors of equal shapes.
+        #[arg(long)]
+        strict_shapes: bool,
+        /// Rules pairing B's names with A's (see `golden diff --map`).
+        #[arg(long, value_name = "FILE")]
+        map: Option<PathBuf>,
+        /// Most bytes one upload may have: 2GiB, 512MiB, ... (default 16GiB).
+        #[arg(long, value_name = "SIZE", default_value = "16GiB")]
+        max_upload: String,
     },
     /// Build the HTML report of the last test run from target/golden/results.
     Report {
@@ -101,7 +144,28 @@ enum Command {
     },
 }
 
+/// `golden diff`: open both sides (unpacking archives), read the mapping, compare.
+fn diff_command(
+    a: &Path,
+    b: &Path,
+    atol: Option<f64>,
+    rtol: Option<f64>,
+    strict_shapes: bool,
+    map: Option<&Path>,
+    read: &ReadOptions,
+) -> Result<diff::Diff, String> {
+    let mapping = map.map(Mapping::read).transpose()?.unwrap_or_default();
+    let (a, b) = (Side::open(a, read)?, Side::open(b, read)?);
+    let options = diff::Options {
+        tolerance: diff::Tolerance { atol, rtol },
+        strict_shapes,
+    };
+    diff::run_sides([&a, &b], options, &mapping, read)
+}
+
 fn main() -> ExitCode {
+    // Archives are unpacked into private folders: Ctrl-C removes them too.
+    golden_cli::scratch::remove_on_signal();
     let cli = Cli::parse();
     let read = match ReadOptions::new(cli.read_budget.as_deref()) {
         Ok(read) => read,
@@ -140,7 +204,9 @@ fn main() -> ExitCode {
             atol,
             rtol,
             json,
-        } => match diff::run(&a, &b, diff::Tolerance { atol, rtol }, &read) {
+            strict_shapes,
+            map,
+        } => match diff_command(&a, &b, atol, rtol, strict_shapes, map.as_deref(), &read) {
             Ok(d) => {
                 if json {
                     println!("{}", serde_json::to_string_pretty(&d.json()).expect("JSON"));
@@ -175,6 +241,50 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::View {
+            a,
+            b,
+            port,
+            atol,
+            rtol,
+            strict_shapes,
+            map,
+            max_upload,
+        } => {
+            let config = (|| -> Result<view::Config, String> {
+                let mapping = map
+                    .as_deref()
+                    .map(Mapping::read)
+                    .transpose()?
+                    .unwrap_or_default();
+                let max_upload = golden_files::budget::parse_size(&max_upload)
+                    .map_err(|e| format!("--max-upload: {e}"))?;
+                for (option, value) in [("--atol", atol), ("--rtol", rtol)] {
+                    if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+                        return Err(format!(
+                            "{option} {v}: a tolerance is a finite number, 0 or more"
+                        ));
+                    }
+                }
+                Ok(view::Config {
+                    port,
+                    options: diff::Options {
+                        tolerance: diff::Tolerance { atol, rtol },
+                        strict_shapes,
+                    },
+                    mapping,
+                    read: read.clone(),
+                    max_upload,
+                })
+            })();
+            match config.and_then(|c| view::run([a.as_deref(), b.as_deref()], c)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("golden view: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Report { results, out } => match report::run(results, out) {
             Ok(path) => {
                 println!("{}", path.display());

@@ -7,6 +7,7 @@
 //! tensor of any size takes no memory beyond its own; `--bins` is bounded by [`MAX_BINS`].
 
 use crate::read::ReadOptions;
+use crate::side::Side;
 use golden::describe::numbers::num;
 use golden_files::HostTensor;
 use std::fmt::Write as _;
@@ -309,7 +310,10 @@ fn render(t: &HostTensor, selection: &[Picked], limit: usize) -> String {
     r.out
 }
 
-/// Run `golden show`.
+/// Run `golden show` on a tensor file, a folder or an archive of them (`.zip`, `.tar`,
+/// `.tar.gz`): NAME is a file's key in a folder or archive (its path without the extension),
+/// followed by `/tensor` for a file of several; without it, a folder or archive lists its
+/// tensors.
 pub fn run(
     path: &Path,
     name: Option<&str>,
@@ -322,15 +326,131 @@ pub fn run(
             "--bins {bins}: a histogram has 1 to {MAX_BINS} bins (one line each)"
         ));
     }
+    let side = Side::open(path, read)?;
+    if !side.is_folder() {
+        return show_file(path, &path.display().to_string(), name, slice, bins, read);
+    }
+    let Some(name) = name else {
+        return list(&side, read);
+    };
+    // The file whose key is the name, or the longest key the name starts with, then `/tensor`.
+    let exact = side.files.iter().find(|(k, _)| k == name);
+    let within = side
+        .files
+        .iter()
+        .filter(|(k, _)| name.starts_with(&format!("{k}/")))
+        .max_by_key(|(k, _)| k.len());
+    match (exact, within) {
+        (Some((_, file)), _) => show_file(file, &side.shown(file), None, slice, bins, read),
+        (None, Some((k, file))) => show_file(
+            file,
+            &side.shown(file),
+            Some(&name[k.len() + 1..]),
+            slice,
+            bins,
+            read,
+        ),
+        (None, None) => {
+            let close: Vec<String> = side
+                .files
+                .iter()
+                .map(|(k, _)| k)
+                .filter(|k| k.contains(name) || name.contains(k.as_str()))
+                .take(5)
+                .map(|k| format!("`{k}`"))
+                .collect();
+            Err(format!(
+                "{} ({}) has no tensor file `{name}`{}; it has {} tensor files: name one by its \
+                 path without the extension (list them with `golden show {}`)",
+                path.display(),
+                side.describe(),
+                if close.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (did you mean {}?)", close.join(", "))
+                },
+                side.files.len(),
+                path.display()
+            ))
+        }
+    }
+}
+
+/// The tensors of a folder or archive, file by file, reading none.
+fn list(side: &Side, read: &ReadOptions) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rows: Vec<(String, String, String, String)> = Vec::new();
+    let mut skipped = Vec::new();
+    for (key, file) in &side.files {
+        match read.open(file) {
+            Ok(f) => {
+                let one = f.entries().len() == 1;
+                for e in f.entries() {
+                    let bytes = (e.numel() as u64).saturating_mul(e.dtype.size() as u64);
+                    let name = if one {
+                        key.clone()
+                    } else {
+                        format!("{key}/{}", e.name)
+                    };
+                    rows.push((
+                        name,
+                        e.dtype.name().to_string(),
+                        format!("{:?}", e.shape),
+                        golden_files::budget::size(bytes),
+                    ));
+                }
+                skipped.extend(f.skipped().iter().map(|k| format!("{key}: {k}")));
+            }
+            Err(e) => rows.push((key.clone(), "-".into(), format!("ERROR {e}"), String::new())),
+        }
+    }
+    rows.sort_by(|x, y| crate::natural::compare(&x.0, &y.0));
+    let _ = writeln!(
+        out,
+        "{} ({}): {} tensors in {} files (name one to see it)",
+        side.origin.display(),
+        side.describe(),
+        rows.len(),
+        side.files.len()
+    );
+    let width = rows
+        .iter()
+        .map(|r| r.0.chars().count())
+        .max()
+        .unwrap_or(4)
+        .min(60);
+    for (name, dtype, shape, bytes) in rows {
+        let _ = writeln!(out, "  {name:<width$}  {dtype:<5} {shape:<16} {bytes}");
+    }
+    if !skipped.is_empty() {
+        let _ = writeln!(out, "  skipped, not tensors: {}", skipped.join(", "));
+    }
+    for note in &side.notes {
+        let _ = writeln!(out, "  note: {note}");
+    }
+    Ok(out)
+}
+
+/// Show one file's tensor (or list the file's tensors); `shown` names the file in messages.
+fn show_file(
+    path: &Path,
+    shown: &str,
+    name: Option<&str>,
+    slice: Option<&str>,
+    bins: usize,
+    read: &ReadOptions,
+) -> Result<String, String> {
     let spec = slice.map(parse_slice).transpose()?;
-    let mut file = read.open(path)?;
+    let mut file = read
+        .open(path)
+        .map_err(|e| e.replace(&shown.to_string(), shown))?;
     let mut out = String::new();
     let skipped: Vec<String> = file.skipped().iter().map(ToString::to_string).collect();
     let entries = file.entries();
     if entries.is_empty() {
         return Err(format!(
             "{}: no tensors{}",
-            path.display(),
+            shown,
             if skipped.is_empty() {
                 String::new()
             } else {
@@ -349,7 +469,7 @@ pub fn run(
                 .collect();
             format!(
                 "{} has no tensor `{n}`{}; it has {} tensors{}",
-                path.display(),
+                shown,
                 if close.is_empty() {
                     String::new()
                 } else {
@@ -371,7 +491,7 @@ pub fn run(
         let _ = writeln!(
             out,
             "{}: {} tensors (name one to see it)",
-            path.display(),
+            shown,
             entries.len()
         );
         let width = entries
@@ -397,9 +517,7 @@ pub fn run(
         return Ok(out);
     };
     let tname = entries[index].name.clone();
-    let t = file
-        .load(index)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let t = file.load(index).map_err(|e| format!("{}: {e}", shown))?;
     let s = summarise(&t);
     let _ = writeln!(
         out,
@@ -407,7 +525,7 @@ pub fn run(
         t.dtype.name(),
         t.shape,
         s.count,
-        path.display()
+        shown
     );
     if s.finite > 0 {
         let _ = writeln!(

@@ -359,7 +359,8 @@ fn diff_says_what_it_cannot_read() {
         &fixture("state_dict.pt"),
     ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("compare two files or two folders"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("compare two files, or two folders or archives"));
     let missing = d.path().join("missing");
     let out = golden(&["diff", missing.to_str().unwrap(), &fixture("state_dict.pt")]);
     assert_eq!(out.status.code(), Some(2));

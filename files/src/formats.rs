@@ -9,13 +9,12 @@
 //! views, byte swaps) is charged to the file's [`Budget`], so no input makes a reader panic, hang
 //! or allocate beyond it (see `fuzz/`).
 
+use crate::archive::Archive;
 use crate::budget::{Budget, ReadError};
 use crate::npy;
 use crate::pickle::Pickled;
 use crate::tensor::HostTensor;
 use bytes::Bytes;
-use std::fmt;
-use std::io::{Cursor, Read};
 use std::path::{Path, PathBuf};
 
 /// The formats golden reads.
@@ -31,22 +30,7 @@ pub enum Format {
     Torch,
 }
 
-pub use crate::tensor::Entry;
-
-/// Something a file holds that is not a tensor or a number, and is skipped.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Skipped {
-    /// Its name in the file.
-    pub name: String,
-    /// What it is (`a string`, `a dict of 3 strings`, `not a .npy array`).
-    pub what: String,
-}
-
-impl fmt::Display for Skipped {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "`{}` ({})", self.name, self.what)
-    }
-}
+pub use crate::tensor::{Entry, Skipped};
 
 /// What a file holds, read whole.
 pub struct Contents {
@@ -90,59 +74,6 @@ pub fn sniff(bytes: &[u8], path: &Path) -> Result<Format, String> {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-/// A zip archive over a file's bytes (`.npz`, `.pt`).
-pub(crate) struct Archive {
-    pub zip: zip::ZipArchive<Cursor<Bytes>>,
-    bytes: Bytes,
-}
-
-impl Archive {
-    fn new(bytes: Bytes) -> Result<Archive, zip::result::ZipError> {
-        Ok(Archive {
-            zip: zip::ZipArchive::new(Cursor::new(bytes.clone()))?,
-            bytes,
-        })
-    }
-
-    /// The bytes of entry `index` (its first `prefix` bytes, if given): a slice of the file for a
-    /// stored entry, else inflated into memory after charging `budget` with the size the entry
-    /// declares (no more is read, whatever the stream holds). `what` names the entry in errors.
-    pub(crate) fn entry(
-        &mut self,
-        index: usize,
-        what: &str,
-        budget: &mut Budget,
-        prefix: Option<usize>,
-    ) -> Result<Bytes, ReadError> {
-        let unreadable = |e: String| ReadError::Unreadable(format!("{what}: {e}"));
-        let mut file = self
-            .zip
-            .by_index(index)
-            .map_err(|e| unreadable(e.to_string()))?;
-        if file.compression() == zip::CompressionMethod::Stored {
-            let range = file
-                .data_start()
-                .and_then(|start| {
-                    let start = usize::try_from(start).ok()?;
-                    let end = start.checked_add(usize::try_from(file.compressed_size()).ok()?)?;
-                    Some(start..end)
-                })
-                .filter(|r| r.end <= self.bytes.len())
-                .ok_or_else(|| unreadable("the entry runs past the end of the archive".into()))?;
-            let end = prefix.map_or(range.end, |p| range.end.min(range.start.saturating_add(p)));
-            return Ok(self.bytes.slice(range.start..end));
-        }
-        let want = prefix.map_or(file.size(), |p| file.size().min(p as u64));
-        budget.charge(&format!("{what} (inflated)"), want)?;
-        let mut out = Vec::with_capacity(want.min(1 << 24) as usize);
-        (&mut file)
-            .take(want)
-            .read_to_end(&mut out)
-            .map_err(|e| unreadable(e.to_string()))?;
-        Ok(out.into())
-    }
 }
 
 enum Source {

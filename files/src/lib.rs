@@ -18,6 +18,8 @@ pub mod npy;
 pub mod tensor;
 
 #[cfg(feature = "formats")]
+mod archive;
+#[cfg(feature = "formats")]
 pub mod formats;
 #[cfg(feature = "formats")]
 pub mod pickle;
@@ -25,4 +27,4 @@ pub mod pickle;
 pub mod safetensors;
 
 pub use budget::{Budget, OverBudget, ReadError};
-pub use tensor::{HostTensor, WireDType};
+pub use tensor::{Entry, HostTensor, Skipped, WireDType};

@@ -17,9 +17,9 @@
 //! Walking the result visits at most [`MAX_NODES`] values, and a view may not read outside its
 //! storage.
 
+use crate::archive::Archive;
 use crate::budget::{Budget, OverBudget, ReadError};
-use crate::formats::{Archive, Entry, Skipped};
-use crate::tensor::{HostTensor, Narrow, Strided, WireDType};
+use crate::tensor::{Entry, HostTensor, Narrow, Skipped, Strided, WireDType};
 use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::HashMap;

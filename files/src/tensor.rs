@@ -359,6 +359,21 @@ impl Entry {
     }
 }
 
+/// Something a file holds that is not a tensor or a number, and is skipped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// Its name in the file.
+    pub name: String,
+    /// What it is (`a string`, `a dict of 3 strings`, `not a .npy array`).
+    pub what: String,
+}
+
+impl fmt::Display for Skipped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}` ({})", self.name, self.what)
+    }
+}
+
 /// A strided view of elements: where the first one is and how far each axis steps, in elements
 /// (as a `.pt` tensor over its storage, or a Fortran-order `.npy` over its data).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -87,6 +87,16 @@ impl Rule {
         Rule::Default { atol, rtol, factor }
     }
 
+    /// Whether `value` is within the rule of `reference`, element by element as a comparison
+    /// judges it without a rounding estimate: non-finite values only equal to the same (NaN to
+    /// NaN), finite ones within `atol + rtol·|reference|` (exactly equal under [`Rule::Exact`]).
+    pub fn admits(&self, reference: f64, value: f64) -> bool {
+        if !(value.is_finite() && reference.is_finite()) {
+            return (value.is_nan() && reference.is_nan()) || value == reference;
+        }
+        (value - reference).abs() <= self.allowed(reference, 0.0)
+    }
+
     /// The error allowed at an element whose reference value is `reference` and whose rounding
     /// estimate is `rounding`.
     pub fn allowed(&self, reference: f64, rounding: f64) -> f64 {
@@ -841,6 +851,36 @@ mod tests {
         assert_eq!(v.mismatched, 2);
         assert_eq!(v.nan, (1, 0));
         assert_eq!(v.first_nonfinite_mismatch.unwrap().index, vec![0]);
+    }
+
+    #[test]
+    fn one_element_is_admitted_as_a_scan_judges_it() {
+        let values = [
+            0.0,
+            1.0,
+            -2.5,
+            1e-3,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ];
+        let nudges = [0.0, 5e-6, 2e-5, 1.0, f64::NAN, f64::INFINITY];
+        for rule in [
+            Rule::for_leaf(WireDType::F32, None, 0.0),
+            Rule::Explicit(Tol {
+                atol: 0.0,
+                rtol: 1e-3,
+            }),
+        ] {
+            for &r in &values {
+                for &d in &nudges {
+                    let x = r + d;
+                    let mut scan = Scan::default();
+                    scan.element(0, x, r, 0.0, rule);
+                    assert_eq!(rule.admits(r, x), scan.mismatched == 0, "{rule} {r} {x}");
+                }
+            }
+        }
     }
 
     #[test]
