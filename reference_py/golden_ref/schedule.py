@@ -30,6 +30,7 @@ usual.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import sys
@@ -40,9 +41,10 @@ from .backends import flatten_outputs
 # Porting mistakes in how a model is driven through time, made in the reference's driving for the
 # diagnosis of a failing port (the runtime's `describe/schedule.rs` names them and their fixes):
 # position ids that restart at 0 in every call, position ids that count padding, no padding mask,
-# no cache, a sliding window one key wider or narrower.
+# no cache, a sliding window one key wider or narrower, a sliding window not applied to the cached
+# keys (a cache never trimmed, no mask on a one-token step).
 MISTAKES = ("positions-restart", "positions-unpadded", "mask-unpadded", "no-cache",
-            "window-wider", "window-narrower")
+            "window-wider", "window-narrower", "window-uncached")
 
 
 class ScheduleError(Exception):
@@ -187,7 +189,9 @@ class _Builder:
         if plan.cached and cache_name is not None:
             from transformers.cache_utils import DynamicCache
 
-            self.cache = DynamicCache(config=self.config) if self.config is not None else DynamicCache()
+            # `window-uncached` keeps every position (no sliding layers that drop them).
+            keep_all = self.config is None or plan.mistake == "window-uncached"
+            self.cache = DynamicCache() if keep_all else DynamicCache(config=self.config)
 
     def mask_upto(self, end: int):
         """The 2-D padding mask of positions [0, end), or None without padding."""
@@ -327,6 +331,29 @@ def run(case, plan: Plan, target, pristine, args, phase_error):
     return _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_error)
 
 
+@contextlib.contextmanager
+def _window_uncached(past):
+    """The diagnosis' `window-uncached` mistake, while one step runs: transformers' sliding-window
+    masks keep their window among the step's own positions, and every cached key (positions before
+    `past`) stays visible, as in a port that never trims its cache and masks only within a call."""
+    if past is None:
+        yield
+        return
+    from transformers import masking_utils
+
+    original = masking_utils.sliding_window_overlay
+
+    def overlay(sliding_window):
+        inner = original(sliding_window)
+        return lambda b, h, q, kv: inner(b, h, q, kv) | (kv < past)
+
+    masking_utils.sliding_window_overlay = overlay
+    try:
+        yield
+    finally:
+        masking_utils.sliding_window_overlay = original
+
+
 def _move_window(module, delta: int):
     """The diagnosis' window mistake: every sliding window of the module (its configuration's and
     its layers' own copies of it) `delta` keys wider."""
@@ -370,7 +397,8 @@ def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_e
         kwargs = dict(case.kwargs)
         kwargs.update(builder.kwargs(chunk, past, t, use_cache=plan.cached))
         try:
-            out = target(*call_args, **kwargs)
+            with _window_uncached(past if plan.mistake == "window-uncached" else None):
+                out = target(*call_args, **kwargs)
         except BaseException as e:  # SystemExit too: a reference must not end the worker
             if isinstance(e, KeyboardInterrupt):
                 raise

@@ -293,17 +293,21 @@ pub enum Mistake {
     WindowWider,
     /// The sliding window keeps one key less.
     WindowNarrower,
+    /// The sliding window is not applied to the cached keys: a cache never trimmed, no mask on a
+    /// one-token step.
+    WindowUncached,
 }
 
 impl Mistake {
     /// Every mistake, in the order they are tried.
-    pub const ALL: [Mistake; 6] = [
+    pub const ALL: [Mistake; 7] = [
         Mistake::PositionsRestart,
         Mistake::NoCache,
         Mistake::PositionsUnpadded,
         Mistake::MaskUnpadded,
         Mistake::WindowWider,
         Mistake::WindowNarrower,
+        Mistake::WindowUncached,
     ];
 
     /// Its name on the wire (`golden_ref/schedule.py`) and in store keys.
@@ -315,6 +319,7 @@ impl Mistake {
             Mistake::NoCache => "no-cache",
             Mistake::WindowWider => "window-wider",
             Mistake::WindowNarrower => "window-narrower",
+            Mistake::WindowUncached => "window-uncached",
         }
     }
 
@@ -327,6 +332,7 @@ impl Mistake {
             Mistake::PositionsUnpadded | Mistake::MaskUnpadded => steps.padding != Padding::None,
             Mistake::WindowWider => window.is_some(),
             Mistake::WindowNarrower => window.is_some_and(|w| w > 1),
+            Mistake::WindowUncached => window.is_some() && several,
         }
     }
 
@@ -369,6 +375,16 @@ impl Mistake {
                 format!("a sliding window of {} keys", w.saturating_sub(1)),
                 format!("{w} keys: key j is seen by query i when j > i − {w}"),
                 format!("keep keys j with i − {w} < j ≤ i (`j > i - w`, not `j > i - w + 1`)"),
+            ),
+            Mistake::WindowUncached => (
+                "a sliding window that is not applied to the cached keys".to_string(),
+                format!("every call seeing only the last {w} positions"),
+                format!(
+                    "apply the window to the cache as well: mask cached keys j ≤ i − {w} in every \
+                     call, a one-token step included (or trim the cache to its last {} \
+                     positions)",
+                    w.saturating_sub(1)
+                ),
             ),
         };
         (what, instead, fix)

@@ -1,0 +1,215 @@
+//! Third-party ports through time: candle-transformers 0.11.1's cached models — Llama, Mistral and
+//! Qwen2, unmodified — against their transformers originals, driven through golden's schedules
+//! (`decode`): the same random weights on both sides (a tiny config), every step's logits against
+//! the reference's cached run and its one-shot forward. candle's models keep their KV cache inside
+//! (Mistral, Qwen2: `forward(input_ids, seqlen_offset)`) or in a `Cache` passed in (Llama:
+//! `forward(x, index_pos, &mut cache)`), take no attention mask (so no padded batches) and return
+//! only the last position's logits, which golden compares there and says so.
+//!
+//! What golden finds in them is asserted here and written in the README. Each check has a golden
+//! store in `tests/golden/`, so the assertions hold in replay, with no Python.
+
+// A `Failure` carries the whole failing case; these helpers return it as the checks do.
+#![allow(clippy::result_large_err)]
+
+mod common;
+
+use candle_core::{DType, Device, Result, Tensor};
+use candle_nn::Activation;
+use candle_transformers::models::{llama, mistral, qwen2};
+use common::{declared_with_store, Scratch};
+use golden::{Decode, DimExpr, Dist, Failure, Layer, Report, Step};
+
+const VOCAB: usize = 32;
+const HIDDEN: usize = 16;
+const INTERMEDIATE: usize = 24;
+const LAYERS: usize = 2;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const POSITIONS: usize = 64;
+const WINDOW: usize = 3;
+
+/// A causal LM of transformers driven through schedules of up to 8 tokens.
+fn causal_lm(name: &str, reference: &str, config: &str) -> Layer {
+    Layer::module(name, reference)
+        .config(config)
+        .config_value("vocab_size", VOCAB)
+        .config_value("hidden_size", HIDDEN)
+        .config_value("intermediate_size", INTERMEDIATE)
+        .config_value("num_hidden_layers", LAYERS)
+        .config_value("num_attention_heads", HEADS)
+        .config_value("num_key_value_heads", KV_HEADS)
+        .config_value("max_position_embeddings", POSITIONS)
+        .config_value("rms_norm_eps", 1e-6)
+        .config_value("tie_word_embeddings", false)
+        .dim("b", 1, 2)
+        .dim("n", 2, 8)
+        .arg(
+            "input_ids",
+            [DimExpr::from("b"), DimExpr::from("n")],
+            Dist::int(0, VOCAB as i64),
+        )
+        .decode(Decode::over("input_ids"))
+        .cases(12)
+        // A transformer's first request imports transformers: allow for it on a busy machine.
+        .timeout(180.0)
+}
+
+fn check(
+    layer: &Layer,
+    port: impl Fn(&golden::PortInputs) -> std::result::Result<golden::Outputs, String>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+) -> std::result::Result<Report, Failure> {
+    let scratch = Scratch::new(&layer.name);
+    let layer = declared_with_store(layer, &scratch);
+    golden::check(&layer, &port)
+}
+
+fn logits(t: Result<Tensor>) -> Result<std::collections::BTreeMap<&'static str, Tensor>> {
+    Ok([("logits", t?)].into())
+}
+
+#[test]
+fn candle_llama_passes_prefills_decode_steps_and_chunks() {
+    let layer = causal_lm(
+        "c_llama",
+        "transformers.LlamaForCausalLM",
+        "transformers.LlamaConfig",
+    );
+    let port = |inputs: &golden::PortInputs| {
+        golden::drive(inputs, |inputs| {
+            let config = llama::Config {
+                hidden_size: HIDDEN,
+                intermediate_size: INTERMEDIATE,
+                vocab_size: VOCAB,
+                num_hidden_layers: LAYERS,
+                num_attention_heads: HEADS,
+                num_key_value_heads: KV_HEADS,
+                use_flash_attn: false,
+                rms_norm_eps: 1e-6,
+                rope_theta: 10_000.0,
+                bos_token_id: None,
+                eos_token_id: None,
+                rope_scaling: None,
+                max_position_embeddings: POSITIONS,
+                tie_word_embeddings: false,
+            };
+            let made = llama::Llama::load(inputs.var_builder(), &config).and_then(|model| {
+                let mut cache = llama::Cache::new(true, DType::F32, &config, &Device::Cpu)?;
+                Ok(move |step: &Step| {
+                    logits(model.forward(step.input("input_ids")?, step.offset(), &mut cache))
+                })
+            });
+            golden::IntoStepper::into_stepper(made)
+        })
+    };
+    let report = check(&layer, port).unwrap_or_else(|f| panic!("{f}"));
+    let snapshot = report.snapshot().expect("every case ran");
+    println!("{snapshot}");
+    assert!(snapshot.contains("chunked prefills"), "{snapshot}");
+}
+
+fn mistral_config() -> mistral::Config {
+    mistral::Config {
+        vocab_size: VOCAB,
+        hidden_size: HIDDEN,
+        intermediate_size: INTERMEDIATE,
+        num_hidden_layers: LAYERS,
+        num_attention_heads: HEADS,
+        head_dim: None,
+        num_key_value_heads: KV_HEADS,
+        hidden_act: Activation::Silu,
+        max_position_embeddings: POSITIONS,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        sliding_window: Some(WINDOW),
+        use_flash_attn: false,
+    }
+}
+
+#[test]
+fn candle_mistral_does_not_apply_its_sliding_window_to_the_cache() {
+    let layer = causal_lm(
+        "c_mistral",
+        "transformers.MistralForCausalLM",
+        "transformers.MistralConfig",
+    )
+    .config_value("sliding_window", WINDOW);
+    let port = |inputs: &golden::PortInputs| {
+        golden::drive(inputs, |inputs| {
+            let made =
+                mistral::Model::new(&mistral_config(), inputs.var_builder()).map(|mut model| {
+                    move |step: &Step| {
+                        logits(model.forward(step.input("input_ids")?, step.offset()))
+                    }
+                });
+            golden::IntoStepper::into_stepper(made)
+        })
+    };
+    let msg = match check(&layer, port) {
+        Ok(_) => panic!("candle-transformers' Mistral passed"),
+        Err(f) => f.to_string(),
+    };
+    println!("{msg}");
+    // candle masks a chunk of several tokens with `j + w < i` inside the chunk only (every cached
+    // key visible, the window one key wider there) and a one-token step not at all, and never
+    // trims its cache: once a step is past the window it sees keys that transformers' does not.
+    assert!(
+        msg.contains("leaves its reference `transformers.MistralForCausalLM` at step"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(
+            "likely cause: the port matches the reference with the schedule driven with a \
+             sliding window that is not applied to the cached keys"
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("on both failing cases"), "{msg}");
+}
+
+#[test]
+fn candle_qwen2_passes_every_step() {
+    let layer = causal_lm(
+        "c_qwen2",
+        "transformers.Qwen2ForCausalLM",
+        "transformers.Qwen2Config",
+    );
+    let port = |inputs: &golden::PortInputs| {
+        golden::drive(inputs, |inputs| {
+            let config = qwen2::Config {
+                vocab_size: VOCAB,
+                hidden_size: HIDDEN,
+                intermediate_size: INTERMEDIATE,
+                num_hidden_layers: LAYERS,
+                num_attention_heads: HEADS,
+                num_key_value_heads: KV_HEADS,
+                max_position_embeddings: POSITIONS,
+                sliding_window: POSITIONS,
+                max_window_layers: LAYERS,
+                tie_word_embeddings: false,
+                rope_theta: 10_000.0,
+                rms_norm_eps: 1e-6,
+                use_sliding_window: false,
+                hidden_act: Activation::Silu,
+            };
+            let made =
+                qwen2::ModelForCausalLM::new(&config, inputs.var_builder()).map(|mut model| {
+                    move |step: &Step| {
+                        logits(model.forward(step.input("input_ids")?, step.offset()))
+                    }
+                });
+            golden::IntoStepper::into_stepper(made)
+        })
+    };
+    let report = check(&layer, port).unwrap_or_else(|f| panic!("{f}"));
+    let snapshot = report.snapshot().expect("every case ran");
+    println!("{snapshot}");
+    assert!(
+        snapshot.contains("note: the port returns only the last position"),
+        "{snapshot}"
+    );
+}
