@@ -284,3 +284,45 @@ fn a_port_stuck_at_a_step_is_abandoned_at_the_timeout_naming_the_step() {
         "{msg}"
     );
 }
+
+fn run_attention(layer: &Layer, bugs: Bugs) -> Result<Report, Failure> {
+    let scratch = Scratch::new(&layer.name);
+    let layer = declared_with_store(layer, &scratch);
+    golden::check(&layer, &decoder::attention_port(bugs))
+}
+
+#[test]
+fn a_submodule_gets_the_positions_and_mask_its_model_builds_in_a_single_forward() {
+    // No schedule: one step over the whole input, against `LlamaAttention` given the rotary
+    // embedding and causal mask `LlamaModel` would build for it — no wrapper.
+    let layer = decoder::llama_attention("s_attention_single");
+    run_attention(&layer, Bugs::default()).unwrap_or_else(|f| panic!("{f}"));
+}
+
+#[test]
+fn a_submodule_follows_a_schedule_with_its_cache() {
+    let mut layer = decoder::llama_attention("s_attention_cached");
+    layer.decode = Some(Decode {
+        padding: true,
+        ..Decode::over("x")
+    });
+    run_attention(&layer, Bugs::default()).unwrap_or_else(|f| panic!("{f}"));
+    let mut wrong = layer.clone();
+    wrong.name = "s_attention_rope_offset".into();
+    let bugs = Bugs {
+        rope_not_offset: true,
+        ..Bugs::default()
+    };
+    let msg = run_attention(&wrong, bugs)
+        .expect_err("a wrong port")
+        .to_string();
+    println!("{msg}");
+    assert!(
+        msg.contains("leaves its reference `transformers.models.llama.modeling_llama.LlamaAttention` at step 1"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("the schedule driven with position ids that restart at 0 in every call"),
+        "{msg}"
+    );
+}

@@ -311,3 +311,115 @@ pub fn port(
         })
     }
 }
+
+/// transformers' `LlamaAttention` on its own: the submodule check, whose reference takes the
+/// `position_embeddings` and the mask its model builds (golden builds them from the config).
+pub fn llama_attention(name: &str) -> Layer {
+    Layer::module(
+        name,
+        "transformers.models.llama.modeling_llama.LlamaAttention",
+    )
+    .config("transformers.LlamaConfig")
+    .config_value("hidden_size", HIDDEN)
+    .config_value("num_attention_heads", HEADS)
+    .config_value("num_key_value_heads", KV_HEADS)
+    .config_value("head_dim", HEAD_DIM)
+    .config_value("max_position_embeddings", 64usize)
+    .init("layer_idx", 0usize)
+    .dim("b", 1, 2)
+    .dim("n", 2, 8)
+    .arg(
+        "x",
+        [DimExpr::from("b"), DimExpr::from("n"), DimExpr::Lit(HIDDEN)],
+        Dist::default(),
+    )
+    .cases(12)
+}
+
+/// A port of `LlamaAttention` that keeps its own keys and values between calls.
+pub struct Attention {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    cache: Option<(Tensor, Tensor)>,
+    bugs: Bugs,
+}
+
+impl Attention {
+    pub fn new(vb: &VarBuilder, bugs: Bugs) -> Result<Attention> {
+        Ok(Attention {
+            q: vb.get((HEADS * HEAD_DIM, HIDDEN), "q_proj.weight")?,
+            k: vb.get((KV_HEADS * HEAD_DIM, HIDDEN), "k_proj.weight")?,
+            v: vb.get((KV_HEADS * HEAD_DIM, HIDDEN), "v_proj.weight")?,
+            o: vb.get((HIDDEN, HEADS * HEAD_DIM), "o_proj.weight")?,
+            cache: None,
+            bugs,
+        })
+    }
+
+    /// The attention's output `[b, t, hidden]` for this step's hidden states.
+    pub fn step(&mut self, step: &Step) -> Result<Tensor> {
+        let x = step.tensor(0);
+        let (batch, t, _) = x.dims3()?;
+        let past = step.offset();
+        let positions = if self.bugs.rope_not_offset {
+            Tensor::arange(0u32, t as u32, x.device())?
+                .unsqueeze(0)?
+                .broadcast_as((batch, t))?
+                .contiguous()?
+        } else {
+            step.positions().clone()
+        };
+        let (cos, sin) = rope_tables(&positions, x.dtype())?;
+        let heads = |y: Tensor, n: usize| -> Result<Tensor> {
+            y.reshape((batch, t, n, HEAD_DIM))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        let q = rotate(&heads(linear(x, &self.q)?, HEADS)?, &cos, &sin)?;
+        let k = rotate(&heads(linear(x, &self.k)?, KV_HEADS)?, &cos, &sin)?;
+        let v = heads(linear(x, &self.v)?, KV_HEADS)?;
+        let (k, v) = match self.cache.take() {
+            Some((k0, v0)) => (Tensor::cat(&[&k0, &k], 2)?, Tensor::cat(&[&v0, &v], 2)?),
+            None => (k, v),
+        };
+        self.cache = Some((k.clone(), v.clone()));
+        let keys = k.dim(2)?;
+        let repeat = |x: &Tensor| -> Result<Tensor> {
+            x.unsqueeze(2)?
+                .expand((batch, KV_HEADS, HEADS / KV_HEADS, keys, HEAD_DIM))?
+                .reshape((batch, HEADS, keys, HEAD_DIM))
+        };
+        let scores = (q.matmul(&repeat(&k)?.t()?)? * (HEAD_DIM as f64).powf(-0.5))?;
+        let mask = allowed(step, past, t, batch, None, self.bugs)?;
+        let floor = Tensor::full(f32::MIN, scores.shape(), scores.device())?;
+        let scores = mask
+            .broadcast_as(scores.shape())?
+            .where_cond(&scores, &floor)?;
+        let out = candle_nn::ops::softmax_last_dim(&scores)?
+            .matmul(&repeat(&v)?)?
+            .transpose(1, 2)?
+            .reshape((batch, t, HEADS * HEAD_DIM))?;
+        linear(&out, &self.o)
+    }
+}
+
+/// The port of [`llama_attention`]'s checks: its output as the module's first (`out.0`); with
+/// `decode`, one call per step.
+pub fn attention_port(
+    bugs: Bugs,
+) -> impl Fn(&golden::PortInputs) -> std::result::Result<golden::Outputs, String>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    move |inputs: &golden::PortInputs| {
+        golden::drive(inputs, |inputs| {
+            let made = Attention::new(&inputs.var_builder(), bugs).map(|mut attention| {
+                move |step: &Step| -> Result<Vec<Tensor>> { Ok(vec![attention.step(step)?]) }
+            });
+            golden::IntoStepper::into_stepper(made)
+        })
+    }
+}
