@@ -11,6 +11,7 @@
 
 mod common;
 
+use candle_core::Tensor;
 use common::decoder::{self, Bugs};
 use common::gpt2;
 use common::{declared_with_store, Scratch};
@@ -323,6 +324,87 @@ fn a_submodule_follows_a_schedule_with_its_cache() {
     );
     assert!(
         msg.contains("the schedule driven with position ids that restart at 0 in every call"),
+        "{msg}"
+    );
+}
+
+/// `zoo_ref.samplers.ddpm_step` in candle: the timestep runs down, step k takes `noise[k]` (or, the
+/// planted bug, `noise[t]`: the random numbers in the timesteps' order).
+fn ddpm_step(i: &golden::PortInputs, noise_by_timestep: bool) -> candle_core::Result<Tensor> {
+    const STEPS: usize = 8;
+    let beta = |t: usize| 1e-4 + (0.02 - 1e-4) * t as f64 / (STEPS - 1) as f64;
+    let alpha_bar = |t: usize| (0..=t).map(|s| 1.0 - beta(s)).product::<f64>();
+    let (x, noise, weight) = (i.tensor(0), i.tensor(1), i.tensor(2));
+    let count = noise.dim(0)?;
+    let step = i.dim("step");
+    let t = count - 1 - step;
+    let eps = x.matmul(weight)?.tanh()?;
+    let mean = ((x - (eps * (beta(t) / (1.0 - alpha_bar(t)).sqrt()))?)? / (1.0 - beta(t)).sqrt())?;
+    if t == 0 {
+        return Ok(mean);
+    }
+    let k = if noise_by_timestep { t } else { step };
+    mean + (noise.get(k)? * beta(t).sqrt())?
+}
+
+fn sampler(name: &str) -> Layer {
+    Layer::function(name, "zoo_ref.samplers.ddpm_step")
+        .dim("k", 1, 8)
+        .dim("b", 1, 2)
+        .dim("d", 1, 8)
+        .arg("x", ["b", "d"], golden::Dist::default())
+        .arg("noise", ["k", "b", "d"], golden::Dist::default())
+        .arg("weight", ["d", "d"], golden::Dist::normal(0.0, 0.5))
+        .steps(golden::StepLoop {
+            over: "k".into(),
+            carry: vec![("x".into(), "out".into())],
+        })
+        .cases(16)
+}
+
+#[test]
+fn a_sampler_is_driven_step_by_step_with_golden_s_random_numbers() {
+    let scratch = Scratch::new("s_sampler_right");
+    let layer = declared_with_store(&sampler("s_sampler_right"), &scratch);
+    let report = golden::check(&layer, &|i: &golden::PortInputs| {
+        golden::IntoOutputs::into_outputs(ddpm_step(i, false))
+    })
+    .unwrap_or_else(|f| panic!("{f}"));
+    let snapshot = report.snapshot().expect("every case ran");
+    println!("{snapshot}");
+    assert!(
+        snapshot.contains("loops: 16 cases of 1 to 8 steps"),
+        "{snapshot}"
+    );
+    assert!(
+        snapshot.contains("every step's out, teacher-forced (f32)"),
+        "{snapshot}"
+    );
+    assert!(
+        snapshot.contains("every step's out, free-running (f32)"),
+        "{snapshot}"
+    );
+}
+
+#[test]
+fn a_sampler_consuming_its_random_numbers_in_another_order_is_named() {
+    let scratch = Scratch::new("s_sampler_noise_order");
+    let layer = declared_with_store(&sampler("s_sampler_noise_order"), &scratch);
+    let msg = golden::check(&layer, &|i: &golden::PortInputs| {
+        golden::IntoOutputs::into_outputs(ddpm_step(i, true))
+    })
+    .expect_err("a wrong port")
+    .to_string();
+    println!("{msg}");
+    assert!(
+        msg.contains("leaves its reference `zoo_ref.samplers.ddpm_step` at step 0 of"),
+        "{msg}"
+    );
+    assert!(msg.contains("through the loop"), "{msg}");
+    assert!(
+        msg.contains(
+            "the loop run with its per-step inputs (random numbers) taken in reverse order"
+        ),
         "{msg}"
     );
 }

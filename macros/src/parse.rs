@@ -27,6 +27,7 @@ pub const OPTIONS: &[&str] = &[
     "weights",
     "rename",
     "decode",
+    "steps",
 ];
 
 /// `name = lo..=hi` (or `lo..hi`, or a single size).
@@ -220,6 +221,53 @@ fn parse_decode(key: Ident, input: ParseStream) -> Result<DecodeDecl> {
     Ok(d)
 }
 
+/// `steps(over = k, carry(x = out, h = "out.1"))`: drive a step function through a loop.
+pub struct StepsDecl {
+    /// The `steps` keyword.
+    pub key: Ident,
+    /// The dim that counts the steps.
+    pub over: Ident,
+    /// `(argument, output leaf)`.
+    pub carry: Vec<(Ident, String)>,
+}
+
+fn parse_steps(key: Ident, input: ParseStream) -> Result<StepsDecl> {
+    const HELP: &str = "expected `steps(over = <dim>, carry(<argument> = <output>, ...))`, e.g. \
+                        `steps(over = k, carry(x = out))`";
+    let mut over = None;
+    let mut carry = Vec::new();
+    while !input.is_empty() {
+        let name: Ident = input.parse().map_err(|e| Error::new(e.span(), HELP))?;
+        match name.to_string().as_str() {
+            "over" => {
+                input.parse::<Token![=]>()?;
+                over = Some(input.parse::<Ident>()?);
+            }
+            "carry" => {
+                let content;
+                parenthesized!(content in input);
+                carry = comma_list(&content, |i| {
+                    let arg: Ident = i.parse()?;
+                    i.parse::<Token![=]>()?;
+                    let leaf = if i.peek(LitStr) {
+                        i.parse::<LitStr>()?.value()
+                    } else {
+                        i.parse::<Ident>()?.to_string()
+                    };
+                    Ok((arg, leaf))
+                })?;
+            }
+            _ => return Err(Error::new(name.span(), HELP)),
+        }
+        if input.is_empty() {
+            break;
+        }
+        input.parse::<Token![,]>()?;
+    }
+    let over = over.ok_or_else(|| Error::new(key.span(), HELP))?;
+    Ok(StepsDecl { key, over, carry })
+}
+
 /// The whole attribute.
 #[derive(Default)]
 pub struct Attr {
@@ -249,6 +297,8 @@ pub struct Attr {
     pub rename: Option<(Ident, Vec<(LitStr, LitStr)>)>,
     /// `decode(...)`.
     pub decode: Option<DecodeDecl>,
+    /// `steps(...)`.
+    pub steps: Option<StepsDecl>,
 }
 
 /// `config = "pkg.ConfigClass"` or `config = "pkg.ConfigClass"(key = value, ...)`.
@@ -794,6 +844,10 @@ impl Parse for Attr {
                     });
                 }
                 "trace" => attr.trace = Some(key.clone()),
+                "steps" => {
+                    parenthesized!(content in input);
+                    attr.steps = Some(parse_steps(key.clone(), &content)?);
+                }
                 "decode" => {
                     attr.decode = Some(if input.peek(syn::token::Paren) {
                         parenthesized!(content in input);

@@ -301,8 +301,11 @@ fn call_args(attr: &Attr, params: &[Param], errors: &mut Errors) -> (Vec<TokenSt
                             quote!(::std::unreachable!())
                         }
                     },
-                    // A parameter named as a dim gets the case's size of that dim.
-                    None if attr.dims.iter().any(|d| d.name == p.name) => {
+                    // A parameter named as a dim gets the case's size of that dim; in a step loop,
+                    // `step` gets the step's index.
+                    None if attr.dims.iter().any(|d| d.name == p.name)
+                        || (attr.steps.is_some() && name == "step") =>
+                    {
                         quote_spanned!(span=> (__golden_inputs.dim(#name) as _))
                     }
                     None => {
@@ -490,6 +493,32 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
         Some((_, list)) => list.iter().map(|d| dtype_tokens(d, &mut errors)).collect(),
         None => vec![quote!(::golden::__private::candle_core::DType::F32)],
     };
+    if let (Some(s), Some(_)) = (&attr.steps, &attr.decode) {
+        errors.push(
+            s.key.span(),
+            "`steps` and `decode` both drive the layer through time: give one",
+        );
+    }
+    if let Some(s) = &attr.steps {
+        if !attr.dims.iter().any(|d| d.name == s.over) {
+            errors.push(
+                s.over.span(),
+                format!(
+                    "`steps(over = {})`: the loop has as many steps as a dim, and `{}` is not one \
+                     of `dims(...)`",
+                    s.over, s.over
+                ),
+            );
+        }
+        for (arg, _) in &s.carry {
+            if !attr.args.iter().any(|a| a.name == *arg) {
+                errors.push(
+                    arg.span(),
+                    format!("`carry({arg} = ..)`: `{arg}` has no shape in `args(...)`"),
+                );
+            }
+        }
+    }
     errors.finish()?;
 
     // Tensors reach the reference in signature order: sort the declared shapes that way.
@@ -559,6 +588,17 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             window: #window,
         }))
     });
+    let steps = attr.steps.as_ref().map(|s| {
+        let over = s.over.to_string();
+        let carry = s.carry.iter().map(|(arg, leaf)| {
+            let arg = arg.to_string();
+            quote!((::std::string::String::from(#arg), ::std::string::String::from(#leaf)))
+        });
+        quote!(.steps(::golden::StepLoop {
+            over: ::std::string::String::from(#over),
+            carry: ::std::vec![#(#carry),*],
+        }))
+    });
     let port_body = if attr.decode.is_some() {
         quote!(::golden::drive(__golden_inputs, |__golden_inputs| {
             ::golden::IntoStepper::into_stepper(super::#fn_name(#(#call),*))
@@ -608,6 +648,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                     #weights
                     #(#rename)*
                     #decode
+                    #steps
                     #grad_spec
                     #overfit_spec
             }

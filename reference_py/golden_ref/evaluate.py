@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import sys
 
 import numpy as np
 
@@ -224,15 +225,22 @@ def _call(case: Case, target, args, phase: str):
     recorded = []
     hooks = _trace_hooks(case, target, recorded)
     taps = recording(_tap_recorder(case, recorded)) if case.trace else contextlib.nullcontext()
+    leaves = None
     try:
         with backend.no_grad(), taps:
             if plan is not None:
+                # The driver wraps what the reference raises in each call; its own errors (a
+                # schedule the reference cannot follow, outputs that are no tensors) stand.
                 leaves = schedule.run(case, plan, target, pristine, args,
                                       lambda during, e: ReferenceRaised(f"{phase}, {during}", e))
             else:
-                leaves = flatten_outputs(target(*args, **case.kwargs), backend)
-    except (ReferenceRaised, schedule.ScheduleError, OutputError):
+                out = target(*args, **case.kwargs)
+    except (ReferenceRaised, schedule.ScheduleError):
         raise
+    except OutputError:
+        if plan is not None:
+            raise
+        raise ReferenceRaised(phase, sys.exc_info()[1]) from None
     except BaseException as e:  # SystemExit too: a reference must not end the worker
         if isinstance(e, KeyboardInterrupt):
             raise
@@ -240,6 +248,8 @@ def _call(case: Case, target, args, phase: str):
     finally:
         for hook in hooks:
             hook.remove()
+    if leaves is None:
+        leaves = flatten_outputs(out, backend)
     return leaves + _trace_leaves(recorded)
 
 

@@ -44,7 +44,7 @@ from .backends import flatten_outputs
 # no cache, a sliding window one key wider or narrower, a sliding window not applied to the cached
 # keys (a cache never trimmed, no mask on a one-token step).
 MISTAKES = ("positions-restart", "positions-unpadded", "mask-unpadded", "no-cache",
-            "window-wider", "window-narrower", "window-uncached")
+            "window-wider", "window-narrower", "window-uncached", "inputs-reversed", "inputs-ahead")
 
 
 class ScheduleError(Exception):
@@ -68,6 +68,8 @@ class Plan:
         self.plain = bool(spec.get("plain", False))
         # The diagnosis: a porting mistake made in the driving (see MISTAKES), or None.
         self.mistake = spec.get("mistake")
+        # A step loop (`steps(...)`): {"per_step": [argument indices], "carry": [[index, leaf]]}.
+        self.loop = spec.get("loop")
         if self.mistake is not None and self.mistake not in MISTAKES:
             raise ValueError(f"unknown schedule mistake {self.mistake!r}")
         self.mask = mask
@@ -313,6 +315,8 @@ def run(case, plan: Plan, target, pristine, args, phase_error):
     `phase_error(during, error)` turns the reference's exceptions into golden's."""
     backend = case.backend
     torch = backend.torch
+    if plan.loop is not None:
+        return _run_loop(case, plan, target, args, phase_error)
     x = args[plan.arg]
     if x.dim() <= plan.axis:
         raise ScheduleError(
@@ -352,6 +356,57 @@ def _window_uncached(past):
         yield
     finally:
         masking_utils.sliding_window_overlay = original
+
+
+def _run_loop(case, plan, target, args, phase_error):
+    """A step loop: the step function called once per step with the step's index (`step=k`, when
+    it takes a `step` keyword), each carried argument the previous step's output leaf. Arguments
+    with an axis of steps first (a sampler's random numbers, drawn once for the loop) are given
+    whole at every step, each side taking its step's part. Leaves `step.<k>.<leaf>`.
+
+    The diagnosis' mistakes `inputs-reversed` and `inputs-ahead` reorder those arguments' first
+    axis: the reference then takes its step's part where a port taking another step's would."""
+    carry = [(int(i), leaf) for i, leaf in plan.loop["carry"]]
+    count = len(plan.chunks)
+    state = list(args)
+    order = None
+    if plan.mistake == "inputs-reversed":
+        order = list(range(count))[::-1]
+    elif plan.mistake == "inputs-ahead":
+        order = [min(k + 1, count - 1) for k in range(count)]
+    if order is not None:
+        for i in plan.loop["per_step"]:
+            state[i] = state[i][order]
+    # Through golden's own wrappers (mutations, variants) to the reference's signature.
+    inner = _inner(target)
+    inner = getattr(inner, "golden_inner", inner)
+    try:
+        takes_step = "step" in inspect.signature(inner).parameters
+    except (TypeError, ValueError):
+        takes_step = False
+    leaves = []
+    for k in range(count):
+        call_args = list(state)
+        kwargs = dict(case.kwargs)
+        if takes_step:
+            kwargs["step"] = k
+        try:
+            out = target(*call_args, **kwargs)
+        except BaseException as e:  # SystemExit too: a reference must not end the worker
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise phase_error(f"step {k} of {count}", e) from None
+        step_leaves = flatten_outputs(out, case.backend, prefix="out")
+        for i, leaf in carry:
+            value = dict(step_leaves).get(leaf)
+            if value is None:
+                raise ScheduleError(
+                    f"`steps(carry(...))` feeds the step's `{leaf}` back, and step {k} returned "
+                    f"{', '.join(n for n, _ in step_leaves)}"
+                )
+            state[i] = value
+        leaves.extend((f"step.{k}.{name}", value) for name, value in step_leaves)
+    return leaves
 
 
 def _move_window(module, delta: int):

@@ -47,7 +47,7 @@ pub use describe::layer::{
     Backend, Bound, Config, Declared, DimExpr, DimValue, Dist, Form, Layer, Params, Tol, Value,
 };
 pub use describe::outputs::{IntoOutputs, Outputs, PortInputs};
-pub use describe::schedule::{Decode, Padding};
+pub use describe::schedule::{Decode, Padding, StepLoop};
 pub use golden_files::{HostTensor, WireDType};
 pub use golden_macros::golden_layer;
 pub use judge::trace::tap;

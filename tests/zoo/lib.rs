@@ -12,3 +12,4 @@ pub mod blocks;
 pub mod linear;
 pub mod model;
 pub mod norms;
+pub mod samplers;

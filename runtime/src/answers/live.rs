@@ -526,7 +526,14 @@ pub(crate) fn add_schedule(header: &mut Json, plan: Option<&Plan>, table: &mut T
         "generate": plan.steps.generate,
         "mask": plan.mask.as_ref().map(|m| table.add(m.clone())),
         "mistake": plan.mistake.map(|m| m.token()),
+        "oneshot": plan.looped.is_none(),
     });
+    if let Some(looped) = &plan.looped {
+        header["schedule"]["loop"] = json!({
+            "per_step": looped.per_step,
+            "carry": looped.carry,
+        });
+    }
 }
 
 /// The largest finite magnitude among the float inputs and parameters of a case: part of the

@@ -119,7 +119,8 @@ impl CaseParams {
     /// parts follow the dims: `b=1,n=4,steps=3+1:...`).
     pub fn token(&self) -> String {
         let mut dims: Vec<String> = self.dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
-        dims.extend(self.steps.as_ref().map(Steps::token));
+        // A step loop's steps are its dim's value: nothing more to say.
+        dims.extend(self.steps.as_ref().filter(|s| !s.looped).map(Steps::token));
         format!(
             "{}:{}:{:#018x}",
             dims.join(","),
@@ -148,6 +149,7 @@ impl CaseParams {
             chunks: Vec::new(),
             padding: Padding::None,
             generate: 0,
+            looped: false,
         };
         for pair in dims.split(',').filter(|p| !p.trim().is_empty()) {
             let (name, value) = pair
@@ -209,6 +211,7 @@ impl CaseParams {
             style,
             steps: None,
         };
+        case.steps = loop_steps(layer, &case.dims);
         if let Some((arg, axis)) = layer.scheduled_arg() {
             let len = case.shape(&layer.args[arg])[axis];
             if steps.chunks.is_empty() {
@@ -234,6 +237,16 @@ impl CaseParams {
     /// and the prompt's padding mask.
     pub fn plan(&self, layer: &Layer) -> Option<schedule::Plan> {
         let steps = self.steps.clone()?;
+        if let Some(looped) = layer.loop_plan() {
+            return Some(schedule::Plan {
+                arg: 0,
+                axis: 0,
+                steps,
+                mask: None,
+                mistake: None,
+                looped: Some(looped),
+            });
+        }
         let (arg, axis) = layer.scheduled_arg()?;
         let shape = self.shape(&layer.args[arg]);
         let mask = steps.mask(shape[0], shape[axis], self.seed);
@@ -243,6 +256,7 @@ impl CaseParams {
             steps,
             mask,
             mistake: None,
+            looped: None,
         })
     }
 
@@ -301,7 +315,7 @@ pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
                 Some((dim, w)) if *dim == d.name => schedule::window_lengths(*w, d.lo, d.hi),
                 _ => Vec::new(),
             };
-            let drawn = if layer.decode.is_none() {
+            let drawn = if layer.decode.is_none() && layer.steps.is_none() {
                 prop_oneof![
                     1 => Just(d.lo),
                     6 => d.lo..=d.hi,
@@ -323,12 +337,13 @@ pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
         3 => Just(Style::Special),
     ];
     let Some((arg, axis)) = layer.scheduled_arg() else {
+        let layer = layer.clone();
         return (dims, any::<u64>().no_shrink(), style)
-            .prop_map(|(dims, seed, style)| CaseParams {
+            .prop_map(move |(dims, seed, style)| CaseParams {
+                steps: loop_steps(&layer, &dims),
                 dims,
                 seed,
                 style,
-                steps: None,
             })
             .boxed();
     };
@@ -351,6 +366,18 @@ pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
             ..case
         })
         .boxed()
+}
+
+/// A step loop's steps in a case: one per unit of its dim (`None` without `steps(...)`).
+fn loop_steps(layer: &Layer, dims: &[(String, usize)]) -> Option<Steps> {
+    let l = layer.steps.as_ref()?;
+    let count = dims.iter().find(|(n, _)| *n == l.over)?.1;
+    Some(Steps {
+        chunks: vec![1; count],
+        padding: Padding::None,
+        generate: 0,
+        looped: true,
+    })
 }
 
 /// A dim of a check with a schedule: its lower bound and its upper bound one time in sixteen each,

@@ -563,6 +563,8 @@ pub struct Layer {
     /// Module form: drive the module through a schedule of calls (`decode(...)`; see
     /// `describe/schedule.rs`) instead of one forward.
     pub decode: Option<crate::describe::schedule::Decode>,
+    /// Drive a step function through a loop of steps (`steps(...)`; see `describe/schedule.rs`).
+    pub steps: Option<crate::describe::schedule::StepLoop>,
 }
 
 /// Where a module-form check's parameters come from.
@@ -636,6 +638,7 @@ impl Layer {
             params: Params::Drawn,
             rename: Vec::new(),
             decode: None,
+            steps: None,
         }
     }
 
@@ -827,6 +830,34 @@ impl Layer {
         self
     }
 
+    /// Drive the layer, a step function, through a loop of steps (`steps(...)` in the attribute).
+    pub fn steps(mut self, steps: crate::describe::schedule::StepLoop) -> Self {
+        self.steps = Some(steps);
+        self
+    }
+
+    /// A step loop's plan for the arguments: those whose first axis is the steps' dim are per
+    /// step, and which are carried from which output.
+    pub fn loop_plan(&self) -> Option<crate::describe::schedule::LoopPlan> {
+        let l = self.steps.as_ref()?;
+        let per_step = self
+            .args
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(a.shape.first(), Some(DimExpr::Sym(d)) if *d == l.over))
+            .map(|(i, _)| i)
+            .collect();
+        let carry = l
+            .carry
+            .iter()
+            .filter_map(|(arg, leaf)| {
+                let i = self.args.iter().position(|a| &a.name == arg)?;
+                Some((i, leaf.clone()))
+            })
+            .collect();
+        Some(crate::describe::schedule::LoopPlan { per_step, carry })
+    }
+
     /// The sliding window a schedule is drawn around: `decode(window = w)`, else the
     /// configuration's `sliding_window` when it is a number.
     pub fn window(&self) -> Option<usize> {
@@ -990,6 +1021,9 @@ impl Layer {
             d.window = self.window();
             let _ = writeln!(s, "decode: {d}");
         }
+        if let Some(steps) = &self.steps {
+            let _ = writeln!(s, "steps: {steps}");
+        }
         let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
         if self.trace {
             let _ = writeln!(s, "trace: the port's taps against every submodule's output");
@@ -1063,6 +1097,37 @@ impl Layer {
         }
         if self.form == Form::Function && self.config.is_some() {
             return Err("`config` is for the module form (a port taking a VarBuilder)".into());
+        }
+        if let Some(l) = &self.steps {
+            if self.decode.is_some() {
+                return Err(
+                    "`steps` and `decode` both drive the layer through time: give one".into(),
+                );
+            }
+            if !known(&l.over) {
+                return Err(format!(
+                    "`steps(over = {})` names no dim: the loop has as many steps as a dim of \
+                     `dims(...)`",
+                    l.over
+                ));
+            }
+            for (arg, _) in &l.carry {
+                match self.args.iter().find(|a| &a.name == arg) {
+                    None => {
+                        return Err(format!(
+                            "`steps(carry({arg} = ..))` names no argument of the check"
+                        ))
+                    }
+                    Some(a) if matches!(a.shape.first(), Some(DimExpr::Sym(d)) if *d == l.over) => {
+                        return Err(format!(
+                            "`{arg}` is carried from step to step, so it has no axis of steps \
+                             (`{}` first): give it the shape one step takes",
+                            l.over
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
         }
         if let Some(decode) = &self.decode {
             if self.form == Form::Function {

@@ -66,6 +66,42 @@ impl fmt::Display for Decode {
     }
 }
 
+/// What `steps(...)` declares: a step function (a sampler's step, a denoising step, a recurrent
+/// cell) driven through a loop by golden on both sides. The loop has as many steps as the dim
+/// `over` in the case, and each call gets the step's index (`step`); `carry` feeds an output of
+/// each step back as an input of the next. An argument whose first axis is that dim (a sampler's
+/// random numbers) is drawn once by golden for the whole loop and given whole to both sides at
+/// every step, each taking its step's part: sampling is reproducible, and a port that takes
+/// another step's numbers is caught. The port is compared teacher-forced (each step from the
+/// reference's state: where a bug is) and free-running (from its own: the drift).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepLoop {
+    /// The dim that counts the steps.
+    pub over: String,
+    /// `(argument, output leaf)`: the argument each step gets from the previous step's output.
+    pub carry: Vec<(String, String)>,
+}
+
+impl fmt::Display for StepLoop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} steps", self.over)?;
+        for (arg, leaf) in &self.carry {
+            write!(f, ", {arg} carried from the step's {leaf}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A step loop resolved for a case: which arguments have an axis of steps first (drawn for the
+/// whole loop), which are carried from which output leaf.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoopPlan {
+    /// Indices of the arguments drawn for every step at once (first axis: the steps).
+    pub per_step: Vec<usize>,
+    /// `(argument index, output leaf)`.
+    pub carry: Vec<(usize, String)>,
+}
+
 /// How a case's batch is padded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Padding {
@@ -109,6 +145,8 @@ pub struct Steps {
     pub padding: Padding,
     /// Tokens generated greedily after the prompt, one step each.
     pub generate: usize,
+    /// A step loop (`steps(...)`): the chunks are its steps, one each.
+    pub looped: bool,
 }
 
 impl Steps {
@@ -132,6 +170,9 @@ impl Steps {
 
     /// What step `k` is, for messages: `the prefill of 4 tokens`, `the decode step at position 6`.
     pub fn describe(&self, k: usize) -> String {
+        if self.looped {
+            return format!("step {k} of {}", self.chunks.len());
+        }
         let (start, len) = self.span(k);
         let prompt = self.prompt();
         if start >= prompt {
@@ -249,6 +290,9 @@ impl Steps {
 
 impl fmt::Display for Steps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.looped {
+            return write!(f, "{} steps", self.chunks.len());
+        }
         let chunks: Vec<String> = self.chunks.iter().map(ToString::to_string).collect();
         write!(f, "steps {}", chunks.join("+"))?;
         if self.generate > 0 {
@@ -275,6 +319,8 @@ pub struct Plan {
     /// The diagnosis: drive the reference with this porting mistake made in what the schedule
     /// gives it (`None` for the reference itself).
     pub mistake: Option<Mistake>,
+    /// A step loop (`steps(...)`) rather than a decode.
+    pub looped: Option<LoopPlan>,
 }
 
 /// A porting mistake in how a model is driven through time, made in the reference's driving so
@@ -296,11 +342,17 @@ pub enum Mistake {
     /// The sliding window is not applied to the cached keys: a cache never trimmed, no mask on a
     /// one-token step.
     WindowUncached,
+    /// A step loop's per-step inputs (a sampler's random numbers) taken in reverse order.
+    InputsReversed,
+    /// A step loop's per-step inputs taken one step ahead (the last repeated).
+    InputsAhead,
 }
 
 impl Mistake {
     /// Every mistake, in the order they are tried.
-    pub const ALL: [Mistake; 7] = [
+    pub const ALL: [Mistake; 9] = [
+        Mistake::InputsReversed,
+        Mistake::InputsAhead,
         Mistake::PositionsRestart,
         Mistake::NoCache,
         Mistake::PositionsUnpadded,
@@ -320,6 +372,8 @@ impl Mistake {
             Mistake::WindowWider => "window-wider",
             Mistake::WindowNarrower => "window-narrower",
             Mistake::WindowUncached => "window-uncached",
+            Mistake::InputsReversed => "inputs-reversed",
+            Mistake::InputsAhead => "inputs-ahead",
         }
     }
 
@@ -327,7 +381,11 @@ impl Mistake {
     /// batch is padded, a window where there is one.
     pub fn applies(self, steps: &Steps, window: Option<usize>) -> bool {
         let several = steps.lengths().len() > 1;
+        if steps.looped {
+            return several && matches!(self, Mistake::InputsReversed | Mistake::InputsAhead);
+        }
         match self {
+            Mistake::InputsReversed | Mistake::InputsAhead => false,
             Mistake::PositionsRestart | Mistake::NoCache => several,
             Mistake::PositionsUnpadded | Mistake::MaskUnpadded => steps.padding != Padding::None,
             Mistake::WindowWider => window.is_some(),
@@ -376,6 +434,20 @@ impl Mistake {
                 format!("{w} keys: key j is seen by query i when j > i − {w}"),
                 format!("keep keys j with i − {w} < j ≤ i (`j > i - w`, not `j > i - w + 1`)"),
             ),
+            Mistake::InputsReversed => (
+                "its per-step inputs (random numbers) taken in reverse order".to_string(),
+                "step k taking the k-th".to_string(),
+                "take step k's inputs at index k of their first axis, counting up from 0 (a \
+                 sampler's timesteps run down, its random numbers do not)"
+                    .to_string(),
+            ),
+            Mistake::InputsAhead => (
+                "its per-step inputs taken one step ahead".to_string(),
+                "step k taking the k-th".to_string(),
+                "take step k's inputs at index k, not k + 1 (the random numbers drawn for a step \
+                 are used in that step)"
+                    .to_string(),
+            ),
             Mistake::WindowUncached => (
                 "a sliding window that is not applied to the cached keys".to_string(),
                 format!("every call seeing only the last {w} positions"),
@@ -391,12 +463,13 @@ impl Mistake {
     }
 }
 
-/// A step's leaf `step.<k>.<rest>` (or, compared with the one-shot forward, `oneshot.<k>.<rest>`):
-/// `k` and `rest`.
+/// A step's leaf `step.<k>.<rest>` (compared with the one-shot forward, `oneshot.<k>.<rest>`; a
+/// step loop's free-running step, `free.<k>.<rest>`): `k` and `rest`.
 pub fn step_of(name: &str) -> Option<(usize, &str)> {
     let rest = name
         .strip_prefix("step.")
-        .or_else(|| name.strip_prefix("oneshot."))?;
+        .or_else(|| name.strip_prefix("oneshot."))
+        .or_else(|| name.strip_prefix("free."))?;
     let (k, rest) = rest.split_once('.')?;
     Some((k.parse().ok()?, rest))
 }
@@ -495,6 +568,7 @@ pub(crate) fn strategy(decode: &Decode, len: usize) -> BoxedStrategy<Steps> {
                 chunks,
                 padding,
                 generate,
+                looped: false,
             }
         })
         .boxed()
@@ -520,12 +594,14 @@ mod tests {
             chunks: vec![3, 1, 1],
             padding: Padding::Left,
             generate: 2,
+            looped: false,
         };
         assert_eq!(steps.token(), "steps=3+1+1,pad=left,gen=2");
         let mut parsed = Steps {
             chunks: Vec::new(),
             padding: Padding::None,
             generate: 0,
+            looped: false,
         };
         for part in steps.token().split(',') {
             let (k, v) = part.split_once('=').unwrap();
@@ -543,6 +619,7 @@ mod tests {
             chunks: vec![5],
             padding: Padding::OneToken,
             generate: 0,
+            looped: false,
         };
         let mask = steps.mask(2, 5, 7).unwrap().to_i64();
         assert_eq!(mask, vec![1, 1, 1, 1, 1, 0, 0, 0, 0, 1]);
@@ -592,6 +669,7 @@ mod tests {
             chunks: vec![4, 1, 3],
             padding: Padding::None,
             generate: 1,
+            looped: false,
         };
         assert_eq!(steps.describe(0), "step 0, the prefill of 4 tokens");
         assert_eq!(

@@ -70,7 +70,7 @@ pub fn first_failing_step(leaves: &[Leaf]) -> Option<(usize, &Leaf)> {
         .iter()
         .filter(|l| !l.passes())
         .filter_map(|l| crate::describe::schedule::step_of(&l.name).map(|(k, _)| (k, l)))
-        .min_by_key(|(k, l)| (*k, l.name.starts_with("oneshot.")))
+        .min_by_key(|(k, l)| (*k, !l.name.starts_with("step.")))
 }
 
 /// The prefix of trace leaves.

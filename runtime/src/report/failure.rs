@@ -723,15 +723,24 @@ fn write_steps(
     first: usize,
 ) -> fmt::Result {
     use crate::describe::schedule::step_of;
-    writeln!(
-        out,
-        "  through the schedule ({steps}), each step against the reference's cached run and its \
-         one-shot forward of the whole sequence:"
-    )?;
-    let verdict = |k: usize, oneshot: bool| {
+    let (first_kind, second_kind) = if steps.looped {
+        writeln!(
+            out,
+            "  through the loop ({steps}), each step teacher-forced (from the reference's state) \
+             and free-running (from the port's own):"
+        )?;
+        (("step.", "teacher-forced"), ("free.", "free-running"))
+    } else {
+        writeln!(
+            out,
+            "  through the schedule ({steps}), each step against the reference's cached run and \
+             its one-shot forward of the whole sequence:"
+        )?;
+        (("step.", "cached"), ("oneshot.", "one-shot"))
+    };
+    let verdict = |k: usize, prefix: &str| {
         let mut leaves = c.leaves.iter().filter(|l| {
-            l.name.starts_with("oneshot.") == oneshot
-                && step_of(&l.name).is_some_and(|(s, _)| s == k)
+            l.name.starts_with(prefix) && step_of(&l.name).is_some_and(|(s, _)| s == k)
         });
         let first = leaves.next();
         match first {
@@ -758,10 +767,12 @@ fn write_steps(
         let arrow = if k == first { "  <- first" } else { "" };
         writeln!(
             out,
-            "    {}: cached {}, one-shot {}{arrow}",
+            "    {}: {} {}, {} {}{arrow}",
             steps.describe(k),
-            verdict(k, false),
-            verdict(k, true)
+            first_kind.1,
+            verdict(k, first_kind.0),
+            second_kind.1,
+            verdict(k, second_kind.0)
         )?;
     }
     Ok(())

@@ -102,6 +102,15 @@ fn write_schedules(
     if all.is_empty() {
         return;
     }
+    if all[0].looped {
+        let lengths: Vec<usize> = all.iter().map(|s| s.chunks.len()).collect();
+        let (lo, hi) = (
+            lengths.iter().min().copied().unwrap_or(0),
+            lengths.iter().max().copied().unwrap_or(0),
+        );
+        let _ = writeln!(s, "  loops: {} cases of {lo} to {hi} steps", all.len());
+        return;
+    }
     let range = |values: Vec<usize>| -> String {
         let (lo, hi) = (
             values.iter().copied().min().unwrap_or(0),
@@ -180,12 +189,19 @@ fn write_schedules(
 /// reference's cached run, `oneshot.<k>.<leaf>` against its one-shot forward, trace points
 /// without their call count.
 fn write_steps(s: &mut String, cases: &[crate::report::passed::CaseRecord]) {
+    let looped = cases
+        .iter()
+        .any(|c| c.params.steps.as_ref().is_some_and(|s| s.looped));
     let mut groups: Vec<(String, Vec<&Leaf>)> = Vec::new();
     for leaf in cases.iter().flat_map(|c| &c.leaves) {
         let key = match crate::describe::schedule::step_of(&leaf.name) {
             Some((_, rest)) if leaf.name.starts_with("oneshot.") => {
                 format!("every step's {rest}, against the one-shot forward")
             }
+            Some((_, rest)) if leaf.name.starts_with("free.") => {
+                format!("every step's {rest}, free-running")
+            }
+            Some((_, rest)) if looped => format!("every step's {rest}, teacher-forced"),
             Some((_, rest)) => format!("every step's {rest}, against the cached run"),
             None => match leaf.name.rsplit_once('#') {
                 Some((point, n)) if n.chars().all(|c| c.is_ascii_digit()) => point.to_string(),
@@ -293,7 +309,7 @@ impl Report {
         let mut s = self.description.clone();
         for run in &self.runs {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
-            if self.layer.decode.is_some() {
+            if self.layer.decode.is_some() || self.layer.steps.is_some() {
                 write_schedules(&mut s, &run.cases, self.layer.window());
                 write_steps(&mut s, &run.cases);
             } else {

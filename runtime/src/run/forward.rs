@@ -255,13 +255,20 @@ pub(crate) fn run_port(
     };
     port.enter_case(&params.dims);
     let schedule = schedule::port_schedule(layer, params, reference);
-    let result = call_port(
-        port,
-        tensors.clone(),
-        state.as_ref(),
-        layer.trace,
-        schedule.clone(),
-    );
+    let result = match schedule
+        .as_ref()
+        .and_then(|s| s.plan.looped.as_ref().map(|l| (s, l)))
+    {
+        // A step loop: golden calls the port once per step, teacher-forced then free-running.
+        Some((s, looped)) => run_loop(port, &tensors, state.as_ref(), params, s, looped, reference),
+        None => call_port(
+            port,
+            tensors.clone(),
+            state.as_ref(),
+            layer.trace,
+            schedule.clone(),
+        ),
+    };
     if let Some(state) = &state {
         failure.params = state.request_issues();
     }
@@ -502,6 +509,76 @@ fn diagnoses(layer: &Layer, c: &CaseFailure, case: &CaseParams, first: bool) -> 
         }
     }
     out
+}
+
+/// A step loop's port calls: every step teacher-forced (carried inputs from the reference's
+/// previous step, leaves `step.<k>.<leaf>`), then free-running (from its own, `free.<k>.<leaf>`);
+/// the port gets the step's index as the dim `step`.
+fn run_loop(
+    port: &PortThread,
+    tensors: &[candle_core::Tensor],
+    state: Option<&StateDict>,
+    params: &CaseParams,
+    schedule: &PortSchedule,
+    looped: &crate::describe::schedule::LoopPlan,
+    reference: &ReferenceOutputs,
+) -> Result<(Outputs, Taps), PortFailure> {
+    let count = schedule.plan.steps.chunks.len();
+    let golden_error = |message: String| PortFailure {
+        message,
+        panicked: false,
+        stuck: None,
+    };
+    let mut leaves = Vec::new();
+    for (prefix, forced) in [("step", true), ("free", false)] {
+        let mut carried: Vec<(usize, candle_core::Tensor)> = Vec::new();
+        for k in 0..count {
+            schedule.at.store(k, std::sync::atomic::Ordering::Relaxed);
+            let mut call: Vec<candle_core::Tensor> = tensors.to_vec();
+            for (i, t) in &carried {
+                call[*i] = t.clone();
+            }
+            let mut dims = params.dims.clone();
+            dims.push(("step".to_string(), k));
+            port.enter_case(&dims);
+            let (outputs, _) = call_port(port, call, state, false, None).map_err(|mut f| {
+                f.message = format!(
+                    "at step {k} ({}): {}",
+                    if forced {
+                        "teacher-forced"
+                    } else {
+                        "free-running"
+                    },
+                    f.message
+                );
+                f
+            })?;
+            carried.clear();
+            for (i, leaf) in &looped.carry {
+                let next = if forced {
+                    let name = format!("step.{k}.{leaf}");
+                    let Some((_, t)) = reference.expected.iter().find(|(n, _)| *n == name) else {
+                        return Err(golden_error(format!(
+                            "the reference's step {k} has no `{leaf}` to carry"
+                        )));
+                    };
+                    t.to_candle(&Device::Cpu)
+                        .map_err(|e| golden_error(e.to_string()))?
+                } else {
+                    outputs.leaf(leaf).map_err(golden_error)?.clone()
+                };
+                carried.push((*i, next));
+            }
+            leaves.extend(
+                outputs
+                    .0
+                    .into_iter()
+                    .map(|(name, t)| (format!("{prefix}.{k}.{name}"), t)),
+            );
+        }
+    }
+    port.enter_case(&params.dims);
+    Ok((Outputs(leaves), Vec::new()))
 }
 
 /// What a scheduled case's port must also do once its steps match its reference: keep padding out

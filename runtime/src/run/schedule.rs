@@ -56,6 +56,28 @@ pub(crate) fn align(
     let mut r = reference.clone();
     let mut notes = Vec::new();
     retain_leaves(&mut r, |n| n != TOKENS);
+    // A step loop's free-running steps are held to the reference's trajectory, whose rounding
+    // estimate (nudged inputs and float64 along the whole loop) covers the drift rounding makes.
+    if plan.looped.is_some() {
+        let copies = |set: &[(String, HostTensor)]| -> Vec<(String, HostTensor)> {
+            set.iter()
+                .filter_map(|(n, t)| {
+                    Some((format!("free.{}", n.strip_prefix("step.")?), t.clone()))
+                })
+                .collect()
+        };
+        let free = copies(&r.expected);
+        r.expected.extend(free);
+        if let Some(set) = r.rounding.as_mut() {
+            let free = copies(set);
+            set.extend(free);
+        }
+        if let Some(set) = r.precise.as_mut() {
+            let free = copies(set);
+            set.extend(free);
+        }
+        return (r, notes);
+    }
     let mut last_only: Vec<String> = Vec::new();
     for (name, t) in port.iter() {
         let Some((k, rest)) = step_of(name) else {
@@ -431,7 +453,11 @@ pub(crate) fn explain(
         let (what, instead, fix) = m.explain(window);
         crate::judge::mutations::MutationMatch {
             key: format!("schedule {}", m.token()),
-            what: format!("the schedule driven with {what}"),
+            what: if steps.looped {
+                format!("the loop run with {what}")
+            } else {
+                format!("the schedule driven with {what}")
+            },
             instead,
             site: String::new(),
             fix,
@@ -493,12 +519,17 @@ fn mistake_fit(
     let Answer::Outputs(mutant) = source.request(layer, dtype, params, &request) else {
         return None;
     };
-    // The port's steps, aligned with the mistaken answer as with the reference's.
+    // The port's steps, aligned with the mistaken answer as with the reference's. A step loop's
+    // mistaken reference follows its own trajectory: the port's free-running steps are its match.
+    let prefix = if plan.looped.is_some() {
+        "free."
+    } else {
+        "step."
+    };
     let mut port: Vec<(String, HostTensor)> = c
         .port_outputs
         .iter()
-        .filter(|(n, _)| n.starts_with("step."))
-        .cloned()
+        .filter_map(|(n, t)| Some((format!("step.{}", n.strip_prefix(prefix)?), t.clone())))
         .collect();
     let (mutant, _) = align(&mutant, &mut port, &plan, layer.tol);
     port.retain(|(n, _)| n.starts_with("step."));
