@@ -408,3 +408,94 @@ fn a_sampler_consuming_its_random_numbers_in_another_order_is_named() {
         "{msg}"
     );
 }
+
+/// What a schedule costs beside a single forward of the same model: the cached Llama of
+/// [`decoder`] on 8 tokens, 8 cases each, live, warm worker, median of 3 — the whole sequence in
+/// one forward against the same sequence driven through a schedule (a prefill then decode steps or
+/// chunks: k steps after the prefill, compared with the cached run and the one-shot forward). Each
+/// case is one request either way: one worker and one model for the whole schedule. Printed, not
+/// asserted: `cargo xtask bench-schedules`.
+#[test]
+#[ignore = "a benchmark: cargo xtask bench-schedules"]
+fn schedule_cost() {
+    use golden::describe::env::Mode;
+    let fixed = |mut layer: Layer| {
+        layer.dims[0].hi = 1; // b = 1
+        layer.dims[1].lo = 8; // n = 8
+        layer.dims[1].hi = 8;
+        layer.cases(8).mode(Mode::Live)
+    };
+    let mut single = fixed(llama("bench_single_forward"));
+    single.decode = None;
+    let scheduled = fixed(llama("bench_schedule"));
+    let time = |layer: &Layer| {
+        let scratch = Scratch::new(&layer.name);
+        let layer = declared_with_store(layer, &scratch);
+        let started = std::time::Instant::now();
+        let report = golden::check(&layer, &decoder::port(None, Bugs::default()))
+            .unwrap_or_else(|f| panic!("{f}"));
+        (started.elapsed().as_secs_f64(), report)
+    };
+    time(&single); // a warm worker, torch and transformers imported
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut steps = 0.0;
+    for _ in 0..3 {
+        a.push(time(&single).0);
+        let (t, report) = time(&scheduled);
+        b.push(t);
+        let cases = &report.runs[0].cases;
+        steps = cases
+            .iter()
+            .map(|c| c.params.steps.as_ref().map_or(1, |s| s.chunks.len()) as f64)
+            .sum::<f64>()
+            / cases.len() as f64;
+    }
+    let (a, b) = (median(a) / 8.0, median(b) / 8.0);
+    println!(
+        "schedule cost, LlamaForCausalLM (2 layers, hidden 16) on 8 tokens, live, per case (median \
+         of 3 runs of 8 cases):"
+    );
+    println!("  one forward of the 8 tokens:          {:.1} ms", a * 1e3);
+    println!(
+        "  a schedule of 1 + {:.1} steps on average: {:.1} ms ({:.2}x the forward; {:.1} steps = \
+         {:.1} forwards' worth of model calls, plus the one-shot forward)",
+        steps - 1.0,
+        b * 1e3,
+        b / a,
+        steps,
+        steps
+    );
+    println!("  requests to the worker per case: 1 either way (the whole schedule is one request)");
+}
+
+#[test]
+fn a_cached_port_s_gradients_are_checked_on_its_prefill() {
+    // The gradient check of a port with `decode`: one step over the whole input (the prefill),
+    // against PyTorch's autograd of the same forward. The test's port takes candle's fused
+    // `softmax_last_dim`, as candle-transformers' models do: it has no backward, and the
+    // projections before it get no gradient.
+    let mut layer = llama("s_llama_gradients");
+    layer.dims[0].hi = 1;
+    layer.dims[1].hi = 4;
+    let layer = layer.grad(golden::GradSpec::default());
+    let scratch = Scratch::new(&layer.name);
+    let layer = declared_with_store(&layer, &scratch);
+    let msg = match golden::check_gradients(&layer, &decoder::port(None, Bugs::default())) {
+        Ok(_) => panic!("gradients through a fused softmax passed"),
+        Err(f) => f.to_string(),
+    };
+    assert!(
+        !msg.contains(", steps "),
+        "a gradient case has no schedule: {msg}"
+    );
+    assert!(
+        msg.contains(
+            "`model.layers.0.self_attn.q_proj.weight` gets a gradient in PyTorch and none in the port"
+        ) && msg.contains("ops::softmax_last_dim"),
+        "{msg}"
+    );
+}

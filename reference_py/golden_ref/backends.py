@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 
+import sys
+
 import numpy as np
 
 from .wire import FLOAT_DTYPES, WireTensor
@@ -210,13 +212,18 @@ def flatten_outputs(out, backend, prefix: str = "out"):
     """Name every tensor leaf of a reference's return value: out, out.0, out.1, out.<key>.
 
     Tuples and lists are indexed, dicts (and dict-like model outputs) keyed; a None inside a
-    container is skipped (modules often return `(out, None)`); anything else is an OutputError.
+    container is skipped (modules often return `(out, None)`), and so is a transformers cache (a
+    model's `past_key_values`: state, not an output); anything else is an OutputError.
     """
     leaves = []
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    cache = getattr(cache_utils, "Cache", None)
 
     def walk(value, name):
         if backend.is_tensor(value):
             leaves.append((name, value))
+        elif cache is not None and isinstance(value, cache) and name != prefix:
+            return
         elif isinstance(value, dict) or (hasattr(value, "keys") and hasattr(value, "__getitem__")):
             for key in value.keys():
                 walk(value[key], f"{name}.{key}")

@@ -259,25 +259,9 @@ class _Builder:
 
 
 def _tensor_leaves(out, backend, prefix: str):
-    """The tensors of a step's output, named like a forward's; the cache object a model returns
-    (`past_key_values`) is state, not an output."""
-    torch = backend.torch
-    try:
-        from transformers.cache_utils import Cache
-    except ImportError:  # a plain nn.Module without transformers installed
-        Cache = ()  # noqa: N806
-
-    def strip(value):
-        if isinstance(value, Cache):
-            return None
-        if isinstance(value, dict) or (hasattr(value, "keys") and hasattr(value, "__getitem__") and not torch.is_tensor(value)):
-            kept = {k: strip(value[k]) for k in value.keys()}
-            return {k: v for k, v in kept.items() if v is not None}
-        if isinstance(value, (tuple, list)):
-            return type(value)(strip(v) for v in value) if isinstance(value, list) else tuple(strip(v) for v in value)
-        return value
-
-    return flatten_outputs(strip(out), backend, prefix=prefix)
+    """The tensors of a step's output, named like a forward's (the cache object a model returns,
+    `past_key_values`, is state, not an output: `flatten_outputs` leaves it out)."""
+    return flatten_outputs(out, backend, prefix=prefix)
 
 
 def _logits(leaves, step: int):

@@ -162,6 +162,16 @@ class ScheduleTest(unittest.TestCase):
         out = self.leaves(forward(self.case(Stateless, [x], chunks=[2, 3]), precise=False))
         self.assertGreater(np.abs(out["step.1.out"] - out["oneshot.1.out"]).max(), 1e-3)
 
+    def test_a_model_s_cache_in_its_outputs_is_state_not_a_leaf(self):
+        # A plain forward of a causal LM returns its `past_key_values` beside the logits.
+        from transformers import LlamaForCausalLM
+
+        from golden_ref.evaluate import forward
+
+        case = self.case(LlamaForCausalLM, [self.ids(1, 3)], _llama_config())
+        out = self.leaves(forward(case, precise=False))
+        self.assertEqual(list(out), ["out.logits"])
+
     def test_a_schedule_past_max_position_embeddings_is_refused_before_any_step(self):
         from transformers import LlamaForCausalLM
 

@@ -13,6 +13,8 @@
 //!   NumPy script doing the same comparison, in one run; prints the figures.
 //! * `bench-mutations` — the mutation diagnosis: what it names on every wrong port of the project
 //!   (the hit rate) and what it costs on a failure of a 2-layer transformer; prints the figures.
+//! * `bench-schedules` — what a check through time costs beside a single forward of the same
+//!   model (`tests/schedules.rs`); prints the figures.
 //!
 //! `test` builds the Rust side while pip installs the Python side: on a fresh machine the two take
 //! about as long as each other.
@@ -505,6 +507,15 @@ fn bench_mutations() -> Result<(), String> {
         .args(["--exact", "hit_rate", "diagnosis_cost"]))
 }
 
+fn bench_schedules() -> Result<(), String> {
+    setup()?;
+    run(cargo()
+        .env("GOLDEN_MODE", "live")
+        .args(["test", "-p", "golden-zoo", "--test", "schedules", "--"])
+        .args(["--include-ignored", "--nocapture", "--test-threads", "1"])
+        .args(["--exact", "schedule_cost"]))
+}
+
 fn main() -> ExitCode {
     let task = std::env::args().nth(1).unwrap_or_default();
     let result = match task.as_str() {
@@ -514,8 +525,10 @@ fn main() -> ExitCode {
         "bench-suite" => bench_suite(),
         "bench-diff" => bench_diff(),
         "bench-mutations" => bench_mutations(),
+        "bench-schedules" => bench_schedules(),
         _ => Err(
-            "usage: cargo xtask setup | zoo | test | bench-suite | bench-diff | bench-mutations"
+            "usage: cargo xtask setup | zoo | test | bench-suite | bench-diff | bench-mutations \
+             | bench-schedules"
                 .into(),
         ),
     };

@@ -858,6 +858,18 @@ impl Layer {
         Some(crate::describe::schedule::LoopPlan { per_step, carry })
     }
 
+    /// The layer without `decode` or `steps`: what the gradient and training checks of a port
+    /// that keeps state run (one forward of the whole input, the prefill).
+    pub fn without_schedule(&self) -> std::borrow::Cow<'_, Layer> {
+        if self.decode.is_none() && self.steps.is_none() {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let mut layer = self.clone();
+        layer.decode = None;
+        layer.steps = None;
+        std::borrow::Cow::Owned(layer)
+    }
+
     /// The sliding window a schedule is drawn around: `decode(window = w)`, else the
     /// configuration's `sliding_window` when it is a number.
     pub fn window(&self) -> Option<usize> {
