@@ -139,6 +139,80 @@ fn replay_diagnoses_where_python_is_reachable() {
     assert!(!msg.contains("mutation diagnosis was skipped"), "{msg}");
 }
 
+/// A mutant that holds on two failing cases wins over the numbers' hypotheses: softmax over the
+/// wrong dim is a mutation of the reference's own softmax, and the hypothesis "the port's slices
+/// sum to 1 over another dim" (`tests/diagnosis.rs`) is then not told.
+#[test]
+fn a_matching_mutant_wins_over_the_numbers_hypotheses() {
+    let layer = Layer::function("m_softmax_dim_hypothesis", "zoo_ref.softmax")
+        .dim("b", 1, 4)
+        .dim("t", 1, 16)
+        .dim("n", 1, 32)
+        .arg("x", ["b", "t", "n"], Dist::default());
+    let port: BoxedPort =
+        std::sync::Arc::new(|i: &golden::PortInputs| candle_nn::ops::softmax(i.tensor(0), 1));
+    let (msg, found) = diagnose(&layer, &port);
+    assert!(
+        names(&found, "torch.softmax(dim=1)", "zoo_ref/functional.py:23"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("likely cause: the port matches the reference with torch.softmax(dim=1)"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("softmax over the wrong dim: use dim"),
+        "{msg}"
+    );
+}
+
+/// The diagnosis keeps to its budget, a third of the reference's timeout, however many calls the
+/// reference makes: `zoo_ref.undeclared.long_chain` makes 3,000 at 3,000 sites, the port differs
+/// at the last, and the check's timeout is 6 s. The failure says the diagnosis ran out of its
+/// budget and what it tried, not that the reference is slow (it answers in time).
+#[test]
+fn a_diagnosis_past_its_budget_says_so_and_what_it_tried() {
+    let layer = Layer::function("m_long_chain", "zoo_ref.undeclared.long_chain")
+        .dim("b", 1, 2)
+        .dim("n", 1, 8)
+        .arg("x", ["b", "n"], Dist::default())
+        .timeout(6.0)
+        .cases(4);
+    let port: BoxedPort = std::sync::Arc::new(|i: &golden::PortInputs| {
+        let mut x = i.tensor(0).clone();
+        for k in 0..1000usize {
+            let mut scale = 1.0 + (k % 7) as f64 / 50.0;
+            if k == 999 {
+                scale += 0.5;
+            }
+            x = x.affine(scale, (k % 5) as f64 / 100.0 - 0.02)?.tanh()?;
+        }
+        Ok(x)
+    });
+    let started = std::time::Instant::now();
+    let (msg, _) = diagnose(&layer, &port);
+    eprintln!(
+        "a failing check of a 3,000-call reference, timeout 6 s: {:.1} s\n{}",
+        started.elapsed().as_secs_f64(),
+        msg.lines()
+            .find(|l| l.contains("mutation diagnosis"))
+            .unwrap_or("(no note on the mutation diagnosis)")
+    );
+    assert!(
+        msg.contains(
+            "note: the mutation diagnosis ran out of its budget (2 s, a third of the reference's \
+             timeout"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(" of the reference's 3000 torch calls at 3000 sites, leaving "),
+        "{msg}"
+    );
+    assert!(!msg.contains("did not answer within"), "{msg}");
+    assert!(!msg.contains("diagnosis was skipped"), "{msg}");
+}
+
 /// Every wrong port of the project that fails on values: the variant ports (variants off), those of
 /// `tests/wrong_ports.rs` and `tests/diagnosis.rs`, and the catalogue's. Prints what was named; at
 /// least 80 % must be named right (cause and site).

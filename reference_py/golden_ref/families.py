@@ -786,6 +786,7 @@ STANDARD = {
     "sigmoid": (torch.sigmoid, "sigmoid", "candle_nn::ops::sigmoid"),
 }
 _ACTIVATION_OPS = frozenset(("gelu", "silu", "relu", "sigmoid", "elu", "softplus", "mish", "hardswish"))
+_FORMULA_OPS = 12
 
 
 def _is_standard(c):
@@ -830,8 +831,9 @@ def _activation_options(c):
         own = _is_standard(c)
         return [name for name in STANDARD if name != own]
     chain = c.state.get("chain")
-    # A formula: two ops or more (casts aside), one of them not affine (`1 + weight` is none).
-    if chain is None or chain[1] < 2 or chain[2] < 1:
+    # A formula: two ops or more (casts aside), one of them not affine (`1 + weight` is none), and
+    # not many (an activation written out is a handful of ops: NewGELU's eight).
+    if chain is None or not 2 <= chain[1] <= _FORMULA_OPS or chain[2] < 1:
         return []
     root = chain[0]()
     if root is None or not _float(root) or root.shape != c.output.shape:

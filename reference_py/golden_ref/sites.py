@@ -118,6 +118,22 @@ def frame_of_call(frame):
     return frame
 
 
+_POSITIONS: dict = {}
+
+
+def _positions(code):
+    """(line, end line, column, end column) of each instruction of `code`, worked out once per code
+    object (a long function asked per call would cost its length each time)."""
+    found = _POSITIONS.get(code)
+    if found is None:
+        try:
+            found = list(code.co_positions())  # Python 3.11+
+        except AttributeError:
+            found = []
+        _POSITIONS[code] = found
+    return found
+
+
 def site_of(frame, op: str, sites: dict, callers: bool):
     """The call site of the op being dispatched, registered in `sites` (key -> Site)."""
     frame = frame_of_call(frame)
@@ -127,7 +143,7 @@ def site_of(frame, op: str, sites: dict, callers: bool):
     key = f"{code.co_filename}:{frame.f_lasti}:{op}"
     site = sites.get(key)
     if site is None:
-        site = Site(key, op, display_path(code.co_filename), frame.f_lineno,
+        site = Site(key, op, display_path(code.co_filename), _line(frame),
                     f"{code.co_filename}:{code.co_name}:{code.co_firstlineno}",
                     source_text(frame), source_line(frame))
         sites[key] = site
@@ -138,12 +154,20 @@ def site_of(frame, op: str, sites: dict, callers: bool):
     return site
 
 
+def _line(frame) -> int:
+    """The frame's current line (from the positions table: `f_lineno` decodes the whole table)."""
+    positions = _positions(frame.f_code)
+    index = frame.f_lasti // 2
+    if index < len(positions) and positions[index][0] is not None:
+        return positions[index][0]
+    return frame.f_lineno
+
+
 def source_text(frame):
     """The source of the call the frame is making (`self.gate_proj(x)`), when it is on one line."""
     try:
-        positions = list(frame.f_code.co_positions())  # Python 3.11+
-        line, end_line, col, end_col = positions[frame.f_lasti // 2]
-    except (AttributeError, IndexError, ValueError):
+        line, end_line, col, end_col = _positions(frame.f_code)[frame.f_lasti // 2]
+    except (IndexError, ValueError):
         return None
     if line is None or line != end_line or col is None or end_col is None:
         return None
@@ -153,7 +177,7 @@ def source_text(frame):
 
 def source_line(frame):
     """The frame's current source line, stripped (at most 100 characters), or None."""
-    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    text = linecache.getline(frame.f_code.co_filename, _line(frame)).strip()
     if not text:
         return None
     return text if len(text) <= 100 else text[:99] + "…"
@@ -169,7 +193,7 @@ def _callers(frame, depth: int = 8) -> tuple:
         code = caller.f_code
         if not (internal(code.co_filename) or code.co_filename == here
                 or "<locals>" in getattr(code, "co_qualname", "")):
-            out.append((display_path(code.co_filename), caller.f_lineno))
+            out.append((display_path(code.co_filename), _line(caller)))
         caller = caller.f_back
     return tuple(out)
 
