@@ -360,10 +360,11 @@ _add(Mutation(
 
 _add(Mutation(
     "embedding-scaled", "embedding",
-    options=lambda c: ["×√d", "÷√d"] if len(c.args) > 1 and isinstance(c.args[1], torch.Tensor)
+    # Only the scale a port adds: one the reference applies and the port leaves out is a dropped
+    # op (families.py), named where the reference multiplies.
+    options=lambda c: ["×√d"] if len(c.args) > 1 and isinstance(c.args[1], torch.Tensor)
     and c.args[1].dim() == 2 else [],
-    apply=lambda c, label: c.run() * (math.sqrt(c.args[1].shape[1]) if label == "×√d"
-                                      else 1 / math.sqrt(c.args[1].shape[1])),
+    apply=lambda c, label: c.run() * math.sqrt(c.args[1].shape[1]),
     what=lambda c, label: f"{c.name} rows scaled {label} (d = {c.args[1].shape[1]})",
     instead="unscaled",
     fix="this reference does not scale the embedding rows by √d_model (Gemma and T5-style ports "

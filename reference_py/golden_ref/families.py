@@ -184,40 +184,50 @@ def _drop_what(c, label):
         return f"{c.name} left out (the input not normalised)"
     if c.op in BINARY and label == "dropped":
         _, s = _scalar_operand(c)
-        return f"{_code(c)} without its {_fmt(s)} ({c.name} left out)"
+        return f"{_code(c)} without its {_fmt(s)}"
     if c.op in BINARY:
         a, b = _operands(c)
         dropped = b if label == "first" else a
         if c.op in ("add", "__radd__", "add_") and _mask_like(dropped):
             return "the additive attention mask not added"
         which = "second" if label == "first" else "first"
-        return f"{_code(c)} without its {which} operand ({c.name} left out)"
+        return f"{_code(c)} without its {which} operand"
     return f"{c.name} left out (identity in its place)"
 
 
-def _drop_instead(c, label):
-    return "applied"
+_BINARY_CANDLE = {"add": "(x + s)?", "sub": "(x - s)?", "mul": "(x * s)? or x.affine(s, 0.0)?",
+                  "div": "(x / s)?", "pow": "x.powf(s)?"}
+_BROADCAST = {"add": "broadcast_add", "sub": "broadcast_sub", "mul": "broadcast_mul", "div": "broadcast_div"}
 
 
 def _drop_fix(c, label):
-    how = _CANDLE.get(_base_op(c.op), "")
-    how = f" ({how})" if how else ""
+    op = _base_op(c.op)
     if c.op in _LAYOUT:
         return (f"apply the {c.op} as the reference does ({'.permute' if c.op == 'permute' else '.transpose'}"
                 "(..)?, then .contiguous()? before a reshape)")
     if c.op in ("masked_fill", "masked_fill_"):
         return "apply the mask: where_cond(&mask, &fill, &x) (masked_fill)"
-    if c.op in BINARY and label != "dropped":
+    if c.op in BINARY and label == "dropped":
+        _, s = _scalar_operand(c)
+        how = _BINARY_CANDLE.get(op, "")
+        return (f"the port leaves out the {_fmt(s)} of {_code(c)}: compute it as the reference does"
+                + (f" (in candle: {how})" if how else ""))
+    if c.op in BINARY:
         a, b = _operands(c)
         dropped = b if label == "first" else a
         if c.op in ("add", "__radd__", "add_") and _mask_like(dropped):
             return ("add the mask (−inf or a large negative value where attention is not allowed) to "
                     "the scores before the softmax: scores.broadcast_add(&mask)")
-    return f"the reference computes {_code(c)} here: the port leaves {c.name} out; do it{how}"
+        which = "second" if label == "first" else "first"
+        how = _BROADCAST.get(op)
+        return (f"the port leaves out the {which} operand of {_code(c)}: compute it as the reference does"
+                + (f" (in candle: a.{how}(&b)?)" if how else ""))
+    how = _CANDLE.get(op, "")
+    return f"apply {c.name} as the reference does at this line" + (f" (in candle: {how})" if how else "")
 
 
 _add(Mutation("op-dropped", _DROP_OPS, options=_drop_options, apply=_drop_apply, what=_drop_what,
-              instead=_drop_instead, fix=_drop_fix, spread=False, kind="drop"))
+              instead="", fix=_drop_fix, spread=False, kind="drop"))
 
 # Optional tensor arguments (a bias, a norm's weight) left out.
 _OPTIONAL = {
@@ -262,7 +272,7 @@ def _argument_fix(c, label):
 
 
 _add(Mutation("argument-dropped", tuple(_OPTIONAL), options=_argument_options, apply=_argument_apply,
-              what=_argument_what, instead="with it", fix=_argument_fix, kind="drop"))
+              what=_argument_what, instead="", fix=_argument_fix, kind="drop"))
 
 # --- operands: a non-commutative op's operands swapped -------------------------------------------
 
@@ -363,7 +373,7 @@ def _operand_fix(c, label):
 
 _add(Mutation("operands-swapped", ("cat", "concat", "concatenate", "stack", "where", "masked_fill",
                                    "masked_fill_", "matmul", "mm", "bmm") + tuple(_ORDERED),
-              options=_operand_options, apply=_operand_apply, what=_operand_what, instead="in order",
+              options=_operand_options, apply=_operand_apply, what=_operand_what, instead="",
               fix=_operand_fix, spread=False, kind="operands"))
 
 # --- boundary: off by one ------------------------------------------------------------------------
@@ -514,11 +524,9 @@ def _slice(start, stop):
 
 
 def _boundary_instead(c, label):
-    if c.op in _COMPARE:
-        return _SIGN[c.op]
     if c.op in ("triu", "tril"):
         return f"diagonal={int(c.get('diagonal', 0) or 0)}"
-    return "as it is"
+    return ""  # the words already say what the reference has
 
 
 def _boundary_fix(c, label):
@@ -731,7 +739,7 @@ def _constant_instead(c, label):
         return f"eps={_fmt(_norm_eps(c))}"
     if c.op in ("masked_fill", "masked_fill_"):
         return f"value={_fmt(c.get('value'))}"
-    return _fmt(float(_scalar_operand(c)[1]))
+    return ""  # "… by x instead of y" says it
 
 
 def _whole(x) -> bool:
@@ -864,8 +872,7 @@ def _activation_what(c, label):
 
 def _activation_instead(c, label):
     if label.startswith("formula:"):
-        own = formula_of(c)
-        return STANDARD[own][1] if own else "the reference's formula"
+        return ""  # "in place of the … the reference writes out" says it
     if c.op == "gelu":
         return f"approximate='{c.get('approximate', 'none')}'"
     return c.op
@@ -1005,7 +1012,7 @@ def _transpose_what(c, label):
 
 
 _add(Mutation("transpose-axes", ("transpose", "swapaxes", "permute"), options=_transpose_options,
-              apply=_transpose_apply, what=_transpose_what, instead="as it is",
+              apply=_transpose_apply, what=_transpose_what, instead="",
               fix=lambda c, label: f"move the axes as the reference does: {_code(c)}", kind="axes"))
 
 
@@ -1060,7 +1067,7 @@ _add(Mutation(
     options=lambda c: ["reversed"] if _tensor(c.input) and _pieces(c) is not None else [],
     apply=lambda c, label: type(c.output)(list(c.output)[::-1]) if isinstance(c.output, tuple) else list(c.output)[::-1],
     what=lambda c, label: f"the pieces of {_code(c)} taken in the other order",
-    instead="in order",
+    instead="",
     fix=lambda c, label: (f"take the pieces of {_code(c)} in the reference's order (e.g. a fused gate_up "
                           "projection: the gate is the first half): Tensor::chunk(n, dim) returns them in order"),
     kind="axes",
@@ -1186,7 +1193,7 @@ _add(Mutation(
         c.func(c.args[0].transpose(-2, -1), c.args[1]) if label == "first"
         else c.func(c.args[0], c.args[1].transpose(-2, -1))),
     what=lambda c, label: f"{c.name} with its {label} operand transposed",
-    instead="as it is",
+    instead="",
     fix=lambda c, label: f"the port multiplies by the transpose of the {label} operand: drop (or add) "
                          f"its .t()? / .transpose(D::Minus2, D::Minus1)? (GPT-2's Conv1D keeps its weight as "
                          "[in, out]: x @ W, no transpose)",

@@ -73,8 +73,7 @@ class _Ids:
 
 class Flow:
     """Which tensor an elementwise op's output is a formula of: `x * sigmoid(1.702 * x)` is a chain
-    of elementwise ops whose tensors all derive from `x` alone (scalars and one-element tensors
-    aside). A site ends a chain when some output of it is not
+    of elementwise ops whose tensors all derive from `x` alone (scalars and 0-d tensors aside). A site ends a chain when some output of it is not
     consumed by a further op of the same chain (`ends`, complete after `finish`)."""
 
     def __init__(self):
@@ -97,7 +96,7 @@ class Flow:
             return None
         root, ops, nonlinear = None, 0, 0
         for a in self._inputs(call):
-            if not isinstance(a, torch.Tensor) or a.numel() <= 1:
+            if not isinstance(a, torch.Tensor) or a.dim() == 0:
                 continue
             if not a.is_floating_point():
                 return None

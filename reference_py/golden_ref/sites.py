@@ -140,7 +140,8 @@ def site_of(frame, op: str, sites: dict, callers: bool):
     if frame is None:
         return None
     code = frame.f_code
-    key = f"{code.co_filename}:{frame.f_lasti}:{op}"
+    # The function too: two functions of one file have instructions at the same offsets.
+    key = f"{code.co_filename}:{code.co_firstlineno}:{code.co_name}:{frame.f_lasti}:{op}"
     site = sites.get(key)
     if site is None:
         site = Site(key, op, display_path(code.co_filename), _line(frame),

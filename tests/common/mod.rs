@@ -4,6 +4,7 @@
 pub mod llama;
 pub mod mutation_ports;
 pub mod overfit_mlp;
+pub mod porter_ports;
 pub mod processes;
 pub mod tiny_lm;
 pub mod variant_ports;

@@ -759,7 +759,7 @@ fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result 
         .as_ref()
         .map(|c| format!(" (`{c}`)"))
         .unwrap_or_default();
-    let instead = if m.instead.is_empty() {
+    let instead = if m.instead.is_empty() || m.what.contains(" instead of ") {
         String::new()
     } else {
         format!(" (instead of {})", m.instead)
