@@ -16,8 +16,8 @@ When a case fails, the runtime sends the case and the port's outputs (`op: "muta
 3. orders them by the failure's evidence (a port whose values are the reference's permuted tries
    axes first, one that differs only at some positions boundaries first, one scaled constants
    first; the submodule where a trace saw the first divergence before the rest), and evaluates
-   each cheaply (the case dtype only), keeping those that change the output and move it toward the
-   port's (less than half the distance);
+   each cheaply (the case dtype only), keeping those that change the output, leave alone the
+   leaves the port already matches, and move it toward the port's (less than half the distance);
 4. evaluates the `keep` closest of those like a reference (case dtype, float64 and nudged, through
    :func:`golden_ref.evaluate.forward`), so that each has its own rounding estimate.
 
@@ -574,6 +574,18 @@ def evidence(reference, port: dict) -> list:
     return found
 
 
+def _agrees(a: WireTensor, b: WireTensor) -> bool:
+    """Whether two answers for a leaf are the same but for rounding (a generous bound: this only
+    sorts out leaves that plainly agree)."""
+    x, y = _as_f64(a), _as_f64(b)
+    if x.shape != y.shape:
+        return False
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(x - y)
+        ok = (d <= 1e-4 * (1 + np.abs(y))) | (x == y) | (np.isnan(x) & np.isnan(y))
+    return bool(ok.all())
+
+
 def order_of_kinds(found: list) -> list:
     """The kinds of candidate in the order the evidence suggests."""
     first = []
@@ -700,6 +712,8 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
         return _summary(recording, candidates, counts, len(evaluated), len(wanted), truncated,
                         "full evaluations" if truncated else None, clock), evaluated
     order = order_of_kinds(evidence(base["expected"], port))
+    # Which leaves differ: a mutant that moves a leaf the port already matches is not the port.
+    agreed = [name for name, t in base["expected"] if name in port and _agrees(t, port[name])]
     rank = {kind: i for i, kind in enumerate(order)}
     candidates.sort(key=lambda c: (not _focused(c, focus), rank.get(c.kind, len(rank))))
     reserve = min(clock.seconds / 2, keep * full_cost)
@@ -722,6 +736,8 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
         moved = distance(expected, base_expected)
         if moved == 0.0:
             continue  # a mutation that changes nothing explains nothing
+        if any(not _agrees(t, base_expected[name]) for name, t in expected if name in agreed):
+            continue
         d = distance(expected, port)
         if d < 0.5 * base_distance:
             scored.append((d, candidate))
