@@ -7,6 +7,7 @@ pub mod overfit_mlp;
 pub mod porter_ports;
 pub mod processes;
 pub mod tiny_lm;
+pub mod unseen_ports;
 pub mod variant_ports;
 
 use std::path::PathBuf;
