@@ -6,8 +6,9 @@
 //! within tolerance of the reference: otherwise this case cannot tell H from no bug at all (a
 //! "transpose" of an output that is the same along both axes). Hypotheses that do not fit are not
 //! reported; one that fits is a cause only when it fits on two failing cases and no mutant of the
-//! reference matches (`run/forward.rs`, `run/mutations.rs`). Observations (NaN where the reference
-//! is finite, an output of zeros) are facts, said as they are.
+//! reference matches (`run/forward.rs`, `run/mutations.rs`). An output of zeros or a constant is
+//! held to the same two cases (one element of a shrunk case is zero by chance); NaN where the
+//! reference is finite is a fact, said as it is.
 
 use crate::describe::numbers::num;
 use crate::judge::compare::Rule;
@@ -39,6 +40,9 @@ pub enum Kind {
     Offset,
     /// The port's slices sum to 1 over another dim.
     SoftmaxDim,
+    /// The port is all zeros, or constant: on a small case (one element, one row) that is often
+    /// chance, so it needs two failing cases like a hypothesis.
+    Degenerate,
 }
 
 impl Diagnosis {
@@ -431,7 +435,7 @@ fn degenerate(leaf: &Leaf<'_>, out: &mut Vec<Diagnosis>) {
             evidence: "the port is all zeros".into(),
             cause: "an activation or mask that zeroes everything, or an output never written"
                 .into(),
-            kind: Kind::Observation,
+            kind: Kind::Degenerate,
         });
     } else if finite
         && leaf.port.len() > 1
@@ -441,7 +445,7 @@ fn degenerate(leaf: &Leaf<'_>, out: &mut Vec<Diagnosis>) {
         out.push(Diagnosis {
             evidence: format!("the port is constant ({})", num(leaf.port[0])),
             cause: "the input does not reach the output (a broadcast, a mask or a reduction over the wrong axis?)".into(),
-            kind: Kind::Observation,
+            kind: Kind::Degenerate,
         });
     }
 }

@@ -207,15 +207,24 @@ fn none_matched(searched: &[Search], two: bool, traced: bool, focus: Option<&str
     } else {
         "on the failing case"
     };
-    let mut note = format!(
-        "note: no single mutation of the reference matches the port {cases}: golden tried {} \
-         mutants of its {} torch calls at {} sites ({}: golden_ref/families.py, catalogue.py, \
-         structure.py)",
-        s.tried,
-        s.calls,
-        s.sites,
-        tried_kinds(s)
-    );
+    let mut note = if s.tried == 0 {
+        format!(
+            "note: no single mutation of the reference matches the port {cases}: none of golden's \
+             mutations (golden_ref/families.py, catalogue.py, structure.py) applies to its {} \
+             torch calls at {} sites",
+            s.calls, s.sites
+        )
+    } else {
+        format!(
+            "note: no single mutation of the reference matches the port {cases}: golden tried {} \
+             mutants of its {} torch calls at {} sites ({}: golden_ref/families.py, catalogue.py, \
+             structure.py)",
+            s.tried,
+            s.calls,
+            s.sites,
+            tried_kinds(s)
+        )
+    };
     if s.truncated {
         note.push_str(" before its budget ran out");
     }
