@@ -531,3 +531,40 @@ pub fn all(bug: bool) -> Vec<(&'static str, Unseen)> {
         t5_layer_norm_subtracts_the_mean,
     ]
 }
+
+/// What naming each mistake means for `cargo xtask bench-mutations`: a cause at the line the
+/// porter got wrong (any cause text where golden names none, so that only the line counts).
+pub fn the_mistake(test: &str) -> Vec<(&'static str, &'static str)> {
+    vec![match test {
+        "t5_relative_position_sign_flipped" => ("", "transformers/models/t5/modeling_t5.py:271"),
+        "t5_scores_scaled" => ("", "transformers/models/t5/modeling_t5.py:159"),
+        "bert_pooler_last_token" => (
+            "`hidden_states[:, 0]` with index -1 instead of 0",
+            "transformers/models/bert/modeling_bert.py:460",
+        ),
+        "bert_self_output_norm_before_residual" => {
+            ("", "transformers/models/bert/modeling_bert.py:292")
+        }
+        "gpt2_conv1d_weight_as_linear" => (
+            "torch.addmm with its second operand transposed",
+            "transformers/pytorch_utils.py:119",
+        ),
+        "whisper_sinusoids_cos_first" => (
+            "with its two tensors in the other order",
+            "transformers/models/whisper/modeling_whisper.py:65",
+        ),
+        "group_norm_one_group" => ("", "torch/nn/modules/normalization.py"),
+        "batch_norm_batch_statistics" => ("", "torch/nn/modules/batchnorm.py"),
+        "vit_patches_column_major" => ("", "transformers/models/vit/modeling_vit.py:69"),
+        "wav2vec2_pad_removed_from_the_front" => {
+            ("", "transformers/models/wav2vec2/modeling_wav2vec2.py:382")
+        }
+        "conv_transpose_cropped_on_one_side" => ("", "torch/nn/modules/conv.py"),
+        "bart_positions_without_offset" => (
+            "`position_ids + self.offset` without its 2",
+            "transformers/models/bart/modeling_bart.py:98",
+        ),
+        "t5_layer_norm_subtracts_the_mean" => ("", "transformers/models/t5/modeling_t5.py:65"),
+        other => panic!("no mistake listed for `{other}`"),
+    }]
+}
