@@ -406,7 +406,7 @@ class Recording:
                 what, instead, fix, _ = at[shown[0]]
                 out.append(Candidate(f"{m.key}|{label}|*", what, instead, fix, self._where(shown),
                                      targets=set(at), mutation=m, label=label, kind=m.kind,
-                                     code=self.sites[shown[0]].code))
+                                     code=self.sites[shown[0]].code if len(shown) == 1 else None))
             elif m.spread and len(at) > 1:
                 # Every site at once (a port makes its mistake wherever it uses the op), and every
                 # site of one function at once (q, k and v split the same wrong way).
@@ -418,9 +418,9 @@ class Recording:
                     what, instead, fix, _ = at[keys[0]]
                     where = f"all {len(keys)} of its call sites: {self._where(keys)}"
                     tag = "*" if len(keys) == len(at) else "*" + self._id(keys[0])
+                    # Several lines: the message lists them, and shows none.
                     out.append(Candidate(f"{m.key}|{label}|{tag}", what, instead, fix, where,
-                                         targets=set(keys), mutation=m, label=label, kind=m.kind,
-                                         code=self.sites[keys[0]].code))
+                                         targets=set(keys), mutation=m, label=label, kind=m.kind))
         out += self._swaps()
         out += self._structure()
         return out

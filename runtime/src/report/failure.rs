@@ -745,9 +745,9 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
     Ok(())
 }
 
-/// `likely cause: the port matches the reference with <what> at <site> (`<code>`) (instead of
-/// <instead>) on both failing cases — fix: <fix>`; the second and third read `or: ...`. A match
-/// on one failing case alone reads as evidence, without a fix.
+/// `likely cause: the port matches the reference with <what> at <site> (instead of <instead>) on
+/// both failing cases (max diff …), where the reference reads `<code>` — fix: <fix>`; the second
+/// and third read `or: ...`. A match on one failing case alone reads as evidence, without a fix.
 fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result {
     let site = if m.site.is_empty() {
         String::new()
@@ -757,7 +757,7 @@ fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result 
     let code = m
         .code
         .as_ref()
-        .map(|c| format!(" (`{c}`)"))
+        .map(|c| format!(", where the reference reads `{c}`"))
         .unwrap_or_default();
     let instead = if m.instead.is_empty() || m.what.contains(" instead of ") {
         String::new()
@@ -768,8 +768,8 @@ fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result 
         let lead = if i == 0 { "evidence" } else { "or" };
         return writeln!(
             out,
-            "  {lead}: on one failing case the port matches the reference with {}{site}{code}{instead} \
-             (max diff {}), which would mean: {}",
+            "  {lead}: on one failing case the port matches the reference with {}{site}{instead} \
+             (max diff {}){code}, which would mean: {}",
             m.what,
             num(m.fit.max_diff),
             m.fix
@@ -778,8 +778,8 @@ fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result 
     let lead = if i == 0 { "likely cause" } else { "or" };
     writeln!(
         out,
-        "  {lead}: the port matches the reference with {}{site}{code}{instead} on both failing \
-         cases (max diff {}) — fix: {}",
+        "  {lead}: the port matches the reference with {}{site}{instead} on both failing cases \
+         (max diff {}){code} — fix: {}",
         m.what,
         num(m.fit.max_diff),
         m.fix
