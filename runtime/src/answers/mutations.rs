@@ -1,8 +1,9 @@
-//! The mutation diagnosis's request: on a failing case, the worker re-runs the reference with one of
-//! its torch calls mutated into a common porting mistake (`reference_py/golden_ref/mutations.py`,
-//! catalogue in `catalogue.py`) and answers with the mutants that move toward the port's outputs,
-//! each evaluated like a reference (case dtype, float64, nudged). `judge::mutations` decides which
-//! the port matches.
+//! The mutation diagnosis's request: on a failing case, the worker re-runs the reference with one
+//! of its torch calls (or submodule calls) mutated into a porting mistake
+//! (`reference_py/golden_ref/mutations.py`; the operator-level families in `families.py`, submodule
+//! mistakes in `structure.py`, named entries in `catalogue.py`) and answers with the mutants that
+//! move toward the port's outputs, each evaluated like a reference (case dtype, float64, nudged),
+//! within the seconds it is given. `judge::mutations` decides which the port matches.
 //!
 //! It needs Python. Live and recording sources have it; a replay starts a worker for it only when
 //! the interpreter visibly has torch (or `GOLDEN_MUTATIONS=always`), so that a replay on a machine
@@ -46,7 +47,7 @@ pub struct Mutant {
 /// What the worker did on one case.
 #[derive(Clone, Debug, Default)]
 pub struct Search {
-    /// Torch calls the reference made that the catalogue knows.
+    /// Torch calls the reference made that some mutation applies to.
     pub calls: usize,
     /// Their distinct call sites.
     pub sites: usize,

@@ -1,5 +1,5 @@
 //! Naming the bug by mutating the reference: which mutants of the reference (the reference with one
-//! of its torch calls turned into a common porting mistake, `reference_py/golden_ref/mutations.py`)
+//! of its torch calls turned into a porting mistake, `reference_py/golden_ref/mutations.py`)
 //! the port matches.
 //!
 //! The rule is the check's own: the port must match the mutant within the comparison's tolerance,
