@@ -414,3 +414,42 @@ fn a_wrong_backward_in_a_llama_decoder_layer_is_shrunk_cheaply_and_located_once(
         assert!(dir.join(file).is_file(), "{file} in {}", dir.display());
     }
 }
+
+/// A port whose forward is wrong (rotary embeddings on interleaved pairs in a Llama decoder layer)
+/// fails the gradient check too; the failure says first that the forward differs, and does not
+/// blame the backward (which is the derivative of the port's own, wrong, forward).
+#[test]
+fn a_wrong_forward_is_said_first_and_the_backward_is_not_blamed() {
+    let layer = common::llama::decoder_layer("g_llama_rope_pairs").grad(GradSpec::default());
+    let f = must_fail_check(gradients::check, &layer, |i| {
+        common::llama::decoder(
+            i.var_builder(),
+            i.tensor(0),
+            common::llama::Port {
+                rope_on_pairs: true,
+                ..Default::default()
+            },
+        )
+    });
+    let msg = f.to_string();
+    assert!(
+        msg.starts_with(
+            "golden: the gradients of `g_llama_rope_pairs` do not match, and neither does its \
+             forward"
+        ),
+        "{msg}"
+    );
+    let issues = grad_issues(&f);
+    // The first finding listed.
+    assert!(
+        issues.lines().nth(1).is_some_and(
+            |l| l.starts_with("    - the forward differs too: the port's outputs `out` (")
+        ),
+        "{issues}"
+    );
+    assert!(issues.contains("fix the forward first"), "{issues}");
+    assert!(
+        !msg.contains("the port's backward is not the derivative of its own forward"),
+        "{msg}"
+    );
+}

@@ -139,49 +139,152 @@ fn replay_diagnoses_where_python_is_reachable() {
     assert!(!msg.contains("mutation diagnosis was skipped"), "{msg}");
 }
 
-/// Every wrong port of the project that fails on values: the variant ports (variants off), those of
-/// `tests/wrong_ports.rs` and `tests/diagnosis.rs`, and the catalogue's. Prints what was named; at
-/// least 80 % must be named right (cause and site).
+/// A mutant that holds on two failing cases wins over the numbers' hypotheses: softmax over the
+/// wrong dim is a mutation of the reference's own softmax, and the hypothesis "the port's slices
+/// sum to 1 over another dim" (`tests/diagnosis.rs`) is then not told.
 #[test]
-fn hit_rate() {
-    let mut rows = Vec::new();
-    for wrong in variant_ports::all() {
-        let expected = variant_ports::expected_mutation(&wrong.layer.name);
-        let (_, found) = diagnose(&wrong.layer, &wrong.port);
-        rows.push((wrong.layer.name.clone(), expected, found));
+fn a_matching_mutant_wins_over_the_numbers_hypotheses() {
+    let layer = Layer::function("m_softmax_dim_hypothesis", "zoo_ref.softmax")
+        .dim("b", 1, 4)
+        .dim("t", 1, 16)
+        .dim("n", 1, 32)
+        .arg("x", ["b", "t", "n"], Dist::default());
+    let port: BoxedPort =
+        std::sync::Arc::new(|i: &golden::PortInputs| candle_nn::ops::softmax(i.tensor(0), 1));
+    let (msg, found) = diagnose(&layer, &port);
+    assert!(
+        names(&found, "torch.softmax(dim=1)", "zoo_ref/functional.py:23"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("likely cause: the port matches the reference with torch.softmax(dim=1)"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("softmax over the wrong dim: use dim"),
+        "{msg}"
+    );
+}
+
+/// The diagnosis keeps to its budget, a third of the reference's timeout, however many calls the
+/// reference makes: `zoo_ref.undeclared.long_chain` makes 3,000 at 3,000 sites, the port differs
+/// at the last, and the check's timeout is 6 s. The failure says the diagnosis ran out of its
+/// budget and what it tried, not that the reference is slow (it answers in time).
+#[test]
+fn a_diagnosis_past_its_budget_says_so_and_what_it_tried() {
+    let layer = Layer::function("m_long_chain", "zoo_ref.undeclared.long_chain")
+        .dim("b", 1, 2)
+        .dim("n", 1, 8)
+        .arg("x", ["b", "n"], Dist::default())
+        .timeout(6.0)
+        .cases(4);
+    let port: BoxedPort = std::sync::Arc::new(|i: &golden::PortInputs| {
+        let mut x = i.tensor(0).clone();
+        for k in 0..1000usize {
+            let mut scale = 1.0 + (k % 7) as f64 / 50.0;
+            if k == 999 {
+                scale += 0.5;
+            }
+            x = x.affine(scale, (k % 5) as f64 / 100.0 - 0.02)?.tanh()?;
+        }
+        Ok(x)
+    });
+    let started = std::time::Instant::now();
+    let (msg, _) = diagnose(&layer, &port);
+    eprintln!(
+        "a failing check of a 3,000-call reference, timeout 6 s: {:.1} s\n{}",
+        started.elapsed().as_secs_f64(),
+        msg.lines()
+            .find(|l| l.contains("mutation diagnosis"))
+            .unwrap_or("(no note on the mutation diagnosis)")
+    );
+    assert!(
+        msg.contains(
+            "note: the mutation diagnosis ran out of its budget (2 s, a third of the reference's \
+             timeout"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(" of the reference's 3000 torch calls at 3000 sites, leaving "),
+        "{msg}"
+    );
+    assert!(!msg.contains("did not answer within"), "{msg}");
+    assert!(!msg.contains("diagnosis was skipped"), "{msg}");
+}
+
+/// One wrong port's diagnosis, for the tables of `hit_rate`: what was expected (any of), what
+/// was named, and how long the failing check took.
+struct Row {
+    name: String,
+    expected: Vec<(&'static str, &'static str)>,
+    found: Vec<MutationMatch>,
+    seconds: f64,
+}
+
+fn row(
+    name: &str,
+    expected: Vec<(&'static str, &'static str)>,
+    run: impl FnOnce() -> Vec<MutationMatch>,
+) -> Row {
+    let started = std::time::Instant::now();
+    let found = run();
+    Row {
+        name: name.to_string(),
+        expected,
+        found,
+        seconds: started.elapsed().as_secs_f64(),
     }
-    for (layer, port, expected) in mutation_ports::project_value_ports() {
-        let (_, found) = diagnose(&layer, &port);
-        rows.push((layer.name.clone(), expected, found));
+}
+
+/// A port returning any outputs (a Hugging Face model's dict): the mutations its failure names.
+fn diagnose_outputs(layer: &Layer, port: &common::porter_ports::Port) -> Vec<MutationMatch> {
+    variants_off();
+    let scratch = common::Scratch::new(&layer.name);
+    let layer = common::declared_with_store(layer, &scratch).mode(Mode::Live);
+    let port = port.clone();
+    match golden::check(&layer, &move |i: &golden::PortInputs| port(i)) {
+        Ok(_) => panic!("the wrong port `{}` passed", layer.name),
+        Err(f) => f
+            .case_failure()
+            .map(|c| c.mutations.clone())
+            .unwrap_or_default(),
     }
-    for (_, wrong) in mutation_ports::all() {
-        let (_, found) = diagnose(&wrong.layer, &wrong.port);
-        rows.push((
-            wrong.layer.name.clone(),
-            Some((wrong.cause, wrong.site)),
-            found,
-        ));
-    }
-    let mut hits = 0;
-    let mut first = 0;
-    eprintln!("mutation diagnosis, every wrong port (variants off):");
-    for (name, expected, found) in &rows {
-        let hit = expected.is_some_and(|(c, s)| names(found, c, s));
-        let top = expected.is_some_and(|(c, s)| names(&found[..found.len().min(1)], c, s));
+}
+
+/// Print one set's table and its figures; returns (named, named first, ports).
+fn table(title: &str, rows: &[Row]) -> (usize, usize, usize) {
+    let any = |found: &[MutationMatch], expected: &[(&str, &str)]| {
+        expected.iter().any(|(c, s)| names(found, c, s))
+    };
+    let (mut hits, mut first) = (0, 0);
+    eprintln!("{title}:");
+    for r in rows {
+        let hit = any(&r.found, &r.expected);
+        let top = any(&r.found[..r.found.len().min(1)], &r.expected);
         hits += usize::from(hit);
         first += usize::from(top);
-        let named: Vec<String> = found
+        let named: Vec<String> = r
+            .found
             .iter()
-            .map(|m| format!("{} @ {}", m.what, m.site))
+            .map(|m| {
+                let said = if m.both_cases {
+                    ""
+                } else {
+                    " (one case: evidence)"
+                };
+                format!("{} @ {}{said}", m.what, m.site)
+            })
             .collect();
         eprintln!(
-            "  {:<28} {:<6} {}",
-            name,
+            "  {:<28} {:<6} {:>5.1} s  {}",
+            r.name,
             match (hit, top) {
                 (true, true) => "first",
                 (true, false) => "named",
                 _ => "miss",
             },
+            r.seconds,
             if named.is_empty() {
                 "(nothing)".to_string()
             } else {
@@ -189,12 +292,77 @@ fn hit_rate() {
             }
         );
     }
-    let rate = hits as f64 / rows.len() as f64;
+    let seconds: Vec<f64> = rows.iter().map(|r| r.seconds).collect();
     eprintln!(
-        "named: {hits} of {} ({:.0} %), named first: {first}",
+        "named: {hits} of {} ({:.0} %), named first: {first}; a failing check with its diagnosis \
+         took {:.1} s on average, {:.1} s at most",
         rows.len(),
-        100.0 * rate
+        100.0 * hits as f64 / rows.len().max(1) as f64,
+        seconds.iter().sum::<f64>() / seconds.len().max(1) as f64,
+        seconds.iter().fold(0.0f64, |m, s| m.max(*s))
     );
+    (hits, first, rows.len())
+}
+
+/// Every wrong port of the project that fails on values: the variant ports (variants off), those of
+/// `tests/wrong_ports.rs` and `tests/diagnosis.rs`, and the catalogue's; at least 80 % must be named
+/// right (cause and site). Then, printed, the porters' mistakes of `tests/porters.rs` and those
+/// not tuned to of `tests/unseen.rs`.
+#[test]
+fn hit_rate() {
+    let mut rows = Vec::new();
+    for wrong in variant_ports::all() {
+        let expected = variant_ports::expected_mutation(&wrong.layer.name);
+        rows.push(row(
+            &wrong.layer.name,
+            expected.into_iter().collect(),
+            || diagnose(&wrong.layer, &wrong.port).1,
+        ));
+    }
+    for (layer, port, expected) in mutation_ports::project_value_ports() {
+        rows.push(row(&layer.name, expected.into_iter().collect(), || {
+            diagnose(&layer, &port).1
+        }));
+    }
+    for (_, wrong) in mutation_ports::all() {
+        rows.push(row(
+            &wrong.layer.name,
+            vec![(wrong.cause, wrong.site)],
+            || diagnose(&wrong.layer, &wrong.port).1,
+        ));
+    }
+    let (hits, _, total) = table(
+        "mutation diagnosis, every wrong port of the project (variants off)",
+        &rows,
+    );
+    let porters: Vec<Row> = common::porter_ports::wrong()
+        .into_iter()
+        .map(|(_, p)| {
+            row(&p.layer.name, p.expected.clone(), || {
+                diagnose_outputs(&p.layer, &p.port)
+            })
+        })
+        .collect();
+    table(
+        "the porters' mistakes on Gemma 2 and CLIP (tests/porters.rs)",
+        &porters,
+    );
+    let unseen: Vec<Row> = common::unseen_ports::all(true)
+        .into_iter()
+        .map(|(test, p)| {
+            row(
+                &p.layer.name,
+                common::unseen_ports::the_mistake(test),
+                || diagnose_outputs(&p.layer, &p.port),
+            )
+        })
+        .collect();
+    table(
+        "mistakes not tuned to, written after the mechanism (tests/unseen.rs): named at the \
+         porter's line",
+        &unseen,
+    );
+    let rate = hits as f64 / total as f64;
     assert!(rate >= 0.8, "hit rate {:.0} % is below 80 %", 100.0 * rate);
 }
 
@@ -253,6 +421,38 @@ fn diagnosis_cost() {
     eprintln!(
         "a failing check of a 2-layer TinyLM: {off:.2} s without the mutation diagnosis, {on:.2} s \
          with it: the diagnosis costs {:.2} s",
+        on - off
+    );
+    let cause = message
+        .lines()
+        .find(|l| l.contains("likely cause:"))
+        .unwrap_or("(no cause named)");
+    eprintln!("{cause}");
+    // The same on Hugging Face's Gemma2Model (two layers, 248 torch calls, some 300 mutants): its
+    // attention's soft-capping left out.
+    let gemma = common::porter_ports::gemma_without_soft_capping();
+    let scratch = common::Scratch::new(&gemma.layer.name);
+    let layer = common::declared_with_store(&gemma.layer, &scratch).mode(Mode::Live);
+    let port = gemma.port.clone();
+    let mut time = |setting: &str| {
+        std::env::set_var("GOLDEN_MUTATIONS", setting);
+        let started = std::time::Instant::now();
+        let port = port.clone();
+        let failure = golden::check(&layer, &move |i: &golden::PortInputs| port(i))
+            .expect_err("the wrong port fails");
+        message = failure.to_string();
+        started.elapsed().as_secs_f64()
+    };
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        off.push(time("off"));
+        on.push(time("auto"));
+    }
+    std::env::remove_var("GOLDEN_MUTATIONS");
+    let (off, on) = (median(off), median(on));
+    eprintln!(
+        "a failing check of a 2-layer Gemma2Model: {off:.2} s without the mutation diagnosis, \
+         {on:.2} s with it: the diagnosis costs {:.2} s",
         on - off
     );
     let cause = message

@@ -20,6 +20,14 @@ mutation does not apply to this call (it is run on each call of those ops while 
 recorded, to find out). ``options=`` (a function of the call returning labels) turns it into a
 family: the function then also gets the label, and ``name`` may say it as ``{label}`` (and the op
 as ``{op}``).
+
+The built-in mistakes come in two kinds. The operator-level families of :mod:`golden_ref.families`
+apply to any call of the ops they name (an op dropped, operands swapped, a boundary off by one, a
+constant replaced, an activation or a formula of one tensor replaced, another axis, another
+precision); the few entries below name what no family says (a layer norm written out wrong, a
+variance's correction, rotary embeddings on pairs, resampling, convolution and padding, the
+attention kernel's scale and mask, embeddings scaled by √d). Mistakes at the level of submodule
+calls are in :mod:`golden_ref.structure`.
 """
 
 from __future__ import annotations
@@ -155,11 +163,14 @@ class Mutation:
     * `joint`: only at every site at once (a pattern spread over several calls, like rotary
       embeddings: `rotate_half` and the duplicated frequencies); `shown(call)` picks the sites the
       message names;
-    * `of`: the references it is for (None: every reference).
+    * `of`: the references it is for (None: every reference);
+    * `kind`: its family, as a failure counts what was tried (`drop`, `operands`, `boundary`,
+      `constant`, `activation`, `axes`, `precision`; `catalogue` for the named entries below,
+      `yours` for those registered with :func:`mutation`).
     """
 
     def __init__(self, key, ops, apply, options=None, what=None, instead=None, fix="", spread=True,
-                 joint=False, shown=None, of=None):
+                 joint=False, shown=None, of=None, kind="catalogue"):
         self.key = key
         self.ops = frozenset([ops] if isinstance(ops, str) else ops)
         self.apply = apply
@@ -171,6 +182,7 @@ class Mutation:
         self.joint = joint
         self.shown = shown or (lambda call: True)
         self.of = of
+        self.kind = kind
 
     def describe(self, call, label):
         fix = self.fix(call, label) if callable(self.fix) else self.fix
@@ -200,7 +212,7 @@ def mutation(ops, name=None, fix="", options=None, instead="", of=None, spread=T
         CATALOGUE.append(Mutation(
             key, ops, apply, options=opts,
             what=(lambda call, label: _format(key, label=label, op=call.name)),
-            instead=instead, fix=fix, of=of, spread=spread,
+            instead=instead, fix=fix, of=of, spread=spread, kind="yours",
         ))
         return fn
 
@@ -243,38 +255,6 @@ def _norm_dim(dim, rank):
     return dim + rank if dim < 0 else dim
 
 
-# --- activations ---------------------------------------------------------------------------------
-
-_add(Mutation(
-    "gelu-approximate", "gelu",
-    options=lambda c: ["tanh"] if c.get("approximate", "none") == "none" else ["none"],
-    apply=lambda c, label: c.run(approximate=label),
-    what=lambda c, label: f"{c.name}(approximate='{label}')",
-    instead=lambda c, label: f"approximate='{c.get('approximate', 'none')}'",
-    fix=lambda c, label: (
-        "use Tensor::gelu_erf: candle's Tensor::gelu (and candle_nn::Activation::Gelu) is the tanh "
-        "approximation" if label == "tanh" else
-        "use Tensor::gelu (the tanh approximation; candle_nn::Activation::NewGelu), not gelu_erf"),
-))
-
-_ACTIVATIONS = {
-    "silu": (F.silu, "Tensor::silu (candle_nn::ops::silu)"),
-    "gelu": (F.gelu, "Tensor::gelu_erf"),
-    "relu": (F.relu, "Tensor::relu"),
-    "sigmoid": (torch.sigmoid, "candle_nn::ops::sigmoid"),
-}
-_SWAPS = {"silu": ("sigmoid", "gelu", "relu"), "gelu": ("silu", "relu"), "relu": ("gelu", "silu"),
-          "sigmoid": ("silu",)}
-
-_add(Mutation(
-    "activation-swapped", tuple(_SWAPS),
-    options=lambda c: list(_SWAPS[c.op]) if isinstance(c.input, torch.Tensor) else [],
-    apply=lambda c, label: _ACTIVATIONS[label][0](c.input),
-    what=lambda c, label: f"{label} instead of {c.op}",
-    instead=lambda c, label: c.op,
-    fix=lambda c, label: f"the reference applies {c.op} here: use {_ACTIVATIONS[c.op][1]}, not {label}",
-))
-
 # --- norms ---------------------------------------------------------------------------------------
 
 _NORMS = ("layer_norm", "group_norm", "rms_norm", "batch_norm", "instance_norm")
@@ -308,34 +288,6 @@ def _eps_value(eps, label):
     return dict(_eps_options(eps))[label]
 
 
-_add(Mutation(
-    "norm-eps", _NORMS,
-    options=lambda c: [label for label, _ in _eps_options(_norm_eps(c))] if _norm_ok(c) else [],
-    apply=lambda c, label: c.run(eps=_eps_value(_norm_eps(c), label)),
-    what=lambda c, label: f"{c.name}(eps={_fmt(_eps_value(_norm_eps(c), label))})",
-    instead=lambda c, label: f"eps={_fmt(_norm_eps(c))}",
-    fix=lambda c, label: (
-        f"use eps = {_fmt(_norm_eps(c))} as the reference does (candle_nn::layer_norm(size, "
-        f"{_fmt(_norm_eps(c))}, vb), LayerNorm::new(w, b, eps), RmsNorm::new(w, eps))"),
-))
-
-_add(Mutation(
-    "norm-weight-dropped", _NORMS,
-    options=lambda c: ["weight"] if _norm_ok(c) and c.get("weight") is not None else [],
-    apply=lambda c, label: c.run(weight=None),
-    what=lambda c, label: f"{c.name} without its weight (γ)",
-    instead="with it",
-    fix="multiply by the norm's weight: LayerNorm::new(weight, bias, eps) / RmsNorm::new(weight, eps)",
-))
-
-_add(Mutation(
-    "norm-bias-dropped", _NORMS,
-    options=lambda c: ["bias"] if _norm_ok(c) and c.get("bias") is not None else [],
-    apply=lambda c, label: c.run(bias=None),
-    what=lambda c, label: f"{c.name} without its bias (β)",
-    instead="with it",
-    fix="add the norm's bias: LayerNorm::new(weight, bias, eps), not LayerNorm::new_no_bias",
-))
 
 
 def _layer_norm_by_hand(c, label):
@@ -406,101 +358,17 @@ _add(Mutation(
         "divide by N as the reference does (biased): mean of the squared deviations"),
 ))
 
-# --- softmax -------------------------------------------------------------------------------------
-
-
-def _softmax_dim(c):
-    rank = _dims(c.input)
-    dim = c.get("dim")
-    if dim is None:
-        return None
-    return _norm_dim(dim, rank)
-
-
-def _softmax_options(c):
-    if not isinstance(c.input, torch.Tensor) or _softmax_dim(c) is None:
-        return []
-    rank = _dims(c.input)
-    # Size-one dims too: a softmax over one of those is all ones, which a port does produce.
-    out = [f"dim={d}" for d in range(rank) if d != _softmax_dim(c)]
-    return out + ["log" if c.op == "softmax" else "exp"]
-
-
-def _softmax_apply(c, label):
-    dtype = c.get("dtype")
-    if label == "log":
-        return torch.log_softmax(c.input, _softmax_dim(c), dtype=dtype)
-    if label == "exp":
-        return torch.softmax(c.input, _softmax_dim(c), dtype=dtype)
-    return c.run(dim=int(label[4:]))
-
-
-_add(Mutation(
-    "softmax-dim", ("softmax", "log_softmax"),
-    options=_softmax_options,
-    apply=_softmax_apply,
-    what=lambda c, label: (f"{c.name}({label})" if label.startswith("dim")
-                           else ("log_softmax" if label == "log" else "softmax") + f" instead of {c.op}"),
-    instead=lambda c, label: f"dim={c.get('dim')}" if label.startswith("dim") else c.op,
-    fix=lambda c, label: (
-        f"normalise over dim {_softmax_dim(c)} as the reference does: candle_nn::ops::softmax(&x, "
-        f"{_softmax_dim(c)}) (softmax_last_dim for the last)" if label.startswith("dim") else
-        f"the reference applies {c.op} here (candle_nn::ops::{c.op})"),
-))
-
 _add(Mutation(
     "embedding-scaled", "embedding",
-    options=lambda c: ["×√d", "÷√d"] if len(c.args) > 1 and isinstance(c.args[1], torch.Tensor)
+    # Only the scale a port adds: one the reference applies and the port leaves out is a dropped
+    # op (families.py), named where the reference multiplies.
+    options=lambda c: ["×√d"] if len(c.args) > 1 and isinstance(c.args[1], torch.Tensor)
     and c.args[1].dim() == 2 else [],
-    apply=lambda c, label: c.run() * (math.sqrt(c.args[1].shape[1]) if label == "×√d"
-                                      else 1 / math.sqrt(c.args[1].shape[1])),
+    apply=lambda c, label: c.run() * math.sqrt(c.args[1].shape[1]),
     what=lambda c, label: f"{c.name} rows scaled {label} (d = {c.args[1].shape[1]})",
     instead="unscaled",
     fix="this reference does not scale the embedding rows by √d_model (Gemma and T5-style ports "
         "do; this one must not)",
-))
-
-# --- linear maps ---------------------------------------------------------------------------------
-
-
-def _square(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == t.shape[-2] and t.shape[-1] > 1
-
-
-_add(Mutation(
-    "linear-weight-transposed", "linear",
-    options=lambda c: ["x @ W"] if _square(c.get("weight")) else [],
-    apply=lambda c, label: c.run(weight=c.get("weight").transpose(-2, -1)),
-    what=lambda c, label: f"{c.name} with the weight transposed (x @ W)",
-    instead="x @ Wᵀ",
-    fix="PyTorch stores a Linear weight as [out_features, in_features] and computes x @ Wᵀ: use "
-        "candle_nn::Linear::new(w, b) (it transposes) or x.matmul(&w.t()?)",
-))
-
-_add(Mutation(
-    "linear-bias-dropped", "linear",
-    options=lambda c: ["bias"] if c.get("bias") is not None else [],
-    apply=lambda c, label: c.run(bias=None),
-    what=lambda c, label: f"{c.name} without its bias",
-    instead="with it",
-    fix="add the bias: candle_nn::linear (not linear_no_bias), Linear::new(w, Some(b))",
-))
-
-
-def _matmul_operands(c):
-    return c.args[0] if c.args else None, c.args[1] if len(c.args) > 1 else None
-
-
-_add(Mutation(
-    "matmul-operand-transposed", ("matmul", "mm", "bmm", "__rmatmul__"),
-    options=lambda c: [label for label, t in zip(("first", "second"), _matmul_operands(c)) if _square(t)],
-    apply=lambda c, label: (
-        c.func(c.args[0].transpose(-2, -1), c.args[1]) if label == "first"
-        else c.func(c.args[0], c.args[1].transpose(-2, -1))),
-    what=lambda c, label: f"{c.name} with its {label} operand transposed",
-    instead="as it is",
-    fix=lambda c, label: f"the port multiplies by the transpose of the {label} operand: drop (or add) "
-                         f"its .t()? / .transpose(D::Minus2, D::Minus1)?",
 ))
 
 # --- attention -----------------------------------------------------------------------------------
@@ -572,169 +440,6 @@ def _sdpa_fix(c, label):
 _add(Mutation("attention", "scaled_dot_product_attention", options=_sdpa_options, apply=_sdpa_apply,
               what=_sdpa_what, instead=_sdpa_instead, fix=_sdpa_fix))
 
-
-def _masked_fill_options(c):
-    value, mask = c.get("value"), c.get("mask")
-    if not isinstance(c.input, torch.Tensor) or not isinstance(mask, torch.Tensor):
-        return []
-    out = ["skipped"]
-    if mask.dtype == torch.bool:
-        out.append("inverted")
-    if _is_number(value):
-        finfo_min = torch.finfo(c.input.dtype).min if c.input.is_floating_point() else None
-        for alt in (float("-inf"), finfo_min, -1e4, -1e9, 0.0):
-            if alt is not None and alt != value and _fmt(alt) not in out:
-                out.append(_fmt(alt))
-    return out
-
-
-def _masked_fill_apply(c, label):
-    if label == "skipped":
-        return c.input
-    if label == "inverted":
-        return c.run(mask=~c.get("mask"))
-    return c.run(value=float(label))
-
-
-_add(Mutation(
-    "masked-fill", "masked_fill",
-    options=_masked_fill_options,
-    apply=_masked_fill_apply,
-    what=lambda c, label: {"skipped": f"{c.name} skipped (the mask not applied)",
-                           "inverted": f"{c.name} with the mask inverted"}.get(label, f"{c.name}(value={label})"),
-    instead=lambda c, label: {"skipped": "applied", "inverted": "as it is"}.get(label, f"value={_fmt(c.get('value'))}"),
-    fix=lambda c, label: {
-        "skipped": "apply the mask: where_cond(&mask, &fill, &x) (masked_fill)",
-        "inverted": "the reference fills where the mask is true: swap the branches of where_cond",
-    }.get(label, f"fill with {_fmt(c.get('value'))} as the reference does"),
-))
-
-
-def _mask_like(t) -> bool:
-    return (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
-            and bool((t <= -1e4).any()))
-
-
-_add(Mutation(
-    "additive-mask-dropped", ("add", "__add__", "__radd__"),
-    options=lambda c: ["dropped"] if len(c.args) > 1 and _mask_like(c.args[1])
-    and isinstance(c.args[0], torch.Tensor) and c.args[0].shape == torch.broadcast_shapes(
-        c.args[0].shape, c.args[1].shape) else [],
-    apply=lambda c, label: c.args[0],
-    what=lambda c, label: "the additive attention mask not added",
-    instead="added",
-    fix="add the mask (−inf or a large negative value where attention is not allowed) to the scores "
-        "before the softmax: scores.broadcast_add(&mask)",
-))
-
-_add(Mutation(
-    "where-inverted", "where",
-    options=lambda c: ["inverted"] if len(c.args) + len(c.kwargs) >= 3 and isinstance(
-        c.get("condition"), torch.Tensor) and c.get("condition").dtype == torch.bool else [],
-    apply=lambda c, label: c.run(condition=~c.get("condition")),
-    what=lambda c, label: f"{c.name} with the condition inverted",
-    instead="as it is",
-    fix="swap the branches of where_cond (or invert the mask)",
-))
-
-_add(Mutation(
-    "triangle-diagonal", ("triu", "tril"),
-    options=lambda c: ["+1", "-1"] if isinstance(c.input, torch.Tensor) else [],
-    apply=lambda c, label: c.run(diagonal=int(c.get("diagonal", 0) or 0) + int(label)),
-    what=lambda c, label: f"{c.name}(diagonal={int(c.get('diagonal', 0) or 0) + int(label)})",
-    instead=lambda c, label: f"diagonal={int(c.get('diagonal', 0) or 0)}",
-    fix=lambda c, label: f"the mask is off by one: use the reference's diagonal "
-                         f"({int(c.get('diagonal', 0) or 0)}: position i attends to j ≤ i for a causal "
-                         f"tril); candle's Tensor::tril2(n) keeps the diagonal",
-))
-
-# --- repeats: grouped KV heads -------------------------------------------------------------------
-
-
-def _repeat_interleave_options(c):
-    repeats, dim = c.get("repeats"), c.get("dim")
-    return ["tiled"] if isinstance(c.input, torch.Tensor) and isinstance(repeats, int) and dim is not None else []
-
-
-def _tile(x, n, dim):
-    sizes = [1] * x.dim()
-    sizes[_norm_dim(dim, x.dim())] = n
-    return x.repeat(*sizes)
-
-
-_add(Mutation(
-    "repeat-interleave-tiled", "repeat_interleave",
-    options=_repeat_interleave_options,
-    apply=lambda c, label: _tile(c.input, c.get("repeats"), c.get("dim")),
-    what=lambda c, label: f"{c.name} replaced by tiling (Tensor.repeat: 0,1,0,1 instead of 0,0,1,1)",
-    instead="interleaved (0,0,1,1)",
-    fix="repeat each slice in place (0,0,1,1), as repeat_interleave and candle_transformers::utils::"
-        "repeat_kv do, not tiled (0,1,0,1: Tensor::repeat / cat of copies)",
-))
-
-
-def _repeat_sizes(c):
-    sizes = c.args[1:] if len(c.args) > 2 or (len(c.args) == 2 and isinstance(c.args[1], int)) else (
-        tuple(c.args[1]) if len(c.args) > 1 else ())
-    return tuple(sizes)
-
-
-def _repeat_options(c):
-    if not isinstance(c.input, torch.Tensor):
-        return []
-    sizes = _repeat_sizes(c)
-    if len(sizes) != c.input.dim() or sum(1 for s in sizes if s != 1) != 1:
-        return []
-    return ["interleaved"]
-
-
-def _repeat_apply(c, label):
-    sizes = _repeat_sizes(c)
-    dim = next(i for i, s in enumerate(sizes) if s != 1)
-    return torch.repeat_interleave(c.input, sizes[dim], dim=dim)
-
-
-_add(Mutation(
-    "repeat-interleaved", "repeat",
-    options=_repeat_options,
-    apply=_repeat_apply,
-    what=lambda c, label: f"{c.name} replaced by repeat_interleave (0,0,1,1 instead of 0,1,0,1)",
-    instead="tiled (0,1,0,1)",
-    fix="tile the copies (0,1,0,1: Tensor::repeat), as the reference does, not interleave them",
-))
-
-
-def _expand_axis(c):
-    """The repeat_kv pattern: an input with a size-1 axis k ≥ 1 expanded to n > 1, all else equal."""
-    x = c.input
-    if not isinstance(x, torch.Tensor) or x.dim() < 3:
-        return None
-    sizes = c.args[1:]
-    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list, torch.Size)):
-        sizes = tuple(sizes[0])
-    if len(sizes) != x.dim():
-        return None
-    moved = [k for k, (a, b) in enumerate(zip(x.shape, sizes)) if b != -1 and a != b]
-    if len(moved) != 1 or moved[0] == 0 or x.shape[moved[0]] != 1:
-        return None
-    return moved[0], sizes[moved[0]]
-
-
-def _expand_tiled(c, label):
-    k, n = _expand_axis(c)
-    tiled = _tile(c.input.squeeze(k), n, k - 1)
-    return tiled.reshape(c.output.shape)
-
-
-_add(Mutation(
-    "expand-tiled", "expand",
-    options=lambda c: ["tiled"] if _expand_axis(c) else [],
-    apply=_expand_tiled,
-    what=lambda c, label: f"{c.name} as tiling: grouped heads repeated 0,1,0,1 instead of 0,0,1,1",
-    instead="interleaved (0,0,1,1, as repeat_kv)",
-    fix="repeat each KV head in place (h0,h0,h1,h1): candle_transformers::utils::repeat_kv, or "
-        "unsqueeze/expand/reshape; not Tensor::repeat or a cat of copies (h0,h1,h0,h1)",
-))
 
 # --- rotary embeddings ---------------------------------------------------------------------------
 
@@ -838,7 +543,7 @@ def _conv_options(c):
     out = []
     padding = c.get("padding", 0)
     if isinstance(padding, str):
-        return ["bias"] if c.get("bias") is not None else []
+        return []
     pads = (padding,) if isinstance(padding, int) else tuple(padding)
     if any(p != 0 for p in pads):
         out.append("padding=0")
@@ -848,8 +553,6 @@ def _conv_options(c):
     stride = c.get("stride", 1)
     if (stride if isinstance(stride, int) else max(stride)) != 1:
         out.append("stride=1")
-    if c.get("bias") is not None:
-        out.append("bias")
     if any(k > 1 for k in w.shape[2:]):
         out.append("flipped")
     return out
@@ -857,8 +560,6 @@ def _conv_options(c):
 
 def _conv_apply(c, label):
     w = c.get("weight")
-    if label == "bias":
-        return c.run(bias=None)
     if label == "flipped":
         return c.run(weight=w.flip(tuple(range(2, w.dim()))))
     if label == "stride=1":
@@ -868,8 +569,7 @@ def _conv_apply(c, label):
 
 
 def _conv_what(c, label):
-    return {"bias": f"{c.name} without its bias",
-            "flipped": f"{c.name} with the kernel flipped (a true convolution)"}.get(label, f"{c.name}({label})")
+    return {"flipped": f"{c.name} with the kernel flipped (a true convolution)"}.get(label, f"{c.name}({label})")
 
 
 def _conv_instead(c, label):
@@ -877,7 +577,7 @@ def _conv_instead(c, label):
         return f"padding={c.get('padding', 0)}"
     if label == "stride=1":
         return f"stride={c.get('stride', 1)}"
-    return {"bias": "with it", "flipped": "as a cross-correlation"}[label]
+    return {"flipped": "as a cross-correlation"}[label]
 
 
 def _conv_fix(c, label):
@@ -885,8 +585,7 @@ def _conv_fix(c, label):
         return f"pad as the reference does: Conv1dConfig {{ padding: {c.get('padding', 0)}, .. }}"
     if label == "stride=1":
         return f"use the reference's stride ({c.get('stride', 1)}) in the conv config"
-    return {"bias": "add the bias: Conv1d::new(w, Some(b), cfg), broadcast over the channel axis",
-            "flipped": "PyTorch's conv is a cross-correlation: do not flip the kernel"}[label]
+    return {"flipped": "PyTorch's conv is a cross-correlation: do not flip the kernel"}[label]
 
 
 _add(Mutation("conv", ("conv1d", "conv2d"), options=_conv_options, apply=_conv_apply,
@@ -933,170 +632,5 @@ _add(Mutation(
                           "pad_with_same)"),
 ))
 
-# --- precision -----------------------------------------------------------------------------------
-
-_LOW = (torch.float16, torch.bfloat16)
-
-
-def _upcast_target(c):
-    if c.op == "float":
-        return torch.float32
-    for a in list(c.args[1:]) + list(c.kwargs.values()):
-        if isinstance(a, torch.dtype):
-            return a
-    return None
-
-
-_add(Mutation(
-    "upcast-dropped", ("to", "float"),
-    options=lambda c: ["dropped"] if isinstance(c.input, torch.Tensor) and c.input.dtype in _LOW
-    and _upcast_target(c) in (torch.float32, torch.float64) else [],
-    apply=lambda c, label: c.input,
-    what=lambda c, label: f"{c.name}({_upcast_target(c)}) skipped: computed in {c.input.dtype}",
-    instead=lambda c, label: f"computed in {_upcast_target(c)}",
-    fix="compute this part in f32 as the reference does: .to_dtype(DType::F32)? before it and "
-        ".to_dtype(dtype)? after",
-))
-
-_add(Mutation(
-    "softmax-upcast-dropped", ("softmax", "log_softmax"),
-    options=lambda c: ["dropped"] if isinstance(c.input, torch.Tensor) and c.input.dtype in _LOW
-    and c.kwargs.get("dtype") in (torch.float32, torch.float64) else [],
-    apply=lambda c, label: c.func(*c.args, **{k: v for k, v in c.kwargs.items() if k != "dtype"}),
-    what=lambda c, label: f"{c.name} in {c.input.dtype} (dtype= dropped)",
-    instead=lambda c, label: f"dtype={c.kwargs.get('dtype')}",
-    fix="compute the softmax in f32 as the reference does: .to_dtype(DType::F32)? first",
-))
-
-# --- layout --------------------------------------------------------------------------------------
-
-_add(Mutation(
-    "layout-dropped", ("transpose", "permute", "t", "swapaxes", "movedim"),
-    options=lambda c: ["dropped"] if isinstance(c.input, torch.Tensor) and c.input.dim() >= 2 else [],
-    apply=lambda c, label: c.input,
-    what=lambda c, label: f"{c.name}({', '.join(_fmt(a) for a in c.args[1:])}) dropped",
-    instead="applied",
-    fix=lambda c, label: f"apply the {c.op} as the reference does "
-                         f"(.{ 'transpose' if c.op != 'permute' else 'permute'}(..)?, then .contiguous()? "
-                         "before a reshape)",
-))
-
-
-def _view_options(c):
-    if not isinstance(c.input, torch.Tensor):
-        return []
-    shape = tuple(c.output.shape)
-    if len(shape) < 4:  # splitting heads: (batch, seq, heads, head_dim) and beyond
-        return []
-    # Equal sizes too: reshaping straight to them still mixes the two axes.
-    return [f"{i},{i + 1}" for i in range(len(shape) - 1) if shape[i] > 1 and shape[i + 1] > 1]
-
-
-def _view_apply(c, label):
-    i, j = (int(v) for v in label.split(","))
-    shape = list(c.output.shape)
-    shape[i], shape[j] = shape[j], shape[i]
-    return c.input.reshape(shape).transpose(i, j)
-
-
-_add(Mutation(
-    "view-order", ("view", "reshape"),
-    options=_view_options,
-    apply=_view_apply,
-    what=lambda c, label: (
-        f"{c.name} splitting axes {label.replace(',', ' and ')} in the other order "
-        f"(reshaped straight to {_swapped(c.output.shape, label)})"),
-    instead=lambda c, label: f"{list(c.output.shape)}",
-    fix=lambda c, label: (
-        f"reshape to {list(c.output.shape)} as the reference does, then transpose: reshaping "
-        f"straight to {_swapped(c.output.shape, label)} mixes the two axes (e.g. positions and heads)"),
-))
-
-
-def _swapped(shape, label):
-    i, j = (int(v) for v in label.split(","))
-    s = list(shape)
-    s[i], s[j] = s[j], s[i]
-    return s
-
-
-# --- scalar constants ----------------------------------------------------------------------------
-
-_ARITHMETIC = ("add", "sub", "mul", "div", "__radd__", "__rsub__", "__rmul__", "__rdiv__", "__rtruediv__",
-               "__rpow__", "pow", "clamp", "clamp_min", "add_", "mul_", "div_")
-_BASES = (10000.0, 500000.0, 1000000.0)
-
-
-def _scalar(c):
-    for i, a in enumerate(c.args[1:], start=1):
-        if _is_number(a):
-            return i, a
-    for name in ("min", "other", "exponent"):
-        if _is_number(c.kwargs.get(name)):
-            return name, c.kwargs[name]
-    return None
-
-
-def _scalar_options(c):
-    found = _scalar(c)
-    if found is None or not isinstance(c.input, torch.Tensor):
-        return []
-    _, s = found
-    out = []
-    if c.op in ("add", "__radd__", "add_", "clamp", "clamp_min", "sub") and 0 < abs(s) <= 1e-3:
-        out += [label for label, _ in _eps_options(abs(s))] + (["1e-08"] if abs(s) != 1e-8 else [])
-    if c.op in ("__rpow__", "pow", "mul", "div", "__rmul__") and abs(s) >= 1000:
-        out += [_fmt(b) for b in _BASES if b != abs(s)]
-    if c.op in ("mul", "div", "__rmul__", "mul_", "div_") and abs(s) not in (0, 1, 0.5, 2) and abs(s) < 1000:
-        out += ["squared", "dropped"]
-    return out
-
-
-def _scalar_value(s, label):
-    if label == "squared":
-        return s * s if s > 0 else -(s * s)
-    if label == "dropped":
-        return 1.0
-    if label in ("×10", "÷10"):
-        return _eps_value(abs(s), label) * (1 if s > 0 else -1)
-    return float(label) * (1 if s > 0 else -1)
-
-
-def _scalar_apply(c, label):
-    where, s = _scalar(c)
-    value = _scalar_value(s, label)
-    if isinstance(where, int):
-        args = list(c.args)
-        args[where] = value
-        return c.func(*args, **c.kwargs)
-    return c.func(*c.args, **{**c.kwargs, where: value})
-
-
-def _scalar_what(c, label):
-    _, s = _scalar(c)
-    value = _scalar_value(s, label)
-    how = {"squared": " (the factor squared)", "dropped": " (no factor)"}.get(label, "")
-    return f"{c.name} by {_fmt(float(value))} instead of {_fmt(float(s))}{how}" if c.op in (
-        "mul", "div", "__rmul__", "mul_", "div_") else f"{c.name} with {_fmt(float(value))} instead of {_fmt(float(s))}"
-
-
-def _whole(x) -> bool:
-    return abs(x - round(x)) < 1e-6 * max(1.0, abs(x))
-
-
-def _scalar_fix(c, label):
-    _, s = _scalar(c)
-    if label == "squared" and c.op in ("div", "div_") and s > 1 and _whole(s * s):
-        return (f"divide by {_fmt(float(s))} = √{round(s * s)} as the reference does: an attention scale "
-                f"is 1/√head_dim, not 1/head_dim")
-    if label == "squared" and c.op in ("mul", "__rmul__", "mul_") and 0 < s < 1 and _whole(1 / (s * s)):
-        return (f"multiply by {_fmt(float(s))} = 1/√{round(1 / (s * s))} as the reference does: an "
-                f"attention scale is 1/√head_dim, not 1/head_dim")
-    if abs(s) >= 1000:
-        return f"use the reference's constant {_fmt(float(s))} (a rotary base is the config's rope_theta)"
-    return f"use the reference's constant {_fmt(float(s))}"
-
-
-_add(Mutation("constant", _ARITHMETIC, options=_scalar_options, apply=_scalar_apply,
-              what=_scalar_what, instead=lambda c, label: f"{_fmt(float(_scalar(c)[1]))}",
-              fix=_scalar_fix))
+# The operator-level families register themselves after the entries above.
+from . import families  # noqa: E402,F401

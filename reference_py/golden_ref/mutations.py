@@ -1,31 +1,36 @@
-"""Diagnosis by mutating the reference: which common porting mistake, made in which line of the
-reference, turns the reference into the port?
+"""Diagnosis by mutating the reference: which porting mistake, made in which line of the reference,
+turns the reference into the port?
 
 When a case fails, the runtime sends the case and the port's outputs (`op: "mutations"`). The worker
 
 1. runs the reference once under a recording `TorchFunctionMode`, which sees every torch call it
    makes (`F.*`, `torch.*`, Tensor methods, inside `nn.Module`s and library code alike), each with
-   its call site: the innermost frame that is neither torch's nor golden's (file, bytecode offset),
-   shown as `file:line` relative to its import root or site-packages;
-2. lists the candidates: per call site, each mutation of the catalogue (:mod:`golden_ref.catalogue`)
-   that applies there; the same mutation at every site where it applies at once (`spread`); the
-   outputs of two same-shaped calls of one op in one function swapped; and the case's inputs
-   transposed or swapped;
-3. evaluates each candidate cheaply (the case dtype only) and keeps those that change the output and
-   move it toward the port's (less than half the distance);
+   its call site (:mod:`golden_ref.sites`), the submodule it runs in, and, for elementwise ops, the
+   one tensor it is a formula of (`Flow`); and with hooks on the reference module's submodules
+   (:mod:`golden_ref.structure`);
+2. lists the candidates: per call site, each mutation of the operator-level families
+   (:mod:`golden_ref.families`) and of the catalogue (:mod:`golden_ref.catalogue`) that applies
+   there; the same mutation at every site where it applies at once (`spread`); the outputs of two
+   same-shaped calls of one op in one function swapped; the structural mistakes of the submodule
+   calls; and the case's inputs transposed or swapped;
+3. orders them by the failure's evidence (a port whose values are the reference's permuted tries
+   axes first, one that differs only at some positions boundaries first, one scaled constants
+   first; the submodule where a trace saw the first divergence before the rest), and evaluates
+   each cheaply (the case dtype only), keeping those that change the output, leave alone the
+   leaves the port already matches, and move it toward the port's (less than half the distance);
 4. evaluates the `keep` closest of those like a reference (case dtype, float64 and nudged, through
    :func:`golden_ref.evaluate.forward`), so that each has its own rounding estimate.
 
+All of it within `budget` seconds: the cheap pass stops early enough for the full evaluations, and
+the summary says how many candidates of which kind were tried, and whether time ran out.
+
 The runtime then compares the port with each survivor under the check's own tolerance and keeps
-those it matches on both the smallest and the first failing case.
+those it matches on two failing cases.
 """
 
 from __future__ import annotations
 
-import linecache
-import os
 import sys
-import sysconfig
 import time
 import weakref
 
@@ -33,93 +38,22 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
+from . import structure
 from .backends import OutputError, bf16_bits_to_f32, flatten_outputs
 from .catalogue import Call, catalogue_for, mutation  # noqa: F401  (mutation: re-exported)
 from .evaluate import Case, ReferenceRaised, forward
+from .families import CASTS, ELEMENTWISE, NONLINEAR
+from .sites import INTERNAL as _INTERNAL  # noqa: F401  (tests mark their own file internal)
+from .sites import join_places, site_of
 from .wire import WireTensor
 
 # Ops whose outputs may have been swapped between two calls (SwiGLU's gate and up projections).
 SWAPPABLE = frozenset(("linear", "matmul", "conv1d", "conv2d", "bmm"))
+_ADDS = frozenset(("add", "__add__", "__radd__", "add_", "__iadd__"))
 
-
-def _roots(*paths):
-    return tuple(os.path.join(os.path.realpath(p), "") for p in paths if p)
-
-
-_TORCH = _roots(os.path.dirname(torch.__file__))
-_GOLDEN = _roots(os.path.dirname(os.path.abspath(__file__)))
-# A venv's platstdlib is its own lib/pythonX.Y, which holds site-packages: those are not stdlib.
-_STDLIB = _roots(sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib"))
-_INTERNAL: dict = {}
-_MACHINERY = tuple(os.path.join("torch", *p.split("/")) for p in (
-    "overrides.py", "nn/functional.py", "functional.py", "_tensor.py", "nn/modules/module.py",
-    "utils/_contextlib.py", "_jit_internal.py"))
-
-
-def _stdlib(real: str) -> bool:
-    return real.startswith(_STDLIB) and not any(
-        part in ("site-packages", "dist-packages") for part in real.split(os.sep))
-
-
-def _kind(filename: str) -> int:
-    """0: a call site; 1: torch's own code (a site only when no other frame is: a reference that is
-    a torch module); 2: golden's and the standard library's, never."""
-    found = _INTERNAL.get(filename)
-    if found is None:
-        real = os.path.realpath(filename) if not filename.startswith("<") else filename
-        if filename.startswith("<frozen") or real.startswith(_GOLDEN) or _stdlib(real):
-            found = 2
-        elif real.startswith(_TORCH):
-            found = 1
-        else:
-            found = 0
-        _INTERNAL[filename] = found
-    return found
-
-
-def _internal(filename: str) -> bool:
-    """torch's own frames, golden's and the standard library's are not call sites."""
-    return _kind(filename) != 0
-
-
-_DISPLAY: dict = {}
-
-
-def display_path(filename: str) -> str:
-    """A path relative to the import root or site-packages it is under, never the machine's."""
-    shown = _DISPLAY.get(filename)
-    if shown is None:
-        real = os.path.realpath(filename)
-        best = None
-        for entry in sys.path:
-            if not entry:
-                continue
-            root = os.path.join(os.path.realpath(entry), "")
-            if real.startswith(root) and (best is None or len(root) > len(best)):
-                best = root
-        shown = real[len(best):] if best else os.path.basename(real)
-        _DISPLAY[filename] = shown
-    return shown
-
-
-class Site:
-    """Where the reference calls an op: the innermost frame outside torch and golden."""
-
-    __slots__ = ("key", "op", "file", "line", "function", "callers", "calls", "text")
-
-    def __init__(self, key, op, file, line, function, text=None):
-        self.key = key
-        self.op = op
-        self.file = file
-        self.line = line
-        self.function = function
-        self.callers = []  # chains of callers in other files, see `_callers`
-        self.calls = 0
-        self.text = text  # the call's source text, when it fits on its line
-
-    @property
-    def where(self) -> str:
-        return f"{self.file}:{self.line}"
+# The kinds of candidate, in the order they are tried when the evidence says nothing in particular.
+KINDS = ("catalogue", "yours", "activation", "drop", "constant", "axes", "precision", "operands",
+         "boundary", "structure", "inputs")
 
 
 class _Ids:
@@ -137,67 +71,71 @@ class _Ids:
         return ref is not None and ref() is t
 
 
-def _site_of(frame, op: str, sites: dict, callers: bool):
-    """The call site of the op being dispatched, registered in `sites` (key -> Site)."""
-    start = frame
-    while frame is not None and _internal(frame.f_code.co_filename):
-        frame = frame.f_back
-    if frame is None:
-        # The reference is torch's own (`torch.nn.LayerNorm`): its innermost torch frame that is
-        # not dispatch machinery (the module's forward, not `overrides.py`).
-        frame = start
-        while frame is not None and (_kind(frame.f_code.co_filename) != 1
-                                     or frame.f_code.co_filename.endswith(_MACHINERY)):
-            frame = frame.f_back
-        if frame is None:
+class Flow:
+    """Which tensor an elementwise op's output is a formula of: `x * sigmoid(1.702 * x)` is a chain
+    of elementwise ops whose tensors all derive from `x` alone (scalars and 0-d tensors aside). A site ends a chain when some output of it is not
+    consumed by a further op of the same chain (`ends`, complete after `finish`)."""
+
+    def __init__(self):
+        self._roots = {}  # id(output) -> (ref to output, ref to root, (ops, nonlinear), site key or None)
+        self.ends = {}  # site key -> whether some output of it ended a chain
+
+    def _root(self, t):
+        found = self._roots.get(id(t))
+        if found is not None and found[0]() is t:
+            return found
+        return None
+
+    def _inputs(self, call):
+        return call.args[:1] if call.op in CASTS else list(call.args) + list(call.kwargs.values())
+
+    def before(self, call):
+        """(ref to root, ops, nonlinear ops) for an elementwise call of one tensor, or None: `ops`
+        counts the chain's ops but casts, `nonlinear` those that are not affine."""
+        if call.op not in ELEMENTWISE:
             return None
-    code = frame.f_code
-    key = f"{code.co_filename}:{frame.f_lasti}:{op}"
-    site = sites.get(key)
-    if site is None:
-        site = Site(key, op, display_path(code.co_filename), frame.f_lineno,
-                    f"{code.co_filename}:{code.co_name}:{code.co_firstlineno}",
-                    _source_text(frame))
-        sites[key] = site
-    if callers and len(site.callers) < 8:
-        chain = _callers(frame)
-        if chain and chain not in site.callers:
-            site.callers.append(chain)
-    return site
+        root, ops, nonlinear = None, 0, 0
+        for a in self._inputs(call):
+            if not isinstance(a, torch.Tensor) or a.dim() == 0:
+                continue
+            if not a.is_floating_point():
+                return None
+            found = self._root(a)
+            r, n, k = (found[1](), found[2][0], found[2][1]) if found is not None else (a, 0, 0)
+            if r is None or (root is not None and r is not root):
+                return None
+            root, ops, nonlinear = r, max(ops, n), max(nonlinear, k)
+        if root is None:
+            return None
+        ops += call.op not in CASTS
+        nonlinear += call.op in NONLINEAR
+        return weakref.ref(root), ops, nonlinear
 
+    def after(self, call, chain, out):
+        if chain is None or not isinstance(out, torch.Tensor):
+            return
+        for a in self._inputs(call):
+            found = self._root(a) if isinstance(a, torch.Tensor) else None
+            if found is not None and found[3] is not None:
+                self._roots[id(a)] = (*found[:3], None)  # consumed within its chain
+        key = call.site.key if call.site is not None else None
+        old = self._roots.get(id(out))
+        if old is not None and old[3] is not None and old[0]() is not out:
+            self.ends[old[3]] = True  # its tensor is gone, never consumed
+        self._roots[id(out)] = (weakref.ref(out), chain[0], chain[1:], key)
+        if key is not None:
+            self.ends.setdefault(key, False)
 
-def _source_text(frame):
-    """The source of the call the frame is making (`self.gate_proj(x)`), when it is on one line."""
-    try:
-        positions = list(frame.f_code.co_positions())  # Python 3.11+
-        line, end_line, col, end_col = positions[frame.f_lasti // 2]
-    except (AttributeError, IndexError, ValueError):
-        return None
-    if line is None or line != end_line or col is None or end_col is None:
-        return None
-    text = linecache.getline(frame.f_code.co_filename, line)[col:end_col]
-    return text if 0 < len(text) <= 60 else None
-
-
-def _callers(frame, depth: int = 8) -> tuple:
-    """The frames that lead to `frame` from other files (`file:line`, innermost first), without
-    torch's, golden's and decorators' (functions defined inside functions: `wrapper`)."""
-    out = []
-    here = frame.f_code.co_filename
-    caller = frame.f_back
-    while caller is not None and len(out) < depth:
-        code = caller.f_code
-        if not (_internal(code.co_filename) or code.co_filename == here
-                or "<locals>" in getattr(code, "co_qualname", "")):
-            out.append((display_path(code.co_filename), caller.f_lineno))
-        caller = caller.f_back
-    return tuple(out)
+    def finish(self):
+        for _, _, _, key in self._roots.values():
+            if key is not None:
+                self.ends[key] = True
 
 
 class _Mode(TorchFunctionMode):
     """Sees the reference's torch calls; `on_call(call)` computes each of the ops in `ops`."""
 
-    def __init__(self, ops, on_call, sites, callers=False):
+    def __init__(self, ops, on_call, sites, callers=False, sizes=(), recorder=None):
         super().__init__()
         self.ops = ops
         self.on_call = on_call
@@ -205,6 +143,9 @@ class _Mode(TorchFunctionMode):
         self.callers = callers  # record who calls each site (the recording only)
         self.negated = _Ids()
         self.counts = {}
+        self.flow = Flow()
+        self.sizes = sizes
+        self.recorder = recorder
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -215,22 +156,32 @@ class _Mode(TorchFunctionMode):
             return out
         if op not in self.ops:
             return func(*args, **kwargs)
-        site = _site_of(sys._getframe(1), op, self.sites, self.callers)
+        site = site_of(sys._getframe(1), op, self.sites, self.callers)
         if site is None:
             return func(*args, **kwargs)
+        if self.recorder is not None:
+            current = self.recorder.current()
+            if current is not None:
+                site.modules.add(current)
         index = self.counts.get(site.key, 0)
         self.counts[site.key] = index + 1
-        call = Call(func, op, args, kwargs, site, state={"negated": self.negated, "index": index})
-        return self.on_call(call)
+        call = Call(func, op, args, kwargs, site,
+                    state={"negated": self.negated, "index": index, "sizes": self.sizes})
+        chain = self.flow.before(call)
+        call.state["chain"] = chain
+        out = self.on_call(call)
+        self.flow.after(call, chain, out)
+        return out
 
 
 class Candidate:
     """One mutation to try: of some call sites (`targets`, with a catalogue `mutation` and its
-    `label`), an exchange of two sites' outputs (`swap`), or other inputs (`args`); `what`,
-    `instead`, `fix` and `where` are the message's words."""
+    `label`), an exchange of two sites' outputs (`swap`), a structural `plan`, or other inputs
+    (`args`); `what`, `instead`, `fix`, `where` and `code` (the reference's source line) are the
+    message's words, `kind` its family."""
 
     def __init__(self, key, what, instead, fix, where, targets=None, mutation=None, label=None,
-                 swap=None, args=None):
+                 swap=None, args=None, kind="catalogue", code=None, plan=None, modules=()):
         self.key = key
         self.what = what
         self.instead = instead
@@ -241,25 +192,43 @@ class Candidate:
         self.label = label
         self.swap = swap  # (site a, site b): their outputs are exchanged
         self.args = args  # mutated inputs
+        self.kind = kind
+        self.code = code
+        self.plan = plan  # a structure.Plan
+        self.modules = set(modules)  # the submodules its sites run in
 
-    def case(self, case: Case, ops, sites) -> Case:
+    def case(self, case: Case, ops, sites, sizes) -> Case:
         if self.args is not None:
             return case.derived(case.obj, args=self.args)
-        return _wrapped(case, lambda: _Session(self, ops, sites))
+        return _wrapped(case, lambda: _Session(self, ops, sites, sizes))
 
 
 class _Session:
     """One invocation of the reference under a candidate (a prepass first, for swaps)."""
 
-    def __init__(self, candidate, ops, sites):
+    def __init__(self, candidate, ops, sites, sizes=()):
         self.candidate = candidate
         self.ops = ops
         self.sites = sites
+        self.sizes = sizes
 
-    def run(self, call_reference, constructing=False):
+    def _mode(self, on_call):
+        return _Mode(self.ops, on_call, self.sites, sizes=self.sizes)
+
+    def run(self, call_reference, constructing=False, root=None):
         c = self.candidate
+        if c.plan is not None:
+            if constructing:
+                return call_reference()
+            with structure.Applying(root, c.plan) as applying:
+                def on_call(call):
+                    out = applying.on_call(call) if call.op in _ADDS else None
+                    return out if out is not None else call.func(*call.args, **call.kwargs)
+
+                with self._mode(on_call):
+                    return call_reference()
         if c.swap is None:
-            with _Mode(self.ops, self._mutate, self.sites):
+            with self._mode(self._mutate):
                 return call_reference()
         if constructing:
             # Swaps are of a forward's calls; running a constructor twice would draw new weights.
@@ -272,7 +241,7 @@ class _Session:
                 outputs[call.site.key].append(out)
             return out
 
-        with _Mode(self.ops, collect, self.sites):
+        with self._mode(collect):
             call_reference()
         a, b = c.swap
 
@@ -288,7 +257,7 @@ class _Session:
                 return out
             return call.func(*call.args, **call.kwargs)
 
-        with _Mode(self.ops, exchange, self.sites):
+        with self._mode(exchange):
             return call_reference()
 
     def _mutate(self, call):
@@ -327,7 +296,7 @@ def _wrapped(case: Case, session, built=None) -> Case:
                     built.append(self)
 
             def forward(self, *args, **kwargs):
-                return session().run(lambda: self.inner(*args, **kwargs))
+                return session().run(lambda: self.inner(*args, **kwargs), root=self.inner)
 
         obj = Mutated
     else:
@@ -343,9 +312,10 @@ def _wrapped(case: Case, session, built=None) -> Case:
 class Recording:
     """The reference's calls, by site, and the candidates they admit."""
 
-    def __init__(self, mutations):
+    def __init__(self, mutations, sizes=()):
         self.mutations = mutations
-        self.ops = frozenset().union(*(m.ops for m in mutations)) | SWAPPABLE
+        self.ops = frozenset().union(*(m.ops for m in mutations)) | SWAPPABLE | ELEMENTWISE | _ADDS
+        self.sizes = sizes
         self.sites = {}
         self.calls = 0
         # (mutation index, label) -> {site key: (what, instead, fix, shown)}
@@ -356,17 +326,31 @@ class Recording:
         # there needs the module built anew.
         self.construction = set()
         self.constructing = False
+        self.recorder = None
+        self.flow = None
+        self.seconds = 0.0
 
     def session(self):
         return self
 
-    def run(self, call_reference, constructing=False):
+    def run(self, call_reference, constructing=False, root=None):
         self.constructing = constructing
+        started = time.monotonic()
+        recorder = structure.Recorder(root) if root is not None and not constructing else None
+        mode = _Mode(self.ops, self._record, self.sites, callers=True, sizes=self.sizes, recorder=recorder)
         try:
-            with _Mode(self.ops, self._record, self.sites, callers=True):
+            if recorder is not None:
+                self.recorder = recorder
+                with recorder, mode:
+                    return call_reference()
+            with mode:
                 return call_reference()
         finally:
             self.constructing = False
+            if not constructing:
+                mode.flow.finish()
+                self.flow = mode.flow
+            self.seconds += time.monotonic() - started
 
     def _record(self, call):
         out = call.func(*call.args, **call.kwargs)
@@ -377,6 +361,8 @@ class Recording:
             self.construction.add(call.site.key)
         if call.op in SWAPPABLE and isinstance(out, torch.Tensor):
             self.shapes.setdefault(call.site.key, []).append(tuple(out.shape))
+        if self.recorder is not None and call.op in _ADDS and len(call.args) >= 2:
+            self.recorder.on_add(call.site.key, call.args[0], call.args[1], out)
         for i, m in enumerate(self.mutations):
             if call.op not in m.ops:
                 continue
@@ -397,19 +383,31 @@ class Recording:
                     at[call.site.key] = (*at[call.site.key][:3], True)
         return out
 
+    def _wanted(self, m, label, key) -> bool:
+        """A formula of one tensor is replaced where it ends, not at each of its steps."""
+        if m.kind == "activation" and label.startswith("formula:") and self.flow is not None:
+            return self.flow.ends.get(key, True)
+        return True
+
     def candidates(self) -> list:
         out = []
         for (i, label), at in self.options.items():
             m = self.mutations[i]
+            at = {k: v for k, v in at.items() if self._wanted(m, label, k)}
+            if not at:
+                continue
             if not m.joint:
                 for key, (what, instead, fix, _) in at.items():
                     out.append(Candidate(f"{m.key}|{label}|{self._id(key)}", what, instead, fix,
-                                         self._where([key]), targets={key}, mutation=m, label=label))
+                                         self._where([key]), targets={key}, mutation=m, label=label,
+                                         kind=m.kind, code=self.sites[key].code,
+                                         modules=self.sites[key].modules))
             shown = [key for key, words in at.items() if words[3]]
             if m.joint and shown:
                 what, instead, fix, _ = at[shown[0]]
                 out.append(Candidate(f"{m.key}|{label}|*", what, instead, fix, self._where(shown),
-                                     targets=set(at), mutation=m, label=label))
+                                     targets=set(at), mutation=m, label=label, kind=m.kind,
+                                     code=self.sites[shown[0]].code if len(shown) == 1 else None))
             elif m.spread and len(at) > 1:
                 # Every site at once (a port makes its mistake wherever it uses the op), and every
                 # site of one function at once (q, k and v split the same wrong way).
@@ -421,10 +419,20 @@ class Recording:
                     what, instead, fix, _ = at[keys[0]]
                     where = f"all {len(keys)} of its call sites: {self._where(keys)}"
                     tag = "*" if len(keys) == len(at) else "*" + self._id(keys[0])
+                    # Several lines: the message lists them, and shows none.
                     out.append(Candidate(f"{m.key}|{label}|{tag}", what, instead, fix, where,
-                                         targets=set(keys), mutation=m, label=label))
+                                         targets=set(keys), mutation=m, label=label, kind=m.kind))
         out += self._swaps()
+        out += self._structure()
         return out
+
+    def _structure(self):
+        if self.recorder is None:
+            return []
+        adds = {key: (site.where, site.code) for key, site in self.sites.items() if site.op in _ADDS}
+        return [Candidate(p.key, p.what, p.instead, p.fix, p.where, kind="structure", code=p.code, plan=p,
+                          modules={n for instance in p.instances for n in instance})
+                for p in self.recorder.plans(adds)]
 
     def _swaps(self):
         by_function = {}
@@ -448,7 +456,8 @@ class Recording:
                             "the port exchanges these two results (e.g. SwiGLU's gate and up "
                             "projections: silu(gate(x)) * up(x)): check which weight feeds which branch",
                             self._where([a, b]),
-                            swap=(a, b)))
+                            swap=(a, b), kind="operands", code=sa.code,
+                            modules=sa.modules | sb.modules))
         return out
 
     def _id(self, key):
@@ -469,21 +478,10 @@ class Recording:
                 caller = next((f"{f}:{line}" for f, line in chain if f in files), None)
                 if caller and caller not in callers and caller not in places:
                     callers.append(caller)
-        text = _join_places(places)
+        text = join_places(places)
         if callers:
-            text += ", called from " + _join_places(callers[:4])
+            text += ", called from " + join_places(callers[:4])
         return text
-
-
-def _join_places(places) -> str:
-    out, last_file = [], None
-    for place in places:
-        file, _, line = place.rpartition(":")
-        out.append(place if file != last_file else f":{line}")
-        last_file = file
-    if len(out) > 1:
-        return ", ".join(out[:-1]) + " and " + out[-1]
-    return out[0]
 
 
 def _input_candidates(case: Case, names: list) -> list:
@@ -499,7 +497,7 @@ def _input_candidates(case: Case, names: list) -> list:
                 f"input-transposed|{names[i]}", f"its input `{names[i]}` transposed (last two axes)",
                 "as given", f"the port reads `{names[i]}` transposed: use it as laid out "
                             "(PyTorch's [out, in] for a weight), or transpose it back with .t()?",
-                "", args=args))
+                "", args=args, kind="inputs"))
     for i, a in enumerate(case.args):
         for j in range(i + 1, len(case.args)):
             b = case.args[j]
@@ -510,7 +508,7 @@ def _input_candidates(case: Case, names: list) -> list:
                     f"inputs-swapped|{names[i]}|{names[j]}",
                     f"its inputs `{names[i]}` and `{names[j]}` swapped", "in order",
                     f"the port uses `{names[i]}` where the reference uses `{names[j]}` and vice "
-                    "versa: check the argument order", "", args=args))
+                    "versa: check the argument order", "", args=args, kind="inputs"))
     return out
 
 
@@ -543,13 +541,86 @@ def distance(leaves, port: dict) -> float:
     return float(np.sqrt(total / count)) if count else 0.0
 
 
-def _cheap(case: Case, target, candidate, ops, sites):
+def evidence(reference, port: dict) -> list:
+    """What the difference between the port and the reference looks like: `permuted` (the port's
+    values are the reference's, elsewhere), `local` (whole slices along some axis agree and others
+    do not: an edge, a window, a position), `scaled` (the port is the reference times a factor)."""
+    found = []
+    for name, t in reference:
+        p = port.get(name)
+        if p is None:
+            continue
+        r, q = _as_f64(t), _as_f64(p)
+        if r.shape != q.shape or r.size < 2 or not (np.isfinite(r).all() and np.isfinite(q).all()):
+            continue
+        tol = 1e-5 * (1 + np.abs(r))
+        differs = np.abs(q - r) > tol
+        if not differs.any():
+            continue
+        if np.allclose(np.sort(q, axis=None), np.sort(r, axis=None), rtol=1e-5, atol=1e-6):
+            found.append("permuted")
+        for axis in range(r.ndim):
+            if r.shape[axis] < 2:
+                continue
+            other = tuple(k for k in range(r.ndim) if k != axis)
+            per_slice = differs.any(axis=other) if other else differs
+            if per_slice.any() and not per_slice.all():
+                found.append("local")
+                break
+        rr = float(np.sum(r * r))
+        if rr > 0:
+            c = float(np.sum(q * r)) / rr
+            if abs(c - 1) > 1e-3 and np.sqrt(np.mean((q - c * r) ** 2)) <= 1e-4 * np.sqrt(np.mean(q * q)) + 1e-7:
+                found.append("scaled")
+    return found
+
+
+def _agrees(a: WireTensor, b: WireTensor) -> bool:
+    """Whether two answers for a leaf are the same but for rounding (a generous bound: this only
+    sorts out leaves that plainly agree)."""
+    x, y = _as_f64(a), _as_f64(b)
+    if x.shape != y.shape:
+        return False
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(x - y)
+        ok = (d <= 1e-4 * (1 + np.abs(y))) | (x == y) | (np.isnan(x) & np.isnan(y))
+    return bool(ok.all())
+
+
+def order_of_kinds(found: list) -> list:
+    """The kinds of candidate in the order the evidence suggests."""
+    first = []
+    if "permuted" in found:
+        first += ["axes", "operands", "inputs", "structure"]
+    if "local" in found:
+        first += ["boundary", "operands", "drop"]
+    if "scaled" in found:
+        first += ["constant", "drop"]
+    out = []
+    for kind in first + list(KINDS):
+        if kind not in out:
+            out.append(kind)
+    return out
+
+
+def _focused(candidate, focus) -> bool:
+    """Whether the candidate's sites run in the submodule `focus` (a trace point's name)."""
+    if not focus:
+        return False
+    for name in candidate.modules:
+        if name == focus or name.startswith(focus + ".") or focus.startswith(name + "."):
+            return True
+    return False
+
+
+def _cheap(case: Case, target, candidate, ops, sites, sizes):
     """The candidate's outputs in the case dtype only, on fresh copies of the inputs, with the
     reference `target` as built for the recording: the cheap pass that picks the few candidates
     evaluated in full (case dtype, float64, nudged) by `forward`."""
     backend = case.backend
     args = [backend.to_native(WireTensor(a.dtype, a.array.copy())) for a in (candidate.args or case.args)]
-    session = _Session(candidate, ops, sites) if candidate.args is None else None
+    session = _Session(candidate, ops, sites, sizes) if candidate.args is None else None
+    root = target if isinstance(target, torch.nn.Module) else None
     # The CPU generator only: torch.manual_seed also queues a CUDA re-seed, and on a CUDA build
     # that records a stack trace each time (~1 ms, the cheap pass's largest cost).
     torch.default_generator.manual_seed(case.seed)
@@ -557,20 +628,60 @@ def _cheap(case: Case, target, candidate, ops, sites):
         if session is None:
             out = target(*args, **case.kwargs)
         else:
-            out = session.run(lambda: target(*args, **case.kwargs))
+            out = session.run(lambda: target(*args, **case.kwargs), root=root)
     return [(name, backend.from_native(value, case.dtype)) for name, value in flatten_outputs(out, backend)]
 
 
-def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, perturbations: int = 4,
-           only=None):
-    """Find the mutations of the reference that move it toward the port on this case.
+def config_sizes(case: Case) -> list:
+    """The integer fields of the case's configuration object (`head_dim`, `query_pre_attn_scalar`,
+    …) and `hidden_size / num_attention_heads`, as (name, value): the sizes a constant may be."""
+    if case.config is None:
+        return []
+    config_class, keywords = case.config
+    try:
+        config = config_class(**keywords)
+        items = config.to_dict().items() if hasattr(config, "to_dict") else vars(config).items()
+    except Exception:
+        return []
+    out = []
+    for name, value in items:
+        if isinstance(value, bool) or not isinstance(value, int) or name.startswith("_"):
+            continue
+        if name.endswith(("_id", "_ids", "_idx")) or not 2 <= value <= 1 << 20:
+            continue
+        out.append((name, value))
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 and hidden % heads == 0:
+        out.append(("hidden_size/num_attention_heads", hidden // heads))
+    return out
 
-    `port` holds the port's outputs as (name, WireTensor); `names` the inputs' names. Returns a
-    summary (calls, sites, candidates tried, whether the budget of seconds ran out) and, for the
-    `keep` closest candidates, (candidate, result of `forward`). With `only` (candidate keys, those
-    that matched on another case), just those are evaluated, in full, without the cheap pass."""
-    started = time.monotonic()
-    recording = Recording(catalogue_for(case.obj))
+
+class Budget:
+    """The search's seconds: `reserve` of them kept for the full evaluations."""
+
+    def __init__(self, seconds):
+        self.started = time.monotonic()
+        self.seconds = seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.monotonic() - self.started)
+
+
+def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, perturbations: int = 4,
+           only=None, sizes=(), focus=None):
+    """Find the mutations of the reference that move it toward the port on this case, within
+    `budget` seconds.
+
+    `port` holds the port's outputs as (name, WireTensor); `names` the inputs' names; `sizes` the
+    case's named sizes (name, value), to which the configuration's fields are added; `focus` the submodule where a trace saw the first divergence.
+    Returns a summary (calls, sites, candidates of each kind and how many were tried, whether the
+    budget ran out and where) and, for the `keep` closest candidates, (candidate, result of
+    `forward`). With `only` (candidate keys, those that matched on another case), just those are
+    evaluated, in full, without the cheap pass."""
+    clock = Budget(budget)
+    sizes = [(name, value, "config") for name, value in config_sizes(case)] + [
+        (str(n), int(v), "case") for n, v in sizes]
+    recording = Recording(catalogue_for(case.obj), sizes)
     built = []
     base = forward(_wrapped(case, recording.session, built), precise=False)
     # The cheap pass reuses the reference as forward() built it (its weights included), unless a
@@ -581,55 +692,82 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
     base_distance = distance(base["expected"], port)
     candidates = recording.candidates() + _input_candidates(case, names)
     ops = recording.ops
+    # A full evaluation runs the reference 2 + 2 × perturbations times (case dtype, float64, and
+    # each nudge in both).
+    full_cost = (2 + 2 * perturbations) * max(recording.seconds, 1e-3)
+    counts = {}
+    for c in candidates:
+        counts.setdefault(c.kind, [0, 0])[0] += 1
     if only is not None:
         wanted = [c for c in candidates if c.key in set(only)]
-        evaluated = []
+        evaluated, truncated = [], False
         for candidate in wanted:
+            if clock.left() <= 0:
+                truncated = True
+                break
             try:
-                evaluated.append((candidate, forward(candidate.case(case, ops, recording.sites),
+                evaluated.append((candidate, forward(candidate.case(case, ops, recording.sites, sizes),
                                                      perturbations)))
             except (ReferenceRaised, OutputError):
                 continue
-        return _summary(recording, candidates, len(wanted), len(wanted), False, started), evaluated
+        return _summary(recording, candidates, counts, len(evaluated), len(wanted), truncated,
+                        "full evaluations" if truncated else None, clock), evaluated
+    order = order_of_kinds(evidence(base["expected"], port))
+    # Which leaves differ: a mutant that moves a leaf the port already matches is not the port.
+    agreed = [name for name, t in base["expected"] if name in port and _agrees(t, port[name])]
+    rank = {kind: i for i, kind in enumerate(order)}
+    candidates.sort(key=lambda c: (not _focused(c, focus), rank.get(c.kind, len(rank))))
+    reserve = min(clock.seconds / 2, keep * full_cost)
     scored = []
-    truncated = False
+    truncated, stage = False, None
     tried = 0
     for candidate in candidates:
-        if time.monotonic() - started > budget:
-            truncated = True
+        if clock.left() <= reserve:
+            truncated, stage = True, "cheap pass"
             break
         tried += 1
+        counts[candidate.kind][1] += 1
         try:
             if target is None or (candidate.targets and candidate.targets & recording.construction):
-                expected = forward(candidate.case(case, ops, recording.sites), precise=False)["expected"]
+                expected = forward(candidate.case(case, ops, recording.sites, sizes), precise=False)["expected"]
             else:
-                expected = _cheap(case, target, candidate, ops, recording.sites)
+                expected = _cheap(case, target, candidate, ops, recording.sites, sizes)
         except Exception:  # a mutated reference that raises cannot be the port
             continue
         moved = distance(expected, base_expected)
         if moved == 0.0:
             continue  # a mutation that changes nothing explains nothing
+        if any(not _agrees(t, base_expected[name]) for name, t in expected if name in agreed):
+            continue
         d = distance(expected, port)
         if d < 0.5 * base_distance:
             scored.append((d, candidate))
     scored.sort(key=lambda s: s[0])
     evaluated = []
     for d, candidate in scored[:keep]:
+        if clock.left() <= 0:
+            truncated, stage = True, stage or "full evaluations"
+            break
         try:
-            result = forward(candidate.case(case, ops, recording.sites), perturbations)
+            result = forward(candidate.case(case, ops, recording.sites, sizes), perturbations)
         except (ReferenceRaised, OutputError):
             continue
         evaluated.append((candidate, result))
-    return _summary(recording, candidates, tried, len(scored), truncated, started), evaluated
+    return _summary(recording, candidates, counts, tried, len(scored), truncated, stage, clock), evaluated
 
 
-def _summary(recording, candidates, tried, close, truncated, started):
+def _summary(recording, candidates, counts, tried, close, truncated, stage, clock):
     return {
         "calls": recording.calls,
         "sites": len(recording.sites),
         "candidates": len(candidates),
         "tried": tried,
         "close": close,
+        "kinds": [[kind, n, t] for kind, (n, t) in sorted(counts.items(), key=lambda kv: KINDS.index(kv[0])
+                                                           if kv[0] in KINDS else len(KINDS))],
         "truncated": truncated,
-        "seconds": time.monotonic() - started,
+        "stage": stage,
+        "seconds": time.monotonic() - clock.started,
+        "budget": clock.seconds,
     }
+

@@ -193,11 +193,13 @@ class Worker:
             budget=float(header.get("budget", 20.0)),
             perturbations=int(header.get("perturbations", 4)),
             only=header.get("only"),
+            sizes=[(str(n), int(v)) for n, v in header.get("sizes", [])],
+            focus=header.get("focus"),
         )
         table = wire.TensorTable()
         summary["mutants"] = [
             {"key": c.key, "what": c.what, "instead": c.instead, "fix": c.fix, "where": c.where,
-             "outputs": _outputs_json(result, table)}
+             "kind": c.kind, "code": c.code, "outputs": _outputs_json(result, table)}
             for c, result in found
         ]
         return summary, table.tensors

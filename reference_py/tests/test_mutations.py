@@ -133,6 +133,82 @@ class MutationTest(unittest.TestCase):
         finally:
             del CATALOGUE[before:]
 
+    def test_the_evidence_orders_the_search(self):
+        from golden_ref.mutations import evidence, order_of_kinds
+
+        r = self.rng.standard_normal((3, 5))
+        ref = [("out", self.wire(r))]
+        # Only the last position differs: boundaries first.
+        edge = r.copy()
+        edge[:, -1] += 1
+        self.assertEqual(order_of_kinds(evidence(ref, {"out": self.wire(edge)}))[0], "boundary")
+        # The same values elsewhere: axes first.
+        self.assertEqual(order_of_kinds(evidence(ref, {"out": self.wire(r[::-1].copy())}))[0], "axes")
+        # A factor: constants first.
+        self.assertEqual(order_of_kinds(evidence(ref, {"out": self.wire(r * 0.7)}))[0], "constant")
+
+    def test_a_trace_s_first_divergence_is_searched_first(self):
+        from golden_ref.mutations import Candidate, _focused
+
+        inside = Candidate("a", "", "", "", "", modules={"layers.1.mlp.act_fn"})
+        outside = Candidate("b", "", "", "", "", modules={"layers.0.mlp"})
+        self.assertTrue(_focused(inside, "layers.1.mlp"))
+        self.assertFalse(_focused(outside, "layers.1.mlp"))
+        self.assertTrue(_focused(inside, "layers.1.mlp.act_fn.0"))  # a tuple output's point
+
+    def test_a_mutant_that_moves_a_leaf_the_port_matches_is_not_tried_further(self):
+        def two(x):
+            return F.gelu(x), torch.softmax(x, dim=-1)
+
+        x = self.rng.standard_normal((2, 6))
+        t = torch.tensor(x, dtype=torch.float32)
+        port = [("out.0", self.wire(F.gelu(t, approximate="tanh").numpy())),
+                ("out.1", self.wire(torch.softmax(t, dim=-1).numpy()))]
+        from golden_ref import mutations
+
+        _, found = mutations.search(self.case(two, [x]), port)
+        self.assertEqual(found[0][0].what, "F.gelu(approximate='tanh')")
+        # Softmax over the other dim moves `out.1`, which the port matches: never close.
+        self.assertFalse(any("softmax" in c.what for c, _ in found), [c.what for c, _ in found])
+
+    def test_formulas_of_one_tensor_are_named_by_the_activation_they_compute(self):
+        def quick(x):
+            return x * torch.sigmoid(1.702 * x)
+
+        x = self.rng.standard_normal((3, 7)) * 2
+        port = F.gelu(torch.tensor(x, dtype=torch.float32)).numpy()
+        _, found = self.search(self.case(quick, [x]), port)
+        self.assertEqual(found[0][0].what,
+                         "GELU (erf) in place of the quick_gelu (x·sigmoid(1.702·x)) the reference writes out")
+
+    def test_a_submodule_skipped_is_named_as_a_module_and_as_its_op(self):
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = torch.nn.LayerNorm(4)
+                self.ff = torch.nn.Linear(4, 4)
+                self.out = torch.nn.LayerNorm(4)
+
+            def forward(self, x):
+                return self.out(x + self.ff(self.norm(x)))
+
+        x = self.rng.standard_normal((2, 3, 4))
+        torch.manual_seed(3)
+        m = Block().eval()
+        with torch.no_grad():
+            t = torch.tensor(x, dtype=torch.float32)
+            skipped = (t + m.ff(m.norm(t))).numpy()
+        _, found = self.search(self.case(Block, [x], form="module"), skipped)
+        # The module skipped, and (the same thing) its layer_norm call left out, both exactly.
+        whats = [c.what for c, _ in found[:2]]
+        self.assertIn("`out` (LayerNorm) skipped: its input passed on as its output", whats)
+        self.assertIn("F.layer_norm left out (the input not normalised)", whats)
+        with torch.no_grad():
+            unnormed = m.out(t + m.ff(t)).numpy()  # the first norm left out
+        _, found = self.search(self.case(Block, [x], form="module"), unnormed)
+        self.assertTrue(any(c.kind == "structure" and c.what.startswith("`norm` (LayerNorm) skipped")
+                            for c, _ in found), [c.what for c, _ in found])
+
     def test_arguments_change_where_they_were_given(self):
         from golden_ref.catalogue import Call
 

@@ -160,3 +160,18 @@ class LlamaBlock(nn.Module):
     def forward(self, x):
         x = x + self.self_attn(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# --- a long reference ----------------------------------------------------------------------------
+
+def _long_chain_source(steps: int = 1000) -> str:
+    """`long_chain`: 3,000 torch calls at 3,000 distinct sites, a tanh after an affine map with
+    constants that change from line to line (the mutation diagnosis must keep to its budget)."""
+    lines = ["def long_chain(x):"]
+    for k in range(steps):
+        lines.append(f"    x = torch.tanh(x * {1 + (k % 7) / 50!r} + {(k % 5 - 2) / 100!r})")
+    lines.append("    return x")
+    return "\n".join(lines) + "\n"
+
+
+exec(compile(_long_chain_source(), "<zoo_ref.undeclared.long_chain>", "exec"), globals())

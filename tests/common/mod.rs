@@ -6,8 +6,10 @@ pub mod gpt2;
 pub mod llama;
 pub mod mutation_ports;
 pub mod overfit_mlp;
+pub mod porter_ports;
 pub mod processes;
 pub mod tiny_lm;
+pub mod unseen_ports;
 pub mod variant_ports;
 
 use std::path::PathBuf;

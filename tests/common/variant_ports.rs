@@ -550,7 +550,15 @@ pub fn expected_mutation(layer: &str) -> Option<(&'static str, &'static str)> {
             "Tensor.add with 1e-05 instead of 1e-06",
             "zoo_ref/functional.py:35",
         ),
-        "v_rms_centered" | "v_rms_one_plus" | "v_block_post_norm" => return None,
+        "v_rms_centered" => return None,
+        "v_rms_one_plus" => (
+            "with the weight as (1 + weight)",
+            "zoo_ref/functional.py:35",
+        ),
+        "v_block_post_norm" => (
+            "post-norm: `ln1` and `ln2` (LayerNorm) applied to the residual sums",
+            "zoo_ref/modules.py:69",
+        ),
         "v_linear_no_bias" => ("F.linear without its bias", "zoo_ref/functional.py:39"),
         "v_linear_untransposed" => (
             "F.linear with the weight transposed",

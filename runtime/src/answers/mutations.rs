@@ -1,8 +1,9 @@
-//! The mutation diagnosis's request: on a failing case, the worker re-runs the reference with one of
-//! its torch calls mutated into a common porting mistake (`reference_py/golden_ref/mutations.py`,
-//! catalogue in `catalogue.py`) and answers with the mutants that move toward the port's outputs,
-//! each evaluated like a reference (case dtype, float64, nudged). `judge::mutations` decides which
-//! the port matches.
+//! The mutation diagnosis's request: on a failing case, the worker re-runs the reference with one
+//! of its torch calls (or submodule calls) mutated into a porting mistake
+//! (`reference_py/golden_ref/mutations.py`; the operator-level families in `families.py`, submodule
+//! mistakes in `structure.py`, named entries in `catalogue.py`) and answers with the mutants that
+//! move toward the port's outputs, each evaluated like a reference (case dtype, float64, nudged),
+//! within the seconds it is given. `judge::mutations` decides which the port matches.
 //!
 //! It needs Python. Live and recording sources have it; a replay starts a worker for it only when
 //! the interpreter visibly has torch (or `GOLDEN_MUTATIONS=always`), so that a replay on a machine
@@ -22,6 +23,7 @@ use candle_core::DType;
 use golden_files::HostTensor;
 use serde_json::{json, Value as Json};
 use std::path::Path;
+use std::time::Duration;
 
 /// One mutant of the reference that moved toward the port on a case.
 #[derive(Clone, Debug)]
@@ -36,6 +38,11 @@ pub struct Mutant {
     pub site: String,
     /// The fix, in candle terms.
     pub fix: String,
+    /// Its family: `drop`, `operands`, `boundary`, `constant`, `activation`, `axes`,
+    /// `precision`, `structure`, `catalogue`, `yours`, `inputs`.
+    pub kind: String,
+    /// The reference's source line at the site, when it is known.
+    pub code: Option<String>,
     /// Its outputs and their rounding estimate, as for the reference.
     pub outputs: ReferenceOutputs,
 }
@@ -43,7 +50,7 @@ pub struct Mutant {
 /// What the worker did on one case.
 #[derive(Clone, Debug, Default)]
 pub struct Search {
-    /// Torch calls the reference made that the catalogue knows.
+    /// Torch calls the reference made that some mutation applies to.
     pub calls: usize,
     /// Their distinct call sites.
     pub sites: usize,
@@ -51,10 +58,16 @@ pub struct Search {
     pub candidates: usize,
     /// Mutations evaluated (fewer than `candidates` when the time budget ran out).
     pub tried: usize,
+    /// Per kind of mutation: (kind, candidates, tried in the cheap pass).
+    pub kinds: Vec<(String, usize, usize)>,
     /// Whether the time budget ran out.
     pub truncated: bool,
+    /// Where it ran out: `cheap pass` or `full evaluations`.
+    pub stage: Option<String>,
     /// The worker's time for the whole search.
     pub seconds: f64,
+    /// The seconds it was given.
+    pub budget: f64,
     /// The closest mutants, evaluated in full.
     pub mutants: Vec<Mutant>,
 }
@@ -62,10 +75,23 @@ pub struct Search {
 /// Full evaluations per case: the closest mutants after the cheap pass.
 const KEEP: usize = 6;
 
+/// What a search is given besides the case: the trace point where the port first left the
+/// reference (its candidates are tried first), the seconds it may take, and, with `only`, the
+/// mutations to evaluate (by key: those that matched on another case).
+#[derive(Clone, Copy, Debug)]
+pub struct Ask<'a> {
+    /// The submodule a trace saw diverge first (`layers.0.self_attn`), if any.
+    pub focus: Option<&'a str>,
+    /// The seconds the worker may spend on the search.
+    pub budget: f64,
+    /// Just these mutations, evaluated in full.
+    pub only: Option<&'a [String]>,
+}
+
 impl Live {
-    /// Search the mutants of the reference that move toward `port` on one case; with `only`, just
-    /// evaluate those (by key: the ones that matched on another case). `state`: the module's
-    /// parameters of the case, as for any request about it.
+    /// Search the mutants of the reference that move toward `port` on one case, as `ask` says.
+    /// `state`: the module's parameters of the case, as for any request about it; `sizes`: the
+    /// case's named sizes (its dims and fixed axes), which name a constant.
     #[allow(clippy::too_many_arguments)]
     pub fn mutations(
         &self,
@@ -75,7 +101,8 @@ impl Live {
         args: &[HostTensor],
         port: &[(String, HostTensor)],
         state: Option<&Named>,
-        only: Option<&[String]>,
+        sizes: &[(String, usize)],
+        ask: Ask<'_>,
         plan: Option<&Plan>,
     ) -> Result<Search, WorkerError> {
         let mut table = TensorTable::default();
@@ -90,17 +117,22 @@ impl Live {
                 .collect(),
         );
         header["keep"] = json!(KEEP);
-        if let Some(keys) = only {
+        header["sizes"] = json!(sizes);
+        if let Some(keys) = ask.only {
             header["only"] = json!(keys);
         }
-        // The cheap pass stops after a third of the request's timeout; the full evaluations of the
-        // few closest mutants fit in the rest.
-        header["budget"] = json!(self.timeout().as_secs_f64() / 3.0);
+        if let Some(focus) = ask.focus {
+            header["focus"] = json!(focus);
+        }
+        header["budget"] = json!(ask.budget);
+        // The worker keeps to its budget; the request's own limit only catches a single
+        // evaluation of the reference that overruns it (and kills that worker).
+        let limit = Duration::from_secs_f64(ask.budget + (ask.budget / 2.0).max(5.0));
         let mut worker = pool().check_out(self.key())?;
         let (response, tensors) = worker.request(
             header,
             table.tensors,
-            self.timeout(),
+            limit,
             "mutating the reference to explain the failure",
         )?;
         let protocol = |e: wire::WireError| WorkerError::Protocol(e.to_string());
@@ -117,18 +149,35 @@ impl Live {
                     instead: text(m, "instead"),
                     site: text(m, "where"),
                     fix: text(m, "fix"),
+                    kind: text(m, "kind"),
+                    code: m["code"].as_str().map(str::to_string),
                     outputs: decode_outputs(&m["outputs"], &tensors, None, scale)
                         .map_err(protocol)?,
                 })
             })
             .collect::<Result<Vec<_>, WorkerError>>()?;
+        let kinds = response["kinds"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|k| {
+                Some((
+                    k[0].as_str()?.to_string(),
+                    k[1].as_u64()? as usize,
+                    k[2].as_u64()? as usize,
+                ))
+            })
+            .collect();
         Ok(Search {
             calls: count("calls"),
             sites: count("sites"),
             candidates: count("candidates"),
             tried: count("tried"),
+            kinds,
             truncated: response["truncated"].as_bool().unwrap_or(false),
+            stage: response["stage"].as_str().map(str::to_string),
             seconds: response["seconds"].as_f64().unwrap_or(0.0),
+            budget: response["budget"].as_f64().unwrap_or(ask.budget),
             mutants,
         })
     }
@@ -142,8 +191,32 @@ fn torch_visible(program: &Path) -> bool {
         .any(|p| p.join("torch").join("__init__.py").is_file())
 }
 
-/// Run the mutation search on one failing case through `source` (with `only`, just those
-/// mutations): `Err` says why it was skipped.
+/// Why a search did not run or did not finish.
+#[derive(Debug)]
+pub enum Skipped {
+    /// It did not run: the reason (GOLDEN_MUTATIONS=off, no torch in a replay, ...).
+    Not(String),
+    /// The worker overran the budget (one evaluation of the reference took longer than the
+    /// whole budget) and was stopped.
+    OutOfTime(f64),
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skipped::Not(why) => f.write_str(why),
+            Skipped::OutOfTime(budget) => write!(
+                f,
+                "it did not finish within its budget of {} s (a third of the reference's \
+                 timeout) and was stopped",
+                crate::describe::numbers::num(*budget)
+            ),
+        }
+    }
+}
+
+/// Run the mutation search on one failing case through `source`, as `ask` says: `Err` says why
+/// it was skipped or stopped.
 pub fn search(
     source: &Source,
     layer: &Layer,
@@ -151,37 +224,38 @@ pub fn search(
     params: &CaseParams,
     args: &[HostTensor],
     port: &[(String, HostTensor)],
-    only: Option<&[String]>,
-) -> Result<Search, String> {
-    let mode = env::mutations()?;
+    ask: Ask<'_>,
+) -> Result<Search, Skipped> {
+    let mode = env::mutations().map_err(Skipped::Not)?;
     if mode == Mutations::Off {
-        return Err("GOLDEN_MUTATIONS=off".into());
+        return Err(Skipped::Not("GOLDEN_MUTATIONS=off".into()));
     }
     // Module form: the parameters the case ran with (drawn, or a checkpoint's).
     let state = source
         .module_state(layer, dtype, params)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Skipped::Not(e.to_string()))?;
     let on_demand;
     let live = match source.live() {
         Some(live) => live,
         None => {
             let python = env::python();
             if mode == Mutations::Auto && !torch_visible(&python.program) {
-                return Err(format!(
+                return Err(Skipped::Not(format!(
                     "this is a replay and the interpreter ({}, from {}) shows no torch; \
                      GOLDEN_MUTATIONS=always starts it anyway",
                     python.program.display(),
                     python.source
-                ));
+                )));
             }
-            on_demand = Live::new(layer)?;
+            on_demand = Live::new(layer).map_err(Skipped::Not)?;
             on_demand
                 .load(layer)
-                .map_err(|e| format!("the reference is not reachable live: {e}"))?;
+                .map_err(|e| Skipped::Not(format!("the reference is not reachable live: {e}")))?;
             &on_demand
         }
     };
     let plan = params.plan(layer);
+    let sizes = params.sizes(layer);
     let layer = &*layer.for_case(&params.dims);
     live.mutations(
         layer,
@@ -190,8 +264,23 @@ pub fn search(
         args,
         port,
         state.as_ref(),
-        only,
+        &sizes,
+        ask,
         plan.as_ref(),
     )
-    .map_err(|e| e.to_string())
+    .map_err(|e| match e {
+        WorkerError::Timeout { .. } => Skipped::OutOfTime(ask.budget),
+        e => Skipped::Not(e.to_string()),
+    })
+}
+
+/// The seconds the whole diagnosis of a failure may take: a third of the reference's timeout
+/// (with no timeout, a third of the default's, 60 s).
+pub fn budget(layer: &Layer) -> f64 {
+    let timeout = layer
+        .timeout
+        .or_else(|| env::timeout().ok())
+        .filter(|t| *t != Duration::MAX)
+        .unwrap_or(Duration::from_secs(60));
+    timeout.as_secs_f64() / 3.0
 }

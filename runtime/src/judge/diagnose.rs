@@ -1,10 +1,14 @@
 //! Naming the likely bug: after a mismatch, test the usual porting mistakes against the numbers.
 //!
-//! Each hypothesis H transforms the reference (transpose it, scale it, ...) and fits when the port
-//! matches H(reference) within the comparison's own tolerance. It only counts when H(reference) is
-//! itself *not* within tolerance of the reference: otherwise this case cannot tell H from no bug at
-//! all (a "transpose" of an output that is the same along both axes). Hypotheses that do not fit
-//! are not reported.
+//! Each hypothesis H transforms the reference (transpose it, scale it, add a bias, ...) and fits
+//! when the port matches H(reference) within the comparison's own tolerance, at every element —
+//! as well as a mutant of the reference would. It only counts when H(reference) is itself *not*
+//! within tolerance of the reference: otherwise this case cannot tell H from no bug at all (a
+//! "transpose" of an output that is the same along both axes). Hypotheses that do not fit are not
+//! reported; one that fits is a cause only when it fits on two failing cases and no mutant of the
+//! reference matches (`run/forward.rs`, `run/mutations.rs`). An output of zeros or a constant is
+//! held to the same two cases (one element of a shrunk case is zero by chance); NaN where the
+//! reference is finite is a fact, said as it is.
 
 use crate::describe::numbers::num;
 use crate::judge::compare::Rule;
@@ -18,6 +22,35 @@ pub struct Diagnosis {
     pub evidence: String,
     /// What usually causes it and how to fix it.
     pub cause: String,
+    /// Which hypothesis it is, or an observation.
+    pub kind: Kind,
+}
+
+/// What a diagnosis rests on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A fact about the port's numbers (NaN where the reference is finite, all zeros, a failure
+    /// on tiny values only): said as it is.
+    Observation,
+    /// port ≈ reference with its axes permuted.
+    Transpose,
+    /// port ≈ c × reference.
+    Scale,
+    /// port ≈ reference + a bias along some axes.
+    Offset,
+    /// The port's slices sum to 1 over another dim.
+    SoftmaxDim,
+    /// The port is all zeros, or constant: on a small case (one element, one row) that is often
+    /// chance, so it needs two failing cases like a hypothesis.
+    Degenerate,
+}
+
+impl Diagnosis {
+    /// Whether it models the port as a transform of the reference (a cause only when it holds on
+    /// two failing cases and no mutant of the reference matches).
+    pub fn is_hypothesis(&self) -> bool {
+        self.kind != Kind::Observation
+    }
 }
 
 impl fmt::Display for Diagnosis {
@@ -177,6 +210,7 @@ fn transposes(leaf: &Leaf<'_>, out: &mut Vec<Diagnosis>) {
                     num(max)
                 ),
                 cause: "a missing transpose (or permute) in the port".into(),
+                kind: Kind::Transpose,
             });
             return;
         }
@@ -252,6 +286,7 @@ fn scale(leaf: &Leaf<'_>, sizes: &[(String, usize)], out: &mut Vec<Diagnosis>) {
             num(max)
         ),
         cause: hints.join("; "),
+        kind: Kind::Scale,
     });
 }
 
@@ -302,19 +337,46 @@ fn offset(leaf: &Leaf<'_>, out: &mut Vec<Diagnosis>) {
     if axes.is_empty() {
         return;
     }
+    // The bias: the mean difference over the constant axes, one value per position of the
+    // varying ones. It must explain the port everywhere, within the tolerance.
+    let st = strides(leaf.shape);
+    let position = |i: usize| -> usize {
+        varying.iter().fold(0, |acc, &a| {
+            acc * leaf.shape[a] + (i / st[a]) % leaf.shape[a]
+        })
+    };
+    let slots: usize = varying.iter().map(|&a| leaf.shape[a]).product();
+    let (mut sum, mut count) = (vec![0.0; slots], vec![0usize; slots]);
+    for (i, v) in d.iter().enumerate() {
+        sum[position(i)] += v;
+        count[position(i)] += 1;
+    }
+    let candidate: Vec<f64> = (0..d.len())
+        .map(|i| leaf.reference[i] + sum[position(i)] / count[position(i)] as f64)
+        .collect();
+    let Some(max) = leaf.explains(&candidate, &leaf.rounding) else {
+        return;
+    };
     if varying.is_empty() {
         out.push(Diagnosis {
-            evidence: format!("port ≈ reference + {} everywhere", num(d[0])),
+            evidence: format!(
+                "port ≈ reference + {} everywhere (max diff {} after adding it)",
+                num(sum[0] / count[0] as f64),
+                num(max)
+            ),
             cause: "a missing or extra constant term (a bias of a single value?)".into(),
+            kind: Kind::Offset,
         });
     } else {
         out.push(Diagnosis {
             evidence: format!(
-                "port − reference is the same along axes {axes:?} and varies only along axes \
-                 {varying:?} (sizes {:?})",
-                varying.iter().map(|&a| leaf.shape[a]).collect::<Vec<_>>()
+                "port ≈ reference + a bias that is the same along axes {axes:?} and varies only \
+                 along axes {varying:?} (sizes {:?}; max diff {} after adding it)",
+                varying.iter().map(|&a| leaf.shape[a]).collect::<Vec<_>>(),
+                num(max)
             ),
             cause: "a missing or extra bias added along those axes".into(),
+            kind: Kind::Offset,
         });
     }
 }
@@ -360,6 +422,7 @@ fn softmax_dim(leaf: &Leaf<'_>, out: &mut Vec<Diagnosis>) {
                 "the port's slices sum to 1 over dim {p}, the reference's over dim {r}"
             ),
             cause: format!("softmax over the wrong dim: use dim {r}"),
+            kind: Kind::SoftmaxDim,
         });
     }
 }
@@ -372,6 +435,7 @@ fn degenerate(leaf: &Leaf<'_>, out: &mut Vec<Diagnosis>) {
             evidence: "the port is all zeros".into(),
             cause: "an activation or mask that zeroes everything, or an output never written"
                 .into(),
+            kind: Kind::Degenerate,
         });
     } else if finite
         && leaf.port.len() > 1
@@ -381,6 +445,7 @@ fn degenerate(leaf: &Leaf<'_>, out: &mut Vec<Diagnosis>) {
         out.push(Diagnosis {
             evidence: format!("the port is constant ({})", num(leaf.port[0])),
             cause: "the input does not reach the output (a broadcast, a mask or a reduction over the wrong axis?)".into(),
+            kind: Kind::Degenerate,
         });
     }
 }
@@ -406,6 +471,7 @@ fn non_finite(leaf: &Leaf<'_>, out: &mut Vec<Diagnosis>) {
                 cause: "an overflow (compute in f32 where the reference does?), exp without subtracting \
                         the max, a division by zero or the sqrt/log of a negative"
                     .into(),
+                kind: Kind::Observation,
             });
         }
     }
@@ -528,7 +594,7 @@ mod tests {
         let d = diagnose(&t(&[4, 3], &p), &t(&[4, 3], &v));
         assert!(
             d.iter().any(|d| d
-                .contains("the same along axes [0] and varies only along axes [1] (sizes [3])")
+                .contains("the same along axes [0] and varies only along axes [1] (sizes [3]")
                 && d.contains("bias")),
             "{d:?}"
         );

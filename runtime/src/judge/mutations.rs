@@ -1,12 +1,12 @@
 //! Naming the bug by mutating the reference: which mutants of the reference (the reference with one
-//! of its torch calls turned into a common porting mistake, `reference_py/golden_ref/mutations.py`)
+//! of its torch calls turned into a porting mistake, `reference_py/golden_ref/mutations.py`)
 //! the port matches.
 //!
 //! The rule is the check's own: the port must match the mutant within the comparison's tolerance,
 //! the mutant evaluated like a reference (its outputs in the case dtype and its own rounding
 //! estimate). And the mutant must differ from the reference on that case, within the reference's
-//! tolerance: a mutation that changes nothing explains nothing. A mutant counts only when it fits
-//! on both the smallest and the first failing case ([`both`]).
+//! tolerance: a mutation that changes nothing explains nothing. A mutant is a cause only when it
+//! fits on two failing cases, the smallest and another ([`both`]); on one alone it is evidence.
 
 use crate::describe::layer::Tol;
 use crate::judge::compare::{self, Expected, Verdict};
@@ -35,9 +35,13 @@ pub struct MutationMatch {
     pub site: String,
     /// The fix, in candle terms.
     pub fix: String,
+    /// Its family (`drop`, `boundary`, `constant`, `structure`, …).
+    pub kind: String,
+    /// The reference's source line at the site, when it is known.
+    pub code: Option<String>,
     /// The fit (the worse of the two cases when both were examined).
     pub fit: Fit,
-    /// Whether it fitted on two failing cases (the smallest and the first), not one.
+    /// Whether it fitted on two failing cases (the smallest and another), not one.
     pub both_cases: bool,
 }
 
@@ -102,8 +106,9 @@ pub fn fit(
     Some(fit)
 }
 
-/// The matches of the smallest case that also matched on the first failing case (by key), each
-/// with the worse of its two fits; best fit first, at most `limit`.
+/// The matches of the smallest case that also matched on another failing case (by key), each
+/// with the worse of its two fits; best fit first, at most `limit`. Without another case, the
+/// smallest case's matches, as evidence (`both_cases` false).
 pub fn both(
     smallest: Vec<MutationMatch>,
     first: Option<&[MutationMatch]>,
@@ -201,6 +206,8 @@ mod tests {
             instead: String::new(),
             site: String::new(),
             fix: String::new(),
+            kind: "drop".into(),
+            code: None,
             fit: Fit {
                 worst_ratio: worst,
                 max_diff: 0.0,

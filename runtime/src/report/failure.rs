@@ -12,6 +12,10 @@ use crate::python::worker::WorkerError;
 use golden_files::HostTensor;
 use std::fmt::{self, Write as _};
 
+/// How a gradient failure's finding starts when the port's forward already differs on that case
+/// (`run/gradients.rs`): the headline says so.
+pub const FORWARD_DIFFERS: &str = "the forward differs too";
+
 /// Why a check failed.
 #[derive(Debug)]
 pub enum FailureKind {
@@ -100,8 +104,11 @@ pub struct LeafDiagnosis {
     pub leaf: String,
     /// The evidence and the cause.
     pub diagnosis: Diagnosis,
-    /// Set when it showed on the first failing case rather than on the smallest one.
+    /// Set when it showed on another failing case rather than on the smallest one.
     pub on_first_case: Option<CaseParams>,
+    /// Whether it may be told as a cause: an observation, or a hypothesis that held on two
+    /// failing cases. Otherwise it is evidence from one case, told as such.
+    pub confirmed: bool,
 }
 
 impl CaseFailure {
@@ -521,11 +528,21 @@ impl fmt::Display for Failure {
                     at + 1
                 )?;
             }
-            FailureKind::Case(_) if self.check == crate::describe::checks::Kind::Gradients => {
+            FailureKind::Case(c) if self.check == crate::describe::checks::Kind::Gradients => {
+                let forward = c
+                    .gradient_issues
+                    .first()
+                    .is_some_and(|g| g.starts_with(FORWARD_DIFFERS));
                 writeln!(
                     out,
-                    "golden: the gradients of `{}` do not match (reference `{}`){dtype}",
-                    self.layer, self.reference
+                    "golden: the gradients of `{}` do not match{} (reference `{}`){dtype}",
+                    self.layer,
+                    if forward {
+                        ", and neither does its forward"
+                    } else {
+                        ""
+                    },
+                    self.reference
                 )?;
             }
             FailureKind::Case(_) if self.check == crate::describe::checks::Kind::Overfit => {
@@ -671,15 +688,31 @@ impl fmt::Display for Failure {
                     write_leaf(&mut out, leaf)?;
                 }
             }
-            if !c.diagnoses.is_empty() {
+            let (causes, evidence): (Vec<&LeafDiagnosis>, Vec<&LeafDiagnosis>) =
+                c.diagnoses.iter().partition(|d| d.confirmed);
+            if !causes.is_empty() {
                 writeln!(out, "  likely causes:")?;
-                for d in &c.diagnoses {
+                for d in causes {
                     let on = d
                         .on_first_case
                         .as_ref()
-                        .map(|case| format!(" (on the first failing case, {case})"))
+                        .map(|case| format!(" (on another failing case, {case})"))
                         .unwrap_or_default();
                     writeln!(out, "    - `{}`{on}: {}", d.leaf, d.diagnosis)?;
+                }
+            }
+            if !evidence.is_empty() {
+                writeln!(
+                    out,
+                    "  evidence from one failing case only (it does not hold on the other, so it \
+                     names no cause):"
+                )?;
+                for d in evidence {
+                    let on = d
+                        .on_first_case
+                        .as_ref()
+                        .map_or("the smallest case".to_string(), |case| case.to_string());
+                    writeln!(out, "    - `{}` on {on}: {}", d.leaf, d.diagnosis.evidence)?;
                 }
             }
             for v in &c.variants {
@@ -834,28 +867,40 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
 }
 
 /// `likely cause: the port matches the reference with <what> at <site> (instead of <instead>) on
-/// both failing cases — fix: <fix>`; the second and third read `or: ...`.
+/// both failing cases (max diff …), where the reference reads `<code>` — fix: <fix>`; the second
+/// and third read `or: ...`. A match on one failing case alone reads as evidence, without a fix.
 fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result {
-    let lead = if i == 0 { "likely cause" } else { "or" };
     let site = if m.site.is_empty() {
         String::new()
     } else {
         format!(" at {}", m.site)
     };
-    let instead = if m.instead.is_empty() {
+    let code = m
+        .code
+        .as_ref()
+        .map(|c| format!(", where the reference reads `{c}`"))
+        .unwrap_or_default();
+    let instead = if m.instead.is_empty() || m.what.contains(" instead of ") {
         String::new()
     } else {
         format!(" (instead of {})", m.instead)
     };
-    let cases = if m.both_cases {
-        "on both failing cases"
-    } else {
-        "on the failing case"
-    };
+    if !m.both_cases {
+        let lead = if i == 0 { "evidence" } else { "or" };
+        return writeln!(
+            out,
+            "  {lead}: on one failing case the port matches the reference with {}{site}{instead} \
+             (max diff {}){code}, which would mean: {}",
+            m.what,
+            num(m.fit.max_diff),
+            m.fix
+        );
+    }
+    let lead = if i == 0 { "likely cause" } else { "or" };
     writeln!(
         out,
-        "  {lead}: the port matches the reference with {}{site}{instead} {cases} (max diff {}) — \
-         fix: {}",
+        "  {lead}: the port matches the reference with {}{site}{instead} on both failing cases \
+         (max diff {}){code} — fix: {}",
         m.what,
         num(m.fit.max_diff),
         m.fix

@@ -72,15 +72,19 @@ pub(crate) trait CaseRunner {
         dtype: DType,
         params: &CaseParams,
     ) -> Option<WorkerError>;
-    /// The final failure: add what can be told about it, given the first failing case too when
-    /// shrinking found a smaller one.
+    /// The final failure: add what can be told about it, given other failing cases too (the
+    /// first one first when shrinking found a smaller one; see `other_failures`).
     fn finish(
         &self,
         source: &Source,
         dtype: DType,
         failure: &mut Failure,
-        first: Option<(CaseParams, Box<CaseFailure>)>,
+        others: Vec<(CaseParams, Box<CaseFailure>)>,
     );
+    /// How many other failing cases `finish` wants.
+    fn others_wanted(&self) -> usize {
+        1
+    }
 }
 
 /// The seed of a layer's cases: `GOLDEN_SEED` (default 0) mixed with the layer's name, so that
@@ -366,7 +370,7 @@ fn run_one_case(
             }),
             Outcome::Fail(c) => {
                 let mut f = failure(FailureKind::Case(c));
-                runner.finish(source, dtype, &mut f, None);
+                runner.finish(source, dtype, &mut f, Vec::new());
                 return Err(f);
             }
             Outcome::Fatal(e) => return Err(failure(FailureKind::Worker(e))),
@@ -479,6 +483,44 @@ fn run_caught(
     })
 }
 
+/// Up to `wanted` failing cases other than `smallest`, run again: the first failing case when
+/// shrinking went below it; then fresh cases drawn as the check draws them (a shrunk case is often
+/// too small to show a mistake's shape: one position, one element); then the cases shrinking saw
+/// fail. A few tries at most; in replay only recorded cases count.
+fn other_failures(
+    layer: &Layer,
+    runner: &impl CaseRunner,
+    source: &Source,
+    dtype: DType,
+    smallest: &CaseParams,
+    first: &CaseParams,
+    failing: &[CaseParams],
+) -> Vec<(CaseParams, Box<CaseFailure>)> {
+    use proptest::strategy::{Strategy, ValueTree};
+    let wanted = runner.others_wanted();
+    let strategy = inputs::case_strategy(layer);
+    let mut draws = TestRunner::deterministic();
+    let fresh = (0..4).filter_map(|_| Some(strategy.new_tree(&mut draws).ok()?.current()));
+    let candidates = std::iter::once(first.clone())
+        .chain(fresh)
+        .chain(failing.iter().cloned());
+    let mut tried = Vec::new();
+    let mut found = Vec::new();
+    for params in candidates {
+        if found.len() >= wanted || tried.len() >= 2 * wanted + 3 {
+            break;
+        }
+        if &params == smallest || tried.contains(&params) {
+            continue;
+        }
+        tried.push(params.clone());
+        if let Outcome::Fail(c) = run_caught(runner, source, dtype, &params) {
+            found.push((params, c));
+        }
+    }
+    found
+}
+
 /// Generate, run and shrink one dtype's cases. `recorded`: record mode stopped recording at the
 /// store's bound after that many cases; the others are skipped.
 fn run_dtype(
@@ -496,6 +538,9 @@ fn run_dtype(
     let mut proptest = TestRunner::new(config);
     let records = RefCell::new(Vec::new());
     let first_failure: RefCell<Option<(CaseParams, usize)>> = RefCell::new(None);
+    // Every failing case seen while shrinking, in order: another failing case than the smallest
+    // one when the first is the smallest.
+    let failing: RefCell<Vec<CaseParams>> = RefCell::new(Vec::new());
     let fatal: RefCell<Option<(CaseParams, FailureKind)>> = RefCell::new(None);
     let shrink_steps = Cell::new(0u32);
     let skipped = Cell::new(0usize);
@@ -552,6 +597,7 @@ fn run_dtype(
                 first_failure
                     .borrow_mut()
                     .get_or_insert_with(|| (params.clone(), records.borrow().len()));
+                failing.borrow_mut().push(params.clone());
                 Err(TestCaseError::fail(f.headline()))
             }
             Outcome::Fatal(e) => {
@@ -607,7 +653,7 @@ fn run_dtype(
                 let mut f = failure(kind, case);
                 if stuck {
                     f.passed_before = records.borrow().len() as u32;
-                    runner.finish(source, dtype, &mut f, None);
+                    runner.finish(source, dtype, &mut f, Vec::new());
                 }
                 return Err(f);
             }
@@ -654,15 +700,21 @@ fn run_dtype(
                 ));
             }
             // Shrinking keeps the failure but can erase its evidence (a bias is invisible with a
-            // batch of one): the runner gets the first failing case too.
-            let first_failure = match (f.case.as_ref() != Some(&first), &f.kind) {
-                (true, FailureKind::Case(_)) => match run_caught(runner, source, dtype, &first) {
-                    Outcome::Fail(c) => Some((first.clone(), c)),
-                    _ => None,
-                },
-                _ => None,
+            // batch of one), and a cause is only told when it holds on two failing cases: the
+            // runner gets another failing case too.
+            let others = match (&f.kind, f.case.clone()) {
+                (FailureKind::Case(_), Some(smallest)) => other_failures(
+                    layer,
+                    runner,
+                    source,
+                    dtype,
+                    &smallest,
+                    &first,
+                    &failing.borrow(),
+                ),
+                _ => Vec::new(),
             };
-            runner.finish(source, dtype, &mut f, first_failure);
+            runner.finish(source, dtype, &mut f, others);
             f.shrunk_from = Some((first, shrink_steps.get()));
             f.passed_before = passed_before as u32;
             Err(f)

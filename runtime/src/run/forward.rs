@@ -69,6 +69,12 @@ impl CaseRunner for ForwardRunner<'_> {
         outcome
     }
 
+    /// Two: a hypothesis about the numbers is a cause when it holds on two failing cases, and
+    /// the smallest one is often too small to test it (one element has no axes to bias).
+    fn others_wanted(&self) -> usize {
+        2
+    }
+
     fn reference_only(
         &self,
         source: &Source,
@@ -94,18 +100,18 @@ impl CaseRunner for ForwardRunner<'_> {
         source: &Source,
         dtype: DType,
         failure: &mut Failure,
-        first: Option<(CaseParams, Box<CaseFailure>)>,
+        others: Vec<(CaseParams, Box<CaseFailure>)>,
     ) {
-        explain(self.layer, dtype, source, failure, first.as_ref());
+        explain(self.layer, dtype, source, failure, &others);
         let passes = |params: &CaseParams| {
             let outcome = run_case(self.layer, dtype, params, &self.port, source, None, false);
             matches!(outcome, Outcome::Pass(_))
         };
-        let first = first.as_ref();
+        let other = others.first();
         // A schedule's failure is first matched against mistakes in how a model is driven
         // through time; the reference's own calls are searched when none fits.
-        if !schedule::explain(self.layer, dtype, source, failure, first) {
-            crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, first);
+        if !schedule::explain(self.layer, dtype, source, failure, other) {
+            crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, other);
         }
         check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
     }
@@ -403,18 +409,19 @@ fn taps_as_leaves(
 }
 
 /// Add what golden can tell about a failed case: the diagnoses that fit (on the smallest case and
-/// on the first failing one) and the known variants of the reference the port matches on both.
+/// on other failing ones: a hypothesis is a cause only when it fits on two of them, else evidence)
+/// and the known variants of the reference the port matches on the smallest case and the next.
 fn explain(
     layer: &Layer,
     dtype: DType,
     source: &Source,
     failure: &mut Failure,
-    first: Option<&(CaseParams, Box<CaseFailure>)>,
+    others: &[(CaseParams, Box<CaseFailure>)],
 ) {
     let (FailureKind::Case(c), Some(case)) = (&mut failure.kind, &failure.case) else {
         return;
     };
-    c.diagnoses = diagnoses(layer, c, case, false);
+    let smallest = diagnoses(layer, c, case, false);
     c.variants = variant_matches(layer, dtype, source, case, c);
     if source.is_replay() && crate::describe::env::variants() {
         failure.notes.push(
@@ -423,21 +430,38 @@ fn explain(
                 .into(),
         );
     }
-    if let Some((first_case, first_failure)) = first {
-        for d in diagnoses(layer, first_failure, first_case, true) {
-            if !c
-                .diagnoses
-                .iter()
-                .any(|m| m.diagnosis.cause == d.diagnosis.cause)
-            {
-                c.diagnoses.push(d);
-            }
-        }
-        // A variant must explain both cases: a tiny case alone fits too many.
-        let on_first = variant_matches(layer, dtype, source, first_case, first_failure);
+    if let Some((other_case, other_failure)) = others.first() {
+        // A variant must explain two cases: a tiny case alone fits too many.
+        let variants = variant_matches(layer, dtype, source, other_case, other_failure);
         c.variants
-            .retain(|v| on_first.iter().any(|w| w.name == v.name));
+            .retain(|v| variants.iter().any(|w| w.name == v.name));
     }
+    let mut per_case = vec![smallest];
+    per_case.extend(
+        others
+            .iter()
+            .map(|(params, f)| diagnoses(layer, f, params, true)),
+    );
+    let same = |a: &LeafDiagnosis, b: &LeafDiagnosis| {
+        a.leaf == b.leaf && a.diagnosis.kind == b.diagnosis.kind
+    };
+    // Each diagnosis once, from the first case that shows it; a hypothesis is confirmed when two
+    // of the cases show it.
+    let mut found: Vec<LeafDiagnosis> = Vec::new();
+    for d in per_case.iter().flatten() {
+        if found.iter().any(|m| same(m, d)) {
+            continue;
+        }
+        let cases = per_case
+            .iter()
+            .filter(|ds| ds.iter().any(|e| same(d, e)))
+            .count();
+        found.push(LeafDiagnosis {
+            confirmed: !d.diagnosis.is_hypothesis() || cases >= 2,
+            ..d.clone()
+        });
+    }
+    c.diagnoses = found;
 }
 
 /// The known variants of the reference that the port matches on this case (live only).
@@ -505,6 +529,7 @@ fn diagnoses(layer: &Layer, c: &CaseFailure, case: &CaseParams, first: bool) -> 
                 leaf: leaf.name.clone(),
                 diagnosis,
                 on_first_case: first.then(|| case.clone()),
+                confirmed: false,
             });
         }
     }

@@ -33,7 +33,7 @@ use crate::describe::numbers::num;
 use crate::describe::outputs::Outputs;
 use crate::judge::compare::unravel;
 use crate::python::worker::WorkerError;
-use crate::report::failure::{CaseFailure, Failure};
+use crate::report::failure::{CaseFailure, Failure, FORWARD_DIFFERS};
 use crate::report::passed::{reference_notes, CaseRecord, Note, Report};
 use crate::run::check::{self, CaseRunner, Outcome, Port};
 use crate::run::forward::call_port;
@@ -516,8 +516,9 @@ impl CaseRunner for GradRunner<'_> {
         source: &Source,
         dtype: DType,
         failure: &mut Failure,
-        first: Option<(CaseParams, Box<CaseFailure>)>,
+        others: Vec<(CaseParams, Box<CaseFailure>)>,
     ) {
+        let first = others.into_iter().next();
         let crate::report::failure::FailureKind::Case(c) = &mut failure.kind else {
             return;
         };
@@ -534,8 +535,8 @@ impl CaseRunner for GradRunner<'_> {
                 c.gradient_issues = located.gradient_issues;
             }
         }
-        // The smallest case can hide what the first one showed (zero inputs give zero gradients
-        // on both sides): add the first case's own findings, those of inputs and parameters the
+        // The smallest case can hide what another one showed (zero inputs give zero gradients
+        // on both sides): add that case's own findings, those of inputs and parameters the
         // smallest case does not already report.
         if let Some((case, first)) = first {
             let reported: Vec<String> = c
@@ -544,20 +545,71 @@ impl CaseRunner for GradRunner<'_> {
                 .filter_map(|i| fd_target(i).map(str::to_string))
                 .collect();
             for issue in first.gradient_issues {
-                let known = fd_target(&issue).is_some_and(|t| reported.iter().any(|r| r == t));
+                let known = fd_target(&issue).is_some_and(|t| reported.iter().any(|r| r == t))
+                    || issue.starts_with(FORWARD_DIFFERS);
                 if !known && !c.gradient_issues.contains(&issue) {
                     c.gradient_issues
-                        .push(format!("on the first failing case ({case}): {issue}"));
+                        .push(format!("on another failing case ({case}): {issue}"));
                 }
             }
         }
         // A backward that disagrees with the port's own finite differences is a bug in a
-        // backward, wherever the forward stands: say so, and where such bugs usually are.
-        if c.gradient_issues.iter().any(|i| fd_target(i).is_some()) {
-            c.gradient_issues.push(BACKWARD_CAUSE.to_string());
+        // backward when the forward is right: say so, and where such bugs usually are. When the
+        // forward differs, that comes first, and the finite differences may just see the port's
+        // own precision (an f32 softmax against float64 steps): no blame on the backward.
+        let forward_first = c
+            .gradient_issues
+            .iter()
+            .position(|i| i.starts_with(FORWARD_DIFFERS));
+        match forward_first {
+            Some(at) => {
+                let issue = c.gradient_issues.remove(at);
+                c.gradient_issues.insert(0, issue);
+            }
+            None if c.gradient_issues.iter().any(|i| fd_target(i).is_some()) => {
+                c.gradient_issues.push(BACKWARD_CAUSE.to_string());
+            }
+            None => {}
         }
         check::leave_artifacts(self.layer, Kind::Gradients, dtype, failure);
     }
+}
+
+/// The port's forward against the reference's, on the case the gradients are checked on: `Some`
+/// with what differs when a float leaf is outside its tolerance.
+fn forward_differs(
+    outputs: &Outputs,
+    forward: &ReferenceOutputs,
+    tol: Option<crate::describe::layer::Tol>,
+) -> Option<String> {
+    let port: Vec<(String, HostTensor)> = outputs
+        .0
+        .iter()
+        .filter_map(|(n, t)| Some((n.clone(), HostTensor::from_candle(t).ok()?)))
+        .collect();
+    let leaves = forward.compare(&port, tol, crate::judge::compare::ROUNDING_FACTOR);
+    let differ: Vec<String> = leaves
+        .iter()
+        .filter(|l| !l.passes())
+        .map(|l| match &l.verdict {
+            crate::judge::compare::Verdict::Values(v) => format!(
+                "`{}` ({} of {} elements, up to {}× the tolerance)",
+                l.name,
+                v.mismatched,
+                v.numel,
+                num(v.worst_ratio)
+            ),
+            _ => format!("`{}`", l.name),
+        })
+        .collect();
+    (!differ.is_empty()).then(|| {
+        format!(
+            "{FORWARD_DIFFERS}: the port's outputs {} differ from the reference's on this case, so \
+             the port computes another function and its gradients cannot match; fix the forward \
+             first (its forward check names the cause), then check the gradients again",
+            differ.join(", ")
+        )
+    })
 }
 
 /// The likely cause of a port whose backward is not the derivative of its own forward.
@@ -596,6 +648,11 @@ impl GradRunner<'_> {
         if let Some(state) = &state {
             failure.params = state.request_issues();
             failure.params.extend(state.unused());
+        }
+        // A port whose forward already differs computes another function: its gradients cannot
+        // match, and that is no news about its backward. Said first.
+        if let Some(differs) = forward_differs(&run.outputs, forward, self.layer.tol) {
+            failure.gradient_issues.push(differs);
         }
         let losses = Self::leaf_losses(&run.outputs, cotangents)?;
         let port = self.gradients(&run, &Self::total(&losses)?)?;

@@ -1,37 +1,45 @@
-//! The mutation diagnosis of a failed forward check: on the smallest and on the first failing case,
-//! the worker re-runs the reference with one of its own torch calls mutated into a common porting
-//! mistake (`answers::mutations`), and the mutants the port matches on both, under the check's own
-//! tolerance (`judge::mutations`), are reported with where that call is and the fix. Runs only on a
-//! failure, after shrinking.
+//! The mutation diagnosis of a failed forward check: on the smallest failing case and on another
+//! one, the worker re-runs the reference with one of its own torch calls (or submodule calls)
+//! mutated into a porting mistake (`answers::mutations`), and the mutants the port matches on
+//! both, under the check's own tolerance (`judge::mutations`), are reported with where that call
+//! is, its source line and the fix. A mutant matched on one failing case alone is evidence, said as
+//! such; a mutant that matches on two wins over the numbers' hypotheses (`judge::diagnose`), which
+//! are then not told. Runs only on a failure, after shrinking, within a budget of a third of the
+//! reference's timeout for everything it does; when the budget runs out, or nothing matches, the
+//! message says what was tried.
 //!
 //! Also here: a failure that shows only on the `tiny` value style (the same case with declared
 //! values passes) is named as eps-like.
 
 use crate::answers::live::ReferenceOutputs;
-use crate::answers::mutations::{self, Search};
+use crate::answers::mutations::{self, Ask, Search, Skipped};
 use crate::answers::source::Source;
 use crate::describe::inputs::{CaseParams, Style};
 use crate::describe::layer::Layer;
+use crate::describe::numbers::num;
 use crate::judge::compare::{self, Expected, Leaf};
-use crate::judge::diagnose::Diagnosis;
+use crate::judge::diagnose::{Diagnosis, Kind};
 use crate::judge::mutations::{both, fit, MutationMatch};
 use crate::judge::trace;
 use crate::report::failure::{CaseFailure, Failure, FailureKind, LeafDiagnosis};
 use candle_core::DType;
+use std::time::Instant;
 
 /// Matches shown at most.
 const SHOWN: usize = 3;
 
 /// Add the mutation diagnosis (and the tiny-values note) to a failed forward check. `passes` runs
-/// the port on another case and says whether it passed.
+/// the port on another case and says whether it passed; `other` is another failing case.
 pub(crate) fn explain(
     layer: &Layer,
     dtype: DType,
     source: &Source,
     passes: &dyn Fn(&CaseParams) -> bool,
     failure: &mut Failure,
-    first: Option<&(CaseParams, Box<CaseFailure>)>,
+    other: Option<&(CaseParams, Box<CaseFailure>)>,
 ) {
+    let started = Instant::now();
+    let budget = mutations::budget(layer);
     let (FailureKind::Case(c), Some(case)) = (&mut failure.kind, &failure.case) else {
         return;
     };
@@ -43,8 +51,29 @@ pub(crate) fn explain(
             c.diagnoses.push(d);
         }
     }
-    let on_smallest = match matches_on(layer, dtype, source, case, c, None) {
+    let focus = trace::first_divergence(&c.leaves)
+        .map(|(_, l)| l.name.trim_start_matches(trace::PREFIX).to_string());
+    let other = other.filter(|(params, f)| params != case && differs_in_values(f));
+    // The smallest case's search gets most of the budget; the other case only evaluates the
+    // smallest case's matches.
+    let left = |share: f64| (budget * share - started.elapsed().as_secs_f64()).max(0.0);
+    let ask = Ask {
+        focus: focus.as_deref(),
+        budget: left(if other.is_some() { 0.75 } else { 1.0 }),
+        only: None,
+    };
+    let (matches, search) = match matches_on(layer, dtype, source, case, c, ask) {
         Ok(found) => found,
+        Err(Skipped::OutOfTime(_)) => {
+            failure.notes.push(format!(
+                "note: the mutation diagnosis ran out of its budget ({} s, a third of the \
+                 reference's timeout; the reference itself answered in time) before it could try \
+                 a mutant: recording the reference's calls took longer than that; a longer \
+                 `timeout = ` gives it more",
+                num(budget)
+            ));
+            return;
+        }
         Err(why) => {
             failure
                 .notes
@@ -52,33 +81,66 @@ pub(crate) fn explain(
             return;
         }
     };
-    let (mut matches, search) = on_smallest;
     let mut searched = vec![search];
-    let first = first.filter(|(params, f)| params != case && differs_in_values(f));
-    let on_first = match first {
-        Some((params, f)) if !matches.is_empty() => {
-            // Only the smallest case's matches can match on both: just those are evaluated.
-            let keys: Vec<String> = matches.iter().map(|m| m.key.clone()).collect();
-            match matches_on(layer, dtype, source, params, f, Some(&keys)) {
+    let mut confirmed = None;
+    let mut second_out_of_time = false;
+    if let Some((params, f)) = other.filter(|_| !matches.is_empty()) {
+        // Only the smallest case's matches can match on both: just those are evaluated.
+        let keys: Vec<String> = matches.iter().map(|m| m.key.clone()).collect();
+        let ask = Ask {
+            focus: focus.as_deref(),
+            budget: left(1.0),
+            only: Some(&keys),
+        };
+        if ask.budget <= 0.0 {
+            second_out_of_time = true;
+        } else {
+            match matches_on(layer, dtype, source, params, f, ask) {
                 Ok((found, search)) => {
+                    second_out_of_time = search.truncated;
                     searched.push(search);
-                    Some(found)
+                    confirmed = Some(found);
                 }
-                // The smallest case's matches stand alone, and say so ("on the failing case").
-                Err(_) => None,
+                Err(Skipped::OutOfTime(_)) => second_out_of_time = true,
+                // The smallest case's matches stand alone, and say so ("on one failing case").
+                Err(Skipped::Not(_)) => {}
             }
         }
-        _ => None,
+    }
+    let matches = both(matches, confirmed.as_deref(), SHOWN);
+    let FailureKind::Case(c) = &mut failure.kind else {
+        return;
     };
-    matches = both(matches, on_first.as_deref(), SHOWN);
+    if matches.iter().any(|m| m.both_cases) {
+        // A mutant that holds on two cases says more than any transform of the numbers.
+        c.diagnoses.retain(|d| !d.diagnosis.is_hypothesis());
+    }
     if matches.is_empty() {
-        failure.notes.push(none_matched(&searched));
-    } else if searched.iter().any(|s| s.truncated) {
-        failure.notes.push(
-            "note: the mutation search ran out of time before trying every mutation (a third of \
-             the reference's timeout)"
+        failure.notes.push(none_matched(
+            &searched,
+            other.is_some(),
+            layer.trace,
+            focus.as_deref(),
+        ));
+    } else if !matches[0].both_cases {
+        failure.notes.push(match other {
+            None => "note: golden found no second failing case to try the mutation on, so it is \
+                     evidence from one case, not a cause"
                 .into(),
-        );
+            Some(_) if second_out_of_time => format!(
+                "note: the mutation diagnosis ran out of its budget ({} s, a third of the \
+                 reference's timeout) before trying it on a second failing case, so it is evidence \
+                 from one case, not a cause",
+                num(budget)
+            ),
+            Some((params, _)) => format!(
+                "note: the mutation does not hold on another failing case ({params}), so it is \
+                 evidence from one case, not a cause"
+            ),
+        });
+    }
+    if let Some(s) = searched.iter().find(|s| s.truncated) {
+        failure.notes.push(out_of_time(s, budget));
     }
     if let FailureKind::Case(c) = &mut failure.kind {
         c.mutations = matches;
@@ -95,21 +157,89 @@ fn differs_in_values(c: &CaseFailure) -> bool {
             .any(|l| !l.passes() && !trace::is_trace(&l.name))
 }
 
-fn none_matched(searched: &[Search]) -> String {
-    let s = &searched[0];
-    let cases = if searched.len() > 1 {
-        "on both failing cases"
+/// `drop 36, constant 21, …`: how many candidates of each kind were tried.
+fn tried_kinds(s: &Search) -> String {
+    s.kinds
+        .iter()
+        .filter(|(_, _, tried)| *tried > 0)
+        .map(|(kind, _, tried)| format!("{kind} {tried}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn out_of_time(s: &Search, budget: f64) -> String {
+    let left: Vec<String> = s
+        .kinds
+        .iter()
+        .filter(|(_, n, tried)| tried < n)
+        .map(|(kind, n, tried)| format!("{kind} {}", n - tried))
+        .collect();
+    let tried = if s.tried == 0 {
+        format!("it tried none of its {} mutants", s.candidates)
     } else {
-        "on the smallest failing case"
+        format!(
+            "it tried {} of {} mutants ({})",
+            s.tried,
+            s.candidates,
+            tried_kinds(s)
+        )
     };
-    let mut note = format!(
-        "note: no single mutation of the reference matches the port {cases} (golden tried {} \
-         mutations of its {} torch calls at {} sites, golden_ref/catalogue.py)",
-        s.tried, s.calls, s.sites
-    );
-    if searched.iter().any(|s| s.truncated) {
-        note.push_str("; the search ran out of time before trying them all");
+    format!(
+        "note: the mutation diagnosis ran out of its budget ({} s, a third of the reference's \
+         timeout; the reference itself answered in time) during its {}: {tried} of the \
+         reference's {} torch calls at {} sites{}; a longer `timeout = ` gives it more",
+        num(budget),
+        s.stage.as_deref().unwrap_or("search"),
+        s.calls,
+        s.sites,
+        if left.is_empty() {
+            String::new()
+        } else {
+            format!(", leaving {} untried", left.join(", "))
+        }
+    )
+}
+
+fn none_matched(searched: &[Search], two: bool, traced: bool, focus: Option<&str>) -> String {
+    let s = &searched[0];
+    let cases = if two {
+        "on the smallest failing case"
+    } else {
+        "on the failing case"
+    };
+    let mut note = if s.tried == 0 {
+        format!(
+            "note: no single mutation of the reference matches the port {cases}: none of golden's \
+             mutations (golden_ref/families.py, catalogue.py, structure.py) applies to its {} \
+             torch calls at {} sites",
+            s.calls, s.sites
+        )
+    } else {
+        format!(
+            "note: no single mutation of the reference matches the port {cases}: golden tried {} \
+             mutants of its {} torch calls at {} sites ({}: golden_ref/families.py, catalogue.py, \
+             structure.py)",
+            s.tried,
+            s.calls,
+            s.sites,
+            tried_kinds(s)
+        )
+    };
+    if s.truncated {
+        note.push_str(" before its budget ran out");
     }
+    note.push_str(match (traced, focus) {
+        (true, Some(_)) => {
+            "; the trace above shows where the port first leaves the reference: \
+                            compare that point's code with the reference's"
+        }
+        (true, None) => "; the trace above shows how far the port follows the reference",
+        (false, _) => {
+            "; to see where the port first leaves the reference, check it with `trace` \
+                       (golden_layer(..., trace), tapping the port's intermediate values with \
+                       golden::tap): the failure then names the first submodule that differs"
+        }
+    });
     note
 }
 
@@ -120,10 +250,12 @@ fn matches_on(
     source: &Source,
     params: &CaseParams,
     c: &CaseFailure,
-    only: Option<&[String]>,
-) -> Result<(Vec<MutationMatch>, Search), String> {
+    ask: Ask<'_>,
+) -> Result<(Vec<MutationMatch>, Search), Skipped> {
     let Some(reference) = &c.reference else {
-        return Err("the reference has no outputs for this case".into());
+        return Err(Skipped::Not(
+            "the reference has no outputs for this case".into(),
+        ));
     };
     let args: Vec<_> = c.inputs.iter().map(|(_, t)| t.clone()).collect();
     let port: Vec<_> = c
@@ -132,7 +264,7 @@ fn matches_on(
         .filter(|(n, _)| !trace::is_trace(n))
         .cloned()
         .collect();
-    let search = mutations::search(source, layer, dtype, params, &args, &port, only)?;
+    let search = mutations::search(source, layer, dtype, params, &args, &port, ask)?;
     let reference = expected(reference);
     let found = search
         .mutants
@@ -152,6 +284,8 @@ fn matches_on(
                 instead: m.instead.clone(),
                 site: m.site.clone(),
                 fix: m.fix.clone(),
+                kind: m.kind.clone(),
+                code: m.code.clone(),
                 fit,
                 both_cases: false,
             })
@@ -205,7 +339,9 @@ fn only_on_tiny_values(
                     place (inside or outside the square root), a clamp's minimum, an epsilon in a \
                     division"
                     .into(),
+            kind: Kind::Observation,
         },
         on_first_case: None,
+        confirmed: true,
     })
 }

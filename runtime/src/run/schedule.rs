@@ -461,6 +461,8 @@ pub(crate) fn explain(
             instead,
             site: String::new(),
             fix,
+            kind: "schedule".into(),
+            code: None,
             fit,
             both_cases: false,
         }
