@@ -119,8 +119,10 @@ def _family_class(module, suffix: str):
     """A class of the module's own modeling file whose name ends with `suffix` (the rotary
     embedding `LlamaRotaryEmbedding` beside `LlamaAttention`)."""
     mod = sys.modules.get(type(module).__module__)
-    found = [obj for name, obj in vars(mod or object()).items()
-             if isinstance(obj, type) and name.endswith(suffix) and obj.__module__ == getattr(mod, "__name__", None)]
+    if mod is None:
+        return None
+    found = [obj for name, obj in vars(mod).items()
+             if isinstance(obj, type) and name.endswith(suffix) and obj.__module__ == mod.__name__]
     return found[0] if found else None
 
 
