@@ -499,3 +499,81 @@ fn a_cached_port_s_gradients_are_checked_on_its_prefill() {
         "{msg}"
     );
 }
+
+/// A streaming causal convolution (`zoo_ref.streaming.StreamingConv`): it keeps the last
+/// `kernel − 1` frames between calls; the forgetful port starts every call from zeros.
+struct Streaming {
+    weight: Tensor,
+    bias: Tensor,
+    buffer: Option<Tensor>,
+    forget: bool,
+}
+
+impl Streaming {
+    fn forward(&mut self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let x = x.transpose(1, 2)?.contiguous()?;
+        let (b, c, _) = x.dims3()?;
+        let k = self.weight.dim(2)?;
+        let buffer = match (&self.buffer, self.forget) {
+            (Some(buffer), false) => buffer.clone(),
+            _ => Tensor::zeros((b, c, k - 1), x.dtype(), x.device())?,
+        };
+        let full = Tensor::cat(&[&buffer, &x], 2)?;
+        let t = full.dim(2)?;
+        self.buffer = Some(full.narrow(2, t - (k - 1), k - 1)?);
+        full.conv1d(&self.weight, 0, 1, 1, 1)?
+            .broadcast_add(&self.bias.reshape((1, c, 1))?)?
+            .gelu_erf()?
+            .transpose(1, 2)
+    }
+}
+
+fn streaming(name: &str, forget: bool) -> Result<Report, Failure> {
+    let layer = Layer::module(name, "zoo_ref.streaming.StreamingConv")
+        .init("channels", 4usize)
+        .init("kernel", 3usize)
+        .dim("b", 1, 2)
+        .dim("t", 1, 10)
+        .arg(
+            "x",
+            ["b".into(), "t".into(), golden::DimExpr::Lit(4)],
+            golden::Dist::default(),
+        )
+        .decode(Decode::over("x"))
+        .cases(12);
+    let scratch = Scratch::new(name);
+    let layer = declared_with_store(&layer, &scratch);
+    let port = move |inputs: &golden::PortInputs| {
+        golden::drive(inputs, |inputs| {
+            let vb = inputs.var_builder();
+            let made = (|| -> candle_core::Result<_> {
+                let mut conv = Streaming {
+                    weight: vb.get((4, 4, 3), "conv.weight")?,
+                    bias: vb.get(4, "conv.bias")?,
+                    buffer: None,
+                    forget,
+                };
+                Ok(move |step: &golden::Step| conv.forward(step.input("x")?))
+            })();
+            golden::IntoStepper::into_stepper(made)
+        })
+    };
+    golden::check(&layer, &port)
+}
+
+#[test]
+fn a_plain_module_keeps_its_own_state_through_the_schedule() {
+    streaming("s_streaming_right", false).unwrap_or_else(|f| panic!("{f}"));
+    let msg = streaming("s_streaming_forgetful", true)
+        .expect_err("a wrong port")
+        .to_string();
+    println!("{msg}");
+    assert!(
+        msg.contains("`zoo_ref.streaming.StreamingConv` at step 1"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("the schedule driven with no state kept between calls"),
+        "{msg}"
+    );
+}

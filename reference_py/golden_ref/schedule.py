@@ -437,9 +437,13 @@ def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_e
         call_args[plan.arg] = chunk
         kwargs = dict(case.kwargs)
         kwargs.update(builder.kwargs(chunk, past, t, use_cache=plan.cached))
+        # `no-cache` for a module that keeps its own state: a fresh one at every call.
+        call = target
+        if plan.mistake == "no-cache" and builder.cache_name is None and pristine is not None:
+            call = copy.deepcopy(pristine)
         try:
             with _window_uncached(past if plan.mistake == "window-uncached" else None):
-                out = target(*call_args, **kwargs)
+                out = call(*call_args, **kwargs)
         except BaseException as e:  # SystemExit too: a reference must not end the worker
             if isinstance(e, KeyboardInterrupt):
                 raise

@@ -407,9 +407,12 @@ impl Mistake {
                     .to_string(),
             ),
             Mistake::NoCache => (
-                "no cache: every call attends only to its own tokens".to_string(),
-                "attention over the cached keys and values".to_string(),
-                "append each step's keys and values to the cache and attend over all of them"
+                "no state kept between calls (no cache: every call sees only its own tokens)"
+                    .to_string(),
+                "each call continuing from the state the calls before it left".to_string(),
+                "keep the state from one call to the next and use it: append each step's keys \
+                 and values to the cache and attend over all of them (a streaming buffer: carry \
+                 its last frames into the next call)"
                     .to_string(),
             ),
             Mistake::PositionsUnpadded => (
