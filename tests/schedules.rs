@@ -93,6 +93,14 @@ fn a_cached_llama_port_passes_every_step() {
 }
 
 #[test]
+fn a_cached_llama_port_passes_in_bf16() {
+    // Half precision through time: every step in bf16, judged as the forward check judges a
+    // low-precision leaf (and as accurate as the reference against float64).
+    let layer = llama("s_llama_bf16").dtypes(&[candle_core::DType::BF16]);
+    must_pass(&layer, None);
+}
+
+#[test]
 fn a_mistral_port_with_its_sliding_window_passes_every_step() {
     must_pass(&mistral("s_mistral_right", 3), Some(3));
 }
