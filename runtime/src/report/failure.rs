@@ -214,6 +214,46 @@ impl Failure {
             _ => None,
         }
     }
+
+    /// The likely cause in one line, when the failure tells one (for summaries such as
+    /// `golden report --markdown`): the reference's operation the port matches once changed, on
+    /// both failing cases; else the first cause the numbers confirm on two failing cases; else a
+    /// known variant of the reference the port matches; else a cause the gradient, training or
+    /// schedule check names. Evidence from one case alone is no cause, and is not returned.
+    pub fn likely_cause(&self) -> Option<String> {
+        let c = self.case_failure()?;
+        if let Some(m) = c.mutations.iter().find(|m| m.both_cases) {
+            let site = if m.site.is_empty() {
+                String::new()
+            } else {
+                format!(" at {}", m.site)
+            };
+            let instead = if m.instead.is_empty() || m.what.contains(" instead of ") {
+                String::new()
+            } else {
+                format!(" (instead of {})", m.instead)
+            };
+            return Some(format!(
+                "the port matches the reference with {}{site}{instead} — fix: {}",
+                m.what, m.fix
+            ));
+        }
+        if let Some(d) = c.diagnoses.iter().find(|d| d.confirmed) {
+            return Some(format!("`{}`: {}", d.leaf, d.diagnosis));
+        }
+        if let Some(v) = c.variants.first() {
+            return Some(format!(
+                "the port matches `{}`, a known variant of the reference: {}",
+                v.name, v.fix
+            ));
+        }
+        c.gradient_issues
+            .iter()
+            .chain(&c.training_issues)
+            .chain(&c.schedule_issues)
+            .find_map(|i| i.strip_prefix("likely cause: "))
+            .map(str::to_string)
+    }
 }
 
 /// The module Python says is missing (`No module named 'transformers'`), top-level package first.
