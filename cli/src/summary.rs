@@ -275,7 +275,9 @@ fn worst_of(text: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.trim_start().starts_with("finite differences"))
         .filter_map(|l| figures_of(l)?.ratio)
-        .fold(None, |acc: Option<f64>, r| Some(acc.map_or(r, |a| a.max(r))))
+        .fold(None, |acc: Option<f64>, r| {
+            Some(acc.map_or(r, |a| a.max(r)))
+        })
 }
 
 /// A snapshot file's text without insta's header.
@@ -309,14 +311,18 @@ fn from_results(doc: &Json) -> Check {
         .into_iter()
         .flatten()
         .filter_map(|l| finite(&l["worst_ratio"]))
-        .fold(None, |acc: Option<f64>, r| Some(acc.map_or(r, |a| a.max(r))));
+        .fold(None, |acc: Option<f64>, r| {
+            Some(acc.map_or(r, |a| a.max(r)))
+        });
     let training_worst = finite(&doc["training"]["worst_ratio"]);
     let worst = match (status, &snapshot) {
         (Status::Pass, Some(text)) => worst_of(text),
         _ => [leaves_worst, training_worst]
             .into_iter()
             .flatten()
-            .fold(None, |acc: Option<f64>, r| Some(acc.map_or(r, |a| a.max(r)))),
+            .fold(None, |acc: Option<f64>, r| {
+                Some(acc.map_or(r, |a| a.max(r)))
+            }),
     };
     let failure = (status == Status::Fail).then(|| FailureInfo {
         headline: doc["headline"]
@@ -368,7 +374,8 @@ pub fn load_snapshots(dir: &Path) -> Result<Vec<Check>, String> {
     let walk = crate::walk::files_under(dir, |p| p.extension().is_some_and(|x| x == "snap"))?;
     let mut checks = Vec::new();
     for path in walk.files {
-        let file = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let file =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let text = snapshot_body(&file).to_string();
         let parsed = parse(&text);
         checks.push(Check {
@@ -507,7 +514,8 @@ fn store_changes(before: Option<&StoreInfo>, after: Option<&StoreInfo>) -> Vec<C
                     Change::new("versions", name.clone())
                         .between(Some(then.clone()), Some(now.clone())),
                 ),
-                None => out.push(Change::new("versions", name.clone()).between(Some(then.clone()), None)),
+                None => out
+                    .push(Change::new("versions", name.clone()).between(Some(then.clone()), None)),
                 _ => {}
             }
         }
@@ -576,7 +584,9 @@ pub fn changes(base: &Check, head: &Check) -> Vec<Change> {
         for (key, after) in &h.lines {
             match b.lines.iter().find(|(k, _)| k == key) {
                 Some((_, before)) if before == after => {}
-                Some((_, before)) if figures_of(before).is_some() && figures_of(after).is_some() => {
+                Some((_, before))
+                    if figures_of(before).is_some() && figures_of(after).is_some() =>
+                {
                     if lines_match(before, after) {
                         // Within the comparator's noise: not a change.
                         continue;
@@ -592,17 +602,21 @@ pub fn changes(base: &Check, head: &Check) -> Vec<Change> {
                     } else {
                         "line"
                     };
-                    out.push(
-                        Change::new(kind, key.clone())
-                            .between(Some(before.trim().to_string()), Some(after.trim().to_string())),
-                    );
+                    out.push(Change::new(kind, key.clone()).between(
+                        Some(before.trim().to_string()),
+                        Some(after.trim().to_string()),
+                    ));
                 }
-                None => out.push(Change::new("line", key.clone()).between(None, Some(after.trim().to_string()))),
+                None => out.push(
+                    Change::new("line", key.clone()).between(None, Some(after.trim().to_string())),
+                ),
             }
         }
         for (key, before) in &b.lines {
             if !h.lines.iter().any(|(k, _)| k == key) {
-                out.push(Change::new("line", key.clone()).between(Some(before.trim().to_string()), None));
+                out.push(
+                    Change::new("line", key.clone()).between(Some(before.trim().to_string()), None),
+                );
             }
         }
     }
@@ -688,8 +702,7 @@ pub fn compare(head: &[Check], base: Option<&[Check]>) -> Vec<Entry> {
         among
             .iter()
             .find(|b| {
-                b.name == c.name
-                    && (b.krate.is_none() || c.krate.is_none() || b.krate == c.krate)
+                b.name == c.name && (b.krate.is_none() || c.krate.is_none() || b.krate == c.krate)
             })
             .cloned()
     };
@@ -875,7 +888,12 @@ fn change_row(name: &str, c: &Change) -> Vec<String> {
             c.after.clone().unwrap_or("—".into()),
             String::new(),
         ),
-        "new check" => ("new check".into(), "—".into(), "added".into(), String::new()),
+        "new check" => (
+            "new check".into(),
+            "—".into(),
+            "added".into(),
+            String::new(),
+        ),
         "removed check" => (
             "check removed".into(),
             "present".into(),
@@ -942,7 +960,11 @@ impl Summary {
         let (total, failed, unaccepted) = self.counts();
         let passed = total - failed;
         let mut out = String::new();
-        let mark = if failed + unaccepted > 0 { "❌" } else { "✅" };
+        let mark = if failed + unaccepted > 0 {
+            "❌"
+        } else {
+            "✅"
+        };
         let _ = writeln!(
             out,
             "### {mark} golden: {passed} of {total} check{} passed{}\n",
@@ -1213,7 +1235,10 @@ golden store: sha256 aaaa
         let f = found[0].factor.unwrap();
         assert!((f - 0.98 / 0.034).abs() < 1e-9, "{f}");
         // Twice the error: what another CPU does; the comparator matches it, so does this.
-        let noise = BASE.replace("7.2e-7, worst element 0.034×", "1.4e-6, worst element 0.068×");
+        let noise = BASE.replace(
+            "7.2e-7, worst element 0.034×",
+            "1.4e-6, worst element 0.068×",
+        );
         assert!(changes(&snapshot(BASE), &snapshot(&noise)).is_empty());
     }
 
@@ -1226,7 +1251,14 @@ golden store: sha256 aaaa
         let found = changes(&snapshot(BASE), &snapshot(&head));
         let kinds: Vec<(&str, &str, Option<&str>, Option<&str>)> = found
             .iter()
-            .map(|c| (c.kind, c.what.as_str(), c.before.as_deref(), c.after.as_deref()))
+            .map(|c| {
+                (
+                    c.kind,
+                    c.what.as_str(),
+                    c.before.as_deref(),
+                    c.after.as_deref(),
+                )
+            })
             .collect();
         assert_eq!(
             kinds,
@@ -1238,7 +1270,12 @@ golden store: sha256 aaaa
                     Some("97296b66ed59"),
                     Some("0123456789ab")
                 ),
-                ("store", "golden store re-recorded", Some("aaaa"), Some("bbbb")),
+                (
+                    "store",
+                    "golden store re-recorded",
+                    Some("aaaa"),
+                    Some("bbbb")
+                ),
             ]
         );
     }

@@ -350,26 +350,41 @@ pub fn golden_package_identity(package: &Path) -> Result<(String, String), Strin
 /// installs; `None` when it is the same package.
 fn replaced_package(old: &str, wanted: &str) -> Option<String> {
     let package = |stamp: &str| -> Option<String> {
-        let mut lines = stamp.lines().skip_while(|l| !l.starts_with("golden package"));
-        Some(format!("{}\n{}", lines.next()?, lines.next().unwrap_or_default()))
+        let mut lines = stamp
+            .lines()
+            .skip_while(|l| !l.starts_with("golden package"));
+        Some(format!(
+            "{}\n{}",
+            lines.next()?,
+            lines.next().unwrap_or_default()
+        ))
     };
     let (before, now) = (package(old)?, package(wanted)?);
     if before == now {
         return None;
     }
     Some(match before.strip_prefix("golden package (editable): ") {
-        Some(rest) => format!(
+        Some(rest) => {
+            format!(
             "the venv had golden's Python package editable from {} (another checkout's folder, \
              which it followed); it gets a copy of this golden's version instead, tied to no \
              checkout",
             rest.lines().next().unwrap_or_default().split(" [").next().unwrap_or_default()
-        ),
+        )
+        }
         None => format!(
             "the venv had another golden-ref than this golden's ({}; now {}): replacing it. \
              Plain Python in this venv then imports this golden's package; the checks of every \
              checkout import their own golden's, whatever the venv holds",
-            before.lines().next().unwrap_or_default().trim_start_matches("golden package: "),
-            now.lines().next().unwrap_or_default().trim_start_matches("golden package: ")
+            before
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("golden package: "),
+            now.lines()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("golden package: ")
         ),
     })
 }
@@ -710,13 +725,18 @@ mod tests {
         let stamp_c = Options::for_golden(&c, venv.clone()).stamp().unwrap();
         assert_ne!(stamp_a, stamp_c, "another golden's package");
         let line = replaced_package(&stamp_a, &stamp_c).unwrap();
-        assert!(line.contains("another golden-ref than this golden's"), "{line}");
+        assert!(
+            line.contains("another golden-ref than this golden's"),
+            "{line}"
+        );
         // A venv set up editable by an older golden names the folder it followed.
-        let old = "golden setup, stamp format 1\ngolden package (editable): /work/main/reference_py \
+        let old =
+            "golden setup, stamp format 1\ngolden package (editable): /work/main/reference_py \
                    [torch,hf]\n  pyproject.toml sha256 00\ncrate requirements: none\n";
         let line = replaced_package(old, &stamp_a).unwrap();
         assert!(
-            line.contains("editable from /work/main/reference_py") && line.contains("tied to no checkout"),
+            line.contains("editable from /work/main/reference_py")
+                && line.contains("tied to no checkout"),
             "{line}"
         );
         std::fs::remove_dir_all(dir).unwrap();

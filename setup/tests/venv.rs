@@ -105,7 +105,10 @@ fn a_venv_is_created_reused_and_updated() {
     let replaced = golden_setup::run(&from_other, &log).unwrap();
     assert!(!replaced.up_to_date);
     let logged = lines.lock().unwrap().join("\n");
-    assert!(logged.contains("another golden-ref than this golden's"), "{logged}");
+    assert!(
+        logged.contains("another golden-ref than this golden's"),
+        "{logged}"
+    );
     lines.lock().unwrap().clear();
     // Back to the first checkout: its own package again.
     assert!(!golden_setup::run(&options, &log).unwrap().up_to_date);

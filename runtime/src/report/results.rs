@@ -169,8 +169,8 @@ fn training_json(figures: &[(String, f64)]) -> Option<Json> {
 
 /// What a results file says of the check's golden store: its SHA-256 and what it was recorded with.
 fn store_json(layer: &Layer, kind: Kind) -> Json {
-    let Some(stamp) =
-        crate::answers::store::path(layer, kind.suffix()).and_then(|p| crate::answers::store::stamp(&p))
+    let Some(stamp) = crate::answers::store::path(layer, kind.suffix())
+        .and_then(|p| crate::answers::store::stamp(&p))
     else {
         return Json::Null;
     };

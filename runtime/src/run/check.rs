@@ -274,7 +274,7 @@ fn run_inner(
         for (i, &dtype) in layer.dtypes.iter().enumerate() {
             recorded[i] =
                 record_generated(layer, kind, dtype, runner, source, &settings, description)
-                .map_err(config_error)?;
+                    .map_err(config_error)?;
         }
     }
     let mut runs = Vec::new();

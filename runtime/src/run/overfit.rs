@@ -383,11 +383,7 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
 
 /// The check; `described` gets what it is about as soon as that is known (for the results file,
 /// a failure's too).
-fn check_inner(
-    layer: &Layer,
-    port: &Port<'_>,
-    described: &mut String,
-) -> Result<Report, Failure> {
+fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result<Report, Failure> {
     let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
     layer.validate().map_err(config_error)?;
     let _quiet = PanicScope::enter();

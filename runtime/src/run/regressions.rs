@@ -73,7 +73,11 @@ impl Regressions {
 
     /// What the file holds for this check (nothing when there is no file).
     pub fn saved(&self) -> Saved {
-        let Some(text) = self.file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) else {
+        let Some(text) = self
+            .file
+            .as_ref()
+            .and_then(|f| std::fs::read_to_string(f).ok())
+        else {
             return Saved::default();
         };
         let mut saved = Saved::default();
