@@ -219,10 +219,11 @@ impl Failure {
     /// `golden report --markdown`): the reference's operation the port matches once changed, on
     /// both failing cases; else the first cause the numbers confirm on two failing cases; else a
     /// known variant of the reference the port matches; else a cause the gradient, training or
-    /// schedule check names. Evidence from one case alone is no cause, and is not returned.
+    /// schedule check names. Failing those, evidence from one failing case (a replay that had no
+    /// second recorded case to confirm it on), said to be only that.
     pub fn likely_cause(&self) -> Option<String> {
         let c = self.case_failure()?;
-        if let Some(m) = c.mutations.iter().find(|m| m.both_cases) {
+        let matched = |m: &MutationMatch| {
             let site = if m.site.is_empty() {
                 String::new()
             } else {
@@ -233,10 +234,13 @@ impl Failure {
             } else {
                 format!(" (instead of {})", m.instead)
             };
-            return Some(format!(
-                "the port matches the reference with {}{site}{instead} — fix: {}",
-                m.what, m.fix
-            ));
+            format!(
+                "the port matches the reference with {}{site}{instead}",
+                m.what
+            )
+        };
+        if let Some(m) = c.mutations.iter().find(|m| m.both_cases) {
+            return Some(format!("{} — fix: {}", matched(m), m.fix));
         }
         if let Some(d) = c.diagnoses.iter().find(|d| d.confirmed) {
             return Some(format!("`{}`: {}", d.leaf, d.diagnosis));
@@ -247,12 +251,28 @@ impl Failure {
                 v.name, v.fix
             ));
         }
-        c.gradient_issues
+        let named = c
+            .gradient_issues
             .iter()
             .chain(&c.training_issues)
             .chain(&c.schedule_issues)
-            .find_map(|i| i.strip_prefix("likely cause: "))
-            .map(str::to_string)
+            .find_map(|i| i.strip_prefix("likely cause: "));
+        if let Some(cause) = named {
+            return Some(cause.to_string());
+        }
+        if let Some(m) = c.mutations.first() {
+            return Some(format!(
+                "evidence from one failing case only: {}, which would mean: {}",
+                matched(m),
+                m.fix
+            ));
+        }
+        c.diagnoses.first().map(|d| {
+            format!(
+                "evidence from one failing case only: `{}`: {}",
+                d.leaf, d.diagnosis.evidence
+            )
+        })
     }
 }
 
