@@ -540,3 +540,16 @@ fn thousands_of_failures_are_cut_to_github_s_limit_with_a_count_never_a_broken_t
     assert_eq!(summary.json()["entries"].as_array().unwrap().len(), 3000);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_readme_shows_the_recipe_the_example_crate_runs() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let workflow =
+        std::fs::read_to_string(format!("{EXAMPLE}/.github/workflows/golden.yml")).unwrap();
+    assert!(
+        readme.contains(&format!("```yaml\n{}```", workflow)),
+        "README.md's Pull requests section must show examples/port-llama/.github/workflows/golden.yml \
+         as it is (CI runs that file)"
+    );
+}
