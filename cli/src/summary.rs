@@ -712,6 +712,9 @@ pub fn compare(head: &[Check], base: Option<&[Check]>) -> Vec<Entry> {
             let b = base.and_then(|base| find(c, base));
             let changes = match (&b, base) {
                 (Some(b), _) => changes(b, c),
+                // A failing check has no snapshot, so a base of snapshots never has one: its
+                // absence there says nothing; the failure itself is listed.
+                (None, Some(_)) if c.status == Some(Status::Fail) => Vec::new(),
                 (None, Some(_)) => vec![Change::new("new check", c.name.clone())],
                 (None, None) => Vec::new(),
             };
