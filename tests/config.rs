@@ -183,18 +183,31 @@ fn a_replay_of_a_store_from_another_transformers_says_so_without_changing_the_sn
         usize::MAX,
     )
     .unwrap();
-    // Passing: the snapshot is what it was, but for the store's own digest (it was re-sealed).
+    // Passing: the snapshot is what it was, but for its store lines: the store was re-sealed, and
+    // says it was recorded with transformers 4.0.0 (what a pull request's diff then shows).
     let replayed = golden::check(&llama_mlp(&scratch).mode(Mode::Replay), &swiglu)
         .unwrap_or_else(|f| panic!("{f}"));
-    let digestless = |s: String| {
+    let storeless = |s: &str| {
         s.lines()
-            .filter(|l| !l.starts_with("golden store: sha256"))
+            .filter(|l| !l.starts_with("golden store: "))
             .collect::<Vec<_>>()
             .join("\n")
     };
-    assert_eq!(
-        digestless(replayed.snapshot().unwrap()),
-        digestless(recorded.snapshot().unwrap())
+    let (replayed, recorded) = (replayed.snapshot().unwrap(), recorded.snapshot().unwrap());
+    assert_eq!(storeless(&replayed), storeless(&recorded));
+    let recorded_with = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("golden store: recorded with "))
+            .unwrap_or_else(|| panic!("no provenance line in:\n{s}"))
+            .to_string()
+    };
+    assert!(
+        recorded_with(&recorded).contains(&format!("transformers {now}")),
+        "{recorded}"
+    );
+    assert!(
+        recorded_with(&replayed).contains("transformers 4.0.0"),
+        "{replayed}"
     );
     // Failing: the message says the evidence is stale, and how to refresh it.
     let zeros = |i: &PortInputs| i.tensor(0).zeros_like().into_outputs();

@@ -94,9 +94,17 @@ fn recorded_with_the_failing_port_replay_reproduces_the_failure_exactly() {
         replayed.contains("evaluated live only; this was a replay"),
         "{replayed}"
     );
+    // The record run saved its first failing case, which the replay runs first, and says so.
+    assert!(
+        replayed.contains("the first failing case was saved by an earlier failure of this check"),
+        "{replayed}"
+    );
     assert_eq!(
         without(&live, "a known variant"),
-        without(&replayed, "evaluated live only")
+        without(
+            &without(&replayed, "evaluated live only"),
+            "saved by an earlier failure"
+        )
     );
 }
 

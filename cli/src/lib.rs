@@ -1,6 +1,7 @@
 //! The `golden` command-line tool's commands, as a library (the framework's own tests call them):
 //! `setup` (the Python environment), `diff` (two tensor files, folders or archives), `show` (one
-//! tensor), `view` (two dumps side by side in the browser), `report` (the HTML report), and what
+//! tensor), `view` (two dumps side by side in the browser), `report` (the HTML report) and its
+//! `summary` for pull requests (markdown, JSON), and what
 //! they share: the sides of a comparison (`side`: a file, a folder or an archive, `unpack`ed into
 //! a private `scratch` folder), how their files pair (`pairing`, with `mapping`s of names and
 //! tensor-parallel shards), the comparison of a pair (`pair`, with the `layout`s that explain
@@ -19,6 +20,7 @@ pub mod scratch;
 pub mod setup;
 pub mod show;
 pub mod side;
+pub mod summary;
 pub mod unpack;
 pub mod view;
 pub mod walk;

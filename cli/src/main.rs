@@ -9,7 +9,8 @@
 //!   (exit status 1 when anything differs or nothing could be compared, 2 on errors);
 //! * `golden show FILE [NAME]` — statistics, a histogram and values of a tensor;
 //! * `golden view [A B]` — two dumps side by side in the browser (a local web server);
-//! * `golden report` — the HTML report of the last test run.
+//! * `golden report` — the HTML report of the last test run; `--markdown` / `--json`: a summary
+//!   for reviewers of a pull request, against a base (`--base`).
 //!
 //! Install with `cargo install --path cli`.
 //!
@@ -20,7 +21,7 @@
 use golden_cli::mapping::Mapping;
 use golden_cli::read::ReadOptions;
 use golden_cli::side::Side;
-use golden_cli::{diff, report, setup, show, view};
+use golden_cli::{diff, report, setup, show, summary, view};
 
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -133,15 +134,54 @@ enum Command {
         #[arg(long, value_name = "SIZE", default_value = "16GiB")]
         max_upload: String,
     },
-    /// Build the HTML report of the last test run from target/golden/results.
+    /// Build the HTML report of the last test run from target/golden/results; or, with
+    /// --markdown or --json, a summary for reviewers of a pull request: pass and fail counts, the
+    /// failures with their likely causes, and what changed against a base (--base).
     Report {
         /// The results folder (default: target/golden/results under the current workspace).
         #[arg(long)]
         results: Option<PathBuf>,
-        /// Where to write the page (default: target/golden/report.html).
+        /// Where to write the page (default: target/golden/report.html) or the summary (default:
+        /// standard output).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Write the summary as GitHub-flavoured markdown (for $GITHUB_STEP_SUMMARY or a pull
+        /// request comment: under GitHub's 65,536 characters, rows that do not fit counted).
+        #[arg(long, conflicts_with = "json")]
+        markdown: bool,
+        /// Write the summary as JSON (everything, untruncated).
+        #[arg(long)]
+        json: bool,
+        /// The base to compare with: the base branch's snapshot folder (its committed .snap
+        /// files, e.g. from `git archive`), or the results folder of a run of it.
+        #[arg(long, value_name = "DIR")]
+        base: Option<PathBuf>,
     },
+}
+
+/// `golden report --markdown` / `--json`: the summary, on stdout or in `out`. A results folder with
+/// no results gives a markdown summary that says so (the step that writes it in CI runs after a
+/// failed build too), and an error for JSON.
+fn summary_command(
+    results: Option<PathBuf>,
+    out: Option<PathBuf>,
+    markdown: bool,
+    base: Option<PathBuf>,
+) -> Result<(), String> {
+    let results = results.unwrap_or_else(report::default_results);
+    let text = match summary::Summary::build(&results, base.as_deref()) {
+        Ok(s) if markdown => s.markdown(summary::GITHUB_LIMIT),
+        Ok(s) => serde_json::to_string_pretty(&s.json()).expect("JSON") + "\n",
+        Err(e) if markdown && e == report::no_results(&results) => summary::no_results(&results),
+        Err(e) => return Err(e),
+    };
+    match out {
+        Some(path) => std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display())),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
 }
 
 /// `golden diff`: open both sides (unpacking archives), read the mapping, compare.
@@ -285,7 +325,26 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Report { results, out } => match report::run(results, out) {
+        Command::Report {
+            results,
+            out,
+            markdown,
+            json,
+            base,
+        } if markdown || json => match summary_command(results, out, markdown, base) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("golden report: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Report { base: Some(_), .. } => {
+            eprintln!(
+                "golden report: --base compares with a base in a summary: add --markdown or --json"
+            );
+            ExitCode::from(2)
+        }
+        Command::Report { results, out, .. } => match report::run(results, out) {
             Ok(path) => {
                 println!("{}", path.display());
                 ExitCode::SUCCESS

@@ -172,14 +172,32 @@ fn mark_stale(checks: &mut [Json]) -> Json {
     json!({"id": run, "written_ms": newest_ms})
 }
 
+/// The error for a results folder with nothing in it.
+pub fn no_results(results: &Path) -> String {
+    format!(
+        "no results in {}: run the tests first (`cargo test`), then `golden report`",
+        results.display()
+    )
+}
+
+/// The last run's results files of a results folder (each with its `crate`), and how many results
+/// of other runs were left out (see [`build`]'s page: they are stale).
+pub fn last_run(results: &Path) -> Result<(Vec<Json>, usize), String> {
+    let mut checks = load(results)?;
+    if checks.is_empty() {
+        return Err(no_results(results));
+    }
+    mark_stale(&mut checks);
+    let (current, stale): (Vec<Json>, Vec<Json>) =
+        checks.into_iter().partition(|c| c["stale"] != true);
+    Ok((current, stale.len()))
+}
+
 /// Build the page's data and HTML from a results folder.
 pub fn build(results: &Path) -> Result<String, String> {
     let mut checks = load(results)?;
     if checks.is_empty() {
-        return Err(format!(
-            "no results in {}: run the tests first (`cargo test`), then `golden report`",
-            results.display()
-        ));
+        return Err(no_results(results));
     }
     let last_run = mark_stale(&mut checks);
     for check in &mut checks {
@@ -209,6 +227,12 @@ pub fn build(results: &Path) -> Result<String, String> {
          <script id=\"golden-data\" type=\"application/json\">{data}</script>\n\
          <script>\n{SCRIPT}</script>\n</body>\n</html>\n"
     ))
+}
+
+/// The results folder `golden report` reads by default: `target/golden/results` of the current
+/// workspace.
+pub fn default_results() -> PathBuf {
+    default_target().join("golden").join("results")
 }
 
 /// Run `golden report`: write the page, return its path.

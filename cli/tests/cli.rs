@@ -755,3 +755,59 @@ fn setup_says_what_is_missing() {
     );
     assert!(!venv.exists(), "nothing was created");
 }
+
+#[test]
+fn report_markdown_says_when_no_check_ran_and_base_needs_a_summary() {
+    let dir = Dir::new("report-md");
+    let results = dir.path().join("results");
+    std::fs::create_dir_all(&results).unwrap();
+    let results = results.to_str().unwrap();
+    // A CI step that writes the summary after a failed build: a summary that says so, status 0.
+    let out = golden(&["report", "--markdown", "--results", results]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("### ❌ golden: no results") && text.contains("see the job's log"),
+        "{text}"
+    );
+    // JSON has nothing to say: an error.
+    let out = golden(&["report", "--json", "--results", results]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    // --base belongs to a summary.
+    let out = golden(&["report", "--base", results]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("add --markdown or --json"),
+        "{out:?}"
+    );
+    // A results file: the summary counts it, on stdout or in --out.
+    let krate = Path::new(results).join("my_crate");
+    std::fs::create_dir_all(&krate).unwrap();
+    std::fs::write(
+        krate.join("norms__gelu.json"),
+        r#"{"run": "r", "written_ms": 1, "check": "norms__gelu", "layer": "gelu", "status": "pass",
+            "snapshot": "layer: gelu\nf32:\n  out f32 [n]\n    max |port - ref|: 1e-7, worst element 0.01× allowed\n",
+            "leaves": []}"#,
+    )
+    .unwrap();
+    let summary = dir.path().join("summary.md");
+    let out = golden(&[
+        "report",
+        "--markdown",
+        "--results",
+        results,
+        "--out",
+        summary.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&summary).unwrap();
+    assert!(
+        text.starts_with("### ✅ golden: 1 of 1 check passed")
+            && text.contains("| `norms__gelu` | `gelu` | 0.01× |"),
+        "{text}"
+    );
+    let out = golden(&["report", "--json", "--results", results]);
+    let json: Json = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["passed"], 1);
+    assert_eq!(json["entries"][0]["worst_ratio"], 0.01);
+}

@@ -75,16 +75,19 @@ pub mod __private {
         }
     }
 
-    /// A check's first run writes its snapshot (outside CI): see
-    /// [`Report::write_first_snapshot`](crate::Report::write_first_snapshot). True when it did.
+    /// Before insta asserts a snapshot: a check's first run writes it (outside CI), see
+    /// [`Report::write_first_snapshot`](crate::Report::write_first_snapshot), and true is
+    /// returned; a recording run brings its store lines up to date with the store it wrote, see
+    /// [`Report::sync_recorded_snapshot`](crate::Report::sync_recorded_snapshot).
     pub fn first_snapshot(report: &crate::Report, text: &str) -> bool {
-        match report.write_first_snapshot(text) {
-            Some(line) => {
-                eprintln!("{line}");
-                true
-            }
-            None => false,
+        if let Some(line) = report.write_first_snapshot(text) {
+            eprintln!("{line}");
+            return true;
         }
+        if let Some(line) = report.sync_recorded_snapshot(text) {
+            eprintln!("{line}");
+        }
+        false
     }
 
     /// Print why a snapshot was not asserted.

@@ -5,18 +5,25 @@
 //! call so that pip resolves everything together:
 //!
 //! * golden's Python package (`golden_ref`: the worker, `golden_ref.variants`,
-//!   `golden_ref.catalogue`, ...) from the golden the crate depends on, **editable**: plain Python
-//!   (`from golden_ref.variants import variant` in an IDE or a script) then imports the same code
-//!   the worker runs, and it never goes stale when golden changes;
+//!   `golden_ref.catalogue`, ...) from the golden the crate depends on, installed **as a version**
+//!   (a copy, not an editable link to a checkout's folder): plain Python (`from golden_ref.variants
+//!   import variant` in an IDE or a script) imports it. The checks themselves never use that copy:
+//!   their worker imports golden's package from the golden they are built with (`PYTHONPATH`,
+//!   before site-packages). A venv is often shared by several checkouts (`~/.cache/golden/venv`):
+//!   an editable install would point it at the last checkout that ran a set-up, silently, for
+//!   every other one; a copy is tied to the package's version and content, so checkouts of the
+//!   same golden share it without reinstalling, and a set-up from another golden replaces the copy
+//!   and says so;
 //! * numpy and torch, pinned by golden's package (its `torch` extra: the committed snapshots and
 //!   golden stores are reproduced exactly with them);
 //! * the crate's own Python requirements: `<crate>/reference_py/requirements.txt` (`pip install
 //!   -r`), or, when there is none, the project `<crate>/reference_py/pyproject.toml` describes
 //!   (installed editable, with its dependencies).
 //!
-//! Then it writes a stamp into the venv that says exactly what was installed from where (paths and
-//! SHA-256 of the files that list requirements). When the stamp matches, a set-up only checks that
-//! the interpreter starts: an up-to-date venv is detected in a fraction of a second.
+//! Then it writes a stamp into the venv that says exactly what was installed: golden's package by
+//! version and a SHA-256 of its files (not by folder), the crate's requirement file by path and
+//! SHA-256. When the stamp matches, a set-up only checks that the interpreter starts: an
+//! up-to-date venv is detected in a fraction of a second.
 //!
 //! It depends on neither golden's runtime nor candle, so that `cargo xtask setup` starts pip before
 //! candle has compiled. One-shot commands run through [`duct`].
@@ -220,9 +227,11 @@ impl Options {
         r
     }
 
-    /// The arguments of the one pip call (after `python -m pip`).
+    /// The arguments of the one pip call (after `python -m pip`). golden's package is installed
+    /// as a copy of its version (pip reinstalls a local folder even when the version is the same,
+    /// so a changed package is installed again when the stamp says so).
     pub fn pip_args(&self) -> Vec<OsString> {
-        let mut args: Vec<OsString> = ["install", "--disable-pip-version-check", "-e"]
+        let mut args: Vec<OsString> = ["install", "--disable-pip-version-check"]
             .map(OsString::from)
             .to_vec();
         args.push(self.golden_requirement());
@@ -250,16 +259,15 @@ impl Options {
             .join(" ")
     }
 
-    /// What the stamp of a set-up with these options says: the install's sources and the
-    /// SHA-256 of every file that lists requirements.
+    /// What the stamp of a set-up with these options says: golden's package by version and the
+    /// SHA-256 of its files (the same in every checkout of the same golden: no folder in it), and
+    /// the crate's requirement file with its SHA-256.
     pub fn stamp(&self) -> Result<String, String> {
-        let mut s = String::from("golden setup, stamp format 1\n");
-        let golden_project = self.golden.join("pyproject.toml");
+        let mut s = String::from("golden setup, stamp format 2\n");
+        let (version, files) = golden_package_identity(&self.golden)?;
         s.push_str(&format!(
-            "golden package (editable): {} [{}]\n  pyproject.toml sha256 {}\n",
-            self.golden.display(),
+            "golden package: golden-ref {version} [{}]\n  files sha256 {files}\n",
             self.extras.join(","),
-            sha256_file(&golden_project)?
         ));
         match &self.requirements {
             None => s.push_str("crate requirements: none\n"),
@@ -274,6 +282,111 @@ impl Options {
         }
         Ok(s)
     }
+}
+
+/// golden's Python package as a version: its `pyproject.toml`'s version, and one SHA-256 over that
+/// file and every file of the packages it installs (its `packages = [...]`; `__pycache__` left out),
+/// by path relative to the package's folder, in sorted order.
+pub fn golden_package_identity(package: &Path) -> Result<(String, String), String> {
+    let project_file = package.join("pyproject.toml");
+    let project = std::fs::read_to_string(&project_file)
+        .map_err(|e| format!("{}: {e}", project_file.display()))?;
+    let value = |key: &str| -> Option<String> {
+        project.lines().find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        })
+    };
+    let version = value("version")
+        .map(|v| v.trim_matches('"').to_string())
+        .unwrap_or_else(|| "(no version)".into());
+    let packages: Vec<String> = value("packages")
+        .map(|v| {
+            v.trim_matches(|c| c == '[' || c == ']')
+                .split(',')
+                .map(|p| p.trim().trim_matches('"').trim_matches('\'').to_string())
+                .filter(|p| !p.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut files: Vec<PathBuf> = vec![PathBuf::from("pyproject.toml")];
+    let mut stack: Vec<PathBuf> = packages.iter().map(PathBuf::from).collect();
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(package.join(&dir)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if name == "__pycache__" {
+                continue;
+            }
+            let rel = dir.join(&name);
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(rel),
+                Ok(t) if t.is_file() => files.push(rel),
+                _ => {}
+            }
+        }
+    }
+    files.sort();
+    let mut hasher = sha2::Sha256::new();
+    for rel in &files {
+        let bytes = std::fs::read(package.join(rel))
+            .map_err(|e| format!("{}: {e}", package.join(rel).display()))?;
+        hasher.update(rel.to_string_lossy().as_bytes());
+        hasher.update([0]);
+        hasher.update((bytes.len() as u64).to_le_bytes());
+        hasher.update(&bytes);
+    }
+    let digest = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((version, digest))
+}
+
+/// The line a set-up logs when the venv's stamp names another golden package than the one it
+/// installs; `None` when it is the same package.
+fn replaced_package(old: &str, wanted: &str) -> Option<String> {
+    let package = |stamp: &str| -> Option<String> {
+        let mut lines = stamp
+            .lines()
+            .skip_while(|l| !l.starts_with("golden package"));
+        Some(format!(
+            "{}\n{}",
+            lines.next()?,
+            lines.next().unwrap_or_default()
+        ))
+    };
+    let (before, now) = (package(old)?, package(wanted)?);
+    if before == now {
+        return None;
+    }
+    Some(match before.strip_prefix("golden package (editable): ") {
+        Some(rest) => {
+            format!(
+            "the venv had golden's Python package editable from {} (another checkout's folder, \
+             which it followed); it gets a copy of this golden's version instead, tied to no \
+             checkout",
+            rest.lines().next().unwrap_or_default().split(" [").next().unwrap_or_default()
+        )
+        }
+        None => format!(
+            "the venv had another golden-ref than this golden's ({}; now {}): replacing it. \
+             Plain Python in this venv then imports this golden's package; the checks of every \
+             checkout import their own golden's, whatever the venv holds",
+            before
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("golden package: "),
+            now.lines()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("golden package: ")
+        ),
+    })
 }
 
 /// `word` quoted for a POSIX shell where it needs to be.
@@ -448,6 +561,14 @@ pub fn run(options: &Options, log: &dyn Fn(&str)) -> Result<Done, String> {
             ));
         }
     }
+    // What another set-up left: say when golden's package in the venv is being replaced (another
+    // checkout of golden, or this one's package changed), since plain Python in that venv then
+    // imports this one (the checks never do: they import the golden they are built with).
+    if let Ok(old) = std::fs::read_to_string(&stamp_path) {
+        if let Some(line) = replaced_package(&old, &wanted) {
+            log(&line);
+        }
+    }
     // A stamp that no longer matches is removed first: an interrupted install must not leave the
     // old one claiming the venv is up to date.
     let _ = std::fs::remove_file(&stamp_path);
@@ -558,7 +679,7 @@ mod tests {
     }
 
     #[test]
-    fn one_pip_call_installs_golden_editable_with_the_crate_s_requirements() {
+    fn one_pip_call_installs_golden_as_a_version_with_the_crate_s_requirements() {
         let options = Options {
             venv: "/v".into(),
             bootstrap: "python3".into(),
@@ -570,9 +691,55 @@ mod tests {
         };
         assert_eq!(
             options.pip_command(),
-            "/v/bin/python -m pip install --disable-pip-version-check -e \
+            "/v/bin/python -m pip install --disable-pip-version-check \
              '/g/reference_py[torch]' -r /c/reference_py/requirements.txt"
         );
+    }
+
+    #[test]
+    fn two_checkouts_of_the_same_golden_share_a_venv_and_another_golden_replaces_it_saying_so() {
+        let dir = temp("owners");
+        let package = |name: &str, worker: &str| {
+            let p = dir.join(name).join("reference_py");
+            std::fs::create_dir_all(p.join("golden_ref/__pycache__")).unwrap();
+            std::fs::write(
+                p.join("pyproject.toml"),
+                "[project]\nname = \"golden-ref\"\nversion = \"0.1.0\"\n\n\
+                 [tool.setuptools]\npackages = [\"golden_ref\"]\n",
+            )
+            .unwrap();
+            std::fs::write(p.join("golden_ref/worker.py"), worker).unwrap();
+            // Bytecode differs from machine to machine: not part of the package's identity.
+            std::fs::write(p.join("golden_ref/__pycache__/worker.pyc"), name).unwrap();
+            p
+        };
+        let (a, b) = (package("a", "x = 1\n"), package("b", "x = 1\n"));
+        let venv = dir.join("venv");
+        let stamp_a = Options::for_golden(&a, venv.clone()).stamp().unwrap();
+        let stamp_b = Options::for_golden(&b, venv.clone()).stamp().unwrap();
+        assert_eq!(stamp_a, stamp_b, "the same golden in two checkouts");
+        assert!(!stamp_a.contains(&*dir.to_string_lossy()), "{stamp_a}");
+        assert!(stamp_a.contains("golden-ref 0.1.0"), "{stamp_a}");
+        assert_eq!(replaced_package(&stamp_a, &stamp_b), None);
+        let c = package("c", "x = 2\n");
+        let stamp_c = Options::for_golden(&c, venv.clone()).stamp().unwrap();
+        assert_ne!(stamp_a, stamp_c, "another golden's package");
+        let line = replaced_package(&stamp_a, &stamp_c).unwrap();
+        assert!(
+            line.contains("another golden-ref than this golden's"),
+            "{line}"
+        );
+        // A venv set up editable by an older golden names the folder it followed.
+        let old =
+            "golden setup, stamp format 1\ngolden package (editable): /work/main/reference_py \
+                   [torch,hf]\n  pyproject.toml sha256 00\ncrate requirements: none\n";
+        let line = replaced_package(old, &stamp_a).unwrap();
+        assert!(
+            line.contains("editable from /work/main/reference_py")
+                && line.contains("tied to no checkout"),
+            "{line}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

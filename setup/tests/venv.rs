@@ -1,7 +1,9 @@
 //! A set-up from scratch, as `golden setup` runs it, into a temporary venv: created with
-//! `python3 -m venv`, golden's Python package installed editable with a crate's requirements, the
-//! stamp, reuse detected without installing, plain Python importing `golden_ref.variants` with no
-//! PYTHONPATH, and a changed requirements file installing again. Without torch (its extra is left
+//! `python3 -m venv`, golden's Python package installed as a version with a crate's requirements,
+//! the stamp, reuse detected without installing, plain Python importing `golden_ref.variants` with
+//! no PYTHONPATH, another checkout of the same golden sharing the venv without installing, one of
+//! another golden replacing the copy and saying so, and a changed requirements file installing
+//! again. Without torch (its extra is left
 //! out: 5.4 GB), so that it takes a minute, not three; needs PyPI or pip's cache.
 
 use golden_setup::{Options, Requirements};
@@ -14,6 +16,19 @@ fn golden_package() -> PathBuf {
         .join("reference_py")
         .canonicalize()
         .unwrap()
+}
+
+/// golden's Python package as another checkout would hold it: pyproject.toml and its packages.
+fn copy_package(from: &Path, to: &Path) {
+    for package in ["golden_ref", "zoo_ref"] {
+        std::fs::create_dir_all(to.join(package)).unwrap();
+        for e in std::fs::read_dir(from.join(package)).unwrap().flatten() {
+            if e.file_type().unwrap().is_file() {
+                std::fs::copy(e.path(), to.join(package).join(e.file_name())).unwrap();
+            }
+        }
+    }
+    std::fs::copy(from.join("pyproject.toml"), to.join("pyproject.toml")).unwrap();
 }
 
 #[test]
@@ -58,7 +73,8 @@ fn a_venv_is_created_reused_and_updated() {
         first.versions
     );
 
-    // Plain Python, outside any checkout and without PYTHONPATH, imports golden's decorators.
+    // Plain Python, outside any checkout and without PYTHONPATH, imports golden's decorators: from
+    // the venv's own copy, tied to no checkout's folder.
     let out = std::process::Command::new(&first.python)
         .args(["-c", "import golden_ref.variants as v; print(v.__file__)"])
         .current_dir(&dir)
@@ -72,9 +88,30 @@ fn a_venv_is_created_reused_and_updated() {
     );
     let file = String::from_utf8_lossy(&out.stdout);
     assert!(
-        Path::new(file.trim()).starts_with(golden_package()),
-        "editable: the checkout's own file, never a stale copy: {file}"
+        Path::new(file.trim()).starts_with(dir.join("venv")),
+        "a copy in the venv, not a link to the checkout: {file}"
     );
+
+    // Another checkout of the same golden sharing the venv: nothing to install, nothing taken
+    // over.
+    let other = dir.join("other-checkout/reference_py");
+    copy_package(&golden_package(), &other);
+    let mut from_other = Options::for_crate(&krate, dir.join("venv"), other.clone());
+    from_other.extras.clear();
+    lines.lock().unwrap().clear();
+    assert!(golden_setup::run(&from_other, &log).unwrap().up_to_date);
+    // A checkout whose Python package differs replaces the copy, and says so.
+    std::fs::write(other.join("golden_ref/__init__.py"), "# changed\n").unwrap();
+    let replaced = golden_setup::run(&from_other, &log).unwrap();
+    assert!(!replaced.up_to_date);
+    let logged = lines.lock().unwrap().join("\n");
+    assert!(
+        logged.contains("another golden-ref than this golden's"),
+        "{logged}"
+    );
+    lines.lock().unwrap().clear();
+    // Back to the first checkout: its own package again.
+    assert!(!golden_setup::run(&options, &log).unwrap().up_to_date);
 
     // Reuse: the stamp matches, nothing is installed, and it is quick.
     lines.lock().unwrap().clear();

@@ -15,6 +15,9 @@
 //!   (the hit rate) and what it costs on a failure of a 2-layer transformer; prints the figures.
 //! * `bench-schedules` — what a check through time costs beside a single forward of the same
 //!   model (`tests/schedules.rs`); prints the figures.
+//! * `workflow FILE JOB [--in DIR]` — run a GitHub Actions job's steps here, as the runner would
+//!   (`workflow.rs`): golden's CI runs its users' recipe, `examples/port-llama/.github/workflows/
+//!   golden.yml`, on the example crate this way.
 //!
 //! `test` builds the Rust side while pip installs the Python side: on a fresh machine the two take
 //! about as long as each other.
@@ -26,6 +29,8 @@ use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
+
+mod workflow;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -526,9 +531,10 @@ fn main() -> ExitCode {
         "bench-diff" => bench_diff(),
         "bench-mutations" => bench_mutations(),
         "bench-schedules" => bench_schedules(),
+        "workflow" => workflow::main(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => Err(
             "usage: cargo xtask setup | zoo | test | bench-suite | bench-diff | bench-mutations \
-             | bench-schedules"
+             | bench-schedules | workflow <workflow.yml> <job> [--in <dir>]"
                 .into(),
         ),
     };

@@ -289,14 +289,28 @@ pub fn disagreement(
 /// SHA-256 of a store file, in hex (`None` when there is no file): what a check's snapshot records,
 /// so that a store that changes without its snapshot shows in review and fails in CI.
 pub fn digest(path: &Path) -> Option<String> {
-    use sha2::Digest as _;
     let bytes = std::fs::read(path).ok()?;
-    Some(
-        sha2::Sha256::digest(&bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-    )
+    Some(crate::answers::provenance::sha256(&bytes))
+}
+
+/// What a check's snapshot says of its golden store: the file's SHA-256 and what its answers were
+/// computed with, so that a pull request that re-records a store shows why its bytes changed
+/// (`transformers 5.22.0` → `5.23.0`, a reference source edited).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// SHA-256 of the file, in hex.
+    pub sha256: String,
+    /// What it was recorded with (`None` for a format-2 store, or one that cannot be decoded: its
+    /// digest is still recorded, and a replay reports the damage).
+    pub provenance: Option<Provenance>,
+}
+
+/// The [`Stamp`] of the store at `path`; `None` when there is no file.
+pub fn stamp(path: &Path) -> Option<Stamp> {
+    let bytes = std::fs::read(path).ok()?;
+    let sha256 = crate::answers::provenance::sha256(&bytes);
+    let provenance = Store::decode(path, bytes).ok().and_then(|s| s.provenance);
+    Some(Stamp { sha256, provenance })
 }
 
 /// Why `name` may not be in a store: it could name a file outside golden's folders where a failure

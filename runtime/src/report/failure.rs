@@ -214,6 +214,66 @@ impl Failure {
             _ => None,
         }
     }
+
+    /// The likely cause in one line, when the failure tells one (for summaries such as
+    /// `golden report --markdown`): the reference's operation the port matches once changed, on
+    /// both failing cases; else the first cause the numbers confirm on two failing cases; else a
+    /// known variant of the reference the port matches; else a cause the gradient, training or
+    /// schedule check names. Failing those, evidence from one failing case (a replay that had no
+    /// second recorded case to confirm it on), said to be only that.
+    pub fn likely_cause(&self) -> Option<String> {
+        let c = self.case_failure()?;
+        let matched = |m: &MutationMatch| {
+            let site = if m.site.is_empty() {
+                String::new()
+            } else {
+                format!(" at {}", m.site)
+            };
+            let instead = if m.instead.is_empty() || m.what.contains(" instead of ") {
+                String::new()
+            } else {
+                format!(" (instead of {})", m.instead)
+            };
+            format!(
+                "the port matches the reference with {}{site}{instead}",
+                m.what
+            )
+        };
+        if let Some(m) = c.mutations.iter().find(|m| m.both_cases) {
+            return Some(format!("{} — fix: {}", matched(m), m.fix));
+        }
+        if let Some(d) = c.diagnoses.iter().find(|d| d.confirmed) {
+            return Some(format!("`{}`: {}", d.leaf, d.diagnosis));
+        }
+        if let Some(v) = c.variants.first() {
+            return Some(format!(
+                "the port matches `{}`, a known variant of the reference: {}",
+                v.name, v.fix
+            ));
+        }
+        let named = c
+            .gradient_issues
+            .iter()
+            .chain(&c.training_issues)
+            .chain(&c.schedule_issues)
+            .find_map(|i| i.strip_prefix("likely cause: "));
+        if let Some(cause) = named {
+            return Some(cause.to_string());
+        }
+        if let Some(m) = c.mutations.first() {
+            return Some(format!(
+                "evidence from one failing case only: {}, which would mean: {}",
+                matched(m),
+                m.fix
+            ));
+        }
+        c.diagnoses.first().map(|d| {
+            format!(
+                "evidence from one failing case only: `{}`: {}",
+                d.leaf, d.diagnosis.evidence
+            )
+        })
+    }
 }
 
 /// The module Python says is missing (`No module named 'transformers'`), top-level package first.

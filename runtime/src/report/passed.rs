@@ -117,7 +117,11 @@ pub struct Report {
     /// The overfit check's gradient-health flags (vanishing, exploding, dead units): reported and
     /// snapshotted, not failing on their own.
     pub health: Vec<String>,
-    /// SHA-256 of the check's golden store file, when there is one: the snapshot records it, so a
-    /// store that changes without its snapshot shows in review and fails.
-    pub store: Option<String>,
+    /// The check's golden store file, when there is one: the snapshot records its SHA-256 and what
+    /// it was recorded with, so a store that changes without its snapshot shows in review and
+    /// fails, and one re-recorded under other versions says so in the diff.
+    pub store: Option<crate::answers::store::Stamp>,
+    /// Whether this run recorded the store (`GOLDEN_MODE=record`): the snapshot's store lines are
+    /// then brought up to date with it ([`Report::sync_recorded_snapshot`]).
+    pub recorded: bool,
 }

@@ -158,6 +158,7 @@ fn training_json(figures: &[(String, f64)]) -> Option<Json> {
     Some(json!({
         "loss_initial": finite(initial),
         "loss_final": finite(last),
+        "loss_allowed": get("loss.bound").map(finite),
         "parity_loss": loss.map(finite),
         "parity_loss_allowed": PARITY_LOSS_RTOL,
         "parity_update": update.map(finite),
@@ -166,12 +167,35 @@ fn training_json(figures: &[(String, f64)]) -> Option<Json> {
     }))
 }
 
-/// Write the results of one check.
-pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elapsed: Duration) {
+/// What a results file says of the check's golden store: its SHA-256 and what it was recorded with.
+fn store_json(layer: &Layer, kind: Kind) -> Json {
+    let Some(stamp) = crate::answers::store::path(layer, kind.suffix())
+        .and_then(|p| crate::answers::store::stamp(&p))
+    else {
+        return Json::Null;
+    };
+    json!({
+        "sha256": stamp.sha256,
+        "provenance": stamp.provenance.map(|p| p.to_json()),
+    })
+}
+
+/// Write the results of one check. `description` is what the check is about (its snapshot's
+/// first lines; empty when the check failed before it was known).
+pub fn record(
+    layer: &Layer,
+    kind: Kind,
+    description: &str,
+    result: &Result<Report, Failure>,
+    elapsed: Duration,
+) {
     let Some(dir) = results_dir(layer) else {
         return;
     };
     let name = format!("{}{}", layer.check_name(), kind.suffix());
+    let snapshot_file = layer
+        .declared
+        .map(|d| std::path::Path::new(d.snapshot_dir).join(format!("{name}.snap")));
     let mut doc = json!({
         "run": run_id(),
         "written_ms": now_ms(),
@@ -182,10 +206,16 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
         "seconds": elapsed.as_secs_f64(),
         "kind": kind.name(),
         "trace": layer.trace && kind == Kind::Forward,
+        "description": (!description.is_empty()).then_some(description),
+        "snapshot_file": snapshot_file,
+        "store": store_json(layer, kind),
     });
     match result {
         Ok(report) => {
             doc["status"] = json!("pass");
+            // The snapshot's text as this run made it (`None` when the cases were not the
+            // declared ones): `golden report --markdown` compares it with the base's.
+            doc["snapshot"] = json!(report.snapshot());
             doc["cases"] = json!(report.cases);
             doc["source"] = json!(report.source);
             doc["leaves"] = Json::Array(leaves_json(report));
@@ -215,7 +245,10 @@ pub fn record(layer: &Layer, kind: Kind, result: &Result<Report, Failure>, elaps
         }
         Err(failure) => {
             doc["status"] = json!("fail");
-            doc["failure"] = json!(failure.to_string());
+            let message = failure.to_string();
+            doc["headline"] = json!(message.lines().next().unwrap_or_default());
+            doc["likely_cause"] = json!(failure.likely_cause());
+            doc["failure"] = json!(message);
             doc["dtype"] = json!(failure.dtype);
             doc["case"] = json!(failure.case.as_ref().map(|c| c.to_string()));
             doc["passed_before"] = json!(failure.passed_before);

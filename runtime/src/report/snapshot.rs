@@ -41,6 +41,52 @@ fn with_ratio(value: f64, ratio: f64) -> String {
     format!("{} ({}× allowed)", figure(value), figure(ratio))
 }
 
+/// Prefix of the snapshot's lines about the check's golden store.
+pub const STORE_PREFIX: &str = "golden store: ";
+
+/// The snapshot's lines about a golden store: what it was recorded with (Python and the packages'
+/// versions, one line; each reference source file's SHA-256, shortened, one line each) and the
+/// file's SHA-256. A re-recorded store changes these lines, so the pull request's diff says why
+/// its bytes changed (`transformers 5.22.0` → `5.23.0`, `modeling_llama.py` edited).
+pub fn store_lines(stamp: &crate::answers::store::Stamp) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(p) = &stamp.provenance {
+        let mut with = vec![format!("Python {}", p.python)];
+        with.extend(p.packages.iter().map(|(name, v)| format!("{name} {v}")));
+        lines.push(format!("{STORE_PREFIX}recorded with {}", with.join(", ")));
+        for (file, sha) in &p.sources {
+            lines.push(format!(
+                "{STORE_PREFIX}source {file} sha256 {}",
+                &sha[..sha.len().min(SOURCE_HASH_DIGITS)]
+            ));
+        }
+    }
+    lines.push(format!("{STORE_PREFIX}sha256 {}", stamp.sha256));
+    lines
+}
+
+/// A snapshot file's contents (insta's header, then the snapshot) with its store lines replaced
+/// by those of `text` (a snapshot's text); `None` when the file has no insta header.
+fn with_store_lines(file: &str, text: &str) -> Option<String> {
+    // insta's header: `---`, its fields, `---`; the snapshot follows.
+    let rest = file.strip_prefix("---\n")?;
+    let end = rest.find("\n---\n")? + "\n---\n".len();
+    let (header, body) = rest.split_at(end);
+    let mut lines: Vec<&str> = body
+        .lines()
+        .filter(|l| !l.starts_with(STORE_PREFIX))
+        .collect();
+    while lines.last().is_some_and(|l| l.is_empty()) {
+        lines.pop();
+    }
+    lines.extend(text.lines().filter(|l| l.starts_with(STORE_PREFIX)));
+    Some(format!("---\n{header}{}\n", lines.join("\n")))
+}
+
+/// Hex digits of a reference source file's SHA-256 in the snapshot: enough to tell two versions
+/// apart at a glance (the store's own SHA-256, in full, is what guards the bytes).
+const SOURCE_HASH_DIGITS: usize = 12;
+
 /// The symbolic shape of a leaf across cases: an axis is the dim it always equals, else its size if
 /// constant, else `?`.
 fn symbolic_shape(layer: &Layer, shapes: &[(Vec<usize>, &CaseParams)]) -> String {
@@ -271,8 +317,7 @@ impl Report {
     /// nothing. `None`: insta asserts as usual.
     pub fn write_first_snapshot(&self, text: &str) -> Option<String> {
         let declared = self.layer.declared?;
-        let path = std::path::Path::new(declared.snapshot_dir)
-            .join(format!("{}.snap", self.snapshot_name()));
+        let path = self.snapshot_file()?;
         let update = std::env::var("INSTA_UPDATE").unwrap_or_default();
         if path.exists() || !update.is_empty() || ci() {
             return None;
@@ -289,6 +334,45 @@ impl Report {
              read it (what was checked, and how close the port is) and commit it with your code; \
              from now on a change to it fails until you accept it (cargo insta review), and in CI \
              (CI=true) a missing snapshot fails",
+            self.layer.name,
+            path.display()
+        ))
+    }
+
+    /// Where this check's snapshot file is (`<snapshot dir>/<name>.snap`), when it was declared.
+    pub fn snapshot_file(&self) -> Option<std::path::PathBuf> {
+        let declared = self.layer.declared?;
+        Some(
+            std::path::Path::new(declared.snapshot_dir)
+                .join(format!("{}.snap", self.snapshot_name())),
+        )
+    }
+
+    /// After `GOLDEN_MODE=record` wrote the check's golden store: bring the committed snapshot's
+    /// store lines ([`store_lines`]) up to date with the store just written, so that recording
+    /// never fails on the lines recording itself changed, and the snapshot and its store are
+    /// committed together. Everything else in the snapshot (the figures, the description) is still
+    /// asserted by insta as usual: a change there is for review (`cargo insta review`). A
+    /// `.snap.new` insta left before (made against the old store) is removed: it is stale.
+    ///
+    /// Returns a line for the user when the file changed; `None` when this run did not record, or
+    /// there is no snapshot file yet (the first run writes it whole).
+    pub fn sync_recorded_snapshot(&self, text: &str) -> Option<String> {
+        if !self.recorded {
+            return None;
+        }
+        let path = self.snapshot_file()?;
+        let old = std::fs::read_to_string(&path).ok()?;
+        let pending = path.with_extension("snap.new");
+        let _ = std::fs::remove_file(&pending);
+        let updated = with_store_lines(&old, text)?;
+        if updated == old {
+            return None;
+        }
+        std::fs::write(&path, &updated).ok()?;
+        Some(format!(
+            "golden: `{}`: its snapshot's store lines now name the golden store just recorded: {}
+               commit the two together; the pull request's diff shows what the store was recorded              with",
             self.layer.name,
             path.display()
         ))
@@ -334,8 +418,8 @@ impl Report {
                 let _ = writeln!(s, "gradient health: {h}");
             }
         }
-        if let Some(digest) = &self.store {
-            let _ = writeln!(s, "golden store: sha256 {digest}");
+        for line in self.store.iter().flat_map(store_lines) {
+            let _ = writeln!(s, "{line}");
         }
         s
     }
@@ -348,6 +432,11 @@ impl Report {
                 names.push(name);
             }
         }
+        let bound = cases
+            .iter()
+            .flat_map(|c| &c.figures)
+            .find(|(n, _)| n == "loss.bound")
+            .map(|(_, v)| *v);
         for name in names {
             let max = cases
                 .iter()
@@ -360,6 +449,15 @@ impl Report {
                 format!(
                     "finite differences, {input}: |analytic - numeric| {}× allowed",
                     figure(max)
+                )
+            } else if name == "loss.bound" {
+                // Shown as the final loss's factor.
+                continue;
+            } else if name == "loss.final" && bound.is_some() {
+                let bound = bound.unwrap_or(f64::NAN);
+                format!(
+                    "port's loss, final: {}",
+                    with_ratio(max, max / bound.max(f64::MIN_POSITIVE))
                 )
             } else if let Some(step) = name.strip_prefix("loss.") {
                 format!("port's loss, {step}: {}", figure(max))
@@ -550,6 +648,40 @@ fn figures_match(
     let (a, b) = (a.to_string(), b.to_string());
     let (a, b): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
     a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| line_matches(x, y))
+}
+
+/// A snapshot line's error figures, as [`SnapshotComparator`] reads them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Figures {
+    /// The line with its numbers replaced by `#` (two lines compare figure by figure only when
+    /// this is the same).
+    pub shape: String,
+    /// The numbers, in order (`max |port - ref|: 7.2e-7, worst element 0.034× allowed`: 7.2e-7,
+    /// 0.034).
+    pub numbers: Vec<f64>,
+    /// The worst error relative to the allowed one, when the line has it (`0.034× allowed`).
+    pub ratio: Option<f64>,
+}
+
+/// The figures of a line that carries error figures (`… R× allowed`, a training's losses); `None`
+/// for every other line, which must be equal.
+pub fn figures_of(line: &str) -> Option<Figures> {
+    if !is_figure_line(line) {
+        return None;
+    }
+    let (shape, numbers, ratio) = split_figures(line)?;
+    Some(Figures {
+        shape,
+        numbers,
+        ratio,
+    })
+}
+
+/// Whether two snapshot lines match as [`SnapshotComparator`] compares them: equal, or figure lines
+/// of the same shape whose figures are within [`FIGURE_FACTOR`] of each other, or both far inside
+/// their tolerance (at most [`NOISE_RATIO`] of it).
+pub fn lines_match(a: &str, b: &str) -> bool {
+    line_matches(a, b)
 }
 
 /// A figure line split into its text (numbers replaced by `#`), its numbers, and its worst error

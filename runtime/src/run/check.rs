@@ -18,11 +18,9 @@ use crate::report::failure::{CaseFailure, Failure, FailureKind};
 use crate::report::passed::{CaseRecord, DTypeRun, Report};
 use crate::report::results;
 use crate::run::port::{catching, PanicScope};
+use crate::run::regressions::{Regressions, Saved};
 use candle_core::DType;
-use proptest::test_runner::{
-    Config, FailurePersistence, FileFailurePersistence, RngSeed, TestCaseError, TestError,
-    TestRunner,
-};
+use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
 use std::cell::{Cell, RefCell};
 use std::time::Instant;
 
@@ -106,6 +104,8 @@ pub(crate) fn cases(_layer: &Layer, declared: u32) -> u32 {
 struct Settings {
     mode: env::Mode,
     seed: u64,
+    /// `GOLDEN_SEED` was set: its own cases run, without the saved failing ones.
+    explicit_seed: bool,
     cases: u32,
     overridden: bool,
     /// `GOLDEN_CASE`: the one case to run, and in which dtypes.
@@ -127,6 +127,7 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
             None => env::mode()?,
         },
         seed: seed.unwrap_or(0),
+        explicit_seed: seed.is_some(),
         cases: cases.unwrap_or(declared_cases),
         overridden: seed.is_some() || cases.is_some() || case.is_some(),
         case,
@@ -247,7 +248,7 @@ pub(crate) fn run(
         f.check = kind;
         f
     });
-    results::record(layer, kind, &result, started.elapsed());
+    results::record(layer, kind, description, &result, started.elapsed());
     result
 }
 
@@ -263,13 +264,17 @@ fn run_inner(
     let settings = settings(layer, declared_cases).map_err(config_error)?;
     let (source, how) = open_source(layer, kind, settings.mode, description)?;
     let source = &source;
+    if settings.case.is_none() {
+        announce_saved(layer, kind, &settings);
+    }
     // Record mode: every generated case goes into the store, even those after a failing one, up
     // to the store's size bound; the check then runs the recorded ones only.
     let mut recorded = vec![None; layer.dtypes.len()];
     if matches!(source.via, Via::Record(..)) {
         for (i, &dtype) in layer.dtypes.iter().enumerate() {
-            recorded[i] = record_generated(layer, dtype, runner, source, &settings, description)
-                .map_err(config_error)?;
+            recorded[i] =
+                record_generated(layer, kind, dtype, runner, source, &settings, description)
+                    .map_err(config_error)?;
         }
     }
     let mut runs = Vec::new();
@@ -309,7 +314,8 @@ fn run_inner(
         runs,
         health: Vec::new(),
         store: crate::answers::store::path(layer, kind.suffix())
-            .and_then(|p| crate::answers::store::digest(&p)),
+            .and_then(|p| crate::answers::store::stamp(&p)),
+        recorded: matches!(source.via, Via::Record(..)),
     })
 }
 
@@ -385,21 +391,75 @@ fn run_one_case(
     Ok(runs)
 }
 
-/// The proptest configuration of a check, and how many regression seeds it replays first.
-fn runner_config(layer: &Layer, settings: &Settings) -> (Config, usize) {
-    let persistence = FileFailurePersistence::SourceParallel("proptest-regressions");
+/// The saved failing cases of a check of `kind` (`run/regressions.rs`): replayed first, unless
+/// `GOLDEN_SEED` was set explicitly.
+fn regressions(layer: &Layer, kind: Kind, settings: &Settings) -> Regressions {
+    Regressions::new(
+        format!("{}{}", layer.check_name(), kind.suffix()),
+        layer.declared.map(|d| d.source_file),
+        !settings.explicit_seed,
+    )
+}
+
+/// Say, once per check, which saved failing cases run before the generated ones, or that an
+/// explicit `GOLDEN_SEED` runs without them.
+fn announce_saved(layer: &Layer, kind: Kind, settings: &Settings) {
+    let regressions = regressions(layer, kind, settings);
+    let saved = regressions.saved();
+    let (n, Some(file)) = (saved.replayed(), regressions.file()) else {
+        return;
+    };
+    if n == 0 {
+        return;
+    }
+    let cases = |n: usize| format!("{n} saved failing case{}", if n == 1 { "" } else { "s" });
+    if settings.explicit_seed {
+        eprintln!(
+            "golden: `{}`: GOLDEN_SEED is set: its own cases run, without the {} of {}",
+            layer.name,
+            cases(n),
+            file.display()
+        );
+        return;
+    }
+    let untagged = if saved.untagged.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({} on lines that name no check, which every check of the file replays: delete              them, or end each with `# {}{}: ...` to keep it to this check)",
+            saved.untagged.len(),
+            layer.check_name(),
+            kind.suffix()
+        )
+    };
+    eprintln!(
+        "golden: `{}`: replays {} first, from {}{untagged}; then its {} generated cases          (GOLDEN_SEED=<n> runs other cases without them)",
+        layer.name,
+        cases(n),
+        file.display(),
+        settings.cases
+    );
+}
+
+/// The proptest configuration of a check, and what its regressions file holds for it.
+fn runner_config(layer: &Layer, kind: Kind, settings: &Settings) -> (Config, Saved) {
     let source_file = layer.declared.map(|d| d.source_file);
-    let replays = source_file.map_or(0, |f| persistence.load_persisted_failures2(Some(f)).len());
+    let regressions = regressions(layer, kind, settings);
+    let saved = if settings.explicit_seed {
+        Saved::default()
+    } else {
+        regressions.saved()
+    };
     let config = Config {
         cases: settings.cases,
         source_file,
-        failure_persistence: source_file.map(|_| Box::new(persistence) as _),
+        failure_persistence: Some(Box::new(regressions)),
         rng_seed: RngSeed::Fixed(layer_seed(settings.seed, layer)),
         max_shrink_iters: 1024,
         max_shrink_time: 120_000,
         ..Config::default()
     };
-    (config, replays)
+    (config, saved)
 }
 
 /// Record mode, first pass: the reference on every case the check will generate, port unseen,
@@ -407,6 +467,7 @@ fn runner_config(layer: &Layer, settings: &Settings) -> (Config, usize) {
 /// recorded when the bound stopped it (the check then runs those only), and says so.
 fn record_generated(
     layer: &Layer,
+    kind: Kind,
     dtype: DType,
     runner: &impl CaseRunner,
     source: &Source,
@@ -414,7 +475,7 @@ fn record_generated(
     description: &str,
 ) -> Result<Option<usize>, String> {
     let limit = crate::answers::store::limit_bytes()?;
-    let (config, _) = runner_config(layer, settings);
+    let (config, _) = runner_config(layer, kind, settings);
     let mut proptest = TestRunner::new(config);
     let seen = Cell::new(0usize);
     let full: Cell<Option<usize>> = Cell::new(None);
@@ -532,12 +593,14 @@ fn run_dtype(
     settings: &Settings,
     recorded: Option<usize>,
 ) -> Result<DTypeRun, Failure> {
-    let (config, replays) = runner_config(layer, settings);
+    let (config, saved) = runner_config(layer, kind, settings);
+    let replays = saved.replayed();
     let partial = matches!(&source.via, Via::Replay(store) | Via::Verify(_, store) if store.partial.is_some());
     let generated = Cell::new(0usize);
     let mut proptest = TestRunner::new(config);
     let records = RefCell::new(Vec::new());
-    let first_failure: RefCell<Option<(CaseParams, usize)>> = RefCell::new(None);
+    // The first failing case, how many passed before it, and whether it was a saved one.
+    let first_failure: RefCell<Option<(CaseParams, usize, bool)>> = RefCell::new(None);
     // Every failing case seen while shrinking, in order: another failing case than the smallest
     // one when the first is the smallest.
     let failing: RefCell<Vec<CaseParams>> = RefCell::new(Vec::new());
@@ -594,9 +657,13 @@ fn run_dtype(
                 Err(TestCaseError::fail("the port did not return"))
             }
             Outcome::Fail(f) => {
-                first_failure
-                    .borrow_mut()
-                    .get_or_insert_with(|| (params.clone(), records.borrow().len()));
+                first_failure.borrow_mut().get_or_insert_with(|| {
+                    (
+                        params.clone(),
+                        records.borrow().len(),
+                        generated.get() <= replays,
+                    )
+                });
                 failing.borrow_mut().push(params.clone());
                 Err(TestCaseError::fail(f.headline()))
             }
@@ -657,7 +724,7 @@ fn run_dtype(
                 }
                 return Err(f);
             }
-            let Some((first, passed_before)) = first_failure.into_inner() else {
+            let Some((first, passed_before, saved_case)) = first_failure.into_inner() else {
                 // Every failing case is recorded above; a failure proptest saw that no case
                 // recorded is proptest's own.
                 return Err(failure(
@@ -715,6 +782,18 @@ fn run_dtype(
                 _ => Vec::new(),
             };
             runner.finish(source, dtype, &mut f, others);
+            if saved_case {
+                f.notes.push(format!(
+                    "note: the first failing case was saved by an earlier failure of this check \
+                     (in {}) and replayed before the generated cases; `GOLDEN_SEED=<n>` runs \
+                     other cases without it",
+                    regressions(layer, kind, settings)
+                        .file()
+                        .map_or("proptest's regressions file".into(), |f| f
+                            .display()
+                            .to_string())
+                ));
+            }
             f.shrunk_from = Some((first, shrink_steps.get()));
             f.passed_before = passed_before as u32;
             Err(f)

@@ -1,6 +1,7 @@
 //! The runners: generating cases and shrinking failures (`check`), and the kinds of check that use
 //! it: the forward comparison, the gradient check and the overfit check; how they call the port
-//! (`port`: on a thread of its own, bounded by the timeout, panics caught).
+//! (`port`: on a thread of its own, bounded by the timeout, panics caught); the saved failing
+//! cases each check replays first (`regressions`).
 
 pub mod check;
 pub mod forward;
@@ -8,5 +9,6 @@ pub mod gradients;
 pub mod mutations;
 pub mod overfit;
 pub mod port;
+pub(crate) mod regressions;
 pub mod schedule;
 pub mod steps;

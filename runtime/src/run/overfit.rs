@@ -366,15 +366,24 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     // A model that keeps state trains on whole sequences: one forward of the batch.
     let layer = &layer.without_schedule();
     let started = Instant::now();
-    let result = check_inner(layer, port).map_err(|mut f| {
+    let mut description = String::new();
+    let result = check_inner(layer, port, &mut description).map_err(|mut f| {
         f.check = Kind::Overfit;
         f
     });
-    results::record(layer, Kind::Overfit, &result, started.elapsed());
+    results::record(
+        layer,
+        Kind::Overfit,
+        &description,
+        &result,
+        started.elapsed(),
+    );
     result
 }
 
-fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
+/// The check; `described` gets what it is about as soon as that is known (for the results file,
+/// a failure's too).
+fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result<Report, Failure> {
     let config_error = |m: String| Failure::new(layer, FailureKind::Config(m));
     layer.validate().map_err(config_error)?;
     let _quiet = PanicScope::enter();
@@ -395,6 +404,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     let params = batch(layer, seed);
     let dtype = layer.dtypes[0];
     let description = format!("{}{}\n", layer.description(1, seed), spec.describe(&params));
+    described.clone_from(&description);
     let mode = match layer.mode {
         Some(m) => m,
         None => crate::describe::env::mode().map_err(config_error)?,
@@ -437,7 +447,8 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         }],
         health,
         store: crate::answers::store::path(layer, Kind::Overfit.suffix())
-            .and_then(|p| crate::answers::store::digest(&p)),
+            .and_then(|p| crate::answers::store::stamp(&p)),
+        recorded: matches!(source.via, crate::answers::source::Via::Record(..)),
     })
 }
 
@@ -674,6 +685,8 @@ fn run(
     let mut figures = vec![
         ("loss.initial".to_string(), initial),
         ("loss.final".to_string(), last),
+        // What the final loss must stay below: the snapshot gives the final loss as a factor of it.
+        ("loss.bound".to_string(), bound),
     ];
     let n = training.losses.len();
     if n > 4 {

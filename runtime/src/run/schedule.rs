@@ -1,8 +1,8 @@
 //! A schedule's case against its reference (`decode(...)`; the port is driven by `run/steps.rs`):
-//! the reference's answer aligned with what the port's steps return ([`align`]: last positions
+//! the reference's answer aligned with what the port's steps return (`align`: last positions
 //! only, the one-shot forward beside the cached run), the checks that only a port driven through
-//! time can fail ([`leakage`] of padding into valid outputs, [`free_running`] generation), and the
-//! diagnosis of a failing case by mistakes in how a model is driven ([`explain`]).
+//! time can fail (`leakage` of padding into valid outputs, `free_running` generation), and the
+//! diagnosis of a failing case by mistakes in how a model is driven (`explain`).
 
 use crate::describe::schedule::step_of;
 use golden_files::HostTensor;

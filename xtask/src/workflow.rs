@@ -1,0 +1,212 @@
+//! `cargo xtask workflow <file.yml> <job> [--in DIR]`: run a GitHub Actions job's steps here, as the
+//! runner would, so that golden's CI recipe (`examples/port-llama/.github/workflows/golden.yml`)
+//! is exercised as written and cannot rot.
+//!
+//! * each `run:` step runs with `bash -e` (GitHub's default shell), in `DIR` (or its
+//!   `working-directory`), with the workflow's, the job's and the step's `env:` over this
+//!   process's environment, and `GITHUB_STEP_SUMMARY`, `GITHUB_PATH`, `GITHUB_ENV`,
+//!   `GITHUB_WORKSPACE` and `RUNNER_TEMP` as the runner sets them (a line a step appends to
+//!   `GITHUB_PATH` or `GITHUB_ENV` applies to the steps after it);
+//! * a step runs when no step before it failed, or when its `if:` is `always()`; a job-level `if:`
+//!   is the caller's choice (it names the job);
+//! * `uses:` steps are actions of GitHub's: checkout, the toolchain, caches and Python are what
+//!   this machine already has, and are skipped, named; `actions/upload-artifact` is checked: the
+//!   paths it would upload are listed, and at least one must exist;
+//! * an expression (`${{ … }}`) in a `run:` or an `env:` value is refused: the recipe must run
+//!   the same anywhere.
+//!
+//! At the end the job's step summary is printed, and must not be empty when a step writes one.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use yaml_rust2::{Yaml, YamlLoader};
+
+fn string_map(v: &Yaml, what: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    let Some(hash) = v.as_hash() else {
+        return Ok(out);
+    };
+    for (k, v) in hash {
+        let key = k
+            .as_str()
+            .ok_or(format!("{what}: a key that is not a string"))?;
+        let value = match v {
+            Yaml::String(s) => s.clone(),
+            Yaml::Integer(i) => i.to_string(),
+            Yaml::Boolean(b) => b.to_string(),
+            Yaml::Real(r) => r.clone(),
+            other => return Err(format!("{what}.{key}: not a plain value: {other:?}")),
+        };
+        if value.contains("${{") {
+            return Err(format!(
+                "{what}.{key} = {value:?}: an expression this runner does not evaluate"
+            ));
+        }
+        out.insert(key.to_string(), value);
+    }
+    Ok(out)
+}
+
+/// Run `job` of the workflow `file` in `dir`.
+pub fn run(file: &Path, job: &str, dir: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let docs = YamlLoader::load_from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+    let doc = docs.first().ok_or(format!("{}: empty", file.display()))?;
+    let spec = &doc["jobs"][job];
+    if spec.is_badvalue() {
+        return Err(format!("{}: no job `{job}`", file.display()));
+    }
+    let mut env = string_map(&doc["env"], "env")?;
+    env.extend(string_map(&spec["env"], &format!("jobs.{job}.env"))?);
+    let steps = spec["steps"]
+        .as_vec()
+        .ok_or(format!("jobs.{job}.steps: not a list"))?;
+
+    let temp = std::env::temp_dir().join(format!("golden-workflow-{}-{job}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&temp);
+    let runner_temp = temp.join("runner-temp");
+    std::fs::create_dir_all(&runner_temp).map_err(|e| format!("{}: {e}", temp.display()))?;
+    let summary = temp.join("step-summary.md");
+    let github_path = temp.join("github-path");
+    let github_env = temp.join("github-env");
+    for f in [&summary, &github_path, &github_env] {
+        std::fs::write(f, "").map_err(|e| format!("{}: {e}", f.display()))?;
+    }
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut path_prefix: Vec<String> = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
+    let mut summary_written = false;
+
+    for (i, step) in steps.iter().enumerate() {
+        let name = step["name"]
+            .as_str()
+            .or(step["uses"].as_str())
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("step {}", i + 1));
+        let condition = step["if"].as_str().map(str::trim);
+        match condition {
+            None if !failed.is_empty() => {
+                eprintln!("workflow: `{name}`: skipped (a step before it failed)");
+                continue;
+            }
+            None | Some("always()") => {}
+            Some(other) => {
+                return Err(format!(
+                    "`{name}`: `if: {other}` is not something this runner decides (only always())"
+                ))
+            }
+        }
+        if let Some(action) = step["uses"].as_str() {
+            if action.starts_with("actions/upload-artifact") {
+                let paths = step["with"]["path"].as_str().unwrap_or_default();
+                let found: Vec<&str> = paths
+                    .lines()
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty() && dir.join(p).exists())
+                    .collect();
+                eprintln!("workflow: `{name}`: would upload {found:?} (of {paths:?})");
+                if found.is_empty() {
+                    failed.push(format!("`{name}`: none of its paths exists: {paths:?}"));
+                }
+            } else {
+                eprintln!("workflow: `{name}`: a GitHub action; this machine has what it sets up");
+            }
+            continue;
+        }
+        let Some(script) = step["run"].as_str() else {
+            return Err(format!("`{name}`: neither `run` nor `uses`"));
+        };
+        if script.contains("${{") {
+            return Err(format!(
+                "`{name}`: an expression (${{{{ … }}}}) this runner does not evaluate"
+            ));
+        }
+        let mut step_env = env.clone();
+        step_env.extend(string_map(&step["env"], &format!("`{name}`.env"))?);
+        for line in std::fs::read_to_string(&github_env)
+            .unwrap_or_default()
+            .lines()
+        {
+            if let Some((k, v)) = line.split_once('=') {
+                step_env.insert(k.to_string(), v.to_string());
+            }
+        }
+        let cwd = match step["working-directory"].as_str() {
+            Some(w) => dir.join(w),
+            None => dir.clone(),
+        };
+        let path = path_prefix
+            .iter()
+            .rev()
+            .cloned()
+            .chain(std::env::var("PATH").ok())
+            .collect::<Vec<_>>()
+            .join(":");
+        eprintln!("workflow: `{name}`:\n{}", script.trim_end());
+        let before = std::fs::metadata(&summary).map(|m| m.len()).unwrap_or(0);
+        let status = Command::new("bash")
+            .args(["--noprofile", "--norc", "-e", "-c", script])
+            .current_dir(&cwd)
+            .envs(&step_env)
+            .env("PATH", path)
+            .env("GITHUB_STEP_SUMMARY", &summary)
+            .env("GITHUB_PATH", &github_path)
+            .env("GITHUB_ENV", &github_env)
+            .env("GITHUB_WORKSPACE", &dir)
+            .env("RUNNER_TEMP", &runner_temp)
+            .status()
+            .map_err(|e| format!("`{name}`: could not run bash: {e}"))?;
+        if std::fs::metadata(&summary).map(|m| m.len()).unwrap_or(0) > before {
+            summary_written = true;
+        }
+        path_prefix = std::fs::read_to_string(&github_path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect();
+        if !status.success() {
+            eprintln!("workflow: `{name}` failed ({status})");
+            failed.push(format!("`{name}` ({status})"));
+        }
+    }
+    let text = std::fs::read_to_string(&summary).unwrap_or_default();
+    eprintln!("workflow: the job's summary ($GITHUB_STEP_SUMMARY):\n{text}");
+    let writes_summary = steps.iter().any(|s| {
+        s["run"]
+            .as_str()
+            .is_some_and(|r| r.contains("GITHUB_STEP_SUMMARY"))
+    });
+    if writes_summary && !summary_written {
+        failed.push("the job's summary is empty".into());
+    }
+    let _ = std::fs::remove_dir_all(&temp);
+    if failed.is_empty() {
+        eprintln!("workflow: job `{job}` of {} passed", file.display());
+        Ok(())
+    } else {
+        Err(format!(
+            "job `{job}` of {} failed: {}",
+            file.display(),
+            failed.join("; ")
+        ))
+    }
+}
+
+/// `cargo xtask workflow FILE JOB [--in DIR]`.
+pub fn main(args: &[String]) -> Result<(), String> {
+    let usage = "usage: cargo xtask workflow <workflow.yml> <job> [--in <dir>]";
+    let (file, job) = match args {
+        [file, job, ..] => (PathBuf::from(file), job.as_str()),
+        _ => return Err(usage.into()),
+    };
+    let dir = match &args[2..] {
+        [] => std::env::current_dir().map_err(|e| e.to_string())?,
+        [flag, dir] if flag == "--in" => PathBuf::from(dir),
+        _ => return Err(usage.into()),
+    };
+    run(&file, job, &dir)
+}
