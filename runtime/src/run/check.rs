@@ -585,6 +585,12 @@ fn run_dtype(
     match result {
         Ok(()) => {
             let mut cases = records.into_inner();
+            // A comparison that compared nothing never reports a match.
+            if let Some(why) = compared_nothing(layer, kind, dtype, &cases) {
+                let mut f = Failure::new(layer, FailureKind::Config(why));
+                f.dtype = Some(dtype_name(dtype));
+                return Err(f);
+            }
             let replayed = cases.drain(..replays.min(cases.len())).collect();
             Ok(DTypeRun {
                 dtype,
@@ -668,4 +674,45 @@ fn run_dtype(
             Err(f)
         }
     }
+}
+
+/// Why a dtype's run proves nothing, when it does not: no case ran, or every case compared no
+/// element (every output leaf empty). `None` when something was compared.
+fn compared_nothing(
+    layer: &Layer,
+    kind: Kind,
+    dtype: DType,
+    cases: &[CaseRecord],
+) -> Option<String> {
+    if kind == Kind::Overfit {
+        return None;
+    }
+    let compared: usize = cases
+        .iter()
+        .flat_map(|c| &c.leaves)
+        .map(|l| match &l.verdict {
+            crate::judge::compare::Verdict::Values(v) => v.numel,
+            _ => 0,
+        })
+        .sum();
+    let figures = cases.iter().any(|c| !c.figures.is_empty());
+    if compared > 0 || (figures && kind == Kind::Gradients && !cases.is_empty()) {
+        return None;
+    }
+    Some(if cases.is_empty() {
+        format!(
+            "`{}` ran no {} case: a check that compared nothing never passes",
+            layer.name,
+            dtype_name(dtype)
+        )
+    } else {
+        format!(
+            "`{}` compared no element in its {} {} cases: every output leaf was empty (0 \
+             elements), so no port could fail it; give the dims that size the outputs a range \
+             that reaches 1",
+            layer.name,
+            cases.len(),
+            dtype_name(dtype)
+        )
+    })
 }
