@@ -524,7 +524,8 @@ impl Source {
         if kept < entries.len() {
             line.push_str(&format!(
                 "; {} more did not fit the {:.1} MiB bound (GOLDEN_STORE_LIMIT): a replay runs the \
-                 recorded ones and does not compare the snapshot",
+                 recorded ones and, instead of the snapshot, checks the store's SHA-256 against \
+                 the one the snapshot records: run the check live once to update it",
                 entries.len() - kept,
                 limit as f64 / (1024.0 * 1024.0)
             ));

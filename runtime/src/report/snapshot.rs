@@ -31,6 +31,27 @@ pub const FIGURE_FACTOR: f64 = 4.0;
 /// the tolerance, the error is rounding noise whose size says nothing.
 pub const NOISE_RATIO: f64 = 1.0 / 64.0;
 
+/// The line of a snapshot that records its golden store's SHA-256.
+pub const STORE_LINE: &str = "golden store: sha256 ";
+
+/// The store digest recorded by the committed snapshot `name` of `layer` (see
+/// [`Report::committed_store_digest`]).
+pub fn committed_store_digest(
+    layer: &Layer,
+    name: &str,
+) -> Result<Option<String>, std::path::PathBuf> {
+    let dir = layer
+        .declared
+        .map(|d| std::path::PathBuf::from(d.snapshot_dir))
+        .unwrap_or_default();
+    let path = dir.join(format!("{name}.snap"));
+    let text = std::fs::read_to_string(&path).map_err(|_| path.clone())?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(STORE_LINE))
+        .map(|d| d.trim().to_string()))
+}
+
 /// A figure with two significant digits (`3.1e-3`, `0.19`, `0`).
 pub fn figure(x: f64) -> String {
     crate::describe::numbers::num_sig(x, 2)
@@ -133,6 +154,13 @@ impl Report {
         ))
     }
 
+    /// The SHA-256 of the golden store that the check's committed snapshot records: `Ok(None)`
+    /// when the snapshot has no store line, `Err` with the snapshot's path when there is no
+    /// snapshot file to read.
+    pub fn committed_store_digest(&self) -> Result<Option<String>, std::path::PathBuf> {
+        committed_store_digest(&self.layer, &self.snapshot_name())
+    }
+
     /// Why the snapshot, which describes the declared cases, is not compared this time.
     pub fn snapshot_skipped(&self) -> Option<&'static str> {
         if self.overridden {
@@ -169,7 +197,7 @@ impl Report {
             }
         }
         if let Some(digest) = &self.store {
-            let _ = writeln!(s, "golden store: sha256 {digest}");
+            let _ = writeln!(s, "{STORE_LINE}{digest}");
         }
         s
     }
@@ -450,7 +478,7 @@ fn line_matches(a: &str, b: &str) -> bool {
 }
 
 /// Whether this runs in CI, as insta decides it (`CI` set and not `false`/`0`, or `TF_BUILD`).
-fn ci() -> bool {
+pub(crate) fn ci() -> bool {
     match std::env::var("CI").ok().as_deref() {
         Some("false") | Some("0") | Some("") => false,
         None => std::env::var("TF_BUILD").is_ok(),

@@ -296,6 +296,9 @@ fn run_inner(
         }
     }
     finish_source(layer, kind, source, description)?;
+    if failure.is_none() {
+        failure = partial_store_unvouched(layer, kind, source);
+    }
     if let Some(mut f) = failure {
         // Stale evidence is part of what a failure says; the snapshot does not change with it.
         if let Some(stale) = source.stale() {
@@ -715,4 +718,51 @@ fn compared_nothing(
             dtype_name(dtype)
         )
     })
+}
+
+/// A replay of a partial store does not compare the snapshot (which describes every case), and
+/// with it went the SHA-256 line that makes a store tamper-evident. So the store's digest is
+/// checked against the committed snapshot's here, whatever the store's header says: a store that
+/// changed without its snapshot fails, and in CI (where a missing snapshot fails anyway) so does
+/// one without a snapshot to vouch for it.
+fn partial_store_unvouched(layer: &Layer, kind: Kind, source: &Source) -> Option<Failure> {
+    let Via::Replay(store) = &source.via else {
+        return None;
+    };
+    store.partial?;
+    let fail = |why: String| Some(Failure::new(layer, FailureKind::Config(why)));
+    let digest = crate::answers::store::digest(&store.path)?;
+    let name = format!("{}{}", layer.check_name(), kind.suffix());
+    let live = layer.rerun_command(kind.test(), "GOLDEN_MODE=live");
+    match crate::report::snapshot::committed_store_digest(layer, &name) {
+        Ok(Some(recorded)) if recorded == digest => None,
+        Ok(recorded) => fail(format!(
+            "the golden store {} holds only some of the cases (its size bound), so its snapshot \
+             is not compared in replay; but its snapshot records another store ({}) than this \
+             one (sha256 {digest}): the store changed without its snapshot. If you recorded it, \
+             run the check live once and review the snapshot's change ({live}, then cargo insta \
+             review); otherwise restore the store from version control",
+            store.path.display(),
+            recorded.map_or("no store at all".to_string(), |d| format!("sha256 {d}"))
+        )),
+        Err(snapshot) if crate::report::snapshot::ci() => fail(format!(
+            "the golden store {} holds only some of the cases, so its snapshot is not compared \
+             in replay, and there is no snapshot ({}) to check the store's SHA-256 against: \
+             a partial store is trusted only beside the snapshot that records it; run the check \
+             live once ({live}) and commit its snapshot",
+            store.path.display(),
+            snapshot.display()
+        )),
+        Err(snapshot) => {
+            eprintln!(
+                "golden: `{}`: the golden store {} holds only some of the cases and there is no \
+                 snapshot ({}) to check its SHA-256 against; in CI this fails: run the check \
+                 live once ({live}) and commit its snapshot",
+                layer.name,
+                store.path.display(),
+                snapshot.display()
+            );
+            None
+        }
+    }
 }
