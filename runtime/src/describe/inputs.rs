@@ -324,11 +324,7 @@ impl Rng {
 }
 
 /// FNV-1a, to derive a stream per argument name from the case seed.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
+pub use crate::describe::hash::fnv1a;
 
 const SPECIAL: [f64; 9] = [
     0.0,

@@ -855,7 +855,7 @@ impl Layer {
             crate::describe::env::target_dir()?
                 .join("golden")
                 .join(what)
-                .join(self.crate_name()),
+                .join(crate::describe::file_names::file_name(self.crate_name())),
         )
     }
 
@@ -881,16 +881,18 @@ impl Layer {
     }
 
     /// The check's name for files: the module path without the crate, `::` as `__`, ending with
-    /// the layer's name (`activations::gelu` → `activations__gelu`).
+    /// the layer's name (`activations::gelu` → `activations__gelu`), as one file name
+    /// ([`file_name`](crate::describe::file_names::file_name): a name with `/` or `..` names no
+    /// path). The snapshot, the golden store, the results file and the artifacts all use it.
     pub fn check_name(&self) -> String {
         let Some(declared) = &self.declared else {
-            return self.name.clone();
+            return crate::describe::file_names::file_name(&self.name);
         };
         let mut parts: Vec<&str> = declared.module_path.split("::").skip(1).collect();
         if parts.last() != Some(&self.name.as_str()) {
             parts.push(&self.name);
         }
-        parts.join("__")
+        crate::describe::file_names::file_name(&parts.join("__"))
     }
 
     /// The crate's manifest dir, if declared.
