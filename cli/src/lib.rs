@@ -10,4 +10,5 @@ pub mod read;
 pub mod report;
 pub mod setup;
 pub mod show;
+pub mod shown;
 pub mod walk;

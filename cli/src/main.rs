@@ -17,7 +17,7 @@
 //! loop. Input that cannot be read is an error naming the file, with exit status 2.
 
 use golden_cli::read::ReadOptions;
-use golden_cli::{diff, report, setup, show};
+use golden_cli::{diff, report, setup, show, shown};
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -145,7 +145,7 @@ fn main() -> ExitCode {
                 if json {
                     println!("{}", serde_json::to_string_pretty(&d.json()).expect("JSON"));
                 } else {
-                    print!("{}", d.text());
+                    print!("{}", shown::lines(&d.text()));
                 }
                 if d.has_errors() {
                     ExitCode::from(2)
@@ -156,7 +156,7 @@ fn main() -> ExitCode {
                 }
             }
             Err(e) => {
-                eprintln!("golden diff: {e}");
+                eprintln!("golden diff: {}", shown::shown(&e.to_string()));
                 ExitCode::from(2)
             }
         },
@@ -167,11 +167,11 @@ fn main() -> ExitCode {
             bins,
         } => match show::run(&file, name.as_deref(), slice.as_deref(), bins, &read) {
             Ok(text) => {
-                print!("{text}");
+                print!("{}", shown::lines(&text));
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("golden show: {e}");
+                eprintln!("golden show: {}", shown::shown(&e.to_string()));
                 ExitCode::from(2)
             }
         },

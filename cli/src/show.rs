@@ -7,6 +7,7 @@
 //! tensor of any size takes no memory beyond its own; `--bins` is bounded by [`MAX_BINS`].
 
 use crate::read::ReadOptions;
+use crate::shown::{self, shown};
 use golden::describe::numbers::num;
 use golden_files::HostTensor;
 use std::fmt::Write as _;
@@ -325,12 +326,16 @@ pub fn run(
     let spec = slice.map(parse_slice).transpose()?;
     let mut file = read.open(path)?;
     let mut out = String::new();
-    let skipped: Vec<String> = file.skipped().iter().map(ToString::to_string).collect();
+    let skipped: Vec<String> = file
+        .skipped()
+        .iter()
+        .map(|k| shown(&k.to_string()).into_owned())
+        .collect();
     let entries = file.entries();
     if entries.is_empty() {
         return Err(format!(
             "{}: no tensors{}",
-            path.display(),
+            shown::path(path),
             if skipped.is_empty() {
                 String::new()
             } else {
@@ -341,15 +346,18 @@ pub fn run(
     let chosen = match name {
         Some(n) => Some(file.find(n).ok_or_else(|| {
             let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
-            let close: Vec<&str> = names
+            let close: Vec<String> = names
                 .iter()
                 .copied()
                 .filter(|t| t.contains(n) || n.contains(t))
                 .take(5)
+                .map(|t| shown(t).into_owned())
                 .collect();
+            let names: Vec<String> = names.iter().map(|t| shown(t).into_owned()).collect();
             format!(
-                "{} has no tensor `{n}`{}; it has {} tensors{}",
-                path.display(),
+                "{} has no tensor `{}`{}; it has {} tensors{}",
+                shown::path(path),
+                shown(n),
                 if close.is_empty() {
                     String::new()
                 } else {
@@ -371,21 +379,25 @@ pub fn run(
         let _ = writeln!(
             out,
             "{}: {} tensors (name one to see it)",
-            path.display(),
+            shown::path(path),
             entries.len()
         );
-        let width = entries
+        let names: Vec<String> = entries
             .iter()
-            .map(|e| e.name.chars().count())
+            .map(|e| shown(&e.name).into_owned())
+            .collect();
+        let width = names
+            .iter()
+            .map(|n| n.chars().count())
             .max()
             .unwrap_or(4)
             .min(60);
-        for e in entries {
+        for (e, name) in entries.iter().zip(&names) {
             let bytes = (e.numel() as u64).saturating_mul(e.dtype.size() as u64);
             let _ = writeln!(
                 out,
                 "  {:<width$}  {:<5} {:<16} {}",
-                e.name,
+                name,
                 e.dtype.name(),
                 format!("{:?}", e.shape),
                 golden_files::budget::size(bytes)
@@ -396,10 +408,10 @@ pub fn run(
         }
         return Ok(out);
     };
-    let tname = entries[index].name.clone();
+    let tname = shown(&entries[index].name).into_owned();
     let t = file
         .load(index)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| format!("{}: {e}", shown::path(path)))?;
     let s = summarise(&t);
     let _ = writeln!(
         out,
@@ -407,7 +419,7 @@ pub fn run(
         t.dtype.name(),
         t.shape,
         s.count,
-        path.display()
+        shown::path(path)
     );
     if s.finite > 0 {
         let _ = writeln!(
