@@ -283,3 +283,38 @@ fn a_check_that_compared_no_element_fails() {
         "{msg}"
     );
 }
+
+/// `GOLDEN_VARIANTS`, `GOLDEN_SHARED_WORKER` and `GOLDEN_SHARED_IDLE` ignored values they could
+/// not read (#21 item 14): `GOLDEN_VARIANTS=of` left the variants on, `GOLDEN_SHARED_WORKER=yes`
+/// meant "auto", `GOLDEN_SHARED_IDLE=-5` the default. Each is an error naming the variable, the
+/// value and the accepted form, like every other variable's.
+#[test]
+fn variants_and_shared_worker_variables_are_read_strictly() {
+    let scratch = Scratch::new("strict_vars");
+    for (var, value, accepted) in [
+        ("GOLDEN_VARIANTS", "of", "is not one of on, off"),
+        (
+            "GOLDEN_SHARED_WORKER",
+            "yes",
+            "is not one of auto, always, never",
+        ),
+        (
+            "GOLDEN_SHARED_IDLE",
+            "-5",
+            "is not a number of seconds: give a positive number",
+        ),
+    ] {
+        let msg = error(&[(var, value)], &gelu(&scratch));
+        assert!(
+            msg.contains(&format!("{var}={value:?} {accepted}")),
+            "{var}: {msg}"
+        );
+    }
+    for (var, value) in [
+        ("GOLDEN_VARIANTS", "off"),
+        ("GOLDEN_SHARED_WORKER", "never"),
+        ("GOLDEN_SHARED_IDLE", "2.5"),
+    ] {
+        with_env(&[(var, value)], &gelu(&scratch)).unwrap_or_else(|f| panic!("{var}: {f}"));
+    }
+}

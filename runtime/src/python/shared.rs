@@ -70,20 +70,19 @@ pub fn enabled() -> bool {
         2 => return false,
         _ => {}
     }
-    match std::env::var("GOLDEN_SHARED_WORKER").as_deref() {
-        Ok("always") | Ok("1") | Ok("on") => true,
-        Ok("never") | Ok("0") | Ok("off") => false,
-        _ => std::env::var_os("NEXTEST").is_some(),
+    // A value golden cannot read fails the check before any worker starts (`run/check.rs`); here
+    // it counts as the default.
+    match env::shared_worker().unwrap_or(env::SharedWorker::Auto) {
+        env::SharedWorker::Always => true,
+        env::SharedWorker::Never => false,
+        env::SharedWorker::Auto => std::env::var_os("NEXTEST").is_some(),
     }
 }
 
-/// Seconds a daemon stays without connections.
+/// Seconds a daemon stays without connections (`GOLDEN_SHARED_IDLE`, checked with the other
+/// variables before any worker starts).
 fn idle_seconds() -> f64 {
-    std::env::var("GOLDEN_SHARED_IDLE")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|v| *v > 0.0)
-        .unwrap_or(60.0)
+    env::shared_idle().unwrap_or(60.0)
 }
 
 /// Where the sockets, lock files and the served copies' logs live.

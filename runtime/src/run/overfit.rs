@@ -379,6 +379,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         // The port's timeout as well as the reference's.
         crate::describe::env::timeout().map_err(config_error)?;
     }
+    crate::describe::env::check_read_later().map_err(config_error)?;
     let port = PortThread::new(port, check::port_timeout(layer));
     if layer.form != Form::Module {
         return Err(config_error(
