@@ -107,6 +107,9 @@ pub enum WorkerError {
         /// The end of its stderr.
         stderr: String,
     },
+    /// The import roots cannot be handed to the interpreter (a root whose path PYTHONPATH cannot
+    /// carry, and no link to it): the message says why and what to change.
+    ImportRoots(String),
     /// The worker's bytes were not a valid answer.
     Protocol(String),
     /// The worker answered with an error.
@@ -210,6 +213,7 @@ impl fmt::Display for WorkerError {
                 quote(bytes),
                 indent_tail(stderr)
             ),
+            WorkerError::ImportRoots(m) => write!(f, "{m}"),
             WorkerError::Protocol(m) => write!(f, "the worker broke the protocol: {m}"),
             WorkerError::Remote(e) => {
                 write!(f, "{}", e.message)?;
@@ -492,10 +496,7 @@ impl Worker {
 
     /// Start a private worker (a child of this process) and wait for its `hello`.
     pub fn spawn(key: &WorkerKey) -> Result<Worker, WorkerError> {
-        let pythonpath = pythonpath(key).map_err(|error| WorkerError::Spawn {
-            python: key.python.clone(),
-            error,
-        })?;
+        let pythonpath = pythonpath(key).map_err(WorkerError::ImportRoots)?;
         let mut child = Command::new(&key.python.program)
             .args(["-u", "-B", "-m", "golden_ref.worker"])
             .env("PYTHONPATH", pythonpath)
