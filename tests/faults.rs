@@ -149,6 +149,18 @@ fn a_segfault_shows_the_python_stack_where_it_happened() {
     );
 }
 
+/// A crash in golden's float64 evaluation of the reference was reported like any crash, with
+/// nothing to say that the reference runs fine in the case dtype (#21 item 14).
+#[test]
+fn a_crash_in_the_float64_evaluation_is_named_as_such() {
+    let msg = fault(&layer("fault_ref.segfaults_in_float64"), &identity);
+    assert!(msg.contains("died with signal 11 (SIGSEGV)"), "{msg}");
+    assert!(
+        msg.contains("it crashed in golden's float64 evaluation of the reference"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn a_reference_that_hangs_is_killed_at_the_check_s_timeout() {
     let started = std::time::Instant::now();

@@ -278,7 +278,7 @@ fn unseeded_noise_is_reported_as_a_nondeterministic_reference() {
             "{msg}"
         );
         assert!(
-            msg.contains("differs between two evaluations on the same inputs"),
+            msg.contains("differs between") && msg.contains("on the same inputs"),
             "{msg}"
         );
         assert!(msg.contains("np.random or random"), "{msg}");
@@ -319,4 +319,26 @@ fn a_crate_whose_path_holds_a_colon_runs_its_references() {
     let result = golden::check(&layer, &port);
     std::fs::remove_dir_all(&dir).unwrap();
     result.unwrap_or_else(|f| panic!("{f}"));
+}
+
+/// A reference that returns a persistent buffer of its own, writing unseeded noise into it at every
+/// call: the answer golden kept was that buffer, which the next evaluations overwrote — so two
+/// evaluations "agreed" and the noise was misexplained as "not the same computation" (#21 item
+/// 14). The answer is copied before the reference runs again.
+#[test]
+fn noise_in_a_buffer_the_reference_returns_is_reported_as_nondeterministic() {
+    let reference = "verdict_ref.noise_into_a_buffer";
+    let layer = Layer::function("noisy_buffer", reference)
+        .dim("b", 1, 3)
+        .dim("n", 1, 16)
+        .arg("x", ["b", "n"], Dist::default())
+        .mode(golden::describe::env::Mode::Live);
+    let msg = failure(&layer, &identity).to_string();
+    assert!(
+        msg.contains(&format!(
+            "golden: `noisy_buffer`: its reference `{reference}` is not deterministic"
+        )),
+        "{msg}"
+    );
+    assert!(!msg.contains("not the same computation"), "{msg}");
 }

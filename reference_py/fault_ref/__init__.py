@@ -61,6 +61,13 @@ def segfaults(x):
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
+def segfaults_in_float64(x):
+    """Crashes only when golden evaluates it in float64 (a kernel that has no float64 version)."""
+    if x.dtype == torch.float64:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x.clone()
+
+
 def sleeps(x):
     time.sleep(3600)
     return x.clone()

@@ -18,6 +18,19 @@ reported (`mutated`). The float64 evaluations run under `precision.promoted`, so
 own upcasts (`.to(torch.float32)`) do not truncate them. With `twice`, the case-dtype evaluation is
 repeated and must give the same bits: a reference that draws unseeded noise is not deterministic.
 
+Every case's answer is proven deterministic cheaply (`_confirm`): after the nudged evaluations, the
+first evaluation in each precision (the case dtype's and float64's, on the real inputs) is
+repeated and must give the same bits. A reference whose answers drift with the number of calls (a
+counter, a cache, a buffer that accumulates, noise that begins after a few calls) would otherwise
+make the nudged evaluations "move" by the drift, which the estimate takes for rounding. Outputs are
+copied when an evaluation returns them: a reference may return a buffer of its own and write it
+again on the next call.
+
+`own_mean`, the nudged errors' signed mean, lets the runtime tell a float64 answer that differs
+from the case dtype's by the same amount at every nudge (another computation: a branch taken only
+in the float64 pass, a tanh GELU instead of erf) from rounding, whose sign and size change from
+nudge to nudge.
+
 The runtime's `compare.rs` turns these into the pass/fail rule; the float64 parts are best effort
 (a reference that cannot run in float64 just gets the strict default tolerance).
 """
@@ -306,12 +319,13 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
         again, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, again")
         _same_bits(expected, again)
 
-    high, own, moved, precise_error = None, None, None, None
+    high, own, moved, own_mean, precise_error = None, None, None, None, None
     if precise:
         try:
-            high, own, moved = _precise(case, module, expected, perturbations)
+            high, own, moved, own_mean = _precise(case, module, expected, perturbations)
         except Exception as e:  # best effort: the runtime falls back to the strict tolerance
             precise_error = f"{type(e).__name__}: {e}"
+        _confirm(case, module, expected, high)
     return {
         "state_dict": state_dict,
         "buffers": buffers,
@@ -320,6 +334,7 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
         "precise": high,
         "own": own,
         "moved": moved,
+        "own_mean": own_mean,
         "precise_error": precise_error,
         "mutated": mutated,
     }
@@ -395,7 +410,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     leaves = _call(case, target, native, phase)
     if limit is not None:
         limit(leaves)
-    outputs = [(name, backend.from_native(v, case.dtype)) for name, v in leaves]
+    outputs = _owned_outputs(backend, leaves, case.dtype)
     mutated = []
     for i, (before, now) in enumerate(zip(args, native)):
         after = backend.from_native(now, before.dtype) if backend.is_tensor(now) else None
@@ -410,7 +425,36 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     return outputs, mutated
 
 
-def _same_bits(first, second):
+def _owned_outputs(backend, leaves: list, dtype: str):
+    """The outputs as wire tensors of their own, `leaves` emptied on the way (each native output is
+    released once copied). A reference may return a buffer it keeps and writes again on its next
+    call (`return self._buf.copy_(...)`): an answer that shared its memory would change under the
+    evaluations after it, and two of them would always "agree"."""
+    outputs = []
+    while leaves:
+        name, value = leaves.pop(0)
+        wire = backend.from_native(value, dtype)
+        outputs.append((name, WireTensor(wire.dtype, np.array(wire.array, copy=True))))
+        del value, wire
+    return outputs
+
+
+def _confirm(case: Case, module, expected, high):
+    """Repeat the case's first evaluation in each precision after all the others (the nudged ones
+    in between) and require the same bits: an answer that drifts with the number of calls, or noise
+    that begins after a few calls, is not rounding error (see the module docstring). `high`: the
+    float64 answer on the real inputs (None when the float64 pass failed)."""
+    again, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, again")
+    _same_bits(expected, again, "its first and its last evaluation in the case dtype")
+    del again
+    if high is None:
+        return
+    names = [name for name, _ in expected]
+    leaves = _evaluate64(case, module, case.args, "the float64 evaluation, again")
+    _same_bits(high, _float64_leaves(case.backend, leaves, names), "its first and its last evaluation in float64")
+
+
+def _same_bits(first, second, which: str = "two evaluations"):
     """Raise NotDeterministic, naming the first leaf and element that differ."""
     for (name, a), (_, b) in zip(first, second):
         if not _same_array(a.array, b.array):
@@ -418,7 +462,7 @@ def _same_bits(first, second):
             where = next((i for i in range(min(x.size, y.size)) if not _same(x[i], y[i])), 0)
             index = list(np.unravel_index(where, a.array.shape)) if a.array.shape else []
             raise NotDeterministic(
-                f"`{name}` differs between two evaluations on the same inputs, first at "
+                f"`{name}` differs between {which} on the same inputs, first at "
                 f"{[int(k) for k in index]}: {x[where] if x.size else '?'} then "
                 f"{y[where] if y.size else '?'}"
             )
@@ -507,6 +551,7 @@ def _precise(case: Case, module, expected, perturbations: int):
 
     # Samples of the rounding error at inputs one ulp away (see the module docstring).
     own_sq = {name: np.zeros(t.array.shape) for name, t in precise}
+    own_sum = {name: np.zeros(t.array.shape) for name, t in precise}
     moved_sq = {name: np.zeros(t.array.shape) for name, t in precise}
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(perturbations):
@@ -542,15 +587,24 @@ def _precise(case: Case, module, expected, perturbations: int):
                 if own.shape != own_sq[name].shape or moved.shape != own_sq[name].shape:
                     raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
                 # In place: no temporaries the size of the output beyond `own` and `moved`.
+                own_sum[name] += own
                 np.multiply(own, own, out=own)
                 own_sq[name] += own
                 np.multiply(moved, moved, out=moved)
                 moved_sq[name] += moved
                 del own, moved
             del low, low64, high, high64
-    own = [(name, WireTensor("f64", _rms(own_sq[name], perturbations))) for name, _ in precise]
-    moved = [(name, WireTensor("f64", _rms(moved_sq[name], perturbations))) for name, _ in precise]
-    return precise, own, moved
+    # The estimate's halves travel as float32: the runtime keeps the estimate as bf16, whose range
+    # is float32's (an element beyond it has no estimate either way).
+    with np.errstate(over="ignore"):
+        own = [(name, _f32(_rms(own_sq[name], perturbations))) for name, _ in precise]
+        moved = [(name, _f32(_rms(moved_sq[name], perturbations))) for name, _ in precise]
+        own_mean = [(name, _f32(own_sum[name] / max(perturbations, 1))) for name, _ in precise]
+    return precise, own, moved, own_mean
+
+
+def _f32(values: np.ndarray) -> WireTensor:
+    return WireTensor("f32", values.astype(np.float32))
 
 
 def variants(case: Case, perturbations: int = 4):

@@ -212,7 +212,7 @@ def _outputs_json(result: dict, table) -> dict:
             return None
         return [[name, table.ref(t)] for name, t in leaves]
 
-    response = {key: named(result[key]) for key in ("state_dict", "expected", "precise", "own", "moved")}
+    response = {key: named(result.get(key)) for key in ("state_dict", "expected", "precise", "own", "moved", "own_mean")}
     response["precise_error"] = result["precise_error"]
     for key in ("buffers", "aliases", "mutated"):
         if result.get(key):

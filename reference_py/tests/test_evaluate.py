@@ -160,6 +160,61 @@ class EvaluateTest(unittest.TestCase):
         case.twice = True
         forward(case, precise=False)
 
+    def test_every_answer_is_confirmed_after_the_nudged_evaluations(self):
+        from golden_ref.evaluate import NotDeterministic, forward
+
+        calls = []
+
+        def drifts(x):
+            calls.append(1)
+            return x + 0.25 * max(0, len(calls) - 2)
+
+        # Exact for the first two calls: only the repetition after the nudges sees the drift.
+        with self.assertRaises(NotDeterministic) as raised:
+            forward(_torch_case(drifts, [np.linspace(-1, 1, 8, dtype=np.float32)]))
+        self.assertIn("its first and its last evaluation in the case dtype", str(raised.exception))
+        calls.clear()
+        forward(_torch_case(drifts, [np.zeros(2, dtype=np.float32)]), precise=False)
+
+    def test_an_answer_that_is_a_buffer_the_reference_writes_again_is_copied(self):
+        import torch
+
+        from golden_ref.evaluate import NotDeterministic, forward
+
+        buffer = torch.zeros(4)
+        calls = []
+
+        def writes_its_buffer(x):
+            calls.append(1)
+            return buffer.copy_(x + len(calls))
+
+        with self.assertRaises(NotDeterministic):
+            forward(_torch_case(writes_its_buffer, [np.zeros(4, dtype=np.float32)]))
+
+    def test_a_float64_branch_shows_as_the_same_error_at_every_nudge(self):
+        import torch
+        import torch.nn.functional as F
+
+        def branch(x):
+            return F.gelu(x, approximate="tanh") if x.dtype == torch.float64 else F.gelu(x)
+
+        x = np.linspace(-3, 3, 64, dtype=np.float32)
+        result = forward_of(branch, [x])
+        e = result["expected"][0][1].array.astype(np.float64)
+        h = result["precise"][0][1].array
+        own = result["own"][0][1].array.astype(np.float64)
+        mean = result["own_mean"][0][1].array.astype(np.float64)
+        spread = np.sqrt(np.maximum(own * own - mean * mean, 0))
+        big = np.abs(e - h) > 1e-4
+        self.assertTrue(big.any())
+        # Same sign at the real inputs and on average over the nudges, barely spread.
+        self.assertTrue(np.all(np.sign(e - h)[big] == np.sign(mean)[big]))
+        self.assertTrue(np.all(spread[big] < 1e-2 * np.abs(mean[big])))
+        # Rounding alone: the mean is no larger than the spread allows.
+        plain = forward_of(F.gelu, [x])
+        own = plain["own"][0][1].array.astype(np.float64)
+        self.assertLess(float(np.max(own)), 1e-6)
+
     def test_the_float64_run_promotes_the_reference_s_own_upcasts(self):
         import torch
 

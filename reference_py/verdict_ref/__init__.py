@@ -102,6 +102,51 @@ def noisy_random(x):
     return x * (1.0 + 1e-3 * random.random())
 
 
+# --- References whose answers change with the number of calls, or under golden's float64 pass ---
+
+_CALLS = {}
+
+
+def _count(name: str) -> int:
+    _CALLS[name] = _CALLS.get(name, 0) + 1
+    return _CALLS[name]
+
+
+def drifts_after_two_calls(x):
+    """Exact for its first two calls, then off by 0.25 more at every call: a counter, a cache, a
+    buffer that accumulates."""
+    return x + 0.25 * max(0, _count("drift") - 2)
+
+
+def noisy_after_two_calls(x):
+    """Unseeded noise that begins at the third call."""
+    if _count("noise") <= 2:
+        return x.clone()
+    return x + torch.from_numpy(np.random.standard_normal(tuple(x.shape))).to(x.dtype) * 1e-2
+
+
+def gelu_tanh_when_watched(x):
+    """Exact GELU, but the tanh approximation whenever a TorchFunctionMode is active, as in golden's
+    float64 pass (contrived: any reference that computes something else in float64 only)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    if _get_current_function_mode_stack():
+        return F.gelu(x, approximate="tanh")
+    return F.gelu(x)
+
+
+_BUFFERS = {}
+
+
+def noise_into_a_buffer(x):
+    """Returns a persistent buffer of its own, into which it writes unseeded noise at every call."""
+    key = (tuple(x.shape), x.dtype)
+    if key not in _BUFFERS:
+        _BUFFERS[key] = torch.empty_like(x)
+    noise = torch.from_numpy(np.random.standard_normal(tuple(x.shape))).to(x.dtype)
+    return _BUFFERS[key].copy_(x + 1e-3 * noise)
+
+
 # --- Gradients PyTorch defines by convention, and ports that mirror Hugging Face's upcasts -------
 
 

@@ -154,6 +154,9 @@ impl fmt::Display for WorkerError {
                     python.source,
                     indent_tail(stderr)
                 )?;
+                if let Some(phase) = crashed_in(stderr) {
+                    write!(f, "\n  it crashed in {phase}")?;
+                }
                 if stderr.contains("No module named 'numpy'")
                     || stderr.contains("No module named 'golden_ref'")
                 {
@@ -227,6 +230,44 @@ impl fmt::Display for WorkerError {
 }
 
 impl std::error::Error for WorkerError {}
+
+/// Which of golden's evaluations of the reference a crash happened in, from the Python stack
+/// faulthandler printed on the worker's stderr (its current thread, most recent call first): the
+/// first frame of golden's `evaluate.py` that names one. A crash in the float64 or a nudged
+/// evaluation says that the reference itself runs in the case dtype.
+fn crashed_in(stderr: &str) -> Option<&'static str> {
+    let stack = &stderr[stderr.rfind("Fatal Python error")?..];
+    let current = &stack[stack.find("Current thread").unwrap_or(0)..];
+    let golden = current
+        .lines()
+        .take_while(|l| !l.trim().is_empty() || l.contains("Current thread"))
+        .filter(|l| l.contains("golden_ref") && l.contains("evaluate.py"));
+    let mut nudged = false;
+    for frame in golden {
+        let function = frame.rsplit(" in ").next().unwrap_or("").trim();
+        match function {
+            "_evaluate64" => {
+                return Some(
+                    "golden's float64 evaluation of the reference (it runs the reference again in \
+                     float64, its upcasts promoted, to estimate the rounding error): the reference \
+                     runs in the case dtype; a kernel without a float64 version should raise, \
+                     which golden takes as no estimate (assert_close's bound), rather than crash",
+                )
+            }
+            "_evaluate_once" if nudged => {}
+            "_evaluate_once" => nudged = true,
+            "_precise" if nudged => {
+                return Some(
+                    "one of golden's nudged evaluations of the reference (in the case dtype, on \
+                     inputs moved by one ulp, to estimate the rounding error)",
+                )
+            }
+            "construct" => return Some("the construction of the reference module"),
+            _ => {}
+        }
+    }
+    None
+}
 
 /// Bytes as a message quotes them: text in quotes with escapes, at most [`QUOTED_BYTES`].
 fn quote(bytes: &[u8]) -> String {

@@ -266,8 +266,10 @@ fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
         "nondeterministic" => "fix: the reference must give the same outputs for the same inputs. \
                                Noise from np.random or random is not seeded by golden: draw it \
                                with torch (golden seeds torch's generator per case) or from a \
-                               generator seeded by the reference itself; a port cannot be judged \
-                               against an answer that changes"
+                               generator seeded by the reference itself; state that changes from \
+                               call to call (a counter, a cache, a buffer that accumulates) must \
+                               not change its answer. A port cannot be judged against an answer \
+                               that changes"
             .into(),
         _ => return None,
     })
