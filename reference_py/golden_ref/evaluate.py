@@ -360,33 +360,85 @@ def param_spec(case: Case):
     shape, whether it is floating point, a parameter or a buffer, the names it is tied to, and the
     statistics of its initial values (so that a drawn tensor keeps its scale and its domain: a norm
     weight near 1, a running variance positive). Integer entries (BatchNorm's step counter) are
-    not drawn: their values come along as they are."""
+    not drawn: their values come along as they are.
+
+    The module is constructed with its uninitialised memory marked (`_marking_empty`: what
+    `torch.empty` returns is NaN, where it would be whatever the allocator hands back — garbage,
+    `inf`, values of 1e38): an entry the construction leaves so is `uninitialised` and has no
+    statistics (the runtime draws it fresh; transformers 5's bare MoE blocks leave their experts
+    and router so). Statistics come from finite values only. Kept as they are (`kept`, with their
+    values): frozen parameters (`requires_grad=False`: Whisper's sinusoidal positions) and buffers
+    the module computes at init from a formula (not constant, and the same when the module is
+    built under another seed): their value is their meaning."""
     torch = case.backend.torch
-    inner = reference_module(construct(case))
+    inner = reference_module(_construct_marking_empty(case))
     buffers, aliases = module_entries(inner)
+    frozen = {n for n, p in inner.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    state = inner.state_dict()
+    other = None  # the module under another seed, built when a buffer needs it
     entries, tensors = [], []
-    for name, value in inner.state_dict().items():
+    for name, value in state.items():
         entry = {"name": name, "shape": list(value.shape), "buffer": name in buffers}
-        if value.is_floating_point():
-            v = value.detach().to(torch.float64)
-            entry["float"] = True
-            if v.numel():
-                positive = bool((v > 0).all())
-                entry.update(
-                    mean=float(v.mean()),
-                    std=float(v.std(unbiased=False)),
-                    min=float(v.min()),
-                    max=float(v.max()),
-                )
-                if positive:
-                    logs = v.log()
-                    entry.update(log_mean=float(logs.mean()), log_std=float(logs.std(unbiased=False)))
-        else:
+        if not value.is_floating_point():
             entry["float"] = False
             entry["value"] = len(tensors)
             tensors.append(case.backend.from_native(value, case.dtype))
+            entries.append(entry)
+            continue
+        entry["float"] = True
+        v = value.detach().to(torch.float64)
+        kept = None
+        if bool(torch.isnan(v).any()):
+            entry["uninitialised"] = True
+        elif name in frozen:
+            kept = "frozen"
+        elif name in buffers and v.numel() > 1 and bool(v.min() != v.max()):
+            if other is None:
+                other = _construct_marking_empty(case, seed=case.seed ^ 0x5EED_5EED).state_dict()
+            if name in other and torch.equal(other[name], value):
+                kept = "computed"
+        if kept is not None:
+            entry["kept"] = kept
+            entry["value"] = len(tensors)
+            tensors.append(case.backend.from_native(value, case.dtype))
+        elif not entry.get("uninitialised"):
+            finite = v[torch.isfinite(v)]
+            if finite.numel():
+                entry.update(
+                    mean=float(finite.mean()),
+                    std=float(finite.std(unbiased=False)),
+                    min=float(finite.min()),
+                    max=float(finite.max()),
+                )
+                if bool((finite > 0).all()) and finite.numel() == v.numel():
+                    logs = finite.log()
+                    entry.update(log_mean=float(logs.mean()), log_std=float(logs.std(unbiased=False)))
         entries.append(entry)
     return {"entries": entries, "aliases": aliases}, tensors
+
+
+def _construct_marking_empty(case: Case, seed: int | None = None):
+    """`construct(case)` (under `seed` instead of the case's when given) with what `torch.empty`
+    and its kin return filled with NaN: memory the construction never initialises shows as NaN,
+    never as whatever the allocator handed back."""
+    torch = case.backend.torch
+    from torch.overrides import TorchFunctionMode
+
+    empty = {torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty}
+
+    class MarkEmpty(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in empty and isinstance(out, torch.Tensor) and out.is_floating_point():
+                with torch.no_grad():
+                    out.fill_(float("nan"))
+            return out
+
+    built = case if seed is None else case.derived(case.obj)
+    if seed is not None:
+        built.seed = seed
+    with MarkEmpty():
+        return construct(built)
 
 
 def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bool = False):

@@ -21,6 +21,7 @@ instead of its raw bytes, the entry ends with a u64 LE offset into the arena tha
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 
@@ -204,6 +205,28 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.1f} MiB"
 
 
+def _json_safe(value):
+    """`value` with every float that JSON cannot write (NaN, ±inf) as the string NaN, Infinity or
+    -Infinity, which the runtime reads back as numbers (`wire::number`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def header_json(header: dict) -> bytes:
+    """A frame's header as JSON the runtime can read: Python's own `NaN` and `Infinity` tokens are
+    not JSON (a training whose loss became NaN broke the protocol: "header is not JSON")."""
+    try:
+        text = json.dumps(header, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_json_safe(header), separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8")
+
+
 def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], session=None) -> list:
     """The frame as a list of buffers, length prefix first; tensor data is not copied (but for
     tensors of at least `session.min` bytes, copied once into this worker's arena when the request
@@ -213,7 +236,7 @@ def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], sessio
     tensors in shared memory too: the limit is the answer's, wherever its bytes travel)."""
     sizes = [t.array.size * DTYPES[CODES[t.dtype]][1].itemsize for t in tensors]
     entries = sum(10 + 8 * t.array.ndim + n for t, n in zip(tensors, sizes))
-    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
+    header_bytes = header_json(header)
     length = 4 + 12 + len(header_bytes) + 4 + entries
     if length > MAX_FRAME:
         big = max(range(len(tensors)), key=sizes.__getitem__, default=None)
@@ -230,7 +253,7 @@ def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], sessio
         session.fallback_said = True
         header = {**header, "$shm_fallback": session.fallback}
     if offsets or "$shm_fallback" in header:
-        header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
+        header_bytes = header_json(header)
     parts = [MAGIC, struct.pack("<QI", request_id, len(header_bytes)), header_bytes]
     parts.append(struct.pack("<I", len(tensors)))
     for i, t in enumerate(tensors):

@@ -249,6 +249,43 @@ class EvaluateTest(unittest.TestCase):
         self.assertFalse(entries["bn.num_batches_tracked"]["float"])
         self.assertEqual(len(tensors), 1)  # the step counter's value comes along
 
+    def test_param_spec_sees_uninitialised_frozen_and_computed_entries(self):
+        import torch
+
+        from golden_ref.evaluate import param_spec
+
+        class Mixed(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                # What the allocator hands back may be anything: 1e38, inf, NaN.
+                junk = torch.full((4, 64), float("inf"))
+                del junk
+                self.experts = torch.nn.Parameter(torch.empty(4, 64))
+                self.frozen = torch.nn.Parameter(torch.randn(3), requires_grad=False)
+                self.register_buffer("ramp", torch.linspace(0, 1, 5))
+                self.register_buffer("noise", torch.randn(5))
+                self.register_buffer("zeros", torch.zeros(5))
+                self.linear = torch.nn.Linear(2, 2)
+
+        spec, tensors = param_spec(_torch_case(Mixed, [], form="module"))
+        entries = {e["name"]: e for e in spec["entries"]}
+        self.assertTrue(entries["experts"].get("uninitialised"))
+        self.assertNotIn("mean", entries["experts"])
+        self.assertEqual(entries["frozen"]["kept"], "frozen")
+        self.assertEqual(entries["ramp"]["kept"], "computed")
+        for drawn in ("noise", "zeros", "linear.weight", "linear.bias"):
+            self.assertNotIn("kept", entries[drawn], drawn)
+            self.assertTrue(np.isfinite(entries[drawn]["mean"]), drawn)
+        np.testing.assert_array_equal(tensors[entries["ramp"]["value"]].array, np.linspace(0, 1, 5, dtype=np.float32))
+
+    def test_a_header_with_nan_is_still_json(self):
+        import json
+
+        from golden_ref import wire
+
+        text = wire.header_json({"losses": [1.0, float("nan"), float("inf"), -float("inf")]})
+        self.assertEqual(json.loads(text)["losses"], [1.0, "NaN", "Infinity", "-Infinity"])
+
     def test_reference_taps_are_trace_points_in_execution_order_and_no_ops_outside(self):
         import torch
 

@@ -28,6 +28,9 @@ pub struct ReferenceOutputs {
     /// Module form: groups of state_dict names that are one tensor (tied weights): a port reads
     /// one of them.
     pub aliases: Vec<Vec<String>>,
+    /// Module form: entries kept as the module has them (frozen parameters, buffers computed at
+    /// init), which a port may compute itself instead of reading.
+    pub kept: Vec<String>,
     /// Outputs in the case dtype.
     pub expected: Named,
     /// Per float leaf, the rounding estimate (None if the reference could not run in float64).
@@ -63,6 +66,11 @@ pub struct Unexplained {
     pub case_value: f64,
     /// Its value there in float64.
     pub float64_value: f64,
+    /// The reference's value in the case dtype is NaN or ±Inf there, and its float64 value does not
+    /// explain it (finite where the case dtype gives NaN, or within range where it gives Inf): an
+    /// overflow or a division by zero in the case dtype's computation. The check cannot judge the
+    /// port at such an element: a port's NaN there is never taken for agreement.
+    pub nonfinite: bool,
 }
 
 impl ReferenceOutputs {
@@ -162,7 +170,7 @@ pub fn rounding_estimate(
     precise: &HostTensor,
     samples: Samples<'_>,
     input_scale: f64,
-) -> (HostTensor, Option<Unexplained>) {
+) -> (HostTensor, Vec<Unexplained>) {
     let e = expected.to_f64();
     let h = precise.to_f64();
     let sample = |t: Option<&HostTensor>| t.map(HostTensor::to_f64).filter(|s| s.len() == e.len());
@@ -178,11 +186,30 @@ pub fn rounding_estimate(
         .filter(|x| x.is_finite() && x.abs() <= largest)
         .fold(input_scale, |m, x| m.max(x.abs()));
     let mut unexplained: Option<Unexplained> = None;
+    let mut unjudged: Option<Unexplained> = None;
     let estimate: Vec<u8> = (0..e.len())
         .map(|i| {
             let (e, h) = (e[i], h.get(i).copied().unwrap_or(f64::NAN));
             if !e.is_finite() {
-                return half::bf16::ZERO; // non-finite values must match exactly anyway
+                // Non-finite values must match exactly. The float64 run says whether the reference's
+                // NaN or Inf is the computation's answer (0: judge it) or its case dtype's accident
+                // (NaN: the check cannot judge the port there, see `Unexplained::nonfinite`).
+                let explained = (e.is_nan() && h.is_nan())
+                    || (e == f64::INFINITY && (h == f64::INFINITY || h > largest))
+                    || (e == f64::NEG_INFINITY && (h == f64::NEG_INFINITY || h < -largest));
+                if explained {
+                    return half::bf16::ZERO;
+                }
+                let u = unjudged.get_or_insert_with(|| Unexplained {
+                    leaf: leaf.to_string(),
+                    count: 0,
+                    index: crate::judge::compare::unravel(i, &expected.shape),
+                    case_value: e,
+                    float64_value: h,
+                    nonfinite: true,
+                });
+                u.count += 1;
+                return half::bf16::NAN;
             }
             let own_rms = own.as_ref().map_or(0.0, |o| o[i]);
             let own_here = (e - h).abs().max(own_rms);
@@ -219,6 +246,7 @@ pub fn rounding_estimate(
                 index: crate::judge::compare::unravel(i, &expected.shape),
                 case_value: e,
                 float64_value: h,
+                nonfinite: false,
             });
             u.count += 1;
             half::bf16::NAN
@@ -231,7 +259,7 @@ pub fn rounding_estimate(
             shape: expected.shape.clone(),
             data: estimate.into(),
         },
-        unexplained,
+        unexplained.into_iter().chain(unjudged).collect(),
     )
 }
 
@@ -523,9 +551,14 @@ impl Live {
                 Ok(outputs)
             }
             Request::Train { .. } => {
+                // A loss that is not a number is not left out: the steps must stay aligned.
                 let losses: Vec<f64> = response["losses"]
                     .as_array()
-                    .map(|l| l.iter().filter_map(Json::as_f64).collect())
+                    .map(|l| {
+                        l.iter()
+                            .map(|x| wire::number(x).unwrap_or(f64::NAN))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let mut expected = vec![(
                     "losses".to_string(),
@@ -715,6 +748,7 @@ pub(crate) fn decode_outputs(
         state_dict: named(&header["state_dict"], tensors)?.unwrap_or_default(),
         buffers: wire::strings(&header["buffers"]),
         aliases,
+        kept: Vec::new(),
         expected,
         rounding,
         precise,

@@ -218,10 +218,15 @@ pub(crate) fn entry_size(e: &Entry) -> usize {
 }
 
 fn unexplained_json(u: &Unexplained) -> Json {
-    json!({
+    let mut j = json!({
         "leaf": u.leaf, "count": u.count, "index": u.index,
         "case_value": u.case_value, "float64_value": u.float64_value,
-    })
+    });
+    // Left out when false: stores recorded before it existed keep their bytes.
+    if u.nonfinite {
+        j["nonfinite"] = json!(true);
+    }
+    j
 }
 
 fn unexplained_of(v: &Json) -> Result<Unexplained, String> {
@@ -242,6 +247,7 @@ fn unexplained_of(v: &Json) -> Result<Unexplained, String> {
         // JSON has no infinity or NaN: a value that is not a number was not finite.
         case_value: v["case_value"].as_f64().unwrap_or(f64::NAN),
         float64_value: v["float64_value"].as_f64().unwrap_or(f64::INFINITY),
+        nonfinite: v["nonfinite"].as_bool().unwrap_or(false),
     })
 }
 
@@ -608,6 +614,7 @@ impl Store {
                         .as_array()
                         .map(|g| g.iter().map(wire::strings).collect())
                         .unwrap_or_default(),
+                    kept: Vec::new(),
                     expected: named(&e["expected"])?,
                     rounding: match &e["rounding"] {
                         Json::Null => None,

@@ -567,9 +567,14 @@ pub struct Layer {
 pub enum Params {
     /// Every floating-point entry of the reference module's state_dict re-drawn per case, seeded
     /// like the inputs, keeping each tensor's scale and domain (`answers/params.rs`): constant
-    /// inits (a norm's 1 and 0, zeroed biases, BatchNorm's running statistics) hide bugs.
+    /// inits (a norm's 1 and 0, zeroed biases, BatchNorm's running statistics) hide bugs. Frozen
+    /// parameters and buffers the module computes at init from a formula keep their values: their
+    /// value is their meaning (Whisper's sinusoidal positions).
     #[default]
     Drawn,
+    /// Like `Drawn`, and frozen parameters and buffers the module computes at init are drawn
+    /// too (`params = drawn_all`), where `Drawn` keeps their values.
+    DrawnAll,
     /// The module's own initialisation under the case seed (`params = init`).
     Init,
     /// The tensors of a `.safetensors` checkpoint, the same on both sides (`weights = "path"`,
@@ -802,6 +807,13 @@ impl Layer {
         self
     }
 
+    /// Module form: draw frozen parameters and buffers the module computes at init too
+    /// (`params = drawn_all`), which the default keeps as the module has them.
+    pub fn params_drawn_all(mut self) -> Self {
+        self.params = Params::DrawnAll;
+        self
+    }
+
     /// Module form: serve the tensors of a `.safetensors` checkpoint to both sides (`weights =
     /// "path"`, relative to the crate's manifest dir unless absolute).
     pub fn weights(mut self, path: &str) -> Self {
@@ -938,6 +950,10 @@ impl Layer {
                 Params::Drawn => writeln!(
                     s,
                     "params: drawn per case (every float entry of the state_dict, seeded like the inputs)"
+                ),
+                Params::DrawnAll => writeln!(
+                    s,
+                    "params: drawn per case, frozen and computed ones too (params = drawn_all)"
                 ),
                 Params::Init => writeln!(s, "params: the module's own init (params = init)"),
                 Params::Weights(path) => writeln!(s, "params: weights from {path}"),

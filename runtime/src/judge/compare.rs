@@ -181,6 +181,10 @@ pub struct Values {
     /// Elements without a rounding estimate because the reference in float64 is not the same
     /// computation there (`answers/live.rs`): the plain bound applied.
     pub unexplained: usize,
+    /// Elements where the reference is NaN or ±Inf and its float64 run does not explain it (an
+    /// overflow, a division by zero in the case dtype): the check cannot judge the port there,
+    /// and counts them as mismatched whatever the port gives — a NaN is never agreement there.
+    pub unjudged: usize,
     /// f16/bf16: the port's accuracy against the float64 result, next to the reference's own.
     pub accuracy: Option<Accuracy>,
 }
@@ -405,6 +409,7 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
             factor_needed: 0.0,
             histogram: ErrorHistogram::default(),
             unexplained: 0,
+            unjudged: 0,
             accuracy: None,
         };
     }
@@ -490,7 +495,8 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
         rounding_max: noise.map(|_| scan.rounding_max),
         factor_needed: scan.factor_needed,
         histogram: scan.histogram,
-        unexplained: scan.unexplained,
+        unexplained: scan.unexplained - scan.unjudged,
+        unjudged: scan.unjudged,
         accuracy,
     }
 }
@@ -546,6 +552,7 @@ struct Scan {
     rounding_max: f64,
     histogram: ErrorHistogram,
     unexplained: usize,
+    unjudged: usize,
 }
 
 /// Keep `candidate` if it is strictly greater (the earlier element wins ties).
@@ -588,6 +595,9 @@ impl Scan {
     #[inline]
     fn element(&mut self, i: usize, x: f64, r: f64, rounding: f64, rule: Rule) {
         // NaN: no estimate here (not the same computation in float64); the plain bound applies.
+        // At a non-finite reference value it says the float64 run does not explain it: the check
+        // cannot judge the port there, and does not take a match for agreement.
+        let unjudged = rounding.is_nan() && !r.is_finite();
         let rounding = if rounding.is_nan() {
             self.unexplained += 1;
             0.0
@@ -600,7 +610,8 @@ impl Scan {
             self.nan.1 += r.is_nan() as usize;
             self.inf.0 += x.is_infinite() as usize;
             self.inf.1 += r.is_infinite() as usize;
-            let same = (x.is_nan() && r.is_nan()) || x == r;
+            self.unjudged += unjudged as usize;
+            let same = ((x.is_nan() && r.is_nan()) || x == r) && !unjudged;
             if !same {
                 self.mismatched += 1;
                 self.first_nonfinite.get_or_insert(i);
@@ -651,6 +662,7 @@ impl Scan {
         keep_greater(&mut self.greatest_rel, next.greatest_rel);
         self.factor_needed = self.factor_needed.max(next.factor_needed);
         self.unexplained += next.unexplained;
+        self.unjudged += next.unjudged;
         self.rounding_max = self.rounding_max.max(next.rounding_max);
         self.histogram.merge(&next.histogram);
         self

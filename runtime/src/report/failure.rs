@@ -351,6 +351,18 @@ fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
                     if v.unexplained == 1 { "" } else { "s" }
                 )?;
             }
+            if v.unjudged > 0 {
+                writeln!(
+                    out,
+                    "    the reference is NaN or ±Inf at {} element{} where its float64 run says \
+                     otherwise (an overflow or a division by zero in its {} computation): golden \
+                     cannot judge the port there, and takes no NaN or Inf of the port's for \
+                     agreement (see the note below)",
+                    v.unjudged,
+                    if v.unjudged == 1 { "" } else { "s" },
+                    leaf.reference.as_ref().map_or("?", |r| r.1.name())
+                )?;
+            }
             if let Some(a) = v.accuracy.filter(|a| !a.passes()) {
                 writeln!(
                     out,

@@ -55,7 +55,31 @@ pub fn reference_notes(
             summary,
         });
     }
-    for u in &reference.unexplained {
+    for u in reference.unexplained.iter().filter(|u| u.nonfinite) {
+        let summary = format!(
+            "at some elements of `{}` the reference is NaN or ±Inf where its float64 run is not: \
+             golden cannot judge the port there",
+            u.leaf
+        );
+        notes.push(Note {
+            detail: format!(
+                "at {} element{} of `{}` the reference is NaN or ±Inf where its float64 run is not \
+                 (first at {:?}: {} in the case dtype, {} in float64): an overflow or a division \
+                 by zero in the case dtype's computation on these inputs. golden cannot judge the \
+                 port there and counts those elements as differing; if the reference is right to \
+                 give NaN there, draw inputs where it is not (narrow `args(...)`, e.g. `~ \
+                 uniform(lo, hi)`)",
+                u.count,
+                if u.count == 1 { "" } else { "s" },
+                u.leaf,
+                u.index,
+                crate::describe::numbers::num(u.case_value),
+                crate::describe::numbers::num(u.float64_value)
+            ),
+            summary,
+        });
+    }
+    for u in reference.unexplained.iter().filter(|u| !u.nonfinite) {
         let summary = format!(
             "at some elements of `{}` the reference in float64 is not the same computation as in \
              the case dtype: there golden applies assert_close's bound without a rounding term",
@@ -120,4 +144,7 @@ pub struct Report {
     /// SHA-256 of the check's golden store file, when there is one: the snapshot records it, so a
     /// store that changes without its snapshot shows in review and fails.
     pub store: Option<String>,
+    /// Module form: what the snapshot says about parameters that are not drawn from their own
+    /// statistics (kept as the module has them, drawn fresh because uninitialised).
+    pub params: Vec<String>,
 }

@@ -174,6 +174,9 @@ impl Report {
 
     fn snapshot_text(&self) -> String {
         let mut s = self.description.clone();
+        for note in &self.params {
+            let _ = writeln!(s, "{note}");
+        }
         for run in &self.runs {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
             self.write_leaves(&mut s, &run.cases);

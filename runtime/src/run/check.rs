@@ -319,6 +319,7 @@ fn run_inner(
         health: Vec::new(),
         store: crate::answers::store::path(layer, kind.suffix())
             .and_then(|p| crate::answers::store::digest(&p)),
+        params: source.param_notes(layer),
     })
 }
 

@@ -245,7 +245,11 @@ pub(crate) fn run_port(
         }
     };
     if let Some(state) = &state {
-        failure.params.extend(state.unused());
+        failure.params.extend(crate::answers::params::without_kept(
+            state.unused(),
+            &reference.kept,
+            &layer.rename,
+        ));
     }
     let port_host: Result<Vec<(String, HostTensor)>, String> = outputs
         .0

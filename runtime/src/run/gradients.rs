@@ -592,7 +592,11 @@ impl GradRunner<'_> {
             self.run_port(args, &forward.state_dict, &forward.aliases, dtype, targets)?;
         if let Some(state) = &state {
             failure.params = state.request_issues();
-            failure.params.extend(state.unused());
+            failure.params.extend(crate::answers::params::without_kept(
+                state.unused(),
+                &forward.kept,
+                &self.layer.rename,
+            ));
         }
         let losses = Self::leaf_losses(&run.outputs, cotangents)?;
         let port = self.gradients(&run, &Self::total(&losses)?)?;

@@ -436,6 +436,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         health,
         store: crate::answers::store::path(layer, Kind::Overfit.suffix())
             .and_then(|p| crate::answers::store::digest(&p)),
+        params: source.param_notes(layer),
     })
 }
 
