@@ -526,10 +526,26 @@ impl Worker {
     /// A worker for `key`: from the shared worker daemon when sharing is on and it can be reached,
     /// else a private one.
     pub fn start(key: &WorkerKey) -> Result<Worker, WorkerError> {
-        if crate::python::shared::enabled() {
-            match crate::python::shared::connect(key) {
-                Ok(stream) => return Worker::over_socket(key, stream),
-                Err(why) => crate::python::shared::note_fallback(&why),
+        use crate::python::shared;
+        // A daemon found stuck is not tried again by this process: each try would wait.
+        static STUCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if shared::enabled() && !STUCK.load(std::sync::atomic::Ordering::SeqCst) {
+            match shared::connect(key) {
+                Ok(stream) => {
+                    let probe = stream.try_clone().ok();
+                    match Worker::over_socket(key, stream) {
+                        Err(WorkerError::Timeout { starting: true, .. }) => {
+                            STUCK.store(true, std::sync::atomic::Ordering::SeqCst);
+                            let why = probe.as_ref().map_or_else(
+                                || "the shared worker daemon did not answer".to_string(),
+                                shared::stuck,
+                            );
+                            shared::note_fallback(&why);
+                        }
+                        other => return other,
+                    }
+                }
+                Err(why) => shared::note_fallback(&why),
             }
         }
         Worker::spawn(key)
@@ -586,7 +602,7 @@ impl Worker {
             shm: None,
             info: Json::Null,
         };
-        worker.hello()
+        worker.hello(env::start_limit())
     }
 
     /// A worker served by the shared worker daemon over `stream`.
@@ -610,7 +626,10 @@ impl Worker {
             shm: None,
             info: Json::Null,
         };
-        let mut worker = worker.hello()?;
+        // A daemon's copy answers at once: one that does not within seconds is stuck (`start`
+        // falls back to a private worker), whatever GOLDEN_START_TIMEOUT allows a start-up.
+        let limit = crate::python::shared::HELLO_TIMEOUT.min(env::start_limit());
+        let mut worker = worker.hello(limit)?;
         if let Process::Shared { pid, log, exit, .. } = &mut worker.process {
             *pid = worker.info["pid"].as_u64().unwrap_or(0) as u32;
             *log = PathBuf::from(worker.info["log"].as_str().unwrap_or_default());
@@ -621,18 +640,13 @@ impl Worker {
 
     /// Ask the worker for `hello`, offering it this process's shared memory; keep the link if the
     /// worker answers with its own, which must be its own (its pid) and a sealed memfd.
-    fn hello(mut self) -> Result<Worker, WorkerError> {
+    fn hello(mut self, limit: Duration) -> Result<Worker, WorkerError> {
         if shm::mode() == Ok(shm::Mode::Auto) {
             self.shm = shm::Link::offer()
                 .map_err(|e| shm::note_unavailable(&format!("memfd_create: {e}")))
                 .ok();
         }
-        let (info, _) = self.request(
-            json!({"op": "hello"}),
-            Vec::new(),
-            env::start_limit(),
-            "starting up",
-        )?;
+        let (info, _) = self.request(json!({"op": "hello"}), Vec::new(), limit, "starting up")?;
         self.info = info;
         if let Some(link) = &mut self.shm {
             let pid = self.info["pid"]
