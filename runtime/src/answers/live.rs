@@ -235,7 +235,7 @@ pub fn rounding_estimate(
                 && h.abs() <= largest
                 && moved_here.is_finite()
                 && own_here <= EXPLAINED_FACTOR * explained
-                && !(systematic > SYSTEMATIC_FACTOR * explained.max(spread))
+                && systematic <= SYSTEMATIC_FACTOR * explained.max(spread)
                 && estimate.is_finite();
             if same_computation {
                 return estimate;
