@@ -154,6 +154,25 @@ class SinusoidalPositions(nn.Module):
         return self.proj(x + self.pos.weight[: x.shape[1]]) * self.ramp
 
 
+class ClipEncoderLayer(nn.Module):
+    """transformers' CLIPEncoderLayer (eager attention, no mask): its attention's key projection
+    has a bias of its own, whose gradient softmax cancels (rounding noise only)."""
+
+    def __init__(self, hidden=16, heads=2, intermediate=32):
+        super().__init__()
+        from transformers import CLIPTextConfig
+        from transformers.models.clip.modeling_clip import CLIPEncoderLayer
+
+        config = CLIPTextConfig(
+            hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads
+        )
+        config._attn_implementation = "eager"
+        self.layer = CLIPEncoderLayer(config)
+
+    def forward(self, x):
+        return self.layer(x, attention_mask=None)
+
+
 def nan_where_float64_is_not(x):
     """inf - inf in float32 (exp(100) overflows it), 0 in float64: NaN only in the case dtype."""
     big = torch.exp(torch.full_like(x, 100.0))
