@@ -883,7 +883,19 @@ mod tests {
             norms: vec![1.0],
             max_abs,
             row,
+            reference: None,
         }
+    }
+
+    #[test]
+    fn a_tensor_of_noise_alone_is_inert_by_its_float64_gradient() {
+        // Every element noise-sized: none is small next to the rest of its tensor.
+        let mut p = grads(vec![2e-9, 1e-9, 3e-9], 3);
+        assert_eq!(p.inert(), vec![false, false, false]);
+        // PyTorch's float64 gradient is 2^-29 of its float32 one: noise. The second element's
+        // float32 gradient rounded to zero at the first step: the port's largest says its noise.
+        p.reference = Some((vec![2e-9, 0.0, 1e-3], vec![4e-18, 1e-18, 1e-3]));
+        assert_eq!(p.inert(), vec![true, true, false]);
     }
 
     #[test]
