@@ -66,11 +66,49 @@ pub struct Unexplained {
     pub case_value: f64,
     /// Its value there in float64.
     pub float64_value: f64,
+    /// Why.
+    pub kind: UnexplainedKind,
+    /// `Unreliable`: the reference's largest error at the nudged inputs there (its RMS).
+    pub error: f64,
+}
+
+/// Why an element has no rounding estimate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnexplainedKind {
+    /// The float64 run is another computation there (it leaves the case dtype's range, or differs
+    /// by the same amount at every nudge): the plain bound applies, against the case-dtype answer.
+    NotSameComputation,
     /// The reference's value in the case dtype is NaN or ±Inf there, and its float64 value does not
     /// explain it (finite where the case dtype gives NaN, or within range where it gives Inf): an
     /// overflow or a division by zero in the case dtype's computation. The check cannot judge the
-    /// port at such an element: a port's NaN there is never taken for agreement.
-    pub nonfinite: bool,
+    /// port at such an element, and counts it as differing: a port's NaN there is never agreement.
+    NonFinite,
+    /// The reference's own error in the case dtype there is chaotic (its sign and size change from
+    /// nudge to nudge) and thousands of times what the float64 run's response to the nudges
+    /// explains: the case dtype computes this element unreliably on these inputs (a saturated bf16
+    /// softmax, whose ties rounding decides). The check cannot judge the port there, leaves the
+    /// element out, and says so: never blames a right port for the reference's own noise.
+    Unreliable,
+}
+
+impl UnexplainedKind {
+    /// Its name in a golden store (absent: `NotSameComputation`).
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            UnexplainedKind::NotSameComputation => None,
+            UnexplainedKind::NonFinite => Some("nonfinite"),
+            UnexplainedKind::Unreliable => Some("unreliable"),
+        }
+    }
+
+    /// The kind a store names.
+    pub fn from_name(name: Option<&str>) -> Self {
+        match name {
+            Some("nonfinite") => UnexplainedKind::NonFinite,
+            Some("unreliable") => UnexplainedKind::Unreliable,
+            _ => UnexplainedKind::NotSameComputation,
+        }
+    }
 }
 
 impl ReferenceOutputs {
@@ -163,7 +201,9 @@ fn float_limits(dtype: golden_files::WireDType) -> (f64, f64) {
 /// explain (`own_mean`, the nudges' signed mean error, against their spread), the float64 run is
 /// not the same computation (a dtype-dependent constant such as `torch.finfo(x.dtype).min`, a
 /// branch taken only in float64); the element gets NaN — no estimate — and is counted in the
-/// returned [`Unexplained`]. The allowed error is never infinite.
+/// returned [`Unexplained`]. Where the reference's own error is chaotic and beyond what the float64
+/// run explains, the case dtype computes the element unreliably: it gets −inf, and the comparison
+/// leaves it out ([`UnexplainedKind::Unreliable`]). The allowed error is never infinite.
 pub fn rounding_estimate(
     leaf: &str,
     expected: &HostTensor,
@@ -187,13 +227,14 @@ pub fn rounding_estimate(
         .fold(input_scale, |m, x| m.max(x.abs()));
     let mut unexplained: Option<Unexplained> = None;
     let mut unjudged: Option<Unexplained> = None;
+    let mut unreliable: Option<Unexplained> = None;
     let estimate: Vec<u8> = (0..e.len())
         .map(|i| {
             let (e, h) = (e[i], h.get(i).copied().unwrap_or(f64::NAN));
             if !e.is_finite() {
                 // Non-finite values must match exactly. The float64 run says whether the reference's
                 // NaN or Inf is the computation's answer (0: judge it) or its case dtype's accident
-                // (NaN: the check cannot judge the port there, see `Unexplained::nonfinite`).
+                // (NaN: the check cannot judge the port there, see `UnexplainedKind::NonFinite`).
                 let explained = (e.is_nan() && h.is_nan())
                     || (e == f64::INFINITY && (h == f64::INFINITY || h > largest))
                     || (e == f64::NEG_INFINITY && (h == f64::NEG_INFINITY || h < -largest));
@@ -206,7 +247,8 @@ pub fn rounding_estimate(
                     index: crate::judge::compare::unravel(i, &expected.shape),
                     case_value: e,
                     float64_value: h,
-                    nonfinite: true,
+                    kind: UnexplainedKind::NonFinite,
+                    error: 0.0,
                 });
                 u.count += 1;
                 return half::bf16::NAN;
@@ -231,25 +273,43 @@ pub fn rounding_estimate(
             let spread = (own_rms * own_rms - own_mean.as_ref().map_or(0.0, |m| m[i] * m[i]))
                 .max(0.0)
                 .sqrt();
-            let same_computation = h.is_finite()
-                && h.abs() <= largest
-                && moved_here.is_finite()
+            let in_range = h.is_finite() && h.abs() <= largest && moved_here.is_finite();
+            let not_systematic = systematic <= SYSTEMATIC_FACTOR * explained.max(spread);
+            if in_range
                 && own_here <= EXPLAINED_FACTOR * explained
-                && systematic <= SYSTEMATIC_FACTOR * explained.max(spread)
-                && estimate.is_finite();
-            if same_computation {
+                && not_systematic
+                && estimate.is_finite()
+            {
                 return estimate;
             }
-            let u = unexplained.get_or_insert_with(|| Unexplained {
+            // Chaotic beyond what the float64 run explains: not another computation, but one the
+            // case dtype cannot do reliably here (`UnexplainedKind::Unreliable`, -inf).
+            let chaotic = in_range && not_systematic && own_rms > (e - h).abs().max(explained);
+            let (slot, kind, mark) = if chaotic {
+                (
+                    &mut unreliable,
+                    UnexplainedKind::Unreliable,
+                    half::bf16::NEG_INFINITY,
+                )
+            } else {
+                (
+                    &mut unexplained,
+                    UnexplainedKind::NotSameComputation,
+                    half::bf16::NAN,
+                )
+            };
+            let u = slot.get_or_insert_with(|| Unexplained {
                 leaf: leaf.to_string(),
                 count: 0,
                 index: crate::judge::compare::unravel(i, &expected.shape),
                 case_value: e,
                 float64_value: h,
-                nonfinite: false,
+                kind,
+                error: 0.0,
             });
             u.count += 1;
-            half::bf16::NAN
+            u.error = u.error.max(own_rms);
+            mark
         })
         .flat_map(half::bf16::to_le_bytes)
         .collect();
@@ -259,7 +319,11 @@ pub fn rounding_estimate(
             shape: expected.shape.clone(),
             data: estimate.into(),
         },
-        unexplained.into_iter().chain(unjudged).collect(),
+        unexplained
+            .into_iter()
+            .chain(unjudged)
+            .chain(unreliable)
+            .collect(),
     )
 }
 
@@ -761,6 +825,41 @@ pub(crate) fn decode_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn f32s(v: &[f64]) -> HostTensor {
+        HostTensor::from_floats(vec![v.len()], v, golden_files::WireDType::F32)
+    }
+
+    /// One element per kind: rounding (kept), another computation in float64 (the same error at
+    /// every nudge: NaN), an error chaotic and far beyond what float64 explains (−inf: not judged),
+    /// and a NaN that float64 does not give (NaN: not judged, a difference).
+    #[test]
+    fn each_kind_of_unexplained_element_is_told_apart() {
+        let expected = f32s(&[1.0, 1.0005, 0.004, f64::NAN]);
+        let precise = HostTensor::from_f64(vec![4], &[1.0 + 3e-8, 1.0, 1e-7, 0.5]);
+        let own = f32s(&[4e-8, 5e-4, 9.5e4, 0.0]);
+        let own_mean = f32s(&[1e-8, 5e-4, -4.7e4, 0.0]);
+        let moved = f32s(&[6e-8, 6e-8, 20.0, 0.0]);
+        let samples = Samples {
+            own: Some(&own),
+            moved: Some(&moved),
+            own_mean: Some(&own_mean),
+        };
+        let (estimate, unexplained) = rounding_estimate("out", &expected, &precise, samples, 1.0);
+        let e = estimate.to_f64();
+        assert!(e[0] > 0.0 && e[0] < 1e-7, "{e:?}");
+        assert!(e[1].is_nan() && e[3].is_nan(), "{e:?}");
+        assert_eq!(e[2], f64::NEG_INFINITY);
+        let kinds: Vec<UnexplainedKind> = unexplained.iter().map(|u| u.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                UnexplainedKind::NotSameComputation,
+                UnexplainedKind::NonFinite,
+                UnexplainedKind::Unreliable
+            ]
+        );
+    }
 
     #[test]
     fn the_estimate_rounds_up_to_bf16() {

@@ -223,8 +223,9 @@ fn unexplained_json(u: &Unexplained) -> Json {
         "case_value": u.case_value, "float64_value": u.float64_value,
     });
     // Left out when false: stores recorded before it existed keep their bytes.
-    if u.nonfinite {
-        j["nonfinite"] = json!(true);
+    if let Some(kind) = u.kind.name() {
+        j["kind"] = json!(kind);
+        j["error"] = json!(u.error);
     }
     j
 }
@@ -247,7 +248,8 @@ fn unexplained_of(v: &Json) -> Result<Unexplained, String> {
         // JSON has no infinity or NaN: a value that is not a number was not finite.
         case_value: v["case_value"].as_f64().unwrap_or(f64::NAN),
         float64_value: v["float64_value"].as_f64().unwrap_or(f64::INFINITY),
-        nonfinite: v["nonfinite"].as_bool().unwrap_or(false),
+        kind: crate::answers::live::UnexplainedKind::from_name(v["kind"].as_str()),
+        error: v["error"].as_f64().unwrap_or(0.0),
     })
 }
 

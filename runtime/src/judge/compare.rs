@@ -185,6 +185,10 @@ pub struct Values {
     /// overflow, a division by zero in the case dtype): the check cannot judge the port there,
     /// and counts them as mismatched whatever the port gives — a NaN is never agreement there.
     pub unjudged: usize,
+    /// Elements left out: the reference's own result is unreliable there in the case dtype (its
+    /// estimate is −inf, `answers/live.rs`); the port is not judged there (unless it gives NaN or
+    /// ±Inf where the reference is finite).
+    pub unreliable: usize,
     /// f16/bf16: the port's accuracy against the float64 result, next to the reference's own.
     pub accuracy: Option<Accuracy>,
 }
@@ -410,6 +414,7 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
             histogram: ErrorHistogram::default(),
             unexplained: 0,
             unjudged: 0,
+            unreliable: 0,
             accuracy: None,
         };
     }
@@ -446,7 +451,8 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
         let (x, r) = (port.f64_at(i), expected.value.f64_at(i));
         // NaN: no estimate at this element (see `Scan::element`).
         let rounding = noise.map_or(0.0, |n| n.f64_at(i));
-        let rounding = if rounding.is_nan() { 0.0 } else { rounding };
+        // NaN (no estimate) and −inf (not judged) allow no rounding term.
+        let rounding = if rounding.is_finite() { rounding } else { 0.0 };
         let finite = x.is_finite() && r.is_finite();
         Element {
             index: unravel(i, shape),
@@ -497,6 +503,7 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
         histogram: scan.histogram,
         unexplained: scan.unexplained - scan.unjudged,
         unjudged: scan.unjudged,
+        unreliable: scan.unreliable,
         accuracy,
     }
 }
@@ -553,6 +560,7 @@ struct Scan {
     histogram: ErrorHistogram,
     unexplained: usize,
     unjudged: usize,
+    unreliable: usize,
 }
 
 /// Keep `candidate` if it is strictly greater (the earlier element wins ties).
@@ -598,6 +606,18 @@ impl Scan {
         // At a non-finite reference value it says the float64 run does not explain it: the check
         // cannot judge the port there, and does not take a match for agreement.
         let unjudged = rounding.is_nan() && !r.is_finite();
+        // −inf: the reference's own result is unreliable here; a finite port value is not judged.
+        if rounding == f64::NEG_INFINITY {
+            self.unreliable += 1;
+            if x.is_finite() {
+                return;
+            }
+        }
+        let rounding = if rounding == f64::NEG_INFINITY {
+            0.0
+        } else {
+            rounding
+        };
         let rounding = if rounding.is_nan() {
             self.unexplained += 1;
             0.0
@@ -663,6 +683,7 @@ impl Scan {
         self.factor_needed = self.factor_needed.max(next.factor_needed);
         self.unexplained += next.unexplained;
         self.unjudged += next.unjudged;
+        self.unreliable += next.unreliable;
         self.rounding_max = self.rounding_max.max(next.rounding_max);
         self.histogram.merge(&next.histogram);
         self

@@ -351,6 +351,16 @@ fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
                     if v.unexplained == 1 { "" } else { "s" }
                 )?;
             }
+            if v.unreliable > 0 {
+                writeln!(
+                    out,
+                    "    {} element{} left out: the reference's own {} result is unreliable there \
+                     (see the note below)",
+                    v.unreliable,
+                    if v.unreliable == 1 { " is" } else { "s are" },
+                    leaf.reference.as_ref().map_or("?", |r| r.1.name())
+                )?;
+            }
             if v.unjudged > 0 {
                 writeln!(
                     out,

@@ -55,7 +55,41 @@ pub fn reference_notes(
             summary,
         });
     }
-    for u in reference.unexplained.iter().filter(|u| u.nonfinite) {
+    use crate::answers::live::UnexplainedKind as Kind;
+    for u in reference
+        .unexplained
+        .iter()
+        .filter(|u| u.kind == Kind::Unreliable)
+    {
+        let summary = format!(
+            "at some elements of `{}` the reference's own result is unreliable in the case dtype \
+             (its error at inputs one ulp away is chaotic and thousands of times what the float64 \
+             run explains): golden cannot judge the port there and leaves them out",
+            u.leaf
+        );
+        notes.push(Note {
+            detail: format!(
+                "at {} element{} of `{}` the reference's own result is unreliable in the case \
+                 dtype: at inputs one ulp away its error reaches {} (first at {:?}: {} in the \
+                 case dtype, {} in float64), chaotic from nudge to nudge — a saturated softmax, \
+                 ties that rounding decides. golden cannot judge the port there and leaves those \
+                 elements out",
+                u.count,
+                if u.count == 1 { "" } else { "s" },
+                u.leaf,
+                crate::describe::numbers::num(u.error),
+                u.index,
+                crate::describe::numbers::num(u.case_value),
+                crate::describe::numbers::num(u.float64_value)
+            ),
+            summary,
+        });
+    }
+    for u in reference
+        .unexplained
+        .iter()
+        .filter(|u| u.kind == Kind::NonFinite)
+    {
         let summary = format!(
             "at some elements of `{}` the reference is NaN or ±Inf where its float64 run is not: \
              golden cannot judge the port there",
@@ -79,7 +113,11 @@ pub fn reference_notes(
             summary,
         });
     }
-    for u in reference.unexplained.iter().filter(|u| !u.nonfinite) {
+    for u in reference
+        .unexplained
+        .iter()
+        .filter(|u| u.kind == Kind::NotSameComputation)
+    {
         let summary = format!(
             "at some elements of `{}` the reference in float64 is not the same computation as in \
              the case dtype: there golden applies assert_close's bound without a rounding term",

@@ -696,7 +696,7 @@ fn compared_nothing(
         .iter()
         .flat_map(|c| &c.leaves)
         .map(|l| match &l.verdict {
-            crate::judge::compare::Verdict::Values(v) => v.numel,
+            crate::judge::compare::Verdict::Values(v) => v.numel - v.unreliable.min(v.numel),
             _ => 0,
         })
         .sum();
