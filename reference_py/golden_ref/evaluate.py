@@ -26,10 +26,11 @@ make the nudged evaluations "move" by the drift, which the estimate takes for ro
 copied when an evaluation returns them: a reference may return a buffer of its own and write it
 again on the next call.
 
-`own_mean`, the nudged errors' signed mean, lets the runtime tell a float64 answer that differs
-from the case dtype's by the same amount at every nudge (another computation: a branch taken only
-in the float64 pass, a tanh GELU instead of erf) from rounding, whose sign and size change from
-nudge to nudge.
+`own_mean`, the nudged errors' signed mean, lets the runtime tell a reference whose own error is
+chaotic (its sign and size change from nudge to nudge: rounding, however large) from one whose
+error stays put. A reference that computes otherwise under a TorchFunctionMode — the float64 pass
+runs under one — shows when the case's last case-dtype evaluation runs under an inert mode
+(`_confirm`, `mode_shift`).
 
 The runtime's `compare.rs` turns these into the pass/fail rule; the float64 parts are best effort
 (a reference that cannot run in float64 just gets the strict default tolerance).
@@ -319,13 +320,13 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
         again, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, again")
         _same_bits(expected, again)
 
-    high, own, moved, own_mean, precise_error = None, None, None, None, None
+    high, own, moved, own_mean, precise_error, mode_shift = None, None, None, None, None, None
     if precise:
         try:
             high, own, moved, own_mean = _precise(case, module, expected, perturbations)
         except Exception as e:  # best effort: the runtime falls back to the strict tolerance
             precise_error = f"{type(e).__name__}: {e}"
-        _confirm(case, module, expected, high)
+        mode_shift = _confirm(case, module, expected, high)
     return {
         "state_dict": state_dict,
         "buffers": buffers,
@@ -335,6 +336,7 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
         "own": own,
         "moved": moved,
         "own_mean": own_mean,
+        "mode_shift": mode_shift,
         "precise_error": precise_error,
         "mutated": mutated,
     }
@@ -441,14 +443,16 @@ def _construct_marking_empty(case: Case, seed: int | None = None):
         return construct(built)
 
 
-def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bool = False):
+def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bool = False,
+                   under=None):
     """One evaluation in the case dtype on fresh copies of `args` (and of `module`); returns the
     outputs and what the reference changed in place (inputs by position, parameters by name).
     `limit` sees the native outputs first (the frame limit).
 
     `private`: `args` and `module` are this evaluation's own (made for it and used by nothing
     after it, the nudged evaluations'): they are handed over as they are, without copying them
-    again, and nobody asks what was changed in them (`mutated` is empty)."""
+    again, and nobody asks what was changed in them (`mutated` is empty). `under`: a context the
+    reference runs in (`_confirm`'s inert TorchFunctionMode)."""
     backend = case.backend
     if private:
         native = [backend.to_native(a) for a in args]
@@ -459,7 +463,8 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     fresh = [_copy(a) for a in args]
     native = [backend.to_native(a) for a in fresh]
     target = copy.deepcopy(module) if module is not None else case.obj
-    leaves = _call(case, target, native, phase)
+    with under if under is not None else contextlib.nullcontext():
+        leaves = _call(case, target, native, phase)
     if limit is not None:
         limit(leaves)
     outputs = _owned_outputs(backend, leaves, case.dtype)
@@ -495,15 +500,44 @@ def _confirm(case: Case, module, expected, high):
     """Repeat the case's first evaluation in each precision after all the others (the nudged ones
     in between) and require the same bits: an answer that drifts with the number of calls, or noise
     that begins after a few calls, is not rounding error (see the module docstring). `high`: the
-    float64 answer on the real inputs (None when the float64 pass failed)."""
-    again, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, again")
-    _same_bits(expected, again, "its first and its last evaluation in the case dtype")
+    float64 answer on the real inputs (None when the float64 pass failed).
+
+    The case-dtype repetition runs under a TorchFunctionMode that changes nothing (`_inert`), as
+    golden's float64 pass runs under one (`precision.promoted`): a reference that computes
+    otherwise when a mode is active (a fast path that checks for one, or one that sniffs golden's
+    pass) answers otherwise there. Then it is evaluated once more without the mode: the same bits
+    as the first say that the mode made the difference, not noise, and the difference per element
+    (`mode_shift`) goes to the runtime, which gives no rounding term where it is more than rounding
+    (the float64 pass was another computation there). Returns `mode_shift`, or None."""
+    inert = _inert(case.backend)
+    again, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, again", under=inert)
+    shift = None
+    if not all(_same_array(a.array, b.array) for (_, a), (_, b) in zip(expected, again)):
+        plain, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, once more")
+        _same_bits(expected, plain, "its first and its last evaluation in the case dtype")
+        del plain
+        shift = [(name, WireTensor("f32", np.abs(_floats(b) - _floats(a)).astype(np.float32).reshape(a.array.shape)))
+                 for (name, a), (_, b) in zip(expected, again) if a.dtype in FLOAT_DTYPES]
     del again
-    if high is None:
-        return
-    names = [name for name, _ in expected]
-    leaves = _evaluate64(case, module, case.args, "the float64 evaluation, again")
-    _same_bits(high, _float64_leaves(case.backend, leaves, names), "its first and its last evaluation in float64")
+    if high is not None:
+        names = [name for name, _ in expected]
+        leaves = _evaluate64(case, module, case.args, "the float64 evaluation, again")
+        _same_bits(high, _float64_leaves(case.backend, leaves, names), "its first and its last evaluation in float64")
+    return shift
+
+
+def _inert(backend):
+    """A TorchFunctionMode that calls every function as it is (None for the numpy backend)."""
+    torch = getattr(backend, "torch", None)
+    if torch is None:
+        return None
+    from torch.overrides import TorchFunctionMode
+
+    class Inert(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    return Inert()
 
 
 def _same_bits(first, second, which: str = "two evaluations"):
@@ -590,21 +624,20 @@ def _module_with_state(module, state: dict, torch):
     return copy_
 
 
-def _rms(sum_sq, n):
-    return np.sqrt(sum_sq / max(n, 1))
-
-
 def _precise(case: Case, module, expected, perturbations: int):
     backend = case.backend
     names = [name for name, _ in expected]
     leaves64 = _evaluate64(case, module, case.args, "the float64 evaluation")
-    precise = _float64_leaves(backend, leaves64, names)
+    # Its own copy where it is the evaluation's output itself (a float64 output that the reference
+    # may write again on its next call); a conversion is a copy already.
+    precise = [(n, t if t.array.flags.owndata else WireTensor(t.dtype, np.array(t.array, copy=True)))
+               for n, t in _float64_leaves(backend, leaves64, names)]
+    del leaves64
     base64 = {name: t.array for name, t in precise}
 
-    # Samples of the rounding error at inputs one ulp away (see the module docstring).
-    own_sq = {name: np.zeros(t.array.shape) for name, t in precise}
-    own_sum = {name: np.zeros(t.array.shape) for name, t in precise}
-    moved_sq = {name: np.zeros(t.array.shape) for name, t in precise}
+    # Samples of the rounding error at inputs one ulp away (see the module docstring), folded in
+    # as each nudge's evaluations come (`_Samples`).
+    samples = {name: _Samples(t.array.shape) for name, t in precise}
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(perturbations):
             rng = np.random.default_rng([case.seed & 0xFFFF_FFFF_FFFF_FFFF, k])
@@ -631,32 +664,49 @@ def _precise(case: Case, module, expected, perturbations: int):
             del args_k, module_k
             if high_error is not None:
                 raise high_error
-            low64 = {n: WireTensor("f64", _floats(t).reshape(t.array.shape)) for n, t in low if t.dtype in FLOAT_DTYPES}
+            low = dict(low)
             high64 = dict(_float64_leaves(backend, high, names))
-            for name in own_sq:
-                own = low64[name].array - high64[name].array  # the reference's rounding error there
-                moved = high64[name].array - base64[name]  # the output's sensitivity to the nudge
-                if own.shape != own_sq[name].shape or moved.shape != own_sq[name].shape:
-                    raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
-                # In place: no temporaries the size of the output beyond `own` and `moved`.
-                own_sum[name] += own
-                np.multiply(own, own, out=own)
-                own_sq[name] += own
-                np.multiply(moved, moved, out=moved)
-                moved_sq[name] += moved
-                del own, moved
-            del low, low64, high, high64
-    # The estimate's halves travel as float32: the runtime keeps the estimate as bf16, whose range
-    # is float32's (an element beyond it has no estimate either way).
-    with np.errstate(over="ignore"):
-        own = [(name, _f32(_rms(own_sq[name], perturbations))) for name, _ in precise]
-        moved = [(name, _f32(_rms(moved_sq[name], perturbations))) for name, _ in precise]
-        own_mean = [(name, _f32(own_sum[name] / max(perturbations, 1))) for name, _ in precise]
+            del high
+            for name, sample in samples.items():
+                sample.add(name, low[name], high64[name].array, base64[name])
+            del low, high64
+    own = [(name, WireTensor("f32", samples[name].own)) for name, _ in precise]
+    moved = [(name, WireTensor("f32", samples[name].moved)) for name, _ in precise]
+    own_mean = [(name, WireTensor("f32", samples[name].mean)) for name, _ in precise]
     return precise, own, moved, own_mean
 
 
-def _f32(values: np.ndarray) -> WireTensor:
-    return WireTensor("f32", values.astype(np.float32))
+class _Samples:
+    """One leaf's samples of its rounding error over the nudges, folded in as they come a chunk at a
+    time: the running RMS of the reference's own error (case dtype − float64, `own`) and of the
+    float64 output's move (`moved`), and the own error's running mean (`mean`) — float32 arrays,
+    the answer's three parts themselves. Running RMS needs no squares kept (float32 would overflow
+    them), and the chunks no temporaries the size of the output: memory is three float32 copies of
+    the leaf, where float64 sums and their temporaries took eleven."""
+
+    def __init__(self, shape):
+        self.own = np.zeros(shape, np.float32)
+        self.moved = np.zeros(shape, np.float32)
+        self.mean = np.zeros(shape, np.float32)
+        self.count = 0
+
+    def add(self, name: str, low: WireTensor, high: np.ndarray, base: np.ndarray):
+        if low.array.shape != self.own.shape or high.shape != self.own.shape:
+            raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
+        k = self.count
+        self.count += 1
+        lows = low.array.reshape(-1)
+        highs, bases = high.reshape(-1), base.reshape(-1)
+        own, moved, mean = self.own.reshape(-1), self.moved.reshape(-1), self.mean.reshape(-1)
+        step = max(_CHUNK // 8, 1)
+        for i in range(0, lows.size, step):
+            j = min(i + step, lows.size)
+            e = _floats(WireTensor(low.dtype, lows[i:j]))
+            d = e - highs[i:j]  # the reference's rounding error there
+            m = highs[i:j] - bases[i:j]  # the output's sensitivity to the nudge
+            own[i:j] = np.sqrt((np.square(own[i:j], dtype=np.float64) * k + d * d) / (k + 1))
+            moved[i:j] = np.sqrt((np.square(moved[i:j], dtype=np.float64) * k + m * m) / (k + 1))
+            mean[i:j] = (mean[i:j].astype(np.float64) * k + d) / (k + 1)
 
 
 def variants(case: Case, perturbations: int = 4):

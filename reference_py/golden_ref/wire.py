@@ -227,7 +227,8 @@ def header_json(header: dict) -> bytes:
     return text.encode("utf-8")
 
 
-def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], session=None) -> list:
+def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], session=None,
+                release: bool = False) -> list:
     """The frame as a list of buffers, length prefix first; tensor data is not copied (but for
     tensors of at least `session.min` bytes, copied once into this worker's arena when the request
     allows it).
@@ -246,7 +247,7 @@ def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], sessio
         raise FrameTooLarge(
             f"a frame of {_size(length)} exceeds the frame limit of {_size(MAX_FRAME)}{largest}"
         )
-    offsets = _place(header, tensors, sizes, session)
+    offsets = _place(header, tensors, sizes, session, release)
     if offsets:
         header = {**header, "$shm": session.writer.describe()}
     if session is not None and session.fallback and not session.fallback_said:
@@ -275,10 +276,12 @@ def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], sessio
     return [struct.pack("<I", body)] + parts
 
 
-def _place(header, tensors, sizes, session) -> dict:
+def _place(header, tensors, sizes, session, release: bool = False) -> dict:
     """Copy the tensors of at least `session.min` bytes into the worker's arena: {index: offset}.
     Empty when the request does not take shared memory or the arena cannot grow (then everything
-    travels inline, and the session says why once)."""
+    travels inline, and the session says why once). With `release`, each tensor copied is replaced
+    in `tensors` by a stand-in of its dtype and shape that holds no memory: the caller gives its
+    answer up, which then is not held twice (in its arrays and in the arena) while it is sent."""
     if session is None or session.min is None:
         return {}
     chosen = [i for i, n in enumerate(sizes) if n >= session.min]
@@ -293,6 +296,10 @@ def _place(header, tensors, sizes, session) -> dict:
         return {}
     for i in chosen:
         arena.write(offsets[i], np.asarray(tensors[i].array, dtype=DTYPES[CODES[tensors[i].dtype]][1]))
+        if release:
+            t = tensors[i]
+            tensors[i] = WireTensor(t.dtype, np.broadcast_to(np.zeros((), t.array.dtype), t.array.shape))
+            del t
     return offsets
 
 
@@ -301,8 +308,11 @@ def encode_frame(request_id: int, header: dict, tensors: list[WireTensor]) -> by
     return b"".join(frame_parts(request_id, header, tensors))
 
 
-def write_frame(stream, request_id: int, header: dict, tensors: list[WireTensor], session=None) -> None:
-    for part in frame_parts(request_id, header, tensors, session):
+def write_frame(stream, request_id: int, header: dict, tensors: list[WireTensor], session=None,
+                release: bool = False) -> None:
+    """Write one frame (see `frame_parts`; `release`: the tensors are given up as they are placed
+    in shared memory)."""
+    for part in frame_parts(request_id, header, tensors, session, release):
         stream.write(part)
     stream.flush()
 
