@@ -569,7 +569,11 @@ impl Live {
                     h["trace"] = json!(true);
                 }
                 if *twice {
+                    // Asked again to see whether it answers the same (a failing case): the case
+                    // dtype twice is all it takes, not the float64 and nudged evaluations again
+                    // (nor their answer, six payloads, held beside the first).
                     h["twice"] = json!(true);
+                    h["precise"] = json!(false);
                 }
                 h
             }
@@ -700,7 +704,8 @@ pub enum Request<'a> {
         /// order (the forward check of a layer with `trace`).
         trace: bool,
         /// Evaluate twice in the case dtype: two answers that differ fail as a reference that is
-        /// not deterministic. Not part of the answer's key: the answer is the same.
+        /// not deterministic. Not part of the answer's key: the answer is the same (but for the
+        /// rounding estimate, which such a request does not ask for).
         twice: bool,
         /// Keep the float64 result, in float64 (the gradient check tells a port that computes
         /// below float64 by it).

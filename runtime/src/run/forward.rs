@@ -53,7 +53,6 @@ impl CaseRunner for ForwardRunner<'_> {
             &self.port,
             source,
             trace_to.as_deref(),
-            false,
         );
         if trace_to.is_some() && matches!(outcome, Outcome::Pass(_)) {
             self.trace_written.set(true);
@@ -88,7 +87,7 @@ impl CaseRunner for ForwardRunner<'_> {
     ) {
         explain(self.layer, dtype, source, failure, first.as_ref());
         let passes = |params: &CaseParams| {
-            let outcome = run_case(self.layer, dtype, params, &self.port, source, None, false);
+            let outcome = run_case(self.layer, dtype, params, &self.port, source, None);
             matches!(outcome, Outcome::Pass(_))
         };
         let first = first.as_ref();
@@ -98,8 +97,8 @@ impl CaseRunner for ForwardRunner<'_> {
 }
 
 /// Run one case: inputs, reference, port, comparison. A passing case's trace is written to
-/// `trace_to` when given. With `twice` (and on every failing case, live) the reference is evaluated
-/// twice and must answer the same.
+/// `trace_to` when given. A failing case is asked for again (live), evaluated twice, and must be
+/// answered the same (every answer is proven deterministic within its request by the worker).
 pub(crate) fn run_case(
     layer: &Layer,
     dtype: DType,
@@ -107,7 +106,6 @@ pub(crate) fn run_case(
     port: &PortThread,
     source: &Source,
     trace_to: Option<&std::path::Path>,
-    twice: bool,
 ) -> Outcome {
     let mut failure = CaseFailure::default();
     let args = match inputs::make_args(layer, params, dtype) {
@@ -131,7 +129,7 @@ pub(crate) fn run_case(
         twice,
         precise: false,
     };
-    let answer = source.request(layer, dtype, params, &request(twice));
+    let answer = source.request(layer, dtype, params, &request(false));
     let reference = match Outcome::reference_outputs(answer, &mut failure) {
         Ok(r) => r,
         Err(Outcome::Fail(mut f)) => {
@@ -144,7 +142,7 @@ pub(crate) fn run_case(
         Outcome::Fail(mut f) => {
             f.inputs = named_inputs();
             // A failing case is only the port's fault if the reference answers the same again.
-            if !twice && source.live().is_some() {
+            if source.live().is_some() {
                 let again = source.request(layer, dtype, params, &request(true));
                 if let Answer::Failed(e @ WorkerError::Remote(_)) = again {
                     f.reference_error = Some(e);
