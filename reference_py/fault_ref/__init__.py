@@ -180,7 +180,7 @@ def closes_stdin(x):
 
 def returns_large(x):
     """A float32 output of 2^20 elements (4 MiB): with its float64 value and rounding estimate, an
-    answer of 20 MiB. Over a frame limit lowered by GOLDEN_MAX_FRAME, as a huge output is over the
+    answer of 24 MiB. Over a frame limit lowered by GOLDEN_MAX_FRAME, as a huge output is over the
     real one."""
     return torch.ones(1 << 20)
 
