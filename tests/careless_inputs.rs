@@ -166,3 +166,155 @@ fn record_mode_stops_at_the_store_s_bound() {
     assert_eq!(run.cases.len(), stored.len());
     assert_eq!(run.skipped, 2000 - stored.len());
 }
+
+/// A port that is wrong everywhere: under a sound declaration it cannot pass.
+fn zeros(i: &PortInputs) -> Result<golden::Outputs, String> {
+    i.tensor(0).zeros_like().into_outputs()
+}
+
+/// Declarations under which no wrong port can fail (#21 item 5): `uniform(-inf, inf)` makes every
+/// input NaN (NaN matched NaN), `uniform(0, 0)` every input 0 (a wrong GELU is 0 there too),
+/// `dims(n = 0..=0)` every input empty (nothing compared), a NaN or negative tolerance, a NaN
+/// mean. Each is an error naming the option before any case runs, never a pass.
+#[test]
+fn degenerate_declarations_are_refused_naming_the_option() {
+    let scratch = Scratch::new("degenerate");
+    let with = |dist: Dist| {
+        Layer::function("degenerate", "zoo_ref.gelu")
+            .dim("b", 1, 4)
+            .dim("n", 1, 16)
+            .arg("x", ["b", "n"], dist)
+            .cases(16)
+            .declared_at(scratch.declared)
+            .mode(Mode::Live)
+    };
+    let refused = |layer: &Layer, why: &str| {
+        let msg = match golden::check(layer, &zeros) {
+            Ok(r) => panic!(
+                "`{why}` passed a wrong port with {} cases",
+                r.runs.iter().map(|r| r.cases.len()).sum::<usize>()
+            ),
+            Err(f) => f.to_string(),
+        };
+        assert!(msg.contains(why), "expected `{why}` in:\n{msg}");
+        assert!(
+            !msg.contains("does not match"),
+            "refused before any case ran:\n{msg}"
+        );
+    };
+    let inf = f64::INFINITY;
+    refused(
+        &with(Dist::uniform(-inf, inf)),
+        "argument `x` ~ uniform(-inf, inf): its bounds must be finite",
+    );
+    refused(
+        &with(Dist::uniform(0.0, 0.0)),
+        "argument `x` ~ uniform(0.0, 0.0): an empty range (lo must be below hi)",
+    );
+    refused(
+        &with(Dist::uniform(1.0, 1.0 + 1e-12)),
+        "argument `x` ~ uniform(1.0, 1.000000000001): every value rounds to one f32",
+    );
+    refused(
+        &with(Dist::uniform(-1e39, 1e39)),
+        "argument `x` ~ uniform(-1e39, 1e39): beyond f32's finite range",
+    );
+    refused(
+        &with(Dist::normal(f64::NAN, 1.0)),
+        "argument `x` ~ normal(NaN, 1.0): its mean and spread must be finite",
+    );
+    refused(
+        &with(Dist::normal(0.0, -1.0)),
+        "argument `x` ~ normal(0.0, -1.0): a negative spread",
+    );
+    let empty = Layer::function("degenerate", "zoo_ref.gelu")
+        .dim("b", 1, 4)
+        .dim("n", 0, 0)
+        .arg("x", ["b", "n"], Dist::default())
+        .declared_at(scratch.declared)
+        .mode(Mode::Live);
+    refused(
+        &empty,
+        "dim `n` = 0..=0 is always 0: every tensor with that axis is empty in every case",
+    );
+    refused(
+        &with(Dist::default()).tol(f64::NAN, f64::NAN),
+        "tol(atol = NaN, rtol = NaN): a tolerance must be finite and not negative",
+    );
+    refused(
+        &with(Dist::default()).tol(-1.0, -1.0),
+        "tol(atol = -1, rtol = -1): a tolerance must be finite and not negative",
+    );
+    refused(
+        &with(Dist::default()).tol(f64::INFINITY, 0.0),
+        "tol(atol = inf, rtol = 0): a tolerance must be finite and not negative",
+    );
+}
+
+/// A check whose every case compared no element (every output empty) never reports a match,
+/// whatever made them empty (#21 item 5: a comparison that compared nothing).
+#[test]
+fn a_check_that_compared_no_element_fails() {
+    let scratch = Scratch::new("nothing_compared");
+    // `n` may be 0 (a fine range), but an expression keeps the second axis at 0 in every case.
+    let layer = Layer::function("nothing", "zoo_ref.gelu")
+        .dim("b", 1, 4)
+        .dim("n", 1, 3)
+        .arg(
+            "x",
+            [
+                golden::DimExpr::from("b"),
+                golden::DimExpr::Expr(golden::DimValue::Sub(
+                    Box::new(golden::DimValue::dim("n")),
+                    Box::new(golden::DimValue::Lit(5)),
+                )),
+            ],
+            Dist::default(),
+        )
+        .cases(4)
+        .declared_at(scratch.declared)
+        .mode(Mode::Live);
+    let msg = match golden::check(&layer, &zeros) {
+        Ok(_) => panic!("a check that compared nothing passed"),
+        Err(f) => f.to_string(),
+    };
+    assert!(
+        msg.contains("compared no element in its 4 f32 cases: every output leaf was empty"),
+        "{msg}"
+    );
+}
+
+/// `GOLDEN_VARIANTS`, `GOLDEN_SHARED_WORKER` and `GOLDEN_SHARED_IDLE` ignored values they could
+/// not read (#21 item 14): `GOLDEN_VARIANTS=of` left the variants on, `GOLDEN_SHARED_WORKER=yes`
+/// meant "auto", `GOLDEN_SHARED_IDLE=-5` the default. Each is an error naming the variable, the
+/// value and the accepted form, like every other variable's.
+#[test]
+fn variants_and_shared_worker_variables_are_read_strictly() {
+    let scratch = Scratch::new("strict_vars");
+    for (var, value, accepted) in [
+        ("GOLDEN_VARIANTS", "of", "is not one of on, off"),
+        (
+            "GOLDEN_SHARED_WORKER",
+            "yes",
+            "is not one of auto, always, never",
+        ),
+        (
+            "GOLDEN_SHARED_IDLE",
+            "-5",
+            "is not a number of seconds: give a positive number",
+        ),
+    ] {
+        let msg = error(&[(var, value)], &gelu(&scratch));
+        assert!(
+            msg.contains(&format!("{var}={value:?} {accepted}")),
+            "{var}: {msg}"
+        );
+    }
+    for (var, value) in [
+        ("GOLDEN_VARIANTS", "off"),
+        ("GOLDEN_SHARED_WORKER", "never"),
+        ("GOLDEN_SHARED_IDLE", "2.5"),
+    ] {
+        with_env(&[(var, value)], &gelu(&scratch)).unwrap_or_else(|f| panic!("{var}: {f}"));
+    }
+}

@@ -149,6 +149,18 @@ fn a_segfault_shows_the_python_stack_where_it_happened() {
     );
 }
 
+/// A crash in golden's float64 evaluation of the reference was reported like any crash, with
+/// nothing to say that the reference runs fine in the case dtype (#21 item 14).
+#[test]
+fn a_crash_in_the_float64_evaluation_is_named_as_such() {
+    let msg = fault(&layer("fault_ref.segfaults_in_float64"), &identity);
+    assert!(msg.contains("died with signal 11 (SIGSEGV)"), "{msg}");
+    assert!(
+        msg.contains("it crashed in golden's float64 evaluation of the reference"),
+        "{msg}"
+    );
+}
+
 #[test]
 fn a_reference_that_hangs_is_killed_at_the_check_s_timeout() {
     let started = std::time::Instant::now();
@@ -510,8 +522,8 @@ fn a_sitecustomize_that_prints_fails_at_once_and_is_named() {
 
 #[test]
 fn an_answer_over_the_frame_limit_is_refused_with_the_leaf_and_the_limit() {
-    // The worker's limit lowered to 8 MiB; the reference's output is 4 MiB of f32, 28 MiB with its
-    // float64 value and the two halves of its rounding estimate.
+    // The worker's limit lowered to 8 MiB; the reference's output is 4 MiB of f32, 24 MiB with its
+    // float64 value and the three float32 parts of its rounding estimate.
     let (results, stray) = checks(
         &["fault_ref.returns_large", "fault_ref.identity"],
         &[("GOLDEN_MAX_FRAME", "8388608")],
@@ -519,7 +531,7 @@ fn an_answer_over_the_frame_limit_is_refused_with_the_leaf_and_the_limit() {
     let msg = &results[0];
     assert!(
         msg.contains("`out` (f32 [1048576], 4.0 MiB)")
-            && msg.contains("28.0 MiB")
+            && msg.contains("24.0 MiB")
             && msg.contains("frame limit of 8.0 MiB"),
         "{msg}"
     );

@@ -141,3 +141,64 @@ fn a_live_answer_s_names_are_escaped_inside_the_artifacts_folder() {
     );
     std::fs::remove_dir_all(outside).unwrap();
 }
+
+/// A check's own name becomes file names too — its results file, its golden store, its snapshot,
+/// its artifacts — and a name with `..` wrote the results JSON (and the store) outside golden's
+/// folders (#21 item 13). Names become file names one way, everywhere.
+#[test]
+fn a_check_named_with_dots_and_slashes_writes_only_inside_its_folders() {
+    let scratch = Scratch::new("hostile_check");
+    let target = golden::describe::env::target_dir().unwrap();
+    // Where `../../escaped_check` leads from `target/golden/results/<crate>/` and from the
+    // snapshots folder.
+    let escaped_results = target.join("golden/escaped_check.json");
+    let escaped_store = scratch.dir.join("../escaped_check.golden");
+    let _ = std::fs::remove_file(&escaped_results);
+    let _ = std::fs::remove_file(&escaped_store);
+    let declared = golden::Declared {
+        module_path: "hostile_check",
+        ..scratch.declared
+    };
+    let layer = Layer::function("../../escaped_check", "zoo_ref.gelu")
+        .dim("n", 1, 8)
+        .arg("x", ["n"], Dist::default())
+        .cases(2)
+        .declared_at(declared);
+    golden::check(&layer.clone().mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
+    let failed = golden::check(&layer.clone().mode(Mode::Replay), &wrong).expect_err("wrong");
+    let leaked: Vec<&Path> = [escaped_results.as_path(), escaped_store.as_path()]
+        .into_iter()
+        .filter(|p| p.exists())
+        .collect();
+    for p in &leaked {
+        let _ = std::fs::remove_file(p);
+    }
+    assert!(
+        leaked.is_empty(),
+        "written outside golden's folders: {leaked:?}"
+    );
+    let name = "..%2F..%2Fescaped_check";
+    assert!(
+        target
+            .join(format!("golden/results/hostile_check/{name}.json"))
+            .is_file(),
+        "the results file is named by the escaped check name"
+    );
+    assert!(
+        scratch
+            .dir
+            .join(format!("snapshots/{name}.golden"))
+            .is_file(),
+        "{:?}",
+        files(&scratch.dir)
+    );
+    let msg = failed.to_string();
+    assert!(
+        msg.lines()
+            .last()
+            .unwrap()
+            .trim()
+            .ends_with(&format!("failures/hostile_check/{name}")),
+        "{msg}"
+    );
+}

@@ -278,7 +278,7 @@ fn unseeded_noise_is_reported_as_a_nondeterministic_reference() {
             "{msg}"
         );
         assert!(
-            msg.contains("differs between two evaluations on the same inputs"),
+            msg.contains("differs between") && msg.contains("on the same inputs"),
             "{msg}"
         );
         assert!(msg.contains("np.random or random"), "{msg}");
@@ -322,4 +322,62 @@ fn a_reference_without_a_cache_is_a_clear_error_not_a_shrunk_case() {
         "{msg}"
     );
     assert!(!msg.contains("shrunk"), "{msg}");
+}
+
+/// A crate whose path holds `:` cannot put its `reference_py` in PYTHONPATH (`:` separates its
+/// entries); the check failed with "could not start the Python interpreter ... run `golden
+/// setup`", a fix that changes nothing (#21 item 14). golden reaches such a root through a link of
+/// its own in the target folder instead, so the check runs.
+#[test]
+fn a_crate_whose_path_holds_a_colon_runs_its_references() {
+    let dir = std::env::temp_dir().join(format!("golden-colon:crate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("reference_py")).unwrap();
+    std::fs::write(
+        dir.join("reference_py/colon_ref.py"),
+        "def double(x):\n    return x * 2\n",
+    )
+    .unwrap();
+    let leak = |p: std::path::PathBuf| -> &'static str {
+        Box::leak(p.display().to_string().into_boxed_str())
+    };
+    let declared = golden::Declared {
+        source_file: leak(dir.join("check.rs")),
+        module_path: "colon::double",
+        manifest_dir: leak(dir.clone()),
+        package: "colon",
+        snapshot_dir: leak(dir.join("snapshots")),
+    };
+    let layer = Layer::function("double", "colon_ref.double")
+        .dim("n", 1, 8)
+        .arg("x", ["n"], Dist::default())
+        .cases(4)
+        .declared_at(declared)
+        .mode(golden::describe::env::Mode::Live);
+    let port = |i: &PortInputs| (i.tensor(0) * 2.0).into_outputs();
+    let result = golden::check(&layer, &port);
+    std::fs::remove_dir_all(&dir).unwrap();
+    result.unwrap_or_else(|f| panic!("{f}"));
+}
+
+/// A reference that returns a persistent buffer of its own, writing unseeded noise into it at every
+/// call: the answer golden kept was that buffer, which the next evaluations overwrote — so two
+/// evaluations "agreed" and the noise was misexplained as "not the same computation" (#21 item
+/// 14). The answer is copied before the reference runs again.
+#[test]
+fn noise_in_a_buffer_the_reference_returns_is_reported_as_nondeterministic() {
+    let reference = "verdict_ref.noise_into_a_buffer";
+    let layer = Layer::function("noisy_buffer", reference)
+        .dim("b", 1, 3)
+        .dim("n", 1, 16)
+        .arg("x", ["b", "n"], Dist::default())
+        .mode(golden::describe::env::Mode::Live);
+    let msg = failure(&layer, &identity).to_string();
+    assert!(
+        msg.contains(&format!(
+            "golden: `noisy_buffer`: its reference `{reference}` is not deterministic"
+        )),
+        "{msg}"
+    );
+    assert!(!msg.contains("not the same computation"), "{msg}");
 }

@@ -515,3 +515,67 @@ fn a_served_copy_takes_large_tensors_through_shared_memory() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A daemon that accepts connections but does not answer — stopped (SIGSTOP), or stuck — cost every
+/// test process the whole start-up timeout (180 s), and the message then said start-up was slow
+/// and to raise GOLDEN_START_TIMEOUT (#21 item 9). Now it is named and the check falls back to a
+/// private worker at once; a daemon that is merely slow to answer gets a few seconds.
+#[test]
+fn a_stopped_daemon_is_named_and_checks_fall_back_to_a_private_worker() {
+    let shared = Shared::new("stopped");
+    let daemon = daemon_pid(&shared.info()) as u32;
+    let signal = |name: &str| {
+        Command::new("kill")
+            .args([&format!("-{name}"), &daemon.to_string()])
+            .status()
+            .unwrap()
+    };
+    assert!(signal("STOP").success());
+    let started = std::time::Instant::now();
+    let out = shared.run(&["check", "fault_ref.identity"]);
+    let took = started.elapsed();
+    signal("CONT");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "pass");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "the shared worker daemon (pid {daemon}) is stopped"
+        )) && err.contains("using private workers"),
+        "{err}"
+    );
+    // The fallback is immediate, not after a start-up timeout (the check itself takes a few
+    // seconds: a private worker starts and imports torch).
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
+/// A daemon that accepts connections (the kernel queues them) and never answers, without being
+/// stopped: after a few seconds it is named as stuck and the check falls back (#21 item 9).
+#[test]
+fn a_daemon_that_never_answers_is_named_after_seconds_not_minutes() {
+    use std::os::unix::fs::PermissionsExt;
+    let shared = Shared::new("stuck");
+    std::fs::create_dir_all(&shared.dir).unwrap();
+    std::fs::set_permissions(&shared.dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // The socket the child's daemon would listen on, held by this test, which accepts nothing.
+    let key = golden::python::key::WorkerKey::from_env(None);
+    let name = golden::python::shared::socket_path(&key)
+        .expect("a target folder")
+        .file_name()
+        .unwrap()
+        .to_owned();
+    let listener = std::os::unix::net::UnixListener::bind(shared.dir.join(name)).unwrap();
+    let started = std::time::Instant::now();
+    let out = shared.run(&["check", "fault_ref.identity"]);
+    let took = started.elapsed();
+    drop(listener);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "pass");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "the shared worker daemon (pid {}) accepted the connection but did not answer within 5 s: it is stuck",
+            std::process::id()
+        )) && err.contains("using private workers"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(60), "{took:?}");
+}

@@ -204,6 +204,28 @@ fn a_corrupt_store_is_an_error_never_a_pass() {
     golden::check(&gelu(&scratch).mode(Mode::Auto), &right).unwrap_or_else(|f| panic!("{f}"));
 }
 
+/// Write the snapshot a live run of `layer` makes (what a user commits after recording), so that
+/// a replay has the store's digest to check against.
+fn commit_live_snapshot(layer: &Layer) -> String {
+    let live =
+        golden::check(&layer.clone().mode(Mode::Live), &right).unwrap_or_else(|f| panic!("{f}"));
+    let text = live.snapshot().expect("a live run compares every case");
+    let declared = layer.declared.unwrap();
+    let path =
+        std::path::Path::new(declared.snapshot_dir).join(format!("{}.snap", live.snapshot_name()));
+    std::fs::create_dir_all(declared.snapshot_dir).unwrap();
+    std::fs::write(
+        &path,
+        format!(
+            "---\nsource: {}\n---\n{}\n",
+            declared.source_file,
+            text.trim_end()
+        ),
+    )
+    .unwrap();
+    text
+}
+
 #[test]
 fn a_partial_store_replays_what_it_holds_and_skips_the_snapshot() {
     let scratch = Scratch::new("partial");
@@ -220,6 +242,7 @@ fn a_partial_store_replays_what_it_holds_and_skips_the_snapshot() {
     )
     .unwrap();
     assert!(kept > 0 && kept < 32, "{kept}");
+    commit_live_snapshot(&gelu(&scratch));
     let replay =
         golden::check(&gelu(&scratch).mode(Mode::Replay), &right).unwrap_or_else(|f| panic!("{f}"));
     assert_eq!(replay.runs[0].cases.len(), kept);
@@ -229,6 +252,95 @@ fn a_partial_store_replays_what_it_holds_and_skips_the_snapshot() {
         .snapshot_skipped()
         .unwrap()
         .contains("holds only some of the cases"));
+}
+
+/// The store's frame, its header edited by `edit`, sealed again (an edit its checksum cannot see).
+fn edit_header(path: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let bytes = std::fs::read(path).unwrap();
+    let mut frame = golden::python::wire::read_frame(&mut &bytes[20..]).unwrap();
+    edit(&mut frame.header);
+    std::fs::write(path, store::seal(&golden::python::wire::encode(&frame))).unwrap();
+}
+
+/// Every expected value of a store's entries set to zero, and the store saved again with `limit`.
+fn zero_outputs(path: &std::path::Path, limit: usize) -> usize {
+    let stored = Store::load(path).unwrap().unwrap();
+    let mut entries = stored.entries().to_vec();
+    for e in &mut entries {
+        for (_, t) in &mut e.outputs.expected {
+            *t = golden::HostTensor::from_floats(t.shape.clone(), &vec![0.0; t.numel()], t.dtype);
+        }
+    }
+    store::save(
+        path,
+        &stored.description,
+        &stored.params,
+        stored.provenance.as_ref(),
+        &entries,
+        limit,
+    )
+    .unwrap()
+    .0
+}
+
+/// A store whose header says it is partial skipped the snapshot, and with it the SHA-256 line that
+/// makes stores tamper-evident (#21 item 1): a store edited to zeros, one entry dropped, marked
+/// "kept 31 of 32" and sealed again passed a port returning zeros; so did a store of no entries.
+/// The header is inside the data it vouches for: a partial store must be consistent with the
+/// size bound it records, hold at least one case, and match the digest its snapshot records.
+#[test]
+fn a_partial_store_is_trusted_only_as_far_as_its_snapshot_s_digest() {
+    let scratch = Scratch::new("partial_tampered");
+    golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
+    let path = scratch.store(&gelu(&scratch));
+    let pristine = std::fs::read(&path).unwrap();
+    commit_live_snapshot(&gelu(&scratch));
+
+    // Zeros, the last entry dropped, "kept 31 of 32" far below the 4 MiB bound.
+    zero_outputs(&path, usize::MAX);
+    edit_header(&path, |h| {
+        h["entries"].as_array_mut().unwrap().pop();
+        h["cases"] = serde_json::json!({"kept": 31, "evaluated": 32});
+    });
+    let msg = fails(&gelu(&scratch).mode(Mode::Replay), &zeros).to_string();
+    assert!(
+        msg.contains("says it is partial (31 of 32 cases kept)") && msg.contains("record it again"),
+        "{msg}"
+    );
+
+    // No entries at all.
+    std::fs::write(&path, &pristine).unwrap();
+    edit_header(&path, |h| {
+        h["entries"] = serde_json::json!([]);
+        h["cases"] = serde_json::json!({"kept": 0, "evaluated": 8});
+    });
+    let msg = fails(&gelu(&scratch).mode(Mode::Replay), &zeros).to_string();
+    assert!(msg.contains("holds no case"), "{msg}");
+
+    // A partial store consistent with its bound, edited to zeros and saved at the same bound:
+    // its header is fine, its digest is not the snapshot's.
+    std::fs::write(&path, &pristine).unwrap();
+    let kept = zero_outputs(&path, 10_000);
+    assert!(kept > 0 && kept < 32, "{kept}");
+    let msg = fails(&gelu(&scratch).mode(Mode::Replay), &zeros).to_string();
+    assert!(
+        msg.contains("its snapshot records another store") && msg.contains("sha256"),
+        "{msg}"
+    );
+    // The untampered partial store with the snapshot made beside it (the reviewed change) replays.
+    std::fs::write(&path, &pristine).unwrap();
+    let stored = Store::load(&path).unwrap().unwrap();
+    store::save(
+        &path,
+        &stored.description,
+        &[],
+        None,
+        stored.entries(),
+        10_000,
+    )
+    .unwrap();
+    commit_live_snapshot(&gelu(&scratch));
+    golden::check(&gelu(&scratch).mode(Mode::Replay), &right).unwrap_or_else(|f| panic!("{f}"));
 }
 
 fn zeros(i: &PortInputs) -> Result<golden::Outputs, String> {

@@ -27,6 +27,7 @@ use crate::pair::Compared;
 pub use crate::pair::{Explained, Options, Stats, Tolerance};
 use crate::pairing::FilePair;
 use crate::read::ReadOptions;
+use crate::shown::{self, shown};
 use crate::side::Side;
 use golden_files::formats::{Skipped, TensorFile};
 use golden_files::{HostTensor, ReadError, WireDType};
@@ -175,7 +176,7 @@ pub enum Order {
 impl Order {
     fn describe(&self) -> String {
         match self {
-            Order::Manifest(path) => format!("in the order of {}", path.display()),
+            Order::Manifest(path) => format!("in the order of {}", shown::path(path)),
             Order::Numbered => "in the order of their numbers".into(),
             Order::Guessed => {
                 "in natural order (layer numbers, then stage names: a guess where the names carry \
@@ -883,15 +884,20 @@ impl Diff {
         let _ = writeln!(
             s,
             "golden diff: {} (A, reference) against {} (B); {} tensors {}; tolerance: {tol}",
-            self.a.display(),
-            self.b.display(),
+            shown::path(&self.a),
+            shown::path(&self.b),
             self.rows.len(),
             self.order.describe()
         );
-        let width = self
+        // Names as they are shown: control characters escaped (`shown.rs`).
+        let names: Vec<String> = self
             .rows
             .iter()
-            .map(|r| r.name.chars().count())
+            .map(|r| shown(&r.name).into_owned())
+            .collect();
+        let width = names
+            .iter()
+            .map(|n| n.chars().count())
             .max()
             .unwrap_or(4)
             .clamp(4, 60);
@@ -912,11 +918,11 @@ impl Diff {
                 (Some((_, x)), None) | (None, Some((_, x))) => x.name().to_string(),
                 _ => "-".into(),
             };
-            let name: String = if r.name.chars().count() > width {
-                let tail: String = r.name.chars().rev().take(width - 1).collect();
+            let name: String = if names[i].chars().count() > width {
+                let tail: String = names[i].chars().rev().take(width - 1).collect();
                 format!("…{}", tail.chars().rev().collect::<String>())
             } else {
-                r.name.clone()
+                names[i].clone()
             };
             // How B was lined up or named, when it differs from A.
             let mut how = Vec::new();
@@ -950,7 +956,7 @@ impl Diff {
                 }
                 (Outcome::Only(true), _) => "only in A".into(),
                 (Outcome::Only(false), _) => format!("only in B{how}"),
-                (Outcome::Error(e), _) => format!("ERROR {e}"),
+                (Outcome::Error(e), _) => format!("ERROR {}", shown(e)),
             };
             let figures = match &r.outcome {
                 Outcome::Compared(st) => format!(
@@ -1013,7 +1019,13 @@ impl Diff {
             }
             [i] => {
                 let r = &self.rows[*i];
-                let _ = writeln!(s, "first divergence: `{}` (#{}){}", r.name, i + 1, how(r));
+                let _ = writeln!(
+                    s,
+                    "first divergence: `{}` (#{}){}",
+                    names[*i],
+                    i + 1,
+                    how(r)
+                );
             }
             several => {
                 let _ = writeln!(
@@ -1026,7 +1038,7 @@ impl Diff {
                 );
                 for &i in several.iter().take(12) {
                     let r = &self.rows[i];
-                    let _ = writeln!(s, "  `{}` (#{}){}", r.name, i + 1, how(r));
+                    let _ = writeln!(s, "  `{}` (#{}){}", names[i], i + 1, how(r));
                 }
                 if several.len() > 12 {
                     let _ = writeln!(s, "  … and {} more", several.len() - 12);
@@ -1036,7 +1048,7 @@ impl Diff {
                     "  golden's guess from the usual stage names is `{}`; to know, dump with \
                      numbered names (`000_embed`, `001_…`) or write {MANIFEST} beside the dumps: \
                      their names, one a line, in the order they were computed",
-                    self.rows[several[0]].name
+                    names[several[0]]
                 );
             }
         }
@@ -1069,17 +1081,17 @@ impl Diff {
                 .skipped
                 .iter()
                 .filter(|k| k.side == side && k.file == file)
-                .map(|k| k.skipped.to_string())
+                .map(|k| shown(&k.skipped.to_string()).into_owned())
                 .collect();
             let _ = writeln!(
                 s,
                 "skipped in {side} ({}), not tensors: {}",
-                file.display(),
+                shown::path(file),
                 what.join(", ")
             );
         }
         for note in &self.notes {
-            let _ = writeln!(s, "note: {note}");
+            let _ = writeln!(s, "note: {}", shown(note));
         }
         s
     }

@@ -19,6 +19,7 @@ pub mod report;
 pub mod scratch;
 pub mod setup;
 pub mod show;
+pub mod shown;
 pub mod side;
 pub mod summary;
 pub mod unpack;

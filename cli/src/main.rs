@@ -21,7 +21,7 @@
 use golden_cli::mapping::Mapping;
 use golden_cli::read::ReadOptions;
 use golden_cli::side::Side;
-use golden_cli::{diff, report, setup, show, summary, view};
+use golden_cli::{diff, report, setup, show, shown, summary, view};
 
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
@@ -251,7 +251,7 @@ fn main() -> ExitCode {
                 if json {
                     println!("{}", serde_json::to_string_pretty(&d.json()).expect("JSON"));
                 } else {
-                    print!("{}", d.text());
+                    print!("{}", shown::lines(&d.text()));
                 }
                 if d.has_errors() {
                     ExitCode::from(2)
@@ -262,7 +262,7 @@ fn main() -> ExitCode {
                 }
             }
             Err(e) => {
-                eprintln!("golden diff: {e}");
+                eprintln!("golden diff: {}", shown::shown(&e.to_string()));
                 ExitCode::from(2)
             }
         },
@@ -273,11 +273,11 @@ fn main() -> ExitCode {
             bins,
         } => match show::run(&file, name.as_deref(), slice.as_deref(), bins, &read) {
             Ok(text) => {
-                print!("{text}");
+                print!("{}", shown::lines(&text));
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("golden show: {e}");
+                eprintln!("golden show: {}", shown::shown(&e.to_string()));
                 ExitCode::from(2)
             }
         },

@@ -7,6 +7,7 @@
 //! tensor of any size takes no memory beyond its own; `--bins` is bounded by [`MAX_BINS`].
 
 use crate::read::ReadOptions;
+use crate::shown::shown;
 use crate::side::Side;
 use golden::describe::numbers::num;
 use golden_files::HostTensor;
@@ -431,10 +432,10 @@ fn list(side: &Side, read: &ReadOptions) -> Result<String, String> {
     Ok(out)
 }
 
-/// Show one file's tensor (or list the file's tensors); `shown` names the file in messages.
+/// Show one file's tensor (or list the file's tensors); `label` names the file in messages.
 fn show_file(
     path: &Path,
-    shown: &str,
+    label: &str,
     name: Option<&str>,
     slice: Option<&str>,
     bins: usize,
@@ -443,14 +444,18 @@ fn show_file(
     let spec = slice.map(parse_slice).transpose()?;
     let mut file = read
         .open(path)
-        .map_err(|e| e.replace(&shown.to_string(), shown))?;
+        .map_err(|e| e.replace(&path.display().to_string(), &shown(label)))?;
     let mut out = String::new();
-    let skipped: Vec<String> = file.skipped().iter().map(ToString::to_string).collect();
+    let skipped: Vec<String> = file
+        .skipped()
+        .iter()
+        .map(|k| shown(&k.to_string()).into_owned())
+        .collect();
     let entries = file.entries();
     if entries.is_empty() {
         return Err(format!(
             "{}: no tensors{}",
-            shown,
+            shown(label),
             if skipped.is_empty() {
                 String::new()
             } else {
@@ -461,15 +466,18 @@ fn show_file(
     let chosen = match name {
         Some(n) => Some(file.find(n).ok_or_else(|| {
             let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
-            let close: Vec<&str> = names
+            let close: Vec<String> = names
                 .iter()
                 .copied()
                 .filter(|t| t.contains(n) || n.contains(t))
                 .take(5)
+                .map(|t| shown(t).into_owned())
                 .collect();
+            let names: Vec<String> = names.iter().map(|t| shown(t).into_owned()).collect();
             format!(
-                "{} has no tensor `{n}`{}; it has {} tensors{}",
-                shown,
+                "{} has no tensor `{}`{}; it has {} tensors{}",
+                shown(label),
+                shown(n),
                 if close.is_empty() {
                     String::new()
                 } else {
@@ -491,21 +499,25 @@ fn show_file(
         let _ = writeln!(
             out,
             "{}: {} tensors (name one to see it)",
-            shown,
+            shown(label),
             entries.len()
         );
-        let width = entries
+        let names: Vec<String> = entries
             .iter()
-            .map(|e| e.name.chars().count())
+            .map(|e| shown(&e.name).into_owned())
+            .collect();
+        let width = names
+            .iter()
+            .map(|n| n.chars().count())
             .max()
             .unwrap_or(4)
             .min(60);
-        for e in entries {
+        for (e, name) in entries.iter().zip(&names) {
             let bytes = (e.numel() as u64).saturating_mul(e.dtype.size() as u64);
             let _ = writeln!(
                 out,
                 "  {:<width$}  {:<5} {:<16} {}",
-                e.name,
+                name,
                 e.dtype.name(),
                 format!("{:?}", e.shape),
                 golden_files::budget::size(bytes)
@@ -516,8 +528,10 @@ fn show_file(
         }
         return Ok(out);
     };
-    let tname = entries[index].name.clone();
-    let t = file.load(index).map_err(|e| format!("{}: {e}", shown))?;
+    let tname = shown(&entries[index].name).into_owned();
+    let t = file
+        .load(index)
+        .map_err(|e| format!("{}: {e}", shown(label)))?;
     let s = summarise(&t);
     let _ = writeln!(
         out,
@@ -525,7 +539,7 @@ fn show_file(
         t.dtype.name(),
         t.shape,
         s.count,
-        shown
+        shown(label)
     );
     if s.finite > 0 {
         let _ = writeln!(

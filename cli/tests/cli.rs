@@ -811,3 +811,71 @@ fn report_markdown_says_when_no_check_ran_and_base_needs_a_summary() {
     assert_eq!(json["passed"], 1);
     assert_eq!(json["entries"][0]["worst_ratio"], 0.01);
 }
+
+/// Tensor and file names are the dumps', not golden's: an SGR 8 (conceal) escape in a name hid the
+/// DIFFERS row and the summary on a terminal, and a newline in a name forged a line ("forged: all
+/// tensors match") (#21 item 12). Control characters are escaped in all text output; `--json`
+/// keeps the names as they are (JSON escapes them itself).
+#[test]
+fn control_characters_in_names_are_escaped_in_text_output() {
+    let (a, b) = (Dir::new("ctl-a"), Dir::new("ctl-b"));
+    let t = |v: f32| HostTensor {
+        dtype: golden_files::WireDType::F32,
+        shape: vec![2],
+        data: [v, 1.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into(),
+    };
+    let conceal = "0_x\u{1b}[8m";
+    let forged = "1_y\nforged: all tensors match";
+    for (name, differs) in [(conceal, true), (forged, false), ("2_z\r\u{7}", false)] {
+        golden_files::npy::write(&a.path().join(format!("{name}.npy")), &t(0.0)).unwrap();
+        let value = if differs { 5.0 } else { 0.0 };
+        golden_files::npy::write(&b.path().join(format!("{name}.npy")), &t(value)).unwrap();
+    }
+    let out = golden(&[
+        "diff",
+        a.path().to_str().unwrap(),
+        b.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let (stdout, stderr) = text(&out);
+    for (stream, s) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(
+            !s.chars().any(|c| c.is_control() && c != '\n'),
+            "a raw control character on {stream}: {s:?}"
+        );
+        assert!(
+            !s.lines().any(|l| l.starts_with("forged")),
+            "a forged line on {stream}:\n{s}"
+        );
+    }
+    assert!(stdout.contains("0_x\\u{1b}[8m"), "{stdout}");
+    assert!(
+        stdout.contains("1_y\\nforged: all tensors match"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("DIFFERS"), "{stdout}");
+    // JSON keeps the real names.
+    let json = golden(&[
+        "diff",
+        "--json",
+        a.path().to_str().unwrap(),
+        b.path().to_str().unwrap(),
+    ]);
+    let doc: Json = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(
+        doc.to_string().contains("forged: all tensors match"),
+        "{doc}"
+    );
+    // `show` of a file whose name carries them, and of an unknown tensor name.
+    let file = a.path().join(format!("{forged}.npy"));
+    let shown = golden(&["show", file.to_str().unwrap()]);
+    let (stdout, stderr) = text(&shown);
+    for s in [&stdout, &stderr] {
+        assert!(!s.chars().any(|c| c.is_control() && c != '\n'), "{s:?}");
+        assert!(!s.lines().any(|l| l.starts_with("forged")), "{s}");
+    }
+}

@@ -10,6 +10,7 @@ use proc_macro::TokenStream;
 
 mod parse;
 mod render;
+mod siblings;
 mod signature;
 
 /// Check a Rust port against its PyTorch reference. See the `golden` crate's README for the options:
@@ -25,8 +26,23 @@ pub fn golden_layer(attr: TokenStream, item: TokenStream) -> TokenStream {
             return out.into();
         }
     };
-    let expanded =
-        syn::parse::<parse::Attr>(attr).and_then(|attr| render::expand(&attr, &function));
+    // Its tests go in a module of its name: one already beside it is golden's error to name
+    // (the compiler's own, E0428, says nothing of golden or the fix).
+    let clash = siblings::module_clashes(&function.sig.ident).then(|| {
+        let name = &function.sig.ident;
+        syn::Error::new(
+            name.span(),
+            format!(
+                "#[golden_layer] puts the tests of `fn {name}` in a module named `{name}` beside \
+                 it (`{name}::matches_reference`), and this module already has a `mod {name}`: \
+                 rename that module, or the function"
+            ),
+        )
+    });
+    let expanded = match clash {
+        Some(e) => Err(e),
+        None => syn::parse::<parse::Attr>(attr).and_then(|attr| render::expand(&attr, &function)),
+    };
     let mut out = item2;
     match expanded {
         Ok(tests) => out.extend(tests),

@@ -859,11 +859,13 @@ impl Parse for Attr {
                 "params" => {
                     input.parse::<Token![=]>()?;
                     let how: Ident = input.parse()?;
-                    if how != "init" && how != "drawn" {
+                    if how != "init" && how != "drawn" && how != "drawn_all" {
                         return Err(Error::new(
                             how.span(),
-                            "expected `params = init` (the module's own initialisation) or \
-                             `params = drawn` (the default: drawn per case)",
+                            "expected `params = init` (the module's own initialisation), \
+                             `params = drawn` (the default: drawn per case, frozen parameters and \
+                             buffers computed at init kept) or `params = drawn_all` (those drawn \
+                             too)",
                         ));
                     }
                     attr.params = Some((key.clone(), how));

@@ -553,8 +553,11 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
     let params = attr
         .params
         .as_ref()
-        .filter(|(_, how)| how == "init")
-        .map(|_| quote!(.params_init()));
+        .and_then(|(_, how)| match how.to_string().as_str() {
+            "init" => Some(quote!(.params_init())),
+            "drawn_all" => Some(quote!(.params_drawn_all())),
+            _ => None,
+        });
     let weights = attr
         .weights
         .as_ref()

@@ -61,6 +61,13 @@ def segfaults(x):
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
+def segfaults_in_float64(x):
+    """Crashes only when golden evaluates it in float64 (a kernel that has no float64 version)."""
+    if x.dtype == torch.float64:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x.clone()
+
+
 def sleeps(x):
     time.sleep(3600)
     return x.clone()
@@ -173,7 +180,7 @@ def closes_stdin(x):
 
 def returns_large(x):
     """A float32 output of 2^20 elements (4 MiB): with its float64 value and rounding estimate, an
-    answer of 20 MiB. Over a frame limit lowered by GOLDEN_MAX_FRAME, as a huge output is over the
+    answer of 24 MiB. Over a frame limit lowered by GOLDEN_MAX_FRAME, as a huge output is over the
     real one."""
     return torch.ones(1 << 20)
 

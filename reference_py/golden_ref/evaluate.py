@@ -18,6 +18,20 @@ reported (`mutated`). The float64 evaluations run under `precision.promoted`, so
 own upcasts (`.to(torch.float32)`) do not truncate them. With `twice`, the case-dtype evaluation is
 repeated and must give the same bits: a reference that draws unseeded noise is not deterministic.
 
+Every case's answer is proven deterministic cheaply (`_confirm`): after the nudged evaluations, the
+first evaluation in each precision (the case dtype's and float64's, on the real inputs) is
+repeated and must give the same bits. A reference whose answers drift with the number of calls (a
+counter, a cache, a buffer that accumulates, noise that begins after a few calls) would otherwise
+make the nudged evaluations "move" by the drift, which the estimate takes for rounding. Outputs are
+copied when an evaluation returns them: a reference may return a buffer of its own and write it
+again on the next call.
+
+`own_mean`, the nudged errors' signed mean, lets the runtime tell a reference whose own error is
+chaotic (its sign and size change from nudge to nudge: rounding, however large) from one whose
+error stays put. A reference that computes otherwise under a TorchFunctionMode — the float64 pass
+runs under one — shows when the case's last case-dtype evaluation runs under an inert mode
+(`_confirm`, `mode_shift`).
+
 The runtime's `compare.rs` turns these into the pass/fail rule; the float64 parts are best effort
 (a reference that cannot run in float64 just gets the strict default tolerance).
 """
@@ -345,12 +359,13 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
         again, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, again")
         _same_bits(expected, again)
 
-    high, own, moved, precise_error = None, None, None, None
+    high, own, moved, own_mean, precise_error, mode_shift = None, None, None, None, None, None
     if precise:
         try:
-            high, own, moved = _precise(case, module, expected, perturbations)
+            high, own, moved, own_mean = _precise(case, module, expected, perturbations)
         except Exception as e:  # best effort: the runtime falls back to the strict tolerance
             precise_error = f"{type(e).__name__}: {e}"
+        mode_shift = _confirm(case, module, expected, high)
     return {
         "state_dict": state_dict,
         "buffers": buffers,
@@ -359,6 +374,8 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
         "precise": high,
         "own": own,
         "moved": moved,
+        "own_mean": own_mean,
+        "mode_shift": mode_shift,
         "precise_error": precise_error,
         "mutated": mutated,
     }
@@ -384,43 +401,97 @@ def param_spec(case: Case):
     shape, whether it is floating point, a parameter or a buffer, the names it is tied to, and the
     statistics of its initial values (so that a drawn tensor keeps its scale and its domain: a norm
     weight near 1, a running variance positive). Integer entries (BatchNorm's step counter) are
-    not drawn: their values come along as they are."""
+    not drawn: their values come along as they are.
+
+    The module is constructed with its uninitialised memory marked (`_marking_empty`: what
+    `torch.empty` returns is NaN, where it would be whatever the allocator hands back — garbage,
+    `inf`, values of 1e38): an entry the construction leaves so is `uninitialised` and has no
+    statistics (the runtime draws it fresh; transformers 5's bare MoE blocks leave their experts
+    and router so). Statistics come from finite values only. Kept as they are (`kept`, with their
+    values): frozen parameters (`requires_grad=False`: Whisper's sinusoidal positions) and buffers
+    the module computes at init from a formula (not constant, and the same when the module is
+    built under another seed): their value is their meaning."""
     torch = case.backend.torch
-    inner = reference_module(construct(case))
+    inner = reference_module(_construct_marking_empty(case))
     buffers, aliases = module_entries(inner)
+    frozen = {n for n, p in inner.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    state = inner.state_dict()
+    other = None  # the module under another seed, built when a buffer needs it
     entries, tensors = [], []
-    for name, value in inner.state_dict().items():
+    for name, value in state.items():
         entry = {"name": name, "shape": list(value.shape), "buffer": name in buffers}
-        if value.is_floating_point():
-            v = value.detach().to(torch.float64)
-            entry["float"] = True
-            if v.numel():
-                positive = bool((v > 0).all())
-                entry.update(
-                    mean=float(v.mean()),
-                    std=float(v.std(unbiased=False)),
-                    min=float(v.min()),
-                    max=float(v.max()),
-                )
-                if positive:
-                    logs = v.log()
-                    entry.update(log_mean=float(logs.mean()), log_std=float(logs.std(unbiased=False)))
-        else:
+        if not value.is_floating_point():
             entry["float"] = False
             entry["value"] = len(tensors)
             tensors.append(case.backend.from_native(value, case.dtype))
+            entries.append(entry)
+            continue
+        entry["float"] = True
+        v = value.detach().to(torch.float64)
+        kept = None
+        if bool(torch.isnan(v).any()):
+            entry["uninitialised"] = True
+        elif name in frozen:
+            kept = "frozen"
+        elif name in buffers and v.numel() > 1 and bool(v.min() != v.max()):
+            if other is None:
+                other = _construct_marking_empty(case, seed=case.seed ^ 0x5EED_5EED).state_dict()
+            if name in other and torch.equal(other[name], value):
+                kept = "computed"
+        if kept is not None:
+            entry["kept"] = kept
+            entry["value"] = len(tensors)
+            tensors.append(case.backend.from_native(value, case.dtype))
+        elif not entry.get("uninitialised"):
+            finite = v[torch.isfinite(v)]
+            if finite.numel():
+                entry.update(
+                    mean=float(finite.mean()),
+                    std=float(finite.std(unbiased=False)),
+                    min=float(finite.min()),
+                    max=float(finite.max()),
+                )
+                if bool((finite > 0).all()) and finite.numel() == v.numel():
+                    logs = finite.log()
+                    entry.update(log_mean=float(logs.mean()), log_std=float(logs.std(unbiased=False)))
         entries.append(entry)
     return {"entries": entries, "aliases": aliases}, tensors
 
 
-def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bool = False):
+def _construct_marking_empty(case: Case, seed: int | None = None):
+    """`construct(case)` (under `seed` instead of the case's when given) with what `torch.empty`
+    and its kin return filled with NaN: memory the construction never initialises shows as NaN,
+    never as whatever the allocator handed back."""
+    torch = case.backend.torch
+    from torch.overrides import TorchFunctionMode
+
+    empty = {torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty}
+
+    class MarkEmpty(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in empty and isinstance(out, torch.Tensor) and out.is_floating_point():
+                with torch.no_grad():
+                    out.fill_(float("nan"))
+            return out
+
+    built = case if seed is None else case.derived(case.obj)
+    if seed is not None:
+        built.seed = seed
+    with MarkEmpty():
+        return construct(built)
+
+
+def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bool = False,
+                   under=None):
     """One evaluation in the case dtype on fresh copies of `args` (and of `module`); returns the
     outputs and what the reference changed in place (inputs by position, parameters by name).
     `limit` sees the native outputs first (the frame limit).
 
     `private`: `args` and `module` are this evaluation's own (made for it and used by nothing
     after it, the nudged evaluations'): they are handed over as they are, without copying them
-    again, and nobody asks what was changed in them (`mutated` is empty)."""
+    again, and nobody asks what was changed in them (`mutated` is empty). `under`: a context the
+    reference runs in (`_confirm`'s inert TorchFunctionMode)."""
     backend = case.backend
     if private:
         native = [backend.to_native(a) for a in args]
@@ -431,10 +502,11 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     fresh = [_copy(a) for a in args]
     native = [backend.to_native(a) for a in fresh]
     target = copy.deepcopy(module) if module is not None else case.obj
-    leaves = _call(case, target, native, phase)
+    with under if under is not None else contextlib.nullcontext():
+        leaves = _call(case, target, native, phase)
     if limit is not None:
         limit(leaves)
-    outputs = [(name, backend.from_native(v, case.dtype)) for name, v in leaves]
+    outputs = _owned_outputs(backend, leaves, case.dtype)
     mutated = []
     for i, (before, now) in enumerate(zip(args, native)):
         after = backend.from_native(now, before.dtype) if backend.is_tensor(now) else None
@@ -449,7 +521,65 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     return outputs, mutated
 
 
-def _same_bits(first, second):
+def _owned_outputs(backend, leaves: list, dtype: str):
+    """The outputs as wire tensors of their own, `leaves` emptied on the way (each native output is
+    released once copied). A reference may return a buffer it keeps and writes again on its next
+    call (`return self._buf.copy_(...)`): an answer that shared its memory would change under the
+    evaluations after it, and two of them would always "agree"."""
+    outputs = []
+    while leaves:
+        name, value = leaves.pop(0)
+        wire = backend.from_native(value, dtype)
+        outputs.append((name, WireTensor(wire.dtype, np.array(wire.array, copy=True))))
+        del value, wire
+    return outputs
+
+
+def _confirm(case: Case, module, expected, high):
+    """Repeat the case's first evaluation in each precision after all the others (the nudged ones
+    in between) and require the same bits: an answer that drifts with the number of calls, or noise
+    that begins after a few calls, is not rounding error (see the module docstring). `high`: the
+    float64 answer on the real inputs (None when the float64 pass failed).
+
+    The case-dtype repetition runs under a TorchFunctionMode that changes nothing (`_inert`), as
+    golden's float64 pass runs under one (`precision.promoted`): a reference that computes
+    otherwise when a mode is active (a fast path that checks for one, or one that sniffs golden's
+    pass) answers otherwise there. Then it is evaluated once more without the mode: the same bits
+    as the first say that the mode made the difference, not noise, and the difference per element
+    (`mode_shift`) goes to the runtime, which gives no rounding term where it is more than rounding
+    (the float64 pass was another computation there). Returns `mode_shift`, or None."""
+    inert = _inert(case.backend)
+    again, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, again", under=inert)
+    shift = None
+    if not all(_same_array(a.array, b.array) for (_, a), (_, b) in zip(expected, again)):
+        plain, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, once more")
+        _same_bits(expected, plain, "its first and its last evaluation in the case dtype")
+        del plain
+        shift = [(name, WireTensor("f32", np.abs(_floats(b) - _floats(a)).astype(np.float32).reshape(a.array.shape)))
+                 for (name, a), (_, b) in zip(expected, again) if a.dtype in FLOAT_DTYPES]
+    del again
+    if high is not None:
+        names = [name for name, _ in expected]
+        leaves = _evaluate64(case, module, case.args, "the float64 evaluation, again")
+        _same_bits(high, _float64_leaves(case.backend, leaves, names), "its first and its last evaluation in float64")
+    return shift
+
+
+def _inert(backend):
+    """A TorchFunctionMode that calls every function as it is (None for the numpy backend)."""
+    torch = getattr(backend, "torch", None)
+    if torch is None:
+        return None
+    from torch.overrides import TorchFunctionMode
+
+    class Inert(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    return Inert()
+
+
+def _same_bits(first, second, which: str = "two evaluations"):
     """Raise NotDeterministic, naming the first leaf and element that differ."""
     for (name, a), (_, b) in zip(first, second):
         if not _same_array(a.array, b.array):
@@ -457,7 +587,7 @@ def _same_bits(first, second):
             where = next((i for i in range(min(x.size, y.size)) if not _same(x[i], y[i])), 0)
             index = list(np.unravel_index(where, a.array.shape)) if a.array.shape else []
             raise NotDeterministic(
-                f"`{name}` differs between two evaluations on the same inputs, first at "
+                f"`{name}` differs between {which} on the same inputs, first at "
                 f"{[int(k) for k in index]}: {x[where] if x.size else '?'} then "
                 f"{y[where] if y.size else '?'}"
             )
@@ -533,20 +663,20 @@ def _module_with_state(module, state: dict, torch):
     return copy_
 
 
-def _rms(sum_sq, n):
-    return np.sqrt(sum_sq / max(n, 1))
-
-
 def _precise(case: Case, module, expected, perturbations: int):
     backend = case.backend
     names = [name for name, _ in expected]
     leaves64 = _evaluate64(case, module, case.args, "the float64 evaluation")
-    precise = _float64_leaves(backend, leaves64, names)
+    # Its own copy where it is the evaluation's output itself (a float64 output that the reference
+    # may write again on its next call); a conversion is a copy already.
+    precise = [(n, t if t.array.flags.owndata else WireTensor(t.dtype, np.array(t.array, copy=True)))
+               for n, t in _float64_leaves(backend, leaves64, names)]
+    del leaves64
     base64 = {name: t.array for name, t in precise}
 
-    # Samples of the rounding error at inputs one ulp away (see the module docstring).
-    own_sq = {name: np.zeros(t.array.shape) for name, t in precise}
-    moved_sq = {name: np.zeros(t.array.shape) for name, t in precise}
+    # Samples of the rounding error at inputs one ulp away (see the module docstring), folded in
+    # as each nudge's evaluations come (`_Samples`).
+    samples = {name: _Samples(t.array.shape) for name, t in precise}
     with np.errstate(over="ignore", invalid="ignore"):
         for k in range(perturbations):
             rng = np.random.default_rng([case.seed & 0xFFFF_FFFF_FFFF_FFFF, k])
@@ -573,23 +703,49 @@ def _precise(case: Case, module, expected, perturbations: int):
             del args_k, module_k
             if high_error is not None:
                 raise high_error
-            low64 = {n: WireTensor("f64", _floats(t).reshape(t.array.shape)) for n, t in low if t.dtype in FLOAT_DTYPES}
+            low = dict(low)
             high64 = dict(_float64_leaves(backend, high, names))
-            for name in own_sq:
-                own = low64[name].array - high64[name].array  # the reference's rounding error there
-                moved = high64[name].array - base64[name]  # the output's sensitivity to the nudge
-                if own.shape != own_sq[name].shape or moved.shape != own_sq[name].shape:
-                    raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
-                # In place: no temporaries the size of the output beyond `own` and `moved`.
-                np.multiply(own, own, out=own)
-                own_sq[name] += own
-                np.multiply(moved, moved, out=moved)
-                moved_sq[name] += moved
-                del own, moved
-            del low, low64, high, high64
-    own = [(name, WireTensor("f64", _rms(own_sq[name], perturbations))) for name, _ in precise]
-    moved = [(name, WireTensor("f64", _rms(moved_sq[name], perturbations))) for name, _ in precise]
-    return precise, own, moved
+            del high
+            for name, sample in samples.items():
+                sample.add(name, low[name], high64[name].array, base64[name])
+            del low, high64
+    own = [(name, WireTensor("f32", samples[name].own)) for name, _ in precise]
+    moved = [(name, WireTensor("f32", samples[name].moved)) for name, _ in precise]
+    own_mean = [(name, WireTensor("f32", samples[name].mean)) for name, _ in precise]
+    return precise, own, moved, own_mean
+
+
+class _Samples:
+    """One leaf's samples of its rounding error over the nudges, folded in as they come a chunk at a
+    time: the running RMS of the reference's own error (case dtype − float64, `own`) and of the
+    float64 output's move (`moved`), and the own error's running mean (`mean`) — float32 arrays,
+    the answer's three parts themselves. Running RMS needs no squares kept (float32 would overflow
+    them), and the chunks no temporaries the size of the output: memory is three float32 copies of
+    the leaf, where float64 sums and their temporaries took eleven."""
+
+    def __init__(self, shape):
+        self.own = np.zeros(shape, np.float32)
+        self.moved = np.zeros(shape, np.float32)
+        self.mean = np.zeros(shape, np.float32)
+        self.count = 0
+
+    def add(self, name: str, low: WireTensor, high: np.ndarray, base: np.ndarray):
+        if low.array.shape != self.own.shape or high.shape != self.own.shape:
+            raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
+        k = self.count
+        self.count += 1
+        lows = low.array.reshape(-1)
+        highs, bases = high.reshape(-1), base.reshape(-1)
+        own, moved, mean = self.own.reshape(-1), self.moved.reshape(-1), self.mean.reshape(-1)
+        step = max(_CHUNK // 8, 1)
+        for i in range(0, lows.size, step):
+            j = min(i + step, lows.size)
+            e = _floats(WireTensor(low.dtype, lows[i:j]))
+            d = e - highs[i:j]  # the reference's rounding error there
+            m = highs[i:j] - bases[i:j]  # the output's sensitivity to the nudge
+            own[i:j] = np.sqrt((np.square(own[i:j], dtype=np.float64) * k + d * d) / (k + 1))
+            moved[i:j] = np.sqrt((np.square(moved[i:j], dtype=np.float64) * k + m * m) / (k + 1))
+            mean[i:j] = (mean[i:j].astype(np.float64) * k + d) / (k + 1)
 
 
 def variants(case: Case, perturbations: int = 4):

@@ -21,6 +21,7 @@ instead of its raw bytes, the entry ends with a u64 LE offset into the arena tha
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 
@@ -204,7 +205,30 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.1f} MiB"
 
 
-def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], session=None) -> list:
+def _json_safe(value):
+    """`value` with every float that JSON cannot write (NaN, ±inf) as the string NaN, Infinity or
+    -Infinity, which the runtime reads back as numbers (`wire::number`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def header_json(header: dict) -> bytes:
+    """A frame's header as JSON the runtime can read: Python's own `NaN` and `Infinity` tokens are
+    not JSON (a training whose loss became NaN broke the protocol: "header is not JSON")."""
+    try:
+        text = json.dumps(header, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_json_safe(header), separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8")
+
+
+def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], session=None,
+                release: bool = False) -> list:
     """The frame as a list of buffers, length prefix first; tensor data is not copied (but for
     tensors of at least `session.min` bytes, copied once into this worker's arena when the request
     allows it).
@@ -213,7 +237,7 @@ def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], sessio
     tensors in shared memory too: the limit is the answer's, wherever its bytes travel)."""
     sizes = [t.array.size * DTYPES[CODES[t.dtype]][1].itemsize for t in tensors]
     entries = sum(10 + 8 * t.array.ndim + n for t, n in zip(tensors, sizes))
-    header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
+    header_bytes = header_json(header)
     length = 4 + 12 + len(header_bytes) + 4 + entries
     if length > MAX_FRAME:
         big = max(range(len(tensors)), key=sizes.__getitem__, default=None)
@@ -223,14 +247,14 @@ def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], sessio
         raise FrameTooLarge(
             f"a frame of {_size(length)} exceeds the frame limit of {_size(MAX_FRAME)}{largest}"
         )
-    offsets = _place(header, tensors, sizes, session)
+    offsets = _place(header, tensors, sizes, session, release)
     if offsets:
         header = {**header, "$shm": session.writer.describe()}
     if session is not None and session.fallback and not session.fallback_said:
         session.fallback_said = True
         header = {**header, "$shm_fallback": session.fallback}
     if offsets or "$shm_fallback" in header:
-        header_bytes = json.dumps(header, separators=(",", ":"), allow_nan=True).encode("utf-8")
+        header_bytes = header_json(header)
     parts = [MAGIC, struct.pack("<QI", request_id, len(header_bytes)), header_bytes]
     parts.append(struct.pack("<I", len(tensors)))
     for i, t in enumerate(tensors):
@@ -252,10 +276,12 @@ def frame_parts(request_id: int, header: dict, tensors: list[WireTensor], sessio
     return [struct.pack("<I", body)] + parts
 
 
-def _place(header, tensors, sizes, session) -> dict:
+def _place(header, tensors, sizes, session, release: bool = False) -> dict:
     """Copy the tensors of at least `session.min` bytes into the worker's arena: {index: offset}.
     Empty when the request does not take shared memory or the arena cannot grow (then everything
-    travels inline, and the session says why once)."""
+    travels inline, and the session says why once). With `release`, each tensor copied is replaced
+    in `tensors` by a stand-in of its dtype and shape that holds no memory: the caller gives its
+    answer up, which then is not held twice (in its arrays and in the arena) while it is sent."""
     if session is None or session.min is None:
         return {}
     chosen = [i for i, n in enumerate(sizes) if n >= session.min]
@@ -270,6 +296,10 @@ def _place(header, tensors, sizes, session) -> dict:
         return {}
     for i in chosen:
         arena.write(offsets[i], np.asarray(tensors[i].array, dtype=DTYPES[CODES[tensors[i].dtype]][1]))
+        if release:
+            t = tensors[i]
+            tensors[i] = WireTensor(t.dtype, np.broadcast_to(np.zeros((), t.array.dtype), t.array.shape))
+            del t
     return offsets
 
 
@@ -278,8 +308,11 @@ def encode_frame(request_id: int, header: dict, tensors: list[WireTensor]) -> by
     return b"".join(frame_parts(request_id, header, tensors))
 
 
-def write_frame(stream, request_id: int, header: dict, tensors: list[WireTensor], session=None) -> None:
-    for part in frame_parts(request_id, header, tensors, session):
+def write_frame(stream, request_id: int, header: dict, tensors: list[WireTensor], session=None,
+                release: bool = False) -> None:
+    """Write one frame (see `frame_parts`; `release`: the tensors are given up as they are placed
+    in shared memory)."""
+    for part in frame_parts(request_id, header, tensors, session, release):
         stream.write(part)
     stream.flush()
 

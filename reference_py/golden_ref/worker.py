@@ -219,7 +219,9 @@ def _outputs_json(result: dict, table) -> dict:
             return None
         return [[name, table.ref(t)] for name, t in leaves]
 
-    response = {key: named(result[key]) for key in ("state_dict", "expected", "precise", "own", "moved")}
+    response = {key: named(result.get(key)) for key in ("state_dict", "expected", "precise", "own", "moved", "own_mean")}
+    if result.get("mode_shift") is not None:
+        response["mode_shift"] = named(result["mode_shift"])
     response["precise_error"] = result["precise_error"]
     for key in ("buffers", "aliases", "mutated"):
         if result.get(key):
@@ -365,7 +367,8 @@ def _serve(worker, session, proto_in, proto_out) -> int:
         del tensors, frame
         try:
             try:
-                wire.write_frame(proto_out, request_id, response, out_tensors, session)
+                # The answer is given up as it goes into shared memory: not held twice.
+                wire.write_frame(proto_out, request_id, response, out_tensors, session, release=True)
             except wire.FrameTooLarge as e:
                 # Nothing was written yet: the answer becomes an error that says why.
                 error = {"kind": "too_large", "message": f"the answer to `{header.get('op')}` is too large: {e}"}

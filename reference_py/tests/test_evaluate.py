@@ -160,6 +160,51 @@ class EvaluateTest(unittest.TestCase):
         case.twice = True
         forward(case, precise=False)
 
+    def test_every_answer_is_confirmed_after_the_nudged_evaluations(self):
+        from golden_ref.evaluate import NotDeterministic, forward
+
+        calls = []
+
+        def drifts(x):
+            calls.append(1)
+            return x + 0.25 * max(0, len(calls) - 2)
+
+        # Exact for the first two calls: only the repetition after the nudges sees the drift.
+        with self.assertRaises(NotDeterministic) as raised:
+            forward(_torch_case(drifts, [np.linspace(-1, 1, 8, dtype=np.float32)]))
+        self.assertIn("its first and its last evaluation in the case dtype", str(raised.exception))
+        calls.clear()
+        forward(_torch_case(drifts, [np.zeros(2, dtype=np.float32)]), precise=False)
+
+    def test_an_answer_that_is_a_buffer_the_reference_writes_again_is_copied(self):
+        import torch
+
+        from golden_ref.evaluate import NotDeterministic, forward
+
+        buffer = torch.zeros(4)
+        calls = []
+
+        def writes_its_buffer(x):
+            calls.append(1)
+            return buffer.copy_(x + len(calls))
+
+        with self.assertRaises(NotDeterministic):
+            forward(_torch_case(writes_its_buffer, [np.zeros(4, dtype=np.float32)]))
+
+    def test_a_reference_that_computes_otherwise_under_a_mode_shows_its_shift(self):
+        import torch.nn.functional as F
+        from torch.overrides import _get_current_function_mode_stack
+
+        def watched(x):
+            return F.gelu(x, approximate="tanh") if _get_current_function_mode_stack() else F.gelu(x)
+
+        x = np.linspace(-3, 3, 64, dtype=np.float32)
+        result = forward_of(watched, [x])
+        shift = result["mode_shift"][0][1].array
+        self.assertAlmostEqual(float(shift.max()), 4.7e-4, delta=1e-4)
+        # A reference that ignores modes moves by nothing: nothing is sent.
+        self.assertIsNone(forward_of(F.gelu, [x])["mode_shift"])
+
     def test_the_float64_run_promotes_the_reference_s_own_upcasts(self):
         import torch
 
@@ -193,6 +238,43 @@ class EvaluateTest(unittest.TestCase):
         self.assertTrue(entries["bn.running_var"]["buffer"])
         self.assertFalse(entries["bn.num_batches_tracked"]["float"])
         self.assertEqual(len(tensors), 1)  # the step counter's value comes along
+
+    def test_param_spec_sees_uninitialised_frozen_and_computed_entries(self):
+        import torch
+
+        from golden_ref.evaluate import param_spec
+
+        class Mixed(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                # What the allocator hands back may be anything: 1e38, inf, NaN.
+                junk = torch.full((4, 64), float("inf"))
+                del junk
+                self.experts = torch.nn.Parameter(torch.empty(4, 64))
+                self.frozen = torch.nn.Parameter(torch.randn(3), requires_grad=False)
+                self.register_buffer("ramp", torch.linspace(0, 1, 5))
+                self.register_buffer("noise", torch.randn(5))
+                self.register_buffer("zeros", torch.zeros(5))
+                self.linear = torch.nn.Linear(2, 2)
+
+        spec, tensors = param_spec(_torch_case(Mixed, [], form="module"))
+        entries = {e["name"]: e for e in spec["entries"]}
+        self.assertTrue(entries["experts"].get("uninitialised"))
+        self.assertNotIn("mean", entries["experts"])
+        self.assertEqual(entries["frozen"]["kept"], "frozen")
+        self.assertEqual(entries["ramp"]["kept"], "computed")
+        for drawn in ("noise", "zeros", "linear.weight", "linear.bias"):
+            self.assertNotIn("kept", entries[drawn], drawn)
+            self.assertTrue(np.isfinite(entries[drawn]["mean"]), drawn)
+        np.testing.assert_array_equal(tensors[entries["ramp"]["value"]].array, np.linspace(0, 1, 5, dtype=np.float32))
+
+    def test_a_header_with_nan_is_still_json(self):
+        import json
+
+        from golden_ref import wire
+
+        text = wire.header_json({"losses": [1.0, float("nan"), float("inf"), -float("inf")]})
+        self.assertEqual(json.loads(text)["losses"], [1.0, "NaN", "Infinity", "-Infinity"])
 
     def test_reference_taps_are_trace_points_in_execution_order_and_no_ops_outside(self):
         import torch

@@ -2,6 +2,7 @@
 port or fails a right one. Each is ordinary code a porter meets (Hugging Face's init, its masking
 and upcasting idioms, in-place updates), not a contrivance."""
 
+import math
 import random
 
 import numpy as np
@@ -100,6 +101,127 @@ def noisy_numpy(x):
 
 def noisy_random(x):
     return x * (1.0 + 1e-3 * random.random())
+
+
+# --- Parameters a module leaves uninitialised, keeps frozen or computes at init -------------------
+
+
+def mixtral_moe(hidden=8, intermediate=16, experts=4, top_k=2):
+    """transformers 5's Mixtral MoE block, bare: its router and experts are `torch.empty` memory."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    config = MixtralConfig(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+    )
+    return MixtralSparseMoeBlock(config)
+
+
+class MixtralMoE(nn.Module):
+    def __init__(self, hidden=8, intermediate=16, experts=4, top_k=2):
+        super().__init__()
+        self.moe = mixtral_moe(hidden, intermediate, experts, top_k)
+
+    def forward(self, x):
+        return self.moe(x)
+
+
+def sinusoids(length, channels):
+    """Whisper's positional table (`transformers`' `sinusoids`): sines then cosines."""
+    increment = math.log(10000) / (channels // 2 - 1)
+    inv = torch.exp(-increment * torch.arange(channels // 2))
+    scaled = torch.arange(length)[:, None] * inv[None, :]
+    return torch.cat([scaled.sin(), scaled.cos()], dim=1)
+
+
+class SinusoidalPositions(nn.Module):
+    """Whisper's encoder keeps its sinusoidal positions in a frozen parameter (`requires_grad=False`)
+    that ports compute themselves; a persistent buffer is computed at init from a formula."""
+
+    def __init__(self, n=8, d=8):
+        super().__init__()
+        self.pos = nn.Embedding(n, d)
+        self.pos.requires_grad_(False)
+        with torch.no_grad():
+            self.pos.weight.copy_(sinusoids(n, d))
+        self.register_buffer("ramp", torch.linspace(0.5, 1.5, d))
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.proj(x + self.pos.weight[: x.shape[1]]) * self.ramp
+
+
+class ClipEncoderLayer(nn.Module):
+    """transformers' CLIPEncoderLayer (eager attention, no mask): its attention's key projection
+    has a bias of its own, whose gradient softmax cancels (rounding noise only)."""
+
+    def __init__(self, hidden=16, heads=2, intermediate=32):
+        super().__init__()
+        from transformers import CLIPTextConfig
+        from transformers.models.clip.modeling_clip import CLIPEncoderLayer
+
+        config = CLIPTextConfig(
+            hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=heads
+        )
+        config._attn_implementation = "eager"
+        self.layer = CLIPEncoderLayer(config)
+
+    def forward(self, x):
+        return self.layer(x, attention_mask=None)
+
+
+def nan_where_float64_is_not(x):
+    """inf - inf in float32 (exp(100) overflows it), 0 in float64: NaN only in the case dtype."""
+    big = torch.exp(torch.full_like(x, 100.0))
+    return x + (big - big)
+
+
+# --- References whose answers change with the number of calls, or under golden's float64 pass ---
+
+_CALLS = {}
+
+
+def _count(name: str) -> int:
+    _CALLS[name] = _CALLS.get(name, 0) + 1
+    return _CALLS[name]
+
+
+def drifts_after_two_calls(x):
+    """Exact for its first two calls, then off by 0.25 more at every call: a counter, a cache, a
+    buffer that accumulates."""
+    return x + 0.25 * max(0, _count("drift") - 2)
+
+
+def noisy_after_two_calls(x):
+    """Unseeded noise that begins at the third call."""
+    if _count("noise") <= 2:
+        return x.clone()
+    return x + torch.from_numpy(np.random.standard_normal(tuple(x.shape))).to(x.dtype) * 1e-2
+
+
+def gelu_tanh_when_watched(x):
+    """Exact GELU, but the tanh approximation whenever a TorchFunctionMode is active, as in golden's
+    float64 pass (contrived: any reference that computes something else in float64 only)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    if _get_current_function_mode_stack():
+        return F.gelu(x, approximate="tanh")
+    return F.gelu(x)
+
+
+_BUFFERS = {}
+
+
+def noise_into_a_buffer(x):
+    """Returns a persistent buffer of its own, into which it writes unseeded noise at every call."""
+    key = (tuple(x.shape), x.dtype)
+    if key not in _BUFFERS:
+        _BUFFERS[key] = torch.empty_like(x)
+    noise = torch.from_numpy(np.random.standard_normal(tuple(x.shape))).to(x.dtype)
+    return _BUFFERS[key].copy_(x + 1e-3 * noise)
 
 
 # --- Gradients PyTorch defines by convention, and ports that mirror Hugging Face's upcasts -------

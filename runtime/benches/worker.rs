@@ -8,7 +8,11 @@
 //! * the 64 MiB round trip of the identity reference as checks send it;
 //! * the peak resident memory of both processes for a 64 MiB round trip, above what they held before;
 //! * a check's cases on 1, 2 and 4 workers at once (the pool's `GOLDEN_WORKERS`), one test thread
-//!   per worker as `cargo test` runs checks: cases per second and the speed-up over one worker.
+//!   per worker as `cargo test` runs checks: cases per second and the speed-up over one worker;
+//! * the peak resident memory of a whole check of a 64 MiB output, test process and worker, on
+//!   each path: a passing check (float64 and nudged evaluations, the rounding estimate), a failing
+//!   one (the case asked for again, shrinking, the diagnosis), each in a fresh process.
+//!   `GOLDEN_BENCH_MEMORY=all` runs only this section.
 //!
 //! All figures come from one run on one machine, so their ratios are what to read.
 //! `GOLDEN_BENCH_QUICK=1` stops the transport table at 16 MiB.
@@ -203,9 +207,114 @@ fn throughput(key: &WorkerKey, threads: usize, cases: usize, x: &HostTensor) -> 
     (threads * cases) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// The peak resident memory of this process and of the pool's workers (bytes, above what each held
+/// before, warm) over one whole `golden::check` of `layer` with `port`; `None` where the peaks
+/// cannot be reset (`/proc/<pid>/clear_refs` not writable).
+fn check_peak(layer: &golden::Layer, port: &golden::Port<'_>) -> Option<(u64, u64, bool)> {
+    let workers = golden::python::worker::pool().idle_pids();
+    let mut before = Vec::new();
+    for p in std::iter::once("self".to_string()).chain(workers.iter().map(u32::to_string)) {
+        std::fs::write(format!("/proc/{p}/clear_refs"), "5").ok()?;
+        before.push((p.clone(), rss(&p)?));
+    }
+    let passed = golden::check(layer, port).is_ok();
+    let mine = status_kb("self", "VmHWM:")?.saturating_sub(before[0].1);
+    let theirs = before[1..]
+        .iter()
+        .filter_map(|(p, b)| Some(status_kb(p, "VmHWM:")?.saturating_sub(*b)))
+        .max()
+        .unwrap_or(0);
+    Some((mine * 1024, theirs * 1024, passed))
+}
+
+/// The layer and ports of the memory section: `torch.clone` of `n` f32 elements, right and wrong.
+fn memory_layer(name: &str, n: usize) -> golden::Layer {
+    golden::Layer::function(name, "torch.clone")
+        .dim("n", n, n)
+        .arg("x", ["n"], golden::Dist::default())
+        .cases(2)
+        .mode(golden::describe::env::Mode::Live)
+}
+
+/// The paths of the memory section: (name, whether the port is right).
+const MEMORY_PATHS: [(&str, bool); 2] = [
+    ("passing (2 cases)", true),
+    ("failing (asked again, shrinking, diagnosis)", false),
+];
+
+/// One path of the memory section, in this process (fresh: one worker, warmed on a small case):
+/// prints `<test process peak> <worker peak>` in payloads.
+fn memory_path(n: usize, right: bool) {
+    use golden::{IntoOutputs, PortInputs};
+    std::env::set_var("GOLDEN_WORKERS", "1");
+    let port = move |i: &PortInputs| {
+        if right {
+            i.tensor(0).clone().into_outputs()
+        } else {
+            (i.tensor(0) * 2.0).into_outputs()
+        }
+    };
+    let _ = golden::check(&memory_layer("warm", 1024), &port);
+    let payload = (n * 4) as f64;
+    match check_peak(&memory_layer("bench_memory", n), &port) {
+        Some((mine, worker, _)) => {
+            println!("{} {}", mine as f64 / payload, worker as f64 / payload)
+        }
+        None => println!("none"),
+    }
+}
+
+/// Peak memory of a check's every path, for an output of `n` f32 elements, each path in a fresh
+/// process of this benchmark (see the module doc).
+fn check_memory(n: usize) {
+    println!(
+        "\n  peak RSS of a whole check of a {} f32 output (torch.clone), each path in a fresh test \
+         process and worker, above what each held warm, in payloads:",
+        size_name(n * 4)
+    );
+    let exe = std::env::current_exe().expect("this benchmark's path");
+    for (i, (path, _)) in MEMORY_PATHS.iter().enumerate() {
+        let out = std::process::Command::new(&exe)
+            .env("GOLDEN_BENCH_MEMORY", i.to_string())
+            .env("GOLDEN_BENCH_MEMORY_N", n.to_string())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .expect("the benchmark runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let figures: Vec<f64> = text
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        match figures[..] {
+            [mine, worker] => {
+                println!("    {path:<44} test process {mine:>5.1}x, worker {worker:>5.1}x")
+            }
+            _ => println!(
+                "    {path:<44} (peak RSS not measurable here: {})",
+                text.trim()
+            ),
+        }
+    }
+}
+
 fn main() {
     let key = WorkerKey::from_env(Some(env!("CARGO_MANIFEST_DIR")));
     let quick = std::env::var_os("GOLDEN_BENCH_QUICK").is_some();
+    // `GOLDEN_BENCH_MEMORY=1`: only the memory section; `=<index>` (with `_N`): one of its paths,
+    // in this (fresh) process.
+    if let Ok(which) = std::env::var("GOLDEN_BENCH_MEMORY") {
+        let n = std::env::var("GOLDEN_BENCH_MEMORY_N")
+            .ok()
+            .and_then(|n| n.parse().ok());
+        match (which.parse::<usize>().ok(), n) {
+            (Some(i), Some(n)) if i < MEMORY_PATHS.len() => memory_path(n, MEMORY_PATHS[i].1),
+            _ => check_memory(16 * 1024 * 1024),
+        }
+        return;
+    }
     let values: Vec<f64> = (0..1024).map(|i| i as f64 / 1024.0).collect();
     let small = float_tensor(vec![1024], &values, candle_core::DType::F32);
 
@@ -386,4 +495,5 @@ fn main() {
             _ => println!("    (peak RSS: /proc/<pid>/clear_refs is not writable here)"),
         }
     }
+    check_memory(n);
 }

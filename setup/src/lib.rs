@@ -22,8 +22,9 @@
 //!
 //! Then it writes a stamp into the venv that says exactly what was installed: golden's package by
 //! version and a SHA-256 of its files (not by folder), the crate's requirement file by path and
-//! SHA-256. When the stamp matches, a set-up only checks that the interpreter starts: an
-//! up-to-date venv is detected in a fraction of a second.
+//! SHA-256. When the stamp matches, a set-up only checks that the interpreter starts and still
+//! finds the modules the checks import (located, not imported; a venv that lost one since is set
+//! up again): an up-to-date venv is detected in a fraction of a second.
 //!
 //! It depends on neither golden's runtime nor candle, so that `cargo xtask setup` starts pip before
 //! candle has compiled. One-shot commands run through [`duct`].
@@ -454,6 +455,42 @@ pub fn probe(python: &Path) -> Result<Vec<(String, String)>, String> {
         .collect())
 }
 
+/// The modules golden's checks import (numpy, golden's own package, torch and transformers when
+/// the set-up installs them) that `python` cannot find — located, not imported (`find_spec`: a
+/// few tens of milliseconds). An error when the interpreter does not start.
+fn missing_modules(python: &Path, options: &Options) -> Result<Vec<String>, String> {
+    let mut modules = vec!["numpy", "golden_ref"];
+    if options.extras.iter().any(|e| e == "torch") {
+        modules.push("torch");
+    }
+    if options.extras.iter().any(|e| e == "hf") {
+        modules.push("transformers");
+    }
+    let script = format!(
+        "import importlib.util as u\nfor m in {modules:?}:\n    if u.find_spec(m) is None:\n        print(m)\n"
+    );
+    let out = duct::cmd(python, ["-c", script.as_str()])
+        .stdout_capture()
+        .stderr_capture()
+        .unchecked()
+        .run()
+        .map_err(|e| format!("could not run `{}`: {e}", python.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the venv {} is broken: its interpreter does not start ({}); remove the folder and \
+             run the set-up again",
+            options.venv.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect())
+}
+
 /// `(major, minor)` of an interpreter, or why it cannot be used to create the venv.
 fn python_version(python: &OsString) -> Result<(u32, u32), String> {
     let shown = python.to_string_lossy();
@@ -492,28 +529,25 @@ pub fn run(options: &Options, log: &dyn Fn(&str)) -> Result<Done, String> {
     let wanted = options.stamp()?;
     let stamp_path = options.venv.join(STAMP);
     if python.exists() && std::fs::read_to_string(&stamp_path).ok().as_deref() == Some(&*wanted) {
-        // Up to date: only make sure the interpreter still starts (a venv whose base Python was
-        // removed does not), without importing anything.
-        let out = duct::cmd(&python, ["-c", ""])
-            .stdout_null()
-            .stderr_capture()
-            .unchecked()
-            .run()
-            .map_err(|e| format!("could not run `{}`: {e}", python.display()))?;
-        if out.status.success() {
-            return Ok(Done {
-                python,
-                up_to_date: true,
-                versions: Vec::new(),
-                seconds: started.elapsed().as_secs_f64(),
-            });
+        // Up to date by its stamp: make sure the interpreter still starts (a venv whose base
+        // Python was removed does not) and still finds what the checks import (a venv can lose
+        // a package after its set-up: `pip uninstall torch`), without importing anything.
+        match missing_modules(&python, options)? {
+            missing if missing.is_empty() => {
+                return Ok(Done {
+                    python,
+                    up_to_date: true,
+                    versions: Vec::new(),
+                    seconds: started.elapsed().as_secs_f64(),
+                })
+            }
+            missing => log(&format!(
+                "{} no longer has {} (its set-up installed {}): installing again",
+                options.venv.display(),
+                missing.join(", "),
+                if missing.len() == 1 { "it" } else { "them" }
+            )),
         }
-        return Err(format!(
-            "the venv {} is broken: its interpreter does not start ({}); remove the folder and \
-             run the set-up again",
-            options.venv.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
     }
     if !is_golden_package(&options.golden) {
         return Err(format!(
@@ -694,6 +728,45 @@ mod tests {
             "/v/bin/python -m pip install --disable-pip-version-check \
              '/g/reference_py[torch]' -r /c/reference_py/requirements.txt"
         );
+    }
+
+    /// `golden setup` said "up to date" for a venv that had lost numpy and torch since its set-up,
+    /// while every check said to run `golden setup` (#21 item 14): the stamp alone is not enough.
+    #[cfg(unix)]
+    #[test]
+    fn a_stamped_venv_that_lost_its_packages_is_set_up_again() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = temp("lost");
+        let golden = dir.join("golden");
+        std::fs::create_dir_all(&golden).unwrap();
+        std::fs::write(
+            golden.join("pyproject.toml"),
+            "[project]\nname='golden-ref'\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(golden.join("golden_ref")).unwrap();
+        std::fs::write(golden.join("golden_ref/worker.py"), "").unwrap();
+        // A venv whose interpreter starts but finds none of the packages (no site-packages, so
+        // no pip either: the reinstall fails at once, installing nothing anywhere).
+        let venv = dir.join("venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        let python = venv.join("bin/python");
+        std::fs::write(&python, "#!/bin/sh\nexec python3 -S \"$@\"\n").unwrap();
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let options = Options::for_golden(&golden, venv.clone());
+        std::fs::write(venv.join(STAMP), options.stamp().unwrap()).unwrap();
+        let said = std::cell::RefCell::new(Vec::new());
+        let result = run(&options, &|line| said.borrow_mut().push(line.to_string()));
+        let said = said.into_inner().join("\n");
+        match result {
+            Ok(done) => panic!("up to date: {}; said {said}", done.up_to_date),
+            Err(e) => assert!(e.contains("pip failed"), "{e}"),
+        }
+        assert!(
+            said.contains("no longer has numpy, golden_ref, torch, transformers"),
+            "{said}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

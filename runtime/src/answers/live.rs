@@ -29,6 +29,9 @@ pub struct ReferenceOutputs {
     /// Module form: groups of state_dict names that are one tensor (tied weights): a port reads
     /// one of them.
     pub aliases: Vec<Vec<String>>,
+    /// Module form: entries kept as the module has them (frozen parameters, buffers computed at
+    /// init), which a port may compute itself instead of reading.
+    pub kept: Vec<String>,
     /// Outputs in the case dtype.
     pub expected: Named,
     /// Per float leaf, the rounding estimate (None if the reference could not run in float64).
@@ -64,6 +67,49 @@ pub struct Unexplained {
     pub case_value: f64,
     /// Its value there in float64.
     pub float64_value: f64,
+    /// Why.
+    pub kind: UnexplainedKind,
+    /// `Unreliable`: the reference's largest error at the nudged inputs there (its RMS).
+    pub error: f64,
+}
+
+/// Why an element has no rounding estimate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnexplainedKind {
+    /// The float64 run is another computation there (it leaves the case dtype's range, or differs
+    /// by the same amount at every nudge): the plain bound applies, against the case-dtype answer.
+    NotSameComputation,
+    /// The reference's value in the case dtype is NaN or ±Inf there, and its float64 value does not
+    /// explain it (finite where the case dtype gives NaN, or within range where it gives Inf): an
+    /// overflow or a division by zero in the case dtype's computation. The check cannot judge the
+    /// port at such an element, and counts it as differing: a port's NaN there is never agreement.
+    NonFinite,
+    /// The reference's own error in the case dtype there is chaotic (its sign and size change from
+    /// nudge to nudge) and thousands of times what the float64 run's response to the nudges
+    /// explains: the case dtype computes this element unreliably on these inputs (a saturated bf16
+    /// softmax, whose ties rounding decides). The check cannot judge the port there, leaves the
+    /// element out, and says so: never blames a right port for the reference's own noise.
+    Unreliable,
+}
+
+impl UnexplainedKind {
+    /// Its name in a golden store (absent: `NotSameComputation`).
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            UnexplainedKind::NotSameComputation => None,
+            UnexplainedKind::NonFinite => Some("nonfinite"),
+            UnexplainedKind::Unreliable => Some("unreliable"),
+        }
+    }
+
+    /// The kind a store names.
+    pub fn from_name(name: Option<&str>) -> Self {
+        match name {
+            Some("nonfinite") => UnexplainedKind::NonFinite,
+            Some("unreliable") => UnexplainedKind::Unreliable,
+            _ => UnexplainedKind::NotSameComputation,
+        }
+    }
 }
 
 impl ReferenceOutputs {
@@ -115,6 +161,12 @@ impl ReferenceOutputs {
 /// constant is millions of times off.
 pub const EXPLAINED_FACTOR: f64 = 4096.0;
 
+/// How far beyond what rounding explains the case-dtype answer may move when the reference runs
+/// under an inert TorchFunctionMode (as golden's float64 pass runs under one) before the float64
+/// run counts as another computation there: a fast path that checks for a mode differs by a few
+/// ulps; a reference that computes otherwise under one (a tanh GELU for the erf one) by thousands.
+pub const MODE_FACTOR: f64 = 64.0;
+
 /// Unit roundoff and largest finite value of a float wire dtype.
 fn float_limits(dtype: golden_files::WireDType) -> (f64, f64) {
     use golden_files::WireDType as W;
@@ -140,72 +192,189 @@ fn float_limits(dtype: golden_files::WireDType) -> (f64, f64) {
 /// It is bounded: where the float64 value leaves the case dtype's finite range, or the reference's
 /// own error exceeds [`EXPLAINED_FACTOR`] times what rounding explains there (the output's response
 /// to the nudges, or an ulp of the largest magnitude among the leaf's values and `input_scale`,
-/// the inputs' and parameters' largest), the float64 run is
-/// not the same computation (a dtype-dependent constant such as `torch.finfo(x.dtype).min`); the
-/// element gets NaN — no estimate — and is counted in the returned [`Unexplained`]. The allowed
-/// error is never infinite.
+/// the inputs' and parameters' largest), or the case-dtype answer moves by more than
+/// [`MODE_FACTOR`] times that under an inert TorchFunctionMode (`mode_shift`: the float64 pass
+/// runs under one), the float64 run is not the same computation (a dtype-dependent constant such as
+/// `torch.finfo(x.dtype).min`, a branch taken only under golden's pass); the element gets NaN — no
+/// estimate — and is counted in the returned [`Unexplained`]. Where the reference's own error is
+/// chaotic (its spread over the nudges at least half its RMS: `own_mean`) and beyond what the
+/// float64 run explains, the case dtype computes the element unreliably: it gets −inf, and the
+/// comparison leaves it out ([`UnexplainedKind::Unreliable`]). The allowed error is never infinite.
 pub fn rounding_estimate(
     leaf: &str,
     expected: &HostTensor,
     precise: &HostTensor,
-    own: Option<&HostTensor>,
-    moved: Option<&HostTensor>,
+    samples: Samples<'_>,
     input_scale: f64,
-) -> (HostTensor, Option<Unexplained>) {
-    let e = expected.to_f64();
-    let h = precise.to_f64();
-    let sample = |t: Option<&HostTensor>| t.map(HostTensor::to_f64).filter(|s| s.len() == e.len());
-    let (own, moved) = (sample(own), sample(moved));
+) -> (HostTensor, Vec<Unexplained>) {
+    // Read a chunk at a time: no float64 copy of any of the five tensors (five times the output's
+    // size in float64, ten payloads of an f32 output, was most of this process's peak memory).
+    const CHUNK: usize = 1024;
+    let n = expected.numel();
+    fn same(t: Option<&HostTensor>, n: usize) -> Option<&HostTensor> {
+        t.filter(|s| s.numel() == n)
+    }
+    let (own, moved) = (same(samples.own, n), same(samples.moved, n));
+    let own_mean = same(samples.own_mean, n);
+    let mode_shift = same(samples.mode_shift, n);
+    let precise = same(Some(precise), n);
     let (u, largest) = float_limits(expected.dtype);
     let tiny = largest.recip().max(f64::MIN_POSITIVE); // about the smallest normal
                                                        // The computation's scale: rounding error is relative to the magnitudes a computation combines
                                                        // (its inputs', its outputs'), and where it cancels them (`1 + erf(x)` for x ≪ 0 in GELU) an
                                                        // element's own value says nothing.
-    let scale = h
-        .iter()
-        .filter(|x| x.is_finite() && x.abs() <= largest)
-        .fold(input_scale, |m, x| m.max(x.abs()));
-    let mut unexplained: Option<Unexplained> = None;
-    let estimate: Vec<u8> = (0..e.len())
-        .map(|i| {
-            let (e, h) = (e[i], h.get(i).copied().unwrap_or(f64::NAN));
-            if !e.is_finite() {
-                return half::bf16::ZERO; // non-finite values must match exactly anyway
+    let mut scale = input_scale;
+    let mut hb = [0.0f64; CHUNK];
+    if let Some(p) = precise {
+        for start in (0..n).step_by(CHUNK) {
+            let len = CHUNK.min(n - start);
+            p.read_f64_into(start, &mut hb[..len]);
+            for x in &hb[..len] {
+                if x.is_finite() && x.abs() <= largest {
+                    scale = scale.max(x.abs());
+                }
             }
-            let own_here = (e - h).abs().max(own.as_ref().map_or(0.0, |o| o[i]));
-            let moved_here = moved.as_ref().map_or(0.0, |m| m[i]);
+        }
+    }
+    let mut unexplained: Option<Unexplained> = None;
+    let mut unjudged: Option<Unexplained> = None;
+    let mut unreliable: Option<Unexplained> = None;
+    let mut element =
+        |i: usize, e: f64, h: f64, own_rms: f64, moved_here: f64, mean: Option<f64>, shift: f64| {
+            if !e.is_finite() {
+                // Non-finite values must match exactly. The float64 run says whether the reference's
+                // NaN or Inf is the computation's answer (0: judge it) or its case dtype's accident
+                // (NaN: the check cannot judge the port there, see `UnexplainedKind::NonFinite`).
+                let explained = (e.is_nan() && h.is_nan())
+                    || (e == f64::INFINITY && (h == f64::INFINITY || h > largest))
+                    || (e == f64::NEG_INFINITY && (h == f64::NEG_INFINITY || h < -largest));
+                if explained {
+                    return half::bf16::ZERO;
+                }
+                let u = unjudged.get_or_insert_with(|| Unexplained {
+                    leaf: leaf.to_string(),
+                    count: 0,
+                    index: crate::judge::compare::unravel(i, &expected.shape),
+                    case_value: e,
+                    float64_value: h,
+                    kind: UnexplainedKind::NonFinite,
+                    error: 0.0,
+                });
+                u.count += 1;
+                return half::bf16::NAN;
+            }
+            let own_here = (e - h).abs().max(own_rms);
             let explained = moved_here
                 .max(u * h.abs().max(e.abs()).max(scale))
                 .max(tiny);
             let estimate = bf16_round_up(own_here.max(moved_here));
-            let same_computation = h.is_finite()
-                && h.abs() <= largest
-                && moved_here.is_finite()
+            // Chaotic: the mean over the nudges does not dominate their spread (rounding, however
+            // large, changes sign and size from nudge to nudge).
+            let spread = (own_rms * own_rms - mean.map_or(0.0, |m| m * m))
+                .max(0.0)
+                .sqrt();
+            let in_range = h.is_finite() && h.abs() <= largest && moved_here.is_finite();
+            let same_under_a_mode = shift <= MODE_FACTOR * explained;
+            if in_range
+                && same_under_a_mode
                 && own_here <= EXPLAINED_FACTOR * explained
-                && estimate.is_finite();
-            if same_computation {
+                && estimate.is_finite()
+            {
                 return estimate;
             }
-            let u = unexplained.get_or_insert_with(|| Unexplained {
+            // Chaotic beyond what the float64 run explains: not another computation, but one the
+            // case dtype cannot do reliably here (`UnexplainedKind::Unreliable`, -inf).
+            let chaotic = in_range
+                && same_under_a_mode
+                && spread >= 0.5 * own_rms
+                && own_rms > (e - h).abs().max(explained);
+            let (slot, kind, mark) = if chaotic {
+                (
+                    &mut unreliable,
+                    UnexplainedKind::Unreliable,
+                    half::bf16::NEG_INFINITY,
+                )
+            } else {
+                (
+                    &mut unexplained,
+                    UnexplainedKind::NotSameComputation,
+                    half::bf16::NAN,
+                )
+            };
+            let u = slot.get_or_insert_with(|| Unexplained {
                 leaf: leaf.to_string(),
                 count: 0,
                 index: crate::judge::compare::unravel(i, &expected.shape),
                 case_value: e,
                 float64_value: h,
+                kind,
+                error: 0.0,
             });
             u.count += 1;
-            half::bf16::NAN
-        })
-        .flat_map(half::bf16::to_le_bytes)
-        .collect();
+            u.error = u.error.max(own_rms);
+            mark
+        };
+    let mut estimate: Vec<u8> = Vec::with_capacity(2 * n);
+    let mut sb = [0.0f64; CHUNK];
+    let (mut eb, mut ob, mut mb, mut ab) = (
+        [0.0f64; CHUNK],
+        [0.0f64; CHUNK],
+        [0.0f64; CHUNK],
+        [0.0f64; CHUNK],
+    );
+    for start in (0..n).step_by(CHUNK) {
+        let len = CHUNK.min(n - start);
+        expected.read_f64_into(start, &mut eb[..len]);
+        match precise {
+            Some(p) => p.read_f64_into(start, &mut hb[..len]),
+            None => hb[..len].fill(f64::NAN),
+        }
+        for (buffer, tensor) in [
+            (&mut ob, own),
+            (&mut mb, moved),
+            (&mut ab, own_mean),
+            (&mut sb, mode_shift),
+        ] {
+            match tensor {
+                Some(t) => t.read_f64_into(start, &mut buffer[..len]),
+                None => buffer[..len].fill(0.0),
+            }
+        }
+        for k in 0..len {
+            let mean = own_mean.map(|_| ab[k]);
+            let value = element(start + k, eb[k], hb[k], ob[k], mb[k], mean, sb[k]);
+            estimate.extend_from_slice(&value.to_le_bytes());
+        }
+    }
     (
         HostTensor {
             dtype: golden_files::WireDType::BF16,
             shape: expected.shape.clone(),
             data: estimate.into(),
         },
-        unexplained,
+        unexplained
+            .into_iter()
+            .chain(unjudged)
+            .chain(unreliable)
+            .collect(),
     )
+}
+
+/// The worker's samples of the rounding error at inputs nudged by one ulp, per element: the RMS of
+/// the reference's own error there (`own`), of the float64 output's move (`moved`), and the own
+/// error's signed mean (`own_mean`). Any may be missing (an older store's answer, a reference that
+/// could not run nudged).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Samples<'a> {
+    /// RMS over the nudges of `case dtype − float64`.
+    pub own: Option<&'a HostTensor>,
+    /// RMS over the nudges of the float64 output's move.
+    pub moved: Option<&'a HostTensor>,
+    /// Mean over the nudges of `case dtype − float64`, signed.
+    pub own_mean: Option<&'a HostTensor>,
+    /// How far the case-dtype answer moves when the reference runs under an inert
+    /// TorchFunctionMode (sent only where it moves at all).
+    pub mode_shift: Option<&'a HostTensor>,
 }
 
 /// The smallest bf16 not below `x` (x ≥ 0).
@@ -408,7 +577,11 @@ impl Live {
                     h["trace"] = json!(true);
                 }
                 if *twice {
+                    // Asked again to see whether it answers the same (a failing case): the case
+                    // dtype twice is all it takes, not the float64 and nudged evaluations again
+                    // (nor their answer, six payloads, held beside the first).
                     h["twice"] = json!(true);
+                    h["precise"] = json!(false);
                 }
                 add_schedule(&mut h, *plan, &mut table);
                 h
@@ -490,9 +663,14 @@ impl Live {
                 Ok(outputs)
             }
             Request::Train { .. } => {
+                // A loss that is not a number is not left out: the steps must stay aligned.
                 let losses: Vec<f64> = response["losses"]
                     .as_array()
-                    .map(|l| l.iter().filter_map(Json::as_f64).collect())
+                    .map(|l| {
+                        l.iter()
+                            .map(|x| wire::number(x).unwrap_or(f64::NAN))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let mut expected = vec![(
                     "losses".to_string(),
@@ -558,7 +736,8 @@ pub enum Request<'a> {
         /// order (the forward check of a layer with `trace`).
         trace: bool,
         /// Evaluate twice in the case dtype: two answers that differ fail as a reference that is
-        /// not deterministic. Not part of the answer's key: the answer is the same.
+        /// not deterministic. Not part of the answer's key: the answer is the same (but for the
+        /// rounding estimate, which such a request does not ask for).
         twice: bool,
         /// Keep the float64 result, in float64 (the gradient check tells a port that computes
         /// below float64 by it).
@@ -672,6 +851,8 @@ pub(crate) fn decode_outputs(
     let precise = named(&header["precise"], tensors)?;
     let own = named(&header["own"], tensors)?;
     let moved = named(&header["moved"], tensors)?;
+    let own_mean = named(&header["own_mean"], tensors)?;
+    let mode_shift = named(&header["mode_shift"], tensors)?;
     let find = |set: &Option<Named>, name: &str| {
         set.as_ref()?
             .iter()
@@ -684,14 +865,16 @@ pub(crate) fn decode_outputs(
             .iter()
             .filter_map(|(name, value)| {
                 let h = find(&precise, name)?;
-                let (estimate, u) = rounding_estimate(
-                    name,
-                    value,
-                    &h,
-                    find(&own, name).as_ref(),
-                    find(&moved, name).as_ref(),
-                    input_scale,
-                );
+                let (own, moved, own_mean) =
+                    (find(&own, name), find(&moved, name), find(&own_mean, name));
+                let shift = find(&mode_shift, name);
+                let samples = Samples {
+                    own: own.as_ref(),
+                    moved: moved.as_ref(),
+                    own_mean: own_mean.as_ref(),
+                    mode_shift: shift.as_ref(),
+                };
+                let (estimate, u) = rounding_estimate(name, value, &h, samples, input_scale);
                 unexplained.extend(u);
                 Some((name.clone(), estimate))
             })
@@ -719,6 +902,7 @@ pub(crate) fn decode_outputs(
         state_dict: named(&header["state_dict"], tensors)?.unwrap_or_default(),
         buffers: wire::strings(&header["buffers"]),
         aliases,
+        kept: Vec::new(),
         expected,
         rounding,
         precise,
@@ -731,6 +915,45 @@ pub(crate) fn decode_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn f32s(v: &[f64]) -> HostTensor {
+        HostTensor::from_floats(vec![v.len()], v, golden_files::WireDType::F32)
+    }
+
+    /// One element per kind: rounding (kept), another computation in golden's float64 pass (the
+    /// answer moves under an inert mode: NaN), an error chaotic and far beyond what float64
+    /// explains (−inf: not judged), and a NaN that float64 does not give (NaN: not judged, a
+    /// difference).
+    #[test]
+    fn each_kind_of_unexplained_element_is_told_apart() {
+        let expected = f32s(&[1.0, 1.0005, 0.004, f64::NAN]);
+        let precise = HostTensor::from_f64(vec![4], &[1.0 + 3e-8, 1.0, 1e-7, 0.5]);
+        let own = f32s(&[4e-8, 5e-4, 9.5e4, 0.0]);
+        let own_mean = f32s(&[1e-8, 5e-4, -4.7e4, 0.0]);
+        let moved = f32s(&[6e-8, 6e-8, 20.0, 0.0]);
+        // The second element's answer moves by its whole difference under an inert mode.
+        let shift = f32s(&[0.0, 5e-4, 0.0, 0.0]);
+        let samples = Samples {
+            own: Some(&own),
+            moved: Some(&moved),
+            own_mean: Some(&own_mean),
+            mode_shift: Some(&shift),
+        };
+        let (estimate, unexplained) = rounding_estimate("out", &expected, &precise, samples, 1.0);
+        let e = estimate.to_f64();
+        assert!(e[0] > 0.0 && e[0] < 1e-7, "{e:?}");
+        assert!(e[1].is_nan() && e[3].is_nan(), "{e:?}");
+        assert_eq!(e[2], f64::NEG_INFINITY);
+        let kinds: Vec<UnexplainedKind> = unexplained.iter().map(|u| u.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                UnexplainedKind::NotSameComputation,
+                UnexplainedKind::NonFinite,
+                UnexplainedKind::Unreliable
+            ]
+        );
+    }
 
     #[test]
     fn the_estimate_rounds_up_to_bf16() {

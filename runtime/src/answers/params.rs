@@ -40,11 +40,28 @@ pub struct ParamEntry {
     pub shape: Vec<usize>,
     /// A buffer, not a parameter (no gradient in PyTorch, not trained).
     pub buffer: bool,
-    /// Integer entries are not drawn: their values, as the module has them.
+    /// Integer entries are not drawn: their values, as the module has them; so are kept float
+    /// entries (see `kept`).
     pub value: Option<HostTensor>,
     /// Float entries: the initial values' mean, spread, and for all-positive values the mean and
-    /// spread of their logarithms.
+    /// spread of their logarithms (over their finite values).
     pub stats: Option<ParamStats>,
+    /// Why a float entry keeps its value (`value`) instead of being drawn: `frozen` (a parameter
+    /// with `requires_grad=False`) or `computed` (a buffer the module computes at init from a
+    /// formula: not constant, the same under another seed).
+    pub kept: Option<String>,
+    /// The module's construction left it uninitialised (`torch.empty` memory): it is drawn fresh,
+    /// from no statistics of its own.
+    pub uninitialised: bool,
+}
+
+impl ParamEntry {
+    /// Whether the port may leave it unread: a kept entry is a constant of the module, which a
+    /// port may compute itself (candle's Whisper computes the sinusoidal positions Hugging Face
+    /// keeps in a frozen parameter).
+    pub fn may_go_unread(&self) -> bool {
+        self.kept.is_some()
+    }
 }
 
 /// Statistics of a float entry's initial values.
@@ -97,15 +114,20 @@ impl ParamSpec {
                             .clone(),
                     ),
                 };
+                let finite = |x: f64| -> Result<f64, String> {
+                    x.is_finite()
+                        .then_some(x)
+                        .ok_or_else(|| format!("a statistic that is not finite in {e}"))
+                };
                 let stats = if e["float"].as_bool() == Some(true) && e.get("mean").is_some() {
                     let log = match (e["log_mean"].as_f64(), e["log_std"].as_f64()) {
                         (Some(m), Some(s)) => Some((m, s)),
                         _ => None,
                     };
                     Some(ParamStats {
-                        mean: f64_of(e, "mean")?,
-                        std: f64_of(e, "std")?,
-                        log,
+                        mean: finite(f64_of(e, "mean")?)?,
+                        std: finite(f64_of(e, "std")?)?,
+                        log: log.filter(|(m, s)| m.is_finite() && s.is_finite()),
                     })
                 } else {
                     None
@@ -116,6 +138,8 @@ impl ParamSpec {
                     buffer: e["buffer"].as_bool().unwrap_or(false),
                     value,
                     stats,
+                    kept: e["kept"].as_str().map(str::to_string),
+                    uninitialised: e["uninitialised"].as_bool().unwrap_or(false),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -133,21 +157,23 @@ impl ParamSpec {
             .iter()
             .map(|e| {
                 let mut j = json!({"name": e.name, "shape": e.shape, "buffer": e.buffer});
-                match (&e.value, &e.stats) {
-                    (Some(v), _) => {
-                        j["float"] = json!(false);
-                        j["value"] = table.add(v.clone());
+                j["float"] = json!(e.value.as_ref().is_none_or(|v| v.dtype.is_float()));
+                if let Some(v) = &e.value {
+                    j["value"] = table.add(v.clone());
+                }
+                if let Some(s) = &e.stats {
+                    j["mean"] = json!(s.mean);
+                    j["std"] = json!(s.std);
+                    if let Some((m, sd)) = s.log {
+                        j["log_mean"] = json!(m);
+                        j["log_std"] = json!(sd);
                     }
-                    (None, Some(s)) => {
-                        j["float"] = json!(true);
-                        j["mean"] = json!(s.mean);
-                        j["std"] = json!(s.std);
-                        if let Some((m, sd)) = s.log {
-                            j["log_mean"] = json!(m);
-                            j["log_std"] = json!(sd);
-                        }
-                    }
-                    (None, None) => j["float"] = json!(true),
+                }
+                if let Some(k) = &e.kept {
+                    j["kept"] = json!(k);
+                }
+                if e.uninitialised {
+                    j["uninitialised"] = json!(true);
                 }
                 j
             })
@@ -160,9 +186,59 @@ impl ParamSpec {
         self.aliases.iter().find(|g| g.iter().any(|n| n == name))
     }
 
+    /// What a snapshot says about the entries that are not drawn from their own statistics: those
+    /// kept as the module has them, and those drawn fresh because the module left them
+    /// uninitialised. Empty for a module whose every float entry is drawn as usual.
+    pub fn notes(&self, redraw_kept: bool) -> Vec<String> {
+        let names = |f: &dyn Fn(&ParamEntry) -> bool| -> Vec<&str> {
+            self.entries
+                .iter()
+                .filter(|e| f(e))
+                .map(|e| e.name.as_str())
+                .collect()
+        };
+        let mut out = Vec::new();
+        let frozen = names(&|e| e.kept.as_deref() == Some("frozen"));
+        let computed = names(&|e| e.kept.as_deref() == Some("computed"));
+        let fresh = names(&|e| e.uninitialised);
+        if !redraw_kept && !frozen.is_empty() {
+            out.push(format!(
+                "params kept as the module has them (frozen: requires_grad=False): {}",
+                frozen.join(", ")
+            ));
+        }
+        if !redraw_kept && !computed.is_empty() {
+            out.push(format!(
+                "params kept as the module has them (buffers computed at init, the same under \
+                 any seed): {}",
+                computed.join(", ")
+            ));
+        }
+        if redraw_kept && !(frozen.is_empty() && computed.is_empty()) {
+            out.push(format!(
+                "params drawn although the module keeps them (params = drawn_all): {}",
+                frozen
+                    .iter()
+                    .chain(&computed)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if !fresh.is_empty() {
+            out.push(format!(
+                "params drawn fresh, normal(0, 1/√fan_in), because the module leaves them \
+                 uninitialised (torch.empty): {}",
+                fresh.join(", ")
+            ));
+        }
+        out
+    }
+
     /// The state_dict of one case: every float entry drawn from `seed` in `dtype` (see the module's
-    /// documentation), integer entries as listed, tied names one draw.
-    pub fn draw(&self, seed: u64, dtype: DType) -> Vec<(String, HostTensor)> {
+    /// documentation), integer entries as listed, kept entries as the module has them (drawn
+    /// too with `redraw_kept`), tied names one draw.
+    pub fn draw(&self, seed: u64, dtype: DType, redraw_kept: bool) -> Vec<(String, HostTensor)> {
         let wire = WireDType::from_candle(dtype)
             .filter(|d| d.is_float())
             .unwrap_or(WireDType::F32);
@@ -179,11 +255,20 @@ impl ParamSpec {
                 continue;
             }
             let t = match &e.value {
-                Some(v) => v.clone(),
-                None => {
+                Some(v) if !v.dtype.is_float() => v.clone(),
+                Some(v) if !redraw_kept => {
+                    HostTensor::from_floats(v.shape.clone(), &v.to_f64(), wire)
+                }
+                _ => {
                     let n: usize = e.shape.iter().product();
                     let z = Rng::new(seed, &format!("param.{}", e.name)).normals(n);
-                    let values: Vec<f64> = match e.stats {
+                    // Uninitialised memory says nothing: a fan-in scale, as PyTorch's inits use.
+                    let fresh = e.uninitialised.then(|| match e.shape.last() {
+                        Some(&fan_in) if e.shape.len() >= 2 => 1.0 / (fan_in.max(1) as f64).sqrt(),
+                        _ => 0.1,
+                    });
+                    let stats = if fresh.is_some() { None } else { e.stats };
+                    let values: Vec<f64> = match stats {
                         Some(ParamStats {
                             log: Some((m, s)), ..
                         }) => {
@@ -198,7 +283,10 @@ impl ParamSpec {
                             };
                             z.iter().map(|z| mean + s * z).collect()
                         }
-                        None => z.iter().map(|z| 0.1 * z).collect(),
+                        None => {
+                            let s = fresh.unwrap_or(0.1);
+                            z.iter().map(|z| s * z).collect()
+                        }
                     };
                     HostTensor::from_floats(e.shape.clone(), &values, wire)
                 }
@@ -428,6 +516,23 @@ fn close_names(name: &str, names: &[String]) -> Vec<String> {
     }
     close.truncate(8);
     close
+}
+
+/// `issues` without the entries the port never read that it may leave unread: those kept as the
+/// module has them (`kept`, by the reference's names; a port may compute them itself), under their
+/// served names (`rename`).
+pub fn without_kept(
+    issues: Vec<ParamIssue>,
+    kept: &[String],
+    rename: &[(String, String)],
+) -> Vec<ParamIssue> {
+    issues
+        .into_iter()
+        .filter(|i| match i {
+            ParamIssue::Unused { name, .. } => !kept.iter().any(|k| renamed(k, rename) == *name),
+            _ => true,
+        })
+        .collect()
 }
 
 /// The port's name for a reference name under `rename(from = to, ...)`: the first rule whose

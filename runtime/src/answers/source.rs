@@ -268,7 +268,7 @@ impl Source {
         let spec = self.spec(layer, dtype)?;
         let state = match &layer.params {
             Params::Weights(_) => self.checkpoint(layer, dtype, &spec)?,
-            _ => spec.draw(params.seed, dtype),
+            _ => spec.draw(params.seed, dtype, layer.params == Params::DrawnAll),
         };
         Ok(Some((state, spec)))
     }
@@ -430,11 +430,35 @@ impl Source {
                         .filter(|e| e.buffer)
                         .map(|e| e.name.clone())
                         .collect();
+                    outputs.kept = if layer.params == Params::DrawnAll {
+                        Vec::new()
+                    } else {
+                        spec.entries
+                            .iter()
+                            .filter(|e| e.may_go_unread())
+                            .map(|e| e.name.clone())
+                            .collect()
+                    };
                 }
                 Answer::Outputs(outputs)
             }
             Err(e) => Answer::Failed(e),
         }
+    }
+
+    /// What the snapshot says about the module's parameters beyond the description: those kept as
+    /// the module has them, those drawn fresh because it leaves them uninitialised (every
+    /// construction's, once each).
+    pub fn param_notes(&self, layer: &Layer) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (_, spec) in self.spec.borrow().iter() {
+            for note in spec.notes(layer.params == Params::DrawnAll) {
+                if !out.contains(&note) {
+                    out.push(note);
+                }
+            }
+        }
+        out
     }
 
     /// The reference's known variants on a case; `None` in replay (they need Python).
@@ -526,7 +550,8 @@ impl Source {
         if kept < entries.len() {
             line.push_str(&format!(
                 "; {} more did not fit the {:.1} MiB bound (GOLDEN_STORE_LIMIT): a replay runs the \
-                 recorded ones and does not compare the snapshot",
+                 recorded ones and, instead of the snapshot, checks the store's SHA-256 against \
+                 the one the snapshot records: run the check live once to update it",
                 entries.len() - kept,
                 limit as f64 / (1024.0 * 1024.0)
             ));

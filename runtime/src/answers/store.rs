@@ -79,6 +79,9 @@ pub struct Store {
     pub description: String,
     /// `Some((kept, evaluated))` when the size bound dropped cases.
     pub partial: Option<(usize, usize)>,
+    /// A partial store: the size bound it was cut at and the size of the first case it dropped,
+    /// both as the bound counts them (what makes a claim to be partial checkable).
+    pub cut: Option<(usize, usize)>,
     /// Module form with drawn or checkpoint parameters: the module's parameter list for each
     /// construction ([`Layer::construction_key`]); a format-2 store's one list has no key and
     /// serves every case.
@@ -215,10 +218,16 @@ pub(crate) fn entry_size(e: &Entry) -> usize {
 }
 
 fn unexplained_json(u: &Unexplained) -> Json {
-    json!({
+    let mut j = json!({
         "leaf": u.leaf, "count": u.count, "index": u.index,
         "case_value": u.case_value, "float64_value": u.float64_value,
-    })
+    });
+    // Left out when false: stores recorded before it existed keep their bytes.
+    if let Some(kind) = u.kind.name() {
+        j["kind"] = json!(kind);
+        j["error"] = json!(u.error);
+    }
+    j
 }
 
 fn unexplained_of(v: &Json) -> Result<Unexplained, String> {
@@ -239,6 +248,8 @@ fn unexplained_of(v: &Json) -> Result<Unexplained, String> {
         // JSON has no infinity or NaN: a value that is not a number was not finite.
         case_value: v["case_value"].as_f64().unwrap_or(f64::NAN),
         float64_value: v["float64_value"].as_f64().unwrap_or(f64::INFINITY),
+        kind: crate::answers::live::UnexplainedKind::from_name(v["kind"].as_str()),
+        error: v["error"].as_f64().unwrap_or(0.0),
     })
 }
 
@@ -357,6 +368,57 @@ fn check_names(e: &Entry) -> Result<(), String> {
     Ok(())
 }
 
+/// What a store's header says of its cases, against what it holds: every case it says it kept, at
+/// least one, and — for a store that says its size bound dropped cases — a bound that the kept
+/// cases and the first dropped one really exceed. The header is inside the data it vouches for, so
+/// this only refuses a claim that contradicts the store; the SHA-256 its snapshot records (checked
+/// whatever the header says, `run/check.rs`) is what makes it tamper-evident. Returns the bound and
+/// the dropped case's size of a partial store.
+fn check_cases(
+    description: &str,
+    entries: &[Entry],
+    kept: usize,
+    evaluated: usize,
+    cases: &Json,
+) -> Result<Option<(usize, usize)>, String> {
+    if entries.is_empty() {
+        return Err(format!(
+            "it holds no case (its header says {kept} of {evaluated} kept): a store that would \
+             compare nothing is never trusted"
+        ));
+    }
+    if kept != entries.len() {
+        return Err(format!(
+            "its header says {kept} cases were kept, it holds {}",
+            entries.len()
+        ));
+    }
+    if kept >= evaluated {
+        return Ok(None);
+    }
+    let size = base_size(description) + entries.iter().map(entry_size).sum::<usize>();
+    let claim = format!("it says it is partial ({kept} of {evaluated} cases kept)");
+    let bound = cases["bound"].as_u64().map(|b| b as usize);
+    let next = cases["next"].as_u64().map(|n| n as usize);
+    match (bound, next) {
+        (Some(bound), Some(next)) if size + next > bound && size <= bound => {
+            Ok(Some((bound, next)))
+        }
+        (Some(bound), Some(next)) => Err(format!(
+            "{claim}, but its {} cases and the first dropped one ({}) fit the size bound it \
+             records ({}): a partial store far below its bound is never trusted; record it again",
+            kept,
+            crate::describe::numbers::bytes(next as u128),
+            crate::describe::numbers::bytes(bound as u128)
+        )),
+        _ => Err(format!(
+            "{claim}, but it does not record the size bound that dropped the others ({}); \
+             record it again",
+            crate::describe::numbers::bytes(size as u128)
+        )),
+    }
+}
+
 /// What a store's size bound counts before its entries.
 pub(crate) fn base_size(description: &str) -> usize {
     1024 + description.len()
@@ -437,6 +499,12 @@ pub fn save(
         "cases": {"kept": kept, "evaluated": entries.len()},
         "entries": items,
     });
+    if kept < entries.len() {
+        // What makes the claim to be partial checkable when the store is read: the bound, and
+        // the size of the first case that did not fit under it.
+        header["cases"]["bound"] = json!(limit);
+        header["cases"]["next"] = json!(entry_size(&entries[kept]));
+    }
     if !params.is_empty() {
         header["params"] = Json::Array(
             params
@@ -562,6 +630,7 @@ impl Store {
                         .as_array()
                         .map(|g| g.iter().map(wire::strings).collect())
                         .unwrap_or_default(),
+                    kept: Vec::new(),
                     expected: named(&e["expected"])?,
                     rounding: match &e["rounding"] {
                         Json::Null => None,
@@ -594,6 +663,11 @@ impl Store {
         }
         let kept = h["cases"]["kept"].as_u64().unwrap_or(0) as usize;
         let evaluated = h["cases"]["evaluated"].as_u64().unwrap_or(0) as usize;
+        let description = h["description"]
+            .as_str()
+            .ok_or("no description")?
+            .to_string();
+        let cut = check_cases(&description, &entries, kept, evaluated, &h["cases"])?;
         let index = entries
             .iter()
             .enumerate()
@@ -601,11 +675,9 @@ impl Store {
             .collect();
         Ok(Store {
             path: path.to_path_buf(),
-            description: h["description"]
-                .as_str()
-                .ok_or("no description")?
-                .to_string(),
+            description,
             partial: (kept < evaluated).then_some((kept, evaluated)),
+            cut,
             params: match (&h["params"], format) {
                 (Json::Null, _) => Vec::new(),
                 (p, FORMAT_2) => vec![(

@@ -14,7 +14,9 @@
 //! | `GOLDEN_WORKERS` | most Python workers per test process (default: cores, at most 4) |
 //! | `GOLDEN_VENV` | the venv `golden setup` creates and golden looks for |
 //! | `GOLDEN_MUTATIONS` | the mutation diagnosis of a failure: `auto` (default), `always`, `off` |
-//! | `GOLDEN_VARIANTS` | `off` leaves the reference's declared `@variant`s unevaluated |
+//! | `GOLDEN_VARIANTS` | `off` leaves the reference's declared `@variant`s unevaluated (`on`: the default) |
+//! | `GOLDEN_SHARED_WORKER` | `auto` (default: on under nextest), `always`, `never` |
+//! | `GOLDEN_SHARED_IDLE` | seconds the shared worker daemon stays without connections (default 60) |
 //! | `GOLDEN_RUN` | names the run a test process's results belong to (default: its `cargo test` or nextest run) |
 
 use std::path::{Path, PathBuf};
@@ -123,12 +125,72 @@ pub fn mutations() -> Result<Mutations, String> {
 }
 
 /// Whether the reference's declared variants are evaluated on a failure (`GOLDEN_VARIANTS=off`
-/// turns them off, e.g. to measure what the mutation diagnosis finds on its own).
+/// turns them off, e.g. to measure what the mutation diagnosis finds on its own; `on`, the
+/// default, leaves them on). A value it cannot read counts as on here: [`variants_setting`]
+/// reports it before any case runs.
 pub fn variants() -> bool {
-    !matches!(
-        var("GOLDEN_VARIANTS").as_deref().map(str::trim),
-        Some("off")
-    )
+    variants_setting().unwrap_or(true)
+}
+
+/// `GOLDEN_VARIANTS`: on (the default) or off, or an error naming the accepted values.
+pub fn variants_setting() -> Result<bool, String> {
+    match var("GOLDEN_VARIANTS").as_deref().map(str::trim) {
+        None | Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(other) => Err(format!("GOLDEN_VARIANTS={other:?} is not one of on, off")),
+    }
+}
+
+/// Whether checks use the shared worker (`GOLDEN_SHARED_WORKER`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedWorker {
+    /// On under nextest (which sets `NEXTEST`), else off.
+    Auto,
+    /// Always.
+    Always,
+    /// Never.
+    Never,
+}
+
+/// `GOLDEN_SHARED_WORKER` (`auto`, the default; `always` or its older spellings `1`/`on`; `never`,
+/// `0`/`off`), or an error naming the accepted values.
+pub fn shared_worker() -> Result<SharedWorker, String> {
+    match var("GOLDEN_SHARED_WORKER").as_deref().map(str::trim) {
+        None | Some("auto") => Ok(SharedWorker::Auto),
+        Some("always" | "1" | "on") => Ok(SharedWorker::Always),
+        Some("never" | "0" | "off") => Ok(SharedWorker::Never),
+        Some(other) => Err(format!(
+            "GOLDEN_SHARED_WORKER={other:?} is not one of auto, always, never"
+        )),
+    }
+}
+
+/// Read the variables that are read only where they matter (a failure's variants, the start of a
+/// worker), so that a value golden cannot read fails a check before any case runs, whatever the
+/// check ends up needing.
+pub fn check_read_later() -> Result<(), String> {
+    variants_setting()?;
+    shared_worker()?;
+    shared_idle()?;
+    Ok(())
+}
+
+/// `GOLDEN_SHARED_IDLE`: seconds the shared worker daemon stays without connections (default 60),
+/// a positive number; or an error naming the accepted form.
+pub fn shared_idle() -> Result<f64, String> {
+    let Some(v) = var("GOLDEN_SHARED_IDLE") else {
+        return Ok(60.0);
+    };
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .ok_or_else(|| {
+            format!(
+                "GOLDEN_SHARED_IDLE={v:?} is not a number of seconds: give a positive number \
+                 (default 60)"
+            )
+        })
 }
 
 /// `GOLDEN_CASES`, when set: at least 1 (a check of zero cases would pass without checking).

@@ -8,8 +8,9 @@
 //! Styles apply to `normal(...)` arguments only: `uniform`/`int`/`bool` declare a domain, which
 //! edge values must not leave.
 
+pub use crate::describe::hash::fnv1a;
 use crate::describe::layer::{ArgSpec, Bound, DimExpr, Dist, Layer};
-pub use crate::describe::rng::{fnv1a, Rng};
+pub use crate::describe::rng::Rng;
 use crate::describe::schedule::{self, Padding, Steps};
 use candle_core::DType;
 use golden_files::{HostTensor, WireDType};

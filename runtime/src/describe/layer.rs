@@ -572,9 +572,14 @@ pub struct Layer {
 pub enum Params {
     /// Every floating-point entry of the reference module's state_dict re-drawn per case, seeded
     /// like the inputs, keeping each tensor's scale and domain (`answers/params.rs`): constant
-    /// inits (a norm's 1 and 0, zeroed biases, BatchNorm's running statistics) hide bugs.
+    /// inits (a norm's 1 and 0, zeroed biases, BatchNorm's running statistics) hide bugs. Frozen
+    /// parameters and buffers the module computes at init from a formula keep their values: their
+    /// value is their meaning (Whisper's sinusoidal positions).
     #[default]
     Drawn,
+    /// Like `Drawn`, and frozen parameters and buffers the module computes at init are drawn
+    /// too (`params = drawn_all`), where `Drawn` keeps their values.
+    DrawnAll,
     /// The module's own initialisation under the case seed (`params = init`).
     Init,
     /// The tensors of a `.safetensors` checkpoint, the same on both sides (`weights = "path"`,
@@ -809,6 +814,13 @@ impl Layer {
         self
     }
 
+    /// Module form: draw frozen parameters and buffers the module computes at init too
+    /// (`params = drawn_all`), which the default keeps as the module has them.
+    pub fn params_drawn_all(mut self) -> Self {
+        self.params = Params::DrawnAll;
+        self
+    }
+
     /// Module form: serve the tensors of a `.safetensors` checkpoint to both sides (`weights =
     /// "path"`, relative to the crate's manifest dir unless absolute).
     pub fn weights(mut self, path: &str) -> Self {
@@ -934,7 +946,7 @@ impl Layer {
             crate::describe::env::target_dir()?
                 .join("golden")
                 .join(what)
-                .join(self.crate_name()),
+                .join(crate::describe::file_names::file_name(self.crate_name())),
         )
     }
 
@@ -960,16 +972,18 @@ impl Layer {
     }
 
     /// The check's name for files: the module path without the crate, `::` as `__`, ending with
-    /// the layer's name (`activations::gelu` → `activations__gelu`).
+    /// the layer's name (`activations::gelu` → `activations__gelu`), as one file name
+    /// ([`file_name`](crate::describe::file_names::file_name): a name with `/` or `..` names no
+    /// path). The snapshot, the golden store, the results file and the artifacts all use it.
     pub fn check_name(&self) -> String {
         let Some(declared) = &self.declared else {
-            return self.name.clone();
+            return crate::describe::file_names::file_name(&self.name);
         };
         let mut parts: Vec<&str> = declared.module_path.split("::").skip(1).collect();
         if parts.last() != Some(&self.name.as_str()) {
             parts.push(&self.name);
         }
-        parts.join("__")
+        crate::describe::file_names::file_name(&parts.join("__"))
     }
 
     /// The crate's manifest dir, if declared.
@@ -1016,6 +1030,10 @@ impl Layer {
                     s,
                     "params: drawn per case (every float entry of the state_dict, seeded like the inputs)"
                 ),
+                Params::DrawnAll => writeln!(
+                    s,
+                    "params: drawn per case, frozen and computed ones too (params = drawn_all)"
+                ),
                 Params::Init => writeln!(s, "params: the module's own init (params = init)"),
                 Params::Weights(path) => writeln!(s, "params: weights from {path}"),
             };
@@ -1049,6 +1067,113 @@ impl Layer {
         format!("{} [{}] ~ {}", arg.name, shape.join(", "), arg.dist)
     }
 
+    /// Refuse declarations under which no wrong port can fail: inputs that are NaN, constant or
+    /// beyond a dtype's range, tolerances that are NaN, infinite or negative (and the same for the
+    /// options of `grad(...)` and `overfit(...)`). Each error names the option.
+    fn validate_degenerate(&self) -> Result<(), String> {
+        let finite_nonnegative = |x: f64| x.is_finite() && x >= 0.0;
+        for arg in &self.args {
+            let what = format!("argument `{}` ~ {}", arg.name, arg.dist);
+            match arg.dist {
+                Dist::Normal { mean, std } => {
+                    if !(mean.is_finite() && std.is_finite()) {
+                        return Err(format!("{what}: its mean and spread must be finite"));
+                    }
+                    if std < 0.0 {
+                        return Err(format!("{what}: a negative spread"));
+                    }
+                    for &dtype in &self.dtypes {
+                        let (_, largest) = float_range(dtype);
+                        if mean.abs() + std > largest {
+                            return Err(format!(
+                                "{what}: beyond {}'s finite range (its largest value is {}): \
+                                 its values would be ±inf",
+                                dtype_name(dtype),
+                                crate::describe::numbers::num(largest)
+                            ));
+                        }
+                    }
+                }
+                Dist::Uniform { lo, hi } => {
+                    if !(lo.is_finite() && hi.is_finite()) {
+                        return Err(format!(
+                            "{what}: its bounds must be finite (infinite bounds make every value \
+                             NaN or ±inf)"
+                        ));
+                    }
+                    if lo >= hi {
+                        return Err(format!(
+                            "{what}: an empty range (lo must be below hi): every value would be {}",
+                            crate::describe::numbers::num(lo)
+                        ));
+                    }
+                    for &dtype in &self.dtypes {
+                        let (round, largest) = float_range(dtype);
+                        if lo.abs().max(hi.abs()) > largest {
+                            return Err(format!(
+                                "{what}: beyond {}'s finite range (its largest value is {})",
+                                dtype_name(dtype),
+                                crate::describe::numbers::num(largest)
+                            ));
+                        }
+                        if round(lo) == round(hi) {
+                            return Err(format!(
+                                "{what}: every value rounds to one {} ({}): the input is a \
+                                 constant; widen the range",
+                                dtype_name(dtype),
+                                crate::describe::numbers::num(round(lo))
+                            ));
+                        }
+                    }
+                }
+                Dist::Int { .. } | Dist::Bool => {}
+            }
+        }
+        if let Some(Tol { atol, rtol }) = self.tol {
+            if !(finite_nonnegative(atol) && finite_nonnegative(rtol)) {
+                return Err(format!(
+                    "tol(atol = {}, rtol = {}): a tolerance must be finite and not negative",
+                    crate::describe::numbers::num(atol),
+                    crate::describe::numbers::num(rtol)
+                ));
+            }
+        }
+        if let Some(grad) = &self.grad {
+            let ok = grad.eps.is_finite()
+                && grad.eps > 0.0
+                && finite_nonnegative(grad.atol)
+                && finite_nonnegative(grad.rtol);
+            if !ok {
+                return Err(format!(
+                    "grad(eps = {}, atol = {}, rtol = {}): eps must be finite and positive, atol \
+                     and rtol finite and not negative",
+                    crate::describe::numbers::num(grad.eps),
+                    crate::describe::numbers::num(grad.atol),
+                    crate::describe::numbers::num(grad.rtol)
+                ));
+            }
+        }
+        if let Some(o) = &self.overfit {
+            let lr = o.optimizer.lr();
+            let ok = lr.is_finite()
+                && lr > 0.0
+                && finite_nonnegative(o.ratio)
+                && finite_nonnegative(o.threshold)
+                && o.steps > 0;
+            if !ok {
+                return Err(format!(
+                    "overfit(steps = {}, lr = {}, ratio = {}, threshold = {}): steps must be at \
+                     least 1, lr finite and positive, ratio and threshold finite and not negative",
+                    o.steps,
+                    crate::describe::numbers::num(lr),
+                    crate::describe::numbers::num(o.ratio),
+                    crate::describe::numbers::num(o.threshold)
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Check the description for mistakes the macro would have rejected at compile time.
     pub(crate) fn validate(&self) -> Result<(), String> {
         let known = |d: &str| self.dims.iter().any(|s| s.name == d);
@@ -1059,7 +1184,15 @@ impl Layer {
                     dim.name, dim.lo, dim.hi
                 ));
             }
+            if dim.hi == 0 {
+                return Err(format!(
+                    "dim `{}` = 0..=0 is always 0: every tensor with that axis is empty in every \
+                     case, so nothing about it can fail; give it a range that reaches 1",
+                    dim.name
+                ));
+            }
         }
+        self.validate_degenerate()?;
         for arg in &self.args {
             for axis in &arg.shape {
                 for d in axis.dims() {
@@ -1221,4 +1354,17 @@ pub fn dtype_name(dtype: DType) -> &'static str {
     golden_files::WireDType::from_candle(dtype)
         .map(golden_files::WireDType::name)
         .unwrap_or("?")
+}
+
+/// How a value rounds to a float dtype (as f64 again), and the dtype's largest finite value.
+fn float_range(dtype: DType) -> (fn(f64) -> f64, f64) {
+    match dtype {
+        DType::F16 => (|x| half::f16::from_f64(x).to_f64(), half::f16::MAX.to_f64()),
+        DType::BF16 => (
+            |x| half::bf16::from_f64(x).to_f64(),
+            half::bf16::MAX.to_f64(),
+        ),
+        DType::F64 => (|x| x, f64::MAX),
+        _ => (|x| x as f32 as f64, f32::MAX as f64),
+    }
 }

@@ -3,6 +3,8 @@
 
 pub mod checks;
 pub mod env;
+pub mod file_names;
+pub mod hash;
 pub mod inputs;
 pub mod layer;
 pub mod numbers;

@@ -2,6 +2,8 @@
 //! one stream per purpose (an argument's name, a parameter's, the padding of a batch) derived from
 //! the case seed with FNV-1a. The same numbers on every platform.
 
+use crate::describe::hash::fnv1a;
+
 /// xoshiro256++ seeded through splitmix64: fast, and the same numbers on every platform.
 pub struct Rng {
     s: [u64; 4],
@@ -67,11 +69,4 @@ impl Rng {
         out.truncate(n);
         out
     }
-}
-
-/// FNV-1a, to derive a stream per argument name from the case seed.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }

@@ -193,6 +193,14 @@ pub struct Values {
     /// Elements without a rounding estimate because the reference in float64 is not the same
     /// computation there (`answers/live.rs`): the plain bound applied.
     pub unexplained: usize,
+    /// Elements where the reference is NaN or ±Inf and its float64 run does not explain it (an
+    /// overflow, a division by zero in the case dtype): the check cannot judge the port there,
+    /// and counts them as mismatched whatever the port gives — a NaN is never agreement there.
+    pub unjudged: usize,
+    /// Elements left out: the reference's own result is unreliable there in the case dtype (its
+    /// estimate is −inf, `answers/live.rs`); the port is not judged there (unless it gives NaN or
+    /// ±Inf where the reference is finite).
+    pub unreliable: usize,
     /// f16/bf16: the port's accuracy against the float64 result, next to the reference's own.
     pub accuracy: Option<Accuracy>,
 }
@@ -417,6 +425,8 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
             factor_needed: 0.0,
             histogram: ErrorHistogram::default(),
             unexplained: 0,
+            unjudged: 0,
+            unreliable: 0,
             accuracy: None,
         };
     }
@@ -453,7 +463,8 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
         let (x, r) = (port.f64_at(i), expected.value.f64_at(i));
         // NaN: no estimate at this element (see `Scan::element`).
         let rounding = noise.map_or(0.0, |n| n.f64_at(i));
-        let rounding = if rounding.is_nan() { 0.0 } else { rounding };
+        // NaN (no estimate) and −inf (not judged) allow no rounding term.
+        let rounding = if rounding.is_finite() { rounding } else { 0.0 };
         let finite = x.is_finite() && r.is_finite();
         Element {
             index: unravel(i, shape),
@@ -502,7 +513,9 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
         rounding_max: noise.map(|_| scan.rounding_max),
         factor_needed: scan.factor_needed,
         histogram: scan.histogram,
-        unexplained: scan.unexplained,
+        unexplained: scan.unexplained - scan.unjudged,
+        unjudged: scan.unjudged,
+        unreliable: scan.unreliable,
         accuracy,
     }
 }
@@ -558,6 +571,8 @@ struct Scan {
     rounding_max: f64,
     histogram: ErrorHistogram,
     unexplained: usize,
+    unjudged: usize,
+    unreliable: usize,
 }
 
 /// Keep `candidate` if it is strictly greater (the earlier element wins ties).
@@ -600,6 +615,21 @@ impl Scan {
     #[inline]
     fn element(&mut self, i: usize, x: f64, r: f64, rounding: f64, rule: Rule) {
         // NaN: no estimate here (not the same computation in float64); the plain bound applies.
+        // At a non-finite reference value it says the float64 run does not explain it: the check
+        // cannot judge the port there, and does not take a match for agreement.
+        let unjudged = rounding.is_nan() && !r.is_finite();
+        // −inf: the reference's own result is unreliable here; a finite port value is not judged.
+        if rounding == f64::NEG_INFINITY {
+            self.unreliable += 1;
+            if x.is_finite() {
+                return;
+            }
+        }
+        let rounding = if rounding == f64::NEG_INFINITY {
+            0.0
+        } else {
+            rounding
+        };
         let rounding = if rounding.is_nan() {
             self.unexplained += 1;
             0.0
@@ -612,7 +642,8 @@ impl Scan {
             self.nan.1 += r.is_nan() as usize;
             self.inf.0 += x.is_infinite() as usize;
             self.inf.1 += r.is_infinite() as usize;
-            let same = (x.is_nan() && r.is_nan()) || x == r;
+            self.unjudged += unjudged as usize;
+            let same = ((x.is_nan() && r.is_nan()) || x == r) && !unjudged;
             if !same {
                 self.mismatched += 1;
                 self.first_nonfinite.get_or_insert(i);
@@ -663,6 +694,8 @@ impl Scan {
         keep_greater(&mut self.greatest_rel, next.greatest_rel);
         self.factor_needed = self.factor_needed.max(next.factor_needed);
         self.unexplained += next.unexplained;
+        self.unjudged += next.unjudged;
+        self.unreliable += next.unreliable;
         self.rounding_max = self.rounding_max.max(next.rounding_max);
         self.histogram.merge(&next.histogram);
         self

@@ -495,9 +495,15 @@ pub fn leaf(
         port_shape: &port.shape,
         reference: reference.to_f64(),
         shape: &reference.shape,
+        // NaN (no estimate) and −inf (not judged) allow no rounding term here.
         rounding: rounding
             .map(HostTensor::to_f64)
             .filter(|r| r.len() == n)
+            .map(|r| {
+                r.into_iter()
+                    .map(|x| if x.is_finite() { x } else { 0.0 })
+                    .collect()
+            })
             .unwrap_or_else(|| vec![0.0; n]),
         rule,
     };

@@ -24,16 +24,68 @@ impl WorkerKey {
     }
 }
 
-/// `PYTHONPATH` for a worker with this key.
+/// `PYTHONPATH` for a worker with this key. A root whose path holds the separator (`:`), which
+/// PYTHONPATH cannot carry, is reached through a link of golden's own instead ([`linked_root`]).
 pub(crate) fn pythonpath(key: &WorkerKey) -> Result<std::ffi::OsString, String> {
+    let roots = key
+        .roots
+        .iter()
+        .map(|r| linked_root(r))
+        .collect::<Result<Vec<_>, _>>()?;
     std::env::join_paths(
-        key.roots.iter().cloned().chain(
+        roots.into_iter().chain(
             std::env::var_os("PYTHONPATH")
                 .iter()
                 .flat_map(std::env::split_paths),
         ),
     )
     .map_err(|e| format!("an import root cannot be put in PYTHONPATH: {e}"))
+}
+
+/// `root` as PYTHONPATH can carry it: itself, or — when its path holds `:` (a crate in a folder
+/// named `a:b`) — a symbolic link to it at `<target>/golden/roots/<hash of the path>`, made (or
+/// made again) here. An error, with the fix, when there is no target folder to put the link in.
+fn linked_root(root: &std::path::Path) -> Result<PathBuf, String> {
+    if !root.as_os_str().as_encoded_bytes().contains(&b':') {
+        return Ok(root.to_path_buf());
+    }
+    let cannot = |why: String| {
+        format!(
+            "the import root {} holds `:`, which separates PYTHONPATH's entries, and golden could \
+             not link it from a path without one ({why}): move the crate (or golden's checkout) to \
+             a folder whose path has no `:`",
+            root.display()
+        )
+    };
+    let dir = env::target_dir()
+        .ok_or_else(|| cannot("no target folder".into()))?
+        .join("golden")
+        .join("roots");
+    let link = dir.join(format!(
+        "{:016x}",
+        crate::describe::hash::fnv1a(root.as_os_str().as_encoded_bytes())
+    ));
+    if link.as_os_str().as_encoded_bytes().contains(&b':') {
+        return Err(cannot(format!(
+            "the target folder {} holds one too",
+            dir.display()
+        )));
+    }
+    if std::fs::read_link(&link).ok().as_deref() == Some(root) {
+        return Ok(link);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| cannot(format!("{}: {e}", dir.display())))?;
+    // Made beside and renamed over: another test process may be reading the link.
+    let fresh = dir.join(format!(
+        "{}.{}",
+        link.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&fresh);
+    std::os::unix::fs::symlink(root, &fresh)
+        .and_then(|()| std::fs::rename(&fresh, &link))
+        .map_err(|e| cannot(format!("{}: {e}", link.display())))?;
+    Ok(link)
 }
 
 /// The site-packages folders an interpreter visibly has, without running it: a `bin/python` (a

@@ -17,8 +17,10 @@
 //! processes starting at the same moment get one daemon; it leaves the starter's session and exits
 //! after `GOLDEN_SHARED_IDLE` seconds (default 60) without connections. A copy it serves ends when
 //! its connection closes or its test process is gone. When the daemon cannot be reached or started
-//! (no target directory, a socket path too long for Unix sockets, a failing start), the check
-//! falls back to a private worker and says so once.
+//! (no target directory, a socket path too long for Unix sockets, a failing start), or accepts the
+//! connection but does not answer (stopped, which the process table shows at once; stuck, which
+//! [`HELLO_TIMEOUT`] shows), the check falls back to a private worker and says so once, naming the
+//! daemon; this process does not try it again.
 //!
 //! `GOLDEN_SHARED_WORKER`: `auto` (default: on under nextest, which sets `NEXTEST`), `always` or
 //! `never`. `GOLDEN_SHARED_DIR` moves the sockets elsewhere.
@@ -70,20 +72,19 @@ pub fn enabled() -> bool {
         2 => return false,
         _ => {}
     }
-    match std::env::var("GOLDEN_SHARED_WORKER").as_deref() {
-        Ok("always") | Ok("1") | Ok("on") => true,
-        Ok("never") | Ok("0") | Ok("off") => false,
-        _ => std::env::var_os("NEXTEST").is_some(),
+    // A value golden cannot read fails the check before any worker starts (`run/check.rs`); here
+    // it counts as the default.
+    match env::shared_worker().unwrap_or(env::SharedWorker::Auto) {
+        env::SharedWorker::Always => true,
+        env::SharedWorker::Never => false,
+        env::SharedWorker::Auto => std::env::var_os("NEXTEST").is_some(),
     }
 }
 
-/// Seconds a daemon stays without connections.
+/// Seconds a daemon stays without connections (`GOLDEN_SHARED_IDLE`, checked with the other
+/// variables before any worker starts).
 fn idle_seconds() -> f64 {
-    std::env::var("GOLDEN_SHARED_IDLE")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|v| *v > 0.0)
-        .unwrap_or(60.0)
+    env::shared_idle().unwrap_or(60.0)
 }
 
 /// Where the sockets, lock files and the served copies' logs live.
@@ -216,6 +217,70 @@ fn peer_uid(stream: &UnixStream) -> Option<u32> {
     (rc == 0).then_some(uid)
 }
 
+/// The pid of the process at the other end of `stream` (the daemon that listens), if the system
+/// says.
+#[cfg(target_os = "linux")]
+fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the given length, which this function owns.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    u32::try_from(cred.pid).ok().filter(|p| rc == 0 && *p > 0)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn peer_pid(_stream: &UnixStream) -> Option<u32> {
+    None
+}
+
+/// How long a daemon that accepted a connection may take to answer `hello` (its copy is forked
+/// from a process that has imported torch already: milliseconds, a second on a loaded machine).
+/// One that does not answer by then is stuck, and a private worker takes over.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the daemon behind `stream` cannot answer, seen from the process table before any wait: it
+/// is stopped (SIGSTOP, a debugger) or gone. `None` when it may well answer.
+fn unresponsive(stream: &UnixStream) -> Option<String> {
+    let pid = peer_pid(stream)?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state is the field after the command name, which is in parentheses.
+    let state = stat[stat.rfind(')')? + 1..].split_whitespace().next()?;
+    match state {
+        "T" | "t" => Some(format!(
+            "the shared worker daemon (pid {pid}) is stopped (a SIGSTOP or a debugger): it \
+             accepts connections and answers none; `kill -CONT {pid}` resumes it, `kill {pid}` \
+             ends it (the next test process starts another)"
+        )),
+        "Z" | "X" => Some(format!(
+            "the shared worker daemon (pid {pid}) has exited without removing its socket"
+        )),
+        _ => None,
+    }
+}
+
+/// Tell a daemon that accepted this process's connection but did not answer within
+/// [`HELLO_TIMEOUT`] from a slow start: a line that names it, for [`note_fallback`].
+pub fn stuck(stream: &UnixStream) -> String {
+    let pid = peer_pid(stream).map_or("?".to_string(), |p| p.to_string());
+    format!(
+        "the shared worker daemon (pid {pid}) accepted the connection but did not answer within \
+         {} s: it is stuck; `kill {pid}` ends it (the next test process starts another)",
+        HELLO_TIMEOUT.as_secs()
+    )
+}
+
 /// Connect to `socket`, and make sure the daemon there runs as this user: a socket planted by
 /// another user would answer for the reference.
 fn connect_own(socket: &Path) -> std::io::Result<UnixStream> {
@@ -248,7 +313,7 @@ pub fn connect(key: &WorkerKey) -> Result<UnixStream, String> {
     }
     let refused = |e: &std::io::Error| e.kind() == std::io::ErrorKind::PermissionDenied;
     match connect_own(&socket) {
-        Ok(stream) => return Ok(stream),
+        Ok(stream) => return answering(stream),
         Err(e) if refused(&e) => return Err(e.to_string()),
         Err(_) => {}
     }
@@ -268,7 +333,7 @@ pub fn connect(key: &WorkerKey) -> Result<UnixStream, String> {
         ));
     }
     match connect_own(&socket) {
-        Ok(stream) => return Ok(stream),
+        Ok(stream) => return answering(stream),
         Err(e) if refused(&e) => return Err(e.to_string()),
         Err(_) => {}
     }
@@ -276,6 +341,14 @@ pub fn connect(key: &WorkerKey) -> Result<UnixStream, String> {
     let _ = std::fs::remove_file(&socket);
     start(key, &socket)?;
     connect_own(&socket).map_err(|e| format!("connecting after its start: {e}"))
+}
+
+/// `stream`, unless the daemon behind it visibly cannot answer (see [`unresponsive`]).
+fn answering(stream: UnixStream) -> Result<UnixStream, String> {
+    match unresponsive(&stream) {
+        Some(why) => Err(why),
+        None => Ok(stream),
+    }
 }
 
 /// Start a daemon listening on `socket` and wait until it says `ready`.

@@ -413,7 +413,25 @@ impl ReadArena {
         // SAFETY: `offset..offset + len` lies within the mapping (checked above), which cannot
         // shrink under it (the memfd is sealed). The worker writes this memory only while it
         // answers a request, and none is pending while an answer is read.
-        Ok(unsafe { copy_out(map.ptr.as_ptr().add(offset as usize), len) })
+        let copy = unsafe { copy_out(map.ptr.as_ptr().add(offset as usize), len) };
+        // The pages just read leave this process's resident memory (the worker's memfd keeps
+        // them; a later read faults them in again): otherwise a large answer counted twice here,
+        // once mapped and once copied.
+        let page = 4096usize;
+        let first = (offset as usize).div_ceil(page) * page;
+        let last = (offset as usize + len) / page * page;
+        if last > first {
+            // SAFETY: a range of whole pages inside this process's shared mapping of the memfd;
+            // dropping them loses nothing (a shared file mapping reads them back from the file).
+            unsafe {
+                libc::madvise(
+                    map.ptr.as_ptr().add(first).cast(),
+                    last - first,
+                    libc::MADV_DONTNEED,
+                );
+            }
+        }
+        Ok(copy)
     }
 
     /// Its mapped size in bytes.

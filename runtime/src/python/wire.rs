@@ -49,6 +49,17 @@ pub struct Frame {
     pub tensors: Vec<HostTensor>,
 }
 
+/// A number of a worker's header: a JSON number, or the strings `NaN`, `Infinity` and `-Infinity`
+/// the worker writes for what JSON cannot (`wire.py`'s `header_json`).
+pub fn number(value: &Json) -> Option<f64> {
+    match value {
+        Json::String(s) if s == "NaN" => Some(f64::NAN),
+        Json::String(s) if s == "Infinity" => Some(f64::INFINITY),
+        Json::String(s) if s == "-Infinity" => Some(f64::NEG_INFINITY),
+        other => other.as_f64(),
+    }
+}
+
 /// A JSON list of strings (an absent one is empty).
 pub fn strings(value: &Json) -> Vec<String> {
     value

@@ -107,6 +107,9 @@ pub enum WorkerError {
         /// The end of its stderr.
         stderr: String,
     },
+    /// The import roots cannot be handed to the interpreter (a root whose path PYTHONPATH cannot
+    /// carry, and no link to it): the message says why and what to change.
+    ImportRoots(String),
     /// The worker's bytes were not a valid answer.
     Protocol(String),
     /// The worker answered with an error.
@@ -151,6 +154,9 @@ impl fmt::Display for WorkerError {
                     python.source,
                     indent_tail(stderr)
                 )?;
+                if let Some(phase) = crashed_in(stderr) {
+                    write!(f, "\n  it crashed in {phase}")?;
+                }
                 if stderr.contains("No module named 'numpy'")
                     || stderr.contains("No module named 'golden_ref'")
                 {
@@ -210,6 +216,7 @@ impl fmt::Display for WorkerError {
                 quote(bytes),
                 indent_tail(stderr)
             ),
+            WorkerError::ImportRoots(m) => write!(f, "{m}"),
             WorkerError::Protocol(m) => write!(f, "the worker broke the protocol: {m}"),
             WorkerError::Remote(e) => {
                 write!(f, "{}", e.message)?;
@@ -223,6 +230,44 @@ impl fmt::Display for WorkerError {
 }
 
 impl std::error::Error for WorkerError {}
+
+/// Which of golden's evaluations of the reference a crash happened in, from the Python stack
+/// faulthandler printed on the worker's stderr (its current thread, most recent call first): the
+/// first frame of golden's `evaluate.py` that names one. A crash in the float64 or a nudged
+/// evaluation says that the reference itself runs in the case dtype.
+fn crashed_in(stderr: &str) -> Option<&'static str> {
+    let stack = &stderr[stderr.rfind("Fatal Python error")?..];
+    let current = &stack[stack.find("Current thread").unwrap_or(0)..];
+    let golden = current
+        .lines()
+        .take_while(|l| !l.trim().is_empty() || l.contains("Current thread"))
+        .filter(|l| l.contains("golden_ref") && l.contains("evaluate.py"));
+    let mut nudged = false;
+    for frame in golden {
+        let function = frame.rsplit(" in ").next().unwrap_or("").trim();
+        match function {
+            "_evaluate64" => {
+                return Some(
+                    "golden's float64 evaluation of the reference (it runs the reference again in \
+                     float64, its upcasts promoted, to estimate the rounding error): the reference \
+                     runs in the case dtype; a kernel without a float64 version should raise, \
+                     which golden takes as no estimate (assert_close's bound), rather than crash",
+                )
+            }
+            "_evaluate_once" if nudged => {}
+            "_evaluate_once" => nudged = true,
+            "_precise" if nudged => {
+                return Some(
+                    "one of golden's nudged evaluations of the reference (in the case dtype, on \
+                     inputs moved by one ulp, to estimate the rounding error)",
+                )
+            }
+            "construct" => return Some("the construction of the reference module"),
+            _ => {}
+        }
+    }
+    None
+}
 
 /// Bytes as a message quotes them: text in quotes with escapes, at most [`QUOTED_BYTES`].
 fn quote(bytes: &[u8]) -> String {
@@ -481,10 +526,26 @@ impl Worker {
     /// A worker for `key`: from the shared worker daemon when sharing is on and it can be reached,
     /// else a private one.
     pub fn start(key: &WorkerKey) -> Result<Worker, WorkerError> {
-        if crate::python::shared::enabled() {
-            match crate::python::shared::connect(key) {
-                Ok(stream) => return Worker::over_socket(key, stream),
-                Err(why) => crate::python::shared::note_fallback(&why),
+        use crate::python::shared;
+        // A daemon found stuck is not tried again by this process: each try would wait.
+        static STUCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if shared::enabled() && !STUCK.load(std::sync::atomic::Ordering::SeqCst) {
+            match shared::connect(key) {
+                Ok(stream) => {
+                    let probe = stream.try_clone().ok();
+                    match Worker::over_socket(key, stream) {
+                        Err(WorkerError::Timeout { starting: true, .. }) => {
+                            STUCK.store(true, std::sync::atomic::Ordering::SeqCst);
+                            let why = probe.as_ref().map_or_else(
+                                || "the shared worker daemon did not answer".to_string(),
+                                shared::stuck,
+                            );
+                            shared::note_fallback(&why);
+                        }
+                        other => return other,
+                    }
+                }
+                Err(why) => shared::note_fallback(&why),
             }
         }
         Worker::spawn(key)
@@ -492,10 +553,7 @@ impl Worker {
 
     /// Start a private worker (a child of this process) and wait for its `hello`.
     pub fn spawn(key: &WorkerKey) -> Result<Worker, WorkerError> {
-        let pythonpath = pythonpath(key).map_err(|error| WorkerError::Spawn {
-            python: key.python.clone(),
-            error,
-        })?;
+        let pythonpath = pythonpath(key).map_err(WorkerError::ImportRoots)?;
         let mut child = Command::new(&key.python.program)
             .args(["-u", "-B", "-m", "golden_ref.worker"])
             .env("PYTHONPATH", pythonpath)
@@ -544,7 +602,7 @@ impl Worker {
             shm: None,
             info: Json::Null,
         };
-        worker.hello()
+        worker.hello(env::start_limit())
     }
 
     /// A worker served by the shared worker daemon over `stream`.
@@ -568,7 +626,10 @@ impl Worker {
             shm: None,
             info: Json::Null,
         };
-        let mut worker = worker.hello()?;
+        // A daemon's copy answers at once: one that does not within seconds is stuck (`start`
+        // falls back to a private worker), whatever GOLDEN_START_TIMEOUT allows a start-up.
+        let limit = crate::python::shared::HELLO_TIMEOUT.min(env::start_limit());
+        let mut worker = worker.hello(limit)?;
         if let Process::Shared { pid, log, exit, .. } = &mut worker.process {
             *pid = worker.info["pid"].as_u64().unwrap_or(0) as u32;
             *log = PathBuf::from(worker.info["log"].as_str().unwrap_or_default());
@@ -579,18 +640,13 @@ impl Worker {
 
     /// Ask the worker for `hello`, offering it this process's shared memory; keep the link if the
     /// worker answers with its own, which must be its own (its pid) and a sealed memfd.
-    fn hello(mut self) -> Result<Worker, WorkerError> {
+    fn hello(mut self, limit: Duration) -> Result<Worker, WorkerError> {
         if shm::mode() == Ok(shm::Mode::Auto) {
             self.shm = shm::Link::offer()
                 .map_err(|e| shm::note_unavailable(&format!("memfd_create: {e}")))
                 .ok();
         }
-        let (info, _) = self.request(
-            json!({"op": "hello"}),
-            Vec::new(),
-            env::start_limit(),
-            "starting up",
-        )?;
+        let (info, _) = self.request(json!({"op": "hello"}), Vec::new(), limit, "starting up")?;
         self.info = info;
         if let Some(link) = &mut self.shm {
             let pid = self.info["pid"]

@@ -355,8 +355,10 @@ fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
         "nondeterministic" => "fix: the reference must give the same outputs for the same inputs. \
                                Noise from np.random or random is not seeded by golden: draw it \
                                with torch (golden seeds torch's generator per case) or from a \
-                               generator seeded by the reference itself; a port cannot be judged \
-                               against an answer that changes"
+                               generator seeded by the reference itself; state that changes from \
+                               call to call (a counter, a cache, a buffer that accumulates) must \
+                               not change its answer. A port cannot be judged against an answer \
+                               that changes"
             .into(),
         _ => return None,
     })
@@ -436,6 +438,28 @@ fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
                      there the bound has no rounding term (see the note below)",
                     v.unexplained,
                     if v.unexplained == 1 { "" } else { "s" }
+                )?;
+            }
+            if v.unreliable > 0 {
+                writeln!(
+                    out,
+                    "    {} element{} left out: the reference's own {} result is unreliable there \
+                     (see the note below)",
+                    v.unreliable,
+                    if v.unreliable == 1 { " is" } else { "s are" },
+                    leaf.reference.as_ref().map_or("?", |r| r.1.name())
+                )?;
+            }
+            if v.unjudged > 0 {
+                writeln!(
+                    out,
+                    "    the reference is NaN or ±Inf at {} element{} where its float64 run says \
+                     otherwise (an overflow or a division by zero in its {} computation): golden \
+                     cannot judge the port there, and takes no NaN or Inf of the port's for \
+                     agreement (see the note below)",
+                    v.unjudged,
+                    if v.unjudged == 1 { "" } else { "s" },
+                    leaf.reference.as_ref().map_or("?", |r| r.1.name())
                 )?;
             }
             if let Some(a) = v.accuracy.filter(|a| !a.passes()) {

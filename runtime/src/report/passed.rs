@@ -55,7 +55,69 @@ pub fn reference_notes(
             summary,
         });
     }
-    for u in &reference.unexplained {
+    use crate::answers::live::UnexplainedKind as Kind;
+    for u in reference
+        .unexplained
+        .iter()
+        .filter(|u| u.kind == Kind::Unreliable)
+    {
+        let summary = format!(
+            "at some elements of `{}` the reference's own result is unreliable in the case dtype \
+             (its error at inputs one ulp away is chaotic and thousands of times what the float64 \
+             run explains): golden cannot judge the port there and leaves them out",
+            u.leaf
+        );
+        notes.push(Note {
+            detail: format!(
+                "at {} element{} of `{}` the reference's own result is unreliable in the case \
+                 dtype: at inputs one ulp away its error reaches {} (first at {:?}: {} in the \
+                 case dtype, {} in float64), chaotic from nudge to nudge — a saturated softmax, \
+                 ties that rounding decides. golden cannot judge the port there and leaves those \
+                 elements out",
+                u.count,
+                if u.count == 1 { "" } else { "s" },
+                u.leaf,
+                crate::describe::numbers::num(u.error),
+                u.index,
+                crate::describe::numbers::num(u.case_value),
+                crate::describe::numbers::num(u.float64_value)
+            ),
+            summary,
+        });
+    }
+    for u in reference
+        .unexplained
+        .iter()
+        .filter(|u| u.kind == Kind::NonFinite)
+    {
+        let summary = format!(
+            "at some elements of `{}` the reference is NaN or ±Inf where its float64 run is not: \
+             golden cannot judge the port there",
+            u.leaf
+        );
+        notes.push(Note {
+            detail: format!(
+                "at {} element{} of `{}` the reference is NaN or ±Inf where its float64 run is not \
+                 (first at {:?}: {} in the case dtype, {} in float64): an overflow or a division \
+                 by zero in the case dtype's computation on these inputs. golden cannot judge the \
+                 port there and counts those elements as differing; if the reference is right to \
+                 give NaN there, draw inputs where it is not (narrow `args(...)`, e.g. `~ \
+                 uniform(lo, hi)`)",
+                u.count,
+                if u.count == 1 { "" } else { "s" },
+                u.leaf,
+                u.index,
+                crate::describe::numbers::num(u.case_value),
+                crate::describe::numbers::num(u.float64_value)
+            ),
+            summary,
+        });
+    }
+    for u in reference
+        .unexplained
+        .iter()
+        .filter(|u| u.kind == Kind::NotSameComputation)
+    {
         let summary = format!(
             "at some elements of `{}` the reference in float64 is not the same computation as in \
              the case dtype: there golden applies assert_close's bound without a rounding term",
@@ -124,4 +186,7 @@ pub struct Report {
     /// Whether this run recorded the store (`GOLDEN_MODE=record`): the snapshot's store lines are
     /// then brought up to date with it ([`Report::sync_recorded_snapshot`]).
     pub recorded: bool,
+    /// Module form: what the snapshot says about parameters that are not drawn from their own
+    /// statistics (kept as the module has them, drawn fresh because uninitialised).
+    pub params: Vec<String>,
 }

@@ -31,6 +31,27 @@ pub const FIGURE_FACTOR: f64 = 4.0;
 /// the tolerance, the error is rounding noise whose size says nothing.
 pub const NOISE_RATIO: f64 = 1.0 / 64.0;
 
+/// The line of a snapshot that records its golden store's SHA-256.
+pub const STORE_LINE: &str = "golden store: sha256 ";
+
+/// The store digest recorded by the committed snapshot `name` of `layer` (see
+/// [`Report::committed_store_digest`]).
+pub fn committed_store_digest(
+    layer: &Layer,
+    name: &str,
+) -> Result<Option<String>, std::path::PathBuf> {
+    let dir = layer
+        .declared
+        .map(|d| std::path::PathBuf::from(d.snapshot_dir))
+        .unwrap_or_default();
+    let path = dir.join(format!("{name}.snap"));
+    let text = std::fs::read_to_string(&path).map_err(|_| path.clone())?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(STORE_LINE))
+        .map(|d| d.trim().to_string()))
+}
+
 /// A figure with two significant digits (`3.1e-3`, `0.19`, `0`).
 pub fn figure(x: f64) -> String {
     crate::describe::numbers::num_sig(x, 2)
@@ -371,11 +392,19 @@ impl Report {
         }
         std::fs::write(&path, &updated).ok()?;
         Some(format!(
-            "golden: `{}`: its snapshot's store lines now name the golden store just recorded: {}
-               commit the two together; the pull request's diff shows what the store was recorded              with",
+            "golden: `{}`: its snapshot's store lines now name the golden store just recorded: \
+             {}\n  commit the two together; the pull request's diff shows what the store was \
+             recorded with",
             self.layer.name,
             path.display()
         ))
+    }
+
+    /// The SHA-256 of the golden store that the check's committed snapshot records: `Ok(None)`
+    /// when the snapshot has no store line, `Err` with the snapshot's path when there is no
+    /// snapshot file to read.
+    pub fn committed_store_digest(&self) -> Result<Option<String>, std::path::PathBuf> {
+        committed_store_digest(&self.layer, &self.snapshot_name())
     }
 
     /// Why the snapshot, which describes the declared cases, is not compared this time.
@@ -391,6 +420,9 @@ impl Report {
 
     fn snapshot_text(&self) -> String {
         let mut s = self.description.clone();
+        for note in &self.params {
+            let _ = writeln!(s, "{note}");
+        }
         for run in &self.runs {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
             if self.layer.decode.is_some() || self.layer.steps.is_some() {
@@ -748,7 +780,7 @@ fn line_matches(a: &str, b: &str) -> bool {
 }
 
 /// Whether this runs in CI, as insta decides it (`CI` set and not `false`/`0`, or `TF_BUILD`).
-fn ci() -> bool {
+pub(crate) fn ci() -> bool {
     match std::env::var("CI").ok().as_deref() {
         Some("false") | Some("0") | Some("") => false,
         None => std::env::var("TF_BUILD").is_ok(),

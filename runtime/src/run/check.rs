@@ -119,6 +119,7 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
         // The port's timeout as well as the reference's.
         env::timeout()?;
     }
+    env::check_read_later()?;
     let case = env::case().map(|v| golden_case(&v, layer)).transpose()?;
     inputs::largest_case_fits(layer)?;
     Ok(Settings {
@@ -296,6 +297,9 @@ fn run_inner(
         }
     }
     finish_source(layer, kind, source, description)?;
+    if failure.is_none() {
+        failure = partial_store_unvouched(layer, kind, source);
+    }
     if let Some(mut f) = failure {
         // Stale evidence is part of what a failure says; the snapshot does not change with it.
         if let Some(stale) = source.stale() {
@@ -316,6 +320,7 @@ fn run_inner(
         store: crate::answers::store::path(layer, kind.suffix())
             .and_then(|p| crate::answers::store::stamp(&p)),
         recorded: matches!(source.via, Via::Record(..)),
+        params: source.param_notes(layer),
     })
 }
 
@@ -706,6 +711,12 @@ fn run_dtype(
     match result {
         Ok(()) => {
             let mut cases = records.into_inner();
+            // A comparison that compared nothing never reports a match.
+            if let Some(why) = compared_nothing(layer, kind, dtype, &cases) {
+                let mut f = Failure::new(layer, FailureKind::Config(why));
+                f.dtype = Some(dtype_name(dtype));
+                return Err(f);
+            }
             let replayed = cases.drain(..replays.min(cases.len())).collect();
             Ok(DTypeRun {
                 dtype,
@@ -805,6 +816,94 @@ fn run_dtype(
             );
             f.dtype = Some(dtype_name(dtype));
             Err(f)
+        }
+    }
+}
+
+/// Why a dtype's run proves nothing, when it does not: no case ran, or every case compared no
+/// element (every output leaf empty). `None` when something was compared.
+fn compared_nothing(
+    layer: &Layer,
+    kind: Kind,
+    dtype: DType,
+    cases: &[CaseRecord],
+) -> Option<String> {
+    if kind == Kind::Overfit {
+        return None;
+    }
+    let compared: usize = cases
+        .iter()
+        .flat_map(|c| &c.leaves)
+        .map(|l| match &l.verdict {
+            crate::judge::compare::Verdict::Values(v) => v.numel - v.unreliable.min(v.numel),
+            _ => 0,
+        })
+        .sum();
+    let figures = cases.iter().any(|c| !c.figures.is_empty());
+    if compared > 0 || (figures && kind == Kind::Gradients && !cases.is_empty()) {
+        return None;
+    }
+    Some(if cases.is_empty() {
+        format!(
+            "`{}` ran no {} case: a check that compared nothing never passes",
+            layer.name,
+            dtype_name(dtype)
+        )
+    } else {
+        format!(
+            "`{}` compared no element in its {} {} cases: every output leaf was empty (0 \
+             elements), so no port could fail it; give the dims that size the outputs a range \
+             that reaches 1",
+            layer.name,
+            cases.len(),
+            dtype_name(dtype)
+        )
+    })
+}
+
+/// A replay of a partial store does not compare the snapshot (which describes every case), and
+/// with it went the SHA-256 line that makes a store tamper-evident. So the store's digest is
+/// checked against the committed snapshot's here, whatever the store's header says: a store that
+/// changed without its snapshot fails, and in CI (where a missing snapshot fails anyway) so does
+/// one without a snapshot to vouch for it.
+fn partial_store_unvouched(layer: &Layer, kind: Kind, source: &Source) -> Option<Failure> {
+    let Via::Replay(store) = &source.via else {
+        return None;
+    };
+    store.partial?;
+    let fail = |why: String| Some(Failure::new(layer, FailureKind::Config(why)));
+    let digest = crate::answers::store::digest(&store.path)?;
+    let name = format!("{}{}", layer.check_name(), kind.suffix());
+    let live = layer.rerun_command(kind.test(), "GOLDEN_MODE=live");
+    match crate::report::snapshot::committed_store_digest(layer, &name) {
+        Ok(Some(recorded)) if recorded == digest => None,
+        Ok(recorded) => fail(format!(
+            "the golden store {} holds only some of the cases (its size bound), so its snapshot \
+             is not compared in replay; but its snapshot records another store ({}) than this \
+             one (sha256 {digest}): the store changed without its snapshot. If you recorded it, \
+             run the check live once and review the snapshot's change ({live}, then cargo insta \
+             review); otherwise restore the store from version control",
+            store.path.display(),
+            recorded.map_or("no store at all".to_string(), |d| format!("sha256 {d}"))
+        )),
+        Err(snapshot) if crate::report::snapshot::ci() => fail(format!(
+            "the golden store {} holds only some of the cases, so its snapshot is not compared \
+             in replay, and there is no snapshot ({}) to check the store's SHA-256 against: \
+             a partial store is trusted only beside the snapshot that records it; run the check \
+             live once ({live}) and commit its snapshot",
+            store.path.display(),
+            snapshot.display()
+        )),
+        Err(snapshot) => {
+            eprintln!(
+                "golden: `{}`: the golden store {} holds only some of the cases and there is no \
+                 snapshot ({}) to check its SHA-256 against; in CI this fails: run the check \
+                 live once ({live}) and commit its snapshot",
+                layer.name,
+                store.path.display(),
+                snapshot.display()
+            );
+            None
         }
     }
 }

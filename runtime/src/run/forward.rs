@@ -28,7 +28,6 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         layer,
         port: PortThread::of(port, layer),
         trace_written: std::cell::Cell::new(false),
-        determinism_checked: std::cell::RefCell::new(Vec::new()),
     };
     check::run(layer, Kind::Forward, layer.cases, &description, &runner)
 }
@@ -39,8 +38,6 @@ struct ForwardRunner<'a> {
     port: PortThread,
     /// Traced checks leave the first passing case's trace for `golden report`.
     trace_written: std::cell::Cell<bool>,
-    /// The dtypes whose first case evaluated the reference twice (see [`run_case`]).
-    determinism_checked: std::cell::RefCell<Vec<DType>>,
 }
 
 impl CaseRunner for ForwardRunner<'_> {
@@ -48,12 +45,9 @@ impl CaseRunner for ForwardRunner<'_> {
         let trace_to = (self.layer.trace && !self.trace_written.get())
             .then(|| crate::report::artifacts::trace_folder(self.layer))
             .flatten();
-        // The first case of each dtype evaluates the reference twice: unseeded noise must not
-        // pass for rounding error (the two precisions would draw different noise).
-        let first = !self.determinism_checked.borrow().contains(&dtype);
-        if first {
-            self.determinism_checked.borrow_mut().push(dtype);
-        }
+        // Every case's answer is proven deterministic by the worker itself (its first evaluation
+        // in each precision repeated after the others: `evaluate.py`'s `_confirm`); a failing case
+        // is asked for again (`run_case`).
         let outcome = run_case(
             self.layer,
             dtype,
@@ -61,7 +55,6 @@ impl CaseRunner for ForwardRunner<'_> {
             &self.port,
             source,
             trace_to.as_deref(),
-            first,
         );
         if trace_to.is_some() && matches!(outcome, Outcome::Pass(_)) {
             self.trace_written.set(true);
@@ -104,7 +97,7 @@ impl CaseRunner for ForwardRunner<'_> {
     ) {
         explain(self.layer, dtype, source, failure, &others);
         let passes = |params: &CaseParams| {
-            let outcome = run_case(self.layer, dtype, params, &self.port, source, None, false);
+            let outcome = run_case(self.layer, dtype, params, &self.port, source, None);
             matches!(outcome, Outcome::Pass(_))
         };
         let other = others.first();
@@ -118,8 +111,8 @@ impl CaseRunner for ForwardRunner<'_> {
 }
 
 /// Run one case: inputs, reference, port, comparison. A passing case's trace is written to
-/// `trace_to` when given. With `twice` (and on every failing case, live) the reference is evaluated
-/// twice and must answer the same.
+/// `trace_to` when given. A failing case is asked for again (live), evaluated twice, and must be
+/// answered the same (every answer is proven deterministic within its request by the worker).
 pub(crate) fn run_case(
     layer: &Layer,
     dtype: DType,
@@ -127,7 +120,6 @@ pub(crate) fn run_case(
     port: &PortThread,
     source: &Source,
     trace_to: Option<&std::path::Path>,
-    twice: bool,
 ) -> Outcome {
     let mut failure = CaseFailure::default();
     let args = match inputs::make_args(layer, params, dtype) {
@@ -153,7 +145,7 @@ pub(crate) fn run_case(
         precise: false,
         plan: plan.as_ref(),
     };
-    let answer = source.request(layer, dtype, params, &request(twice));
+    let answer = source.request(layer, dtype, params, &request(false));
     let reference = match Outcome::reference_outputs(answer, &mut failure) {
         Ok(r) => r,
         Err(Outcome::Fail(mut f)) => {
@@ -166,7 +158,7 @@ pub(crate) fn run_case(
         Outcome::Fail(mut f) => {
             f.inputs = named_inputs();
             // A failing case is only the port's fault if the reference answers the same again.
-            if !twice && source.live().is_some() {
+            if source.live().is_some() {
                 let again = source.request(layer, dtype, params, &request(true));
                 if let Answer::Failed(e @ WorkerError::Remote(_)) = again {
                     f.reference_error = Some(e);
@@ -292,7 +284,11 @@ pub(crate) fn run_port(
         }
     };
     if let Some(state) = &state {
-        failure.params.extend(state.unused());
+        failure.params.extend(crate::answers::params::without_kept(
+            state.unused(),
+            &reference.kept,
+            &layer.rename,
+        ));
     }
     let port_host: Result<Vec<(String, HostTensor)>, String> = outputs
         .0

@@ -169,11 +169,23 @@ struct ParamGrads {
     max_abs: Vec<f64>,
     /// Elements per row (first axis).
     row: usize,
+    /// PyTorch's gradient of the training loss at the initial weights, per element: in the case
+    /// dtype and in float64 (its upcasts promoted); `None` where PyTorch could not give it (a
+    /// float64 case, a replay of a store recorded without it).
+    reference: Option<(Vec<f64>, Vec<f64>)>,
 }
 
 /// An element whose gradient never exceeds this fraction of its tensor's largest is inert: its
 /// gradient is zero in exact arithmetic (a key bias under softmax) and rounding noise in practice.
 const INERT_FRACTION: f64 = 1e-5;
+
+/// An element is inert too when PyTorch's gradient of the training loss at the initial weights is,
+/// in float64, at most this fraction of what it is in the case dtype: rounding noise shrinks with
+/// the precision (by ~2^-29 from float32 to float64), a gradient does not. This finds a tensor that
+/// is all noise — a separate key bias, which [`INERT_FRACTION`] cannot, its tensor having no real
+/// gradient to compare with. (PyTorch's, not the port's: a faithful port computes its softmax in
+/// float32 whatever its input, and so would carry float32's noise into a float64 run.)
+const INERT_FLOAT64_RATIO: f64 = 1e-4;
 
 impl ParamGrads {
     /// Rows whose gradient was exactly zero at every step, when some rows did get one.
@@ -192,14 +204,24 @@ impl ParamGrads {
             .collect()
     }
 
-    /// Elements that got only rounding noise (see [`INERT_FRACTION`]).
+    /// Elements that got only rounding noise (see [`INERT_FRACTION`] and
+    /// [`INERT_FLOAT64_RATIO`]).
     fn inert(&self) -> Vec<bool> {
         let largest = self.max_abs.iter().copied().fold(0.0f64, f64::max);
         // Only a finite scale says what noise is (a diverging training has infinite gradients).
         let finite = largest.is_finite() && self.max_abs.iter().all(|g| g.is_finite());
-        self.max_abs
-            .iter()
-            .map(|g| finite && *g > 0.0 && *g <= INERT_FRACTION * largest)
+        (0..self.max_abs.len())
+            .map(|i| {
+                let g = self.max_abs[i];
+                let relative = g > 0.0 && g <= INERT_FRACTION * largest;
+                // The noise's size: PyTorch's case-dtype gradient there, or the port's largest over
+                // the steps where that one happened to round to zero.
+                let shrinks = self.reference.as_ref().is_some_and(|(low, high)| {
+                    let (noise, g64) = (low[i].abs().max(g), high[i].abs());
+                    noise > 0.0 && g64.is_finite() && g64 <= INERT_FLOAT64_RATIO * noise
+                });
+                finite && (relative || shrinks)
+            })
             .collect()
     }
 }
@@ -281,6 +303,7 @@ fn train_port(
             norms: Vec::new(),
             max_abs: vec![0.0; v.elem_count()],
             row: v.dims().iter().skip(1).product(),
+            reference: None,
         })
         .collect();
     for step in 0..spec.steps {
@@ -334,6 +357,76 @@ fn train_port(
         initial,
         final_weights: snapshot(&vars)?,
     })
+}
+
+/// The derivative of the training loss with respect to each output, at the reference's initial
+/// outputs: the cotangent whose vector-Jacobian product is the loss's gradient. MSE:
+/// `2 (out − target) / n`; cross-entropy over the last axis: `(softmax(out) − onehot) / rows`.
+fn loss_cotangent(loss: Loss, out: &HostTensor, target: &HostTensor, dtype: DType) -> HostTensor {
+    let o = out.to_f64();
+    let values: Vec<f64> = match loss {
+        Loss::Mse => {
+            let t = target.to_f64();
+            let n = o.len().max(1) as f64;
+            o.iter().zip(&t).map(|(o, t)| 2.0 * (o - t) / n).collect()
+        }
+        Loss::CrossEntropy => {
+            let classes = (*out.shape.last().unwrap_or(&1)).max(1);
+            let ids = target.to_i64();
+            let rows = (o.len() / classes).max(1) as f64;
+            o.chunks(classes)
+                .zip(&ids)
+                .flat_map(|(row, &id)| {
+                    let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let sum: f64 = row.iter().map(|x| (x - max).exp()).sum();
+                    row.iter()
+                        .enumerate()
+                        .map(move |(k, x)| {
+                            let p = (x - max).exp() / sum;
+                            (p - if k as i64 == id { 1.0 } else { 0.0 }) / rows
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        }
+    };
+    inputs::float_tensor(out.shape.clone(), &values, dtype)
+}
+
+/// PyTorch's gradient of the training loss with respect to the module's parameters at the initial
+/// weights, in the case dtype and in float64 (a gradient request with the loss's cotangents);
+/// `None` when it cannot be had — best effort: it only tells rounding noise from gradients.
+#[allow(clippy::too_many_arguments)]
+fn reference_gradients(
+    source: &Source,
+    layer: &Layer,
+    dtype: DType,
+    params: &CaseParams,
+    spec: &OverfitSpec,
+    args: &[HostTensor],
+    forward: &crate::answers::live::ReferenceOutputs,
+    targets: &Named,
+) -> Option<crate::answers::live::ReferenceOutputs> {
+    let cotangents: Vec<HostTensor> = forward
+        .expected
+        .iter()
+        .map(|(name, out)| {
+            let target = targets.iter().find(|(n, _)| n == name).map(|(_, t)| t)?;
+            Some(loss_cotangent(spec.loss, out, target, dtype))
+        })
+        .collect::<Option<_>>()?;
+    let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
+    let request = Request::Gradients {
+        args,
+        cotangents: &cotangents,
+        names: &names,
+        wrt: &[],
+        params: true,
+    };
+    match source.request(layer, dtype, params, &request) {
+        Answer::Outputs(o) => Some(o),
+        _ => None,
+    }
 }
 
 /// The loss at a few steps, and the first step where it stopped being finite.
@@ -391,6 +484,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result
         // The port's timeout as well as the reference's.
         crate::describe::env::timeout().map_err(config_error)?;
     }
+    crate::describe::env::check_read_later().map_err(config_error)?;
     let port = PortThread::of(port, layer);
     if layer.form != Form::Module {
         return Err(config_error(
@@ -449,6 +543,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result
         store: crate::answers::store::path(layer, Kind::Overfit.suffix())
             .and_then(|p| crate::answers::store::stamp(&p)),
         recorded: matches!(source.via, crate::answers::source::Via::Record(..)),
+        params: source.param_notes(layer),
     })
 }
 
@@ -543,7 +638,7 @@ fn run(
     };
     port.take_fault();
     port.enter_case(&params.dims);
-    let training = match train_port(port, spec, &batch) {
+    let mut training = match train_port(port, spec, &batch) {
         Ok(t) => t,
         Err(e) => {
             match port.take_fault() {
@@ -556,6 +651,25 @@ fn run(
             return Err(failure(FailureKind::Case(Box::new(case))));
         }
     };
+    // Which gradients are rounding noise: PyTorch's at the initial weights, in both precisions.
+    if dtype != DType::F64 {
+        let gradients = reference_gradients(
+            source, layer, dtype, params, spec, &args, &forward, &targets,
+        );
+        for p in &mut training.grads {
+            let leaf = format!("grad.{}", p.name);
+            let find = |set: &Named| {
+                set.iter()
+                    .find(|(n, _)| *n == leaf)
+                    .map(|(_, t)| t.to_f64())
+            };
+            if let Some(g) = &gradients {
+                let pair = find(&g.expected).zip(g.precise.as_ref().and_then(find));
+                p.reference =
+                    pair.filter(|(l, h)| l.len() == p.max_abs.len() && h.len() == l.len());
+            }
+        }
+    }
     let torch_losses = torch
         .expected
         .iter()
@@ -581,9 +695,16 @@ fn run(
             curve(&torch_losses)
         ));
     }
-    // Parameters never updated.
-    for ((name, before), (_, after)) in training.initial.iter().zip(&training.final_weights) {
-        if before == after {
+    // Parameters never updated (a tensor whose every gradient is rounding noise need not move:
+    // SGD's steps of lr × noise round away).
+    for (((name, before), (_, after)), grads) in training
+        .initial
+        .iter()
+        .zip(&training.final_weights)
+        .zip(&training.grads)
+    {
+        let all_inert = !grads.max_abs.is_empty() && grads.inert().iter().all(|i| *i);
+        if before == after && !all_inert {
             issues.push(format!(
                 "`{name}` was never updated in {} steps: the optimizer does not get it, or no \
                  gradient reaches it (a detach, a fused op without backward)",
@@ -651,7 +772,8 @@ fn run(
         if max == 0.0 {
             health.push(format!("`{name}`: no gradient at any step"));
         }
-        if max > 0.0 && max < 1e-7 {
+        let all_inert = !p.max_abs.is_empty() && p.inert().iter().all(|i| *i);
+        if max > 0.0 && max < 1e-7 && !all_inert {
             health.push(format!(
                 "`{name}`: vanishing gradient (norm below 1e-7 at every step; max {})",
                 num(max)
@@ -778,7 +900,19 @@ mod tests {
             norms: vec![1.0],
             max_abs,
             row,
+            reference: None,
         }
+    }
+
+    #[test]
+    fn a_tensor_of_noise_alone_is_inert_by_its_float64_gradient() {
+        // Every element noise-sized: none is small next to the rest of its tensor.
+        let mut p = grads(vec![2e-9, 1e-9, 3e-9], 3);
+        assert_eq!(p.inert(), vec![false, false, false]);
+        // PyTorch's float64 gradient is 2^-29 of its float32 one: noise. The second element's
+        // float32 gradient rounded to zero at the first step: the port's largest says its noise.
+        p.reference = Some((vec![2e-9, 0.0, 1e-3], vec![4e-18, 1e-18, 1e-3]));
+        assert_eq!(p.inert(), vec![true, true, false]);
     }
 
     #[test]
