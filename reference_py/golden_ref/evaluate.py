@@ -329,7 +329,7 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
     `precise=False` skips the float64 and nudged evaluations (the benchmark's transport figures)."""
     backend = case.backend
     module = None
-    state_dict, buffers, aliases = [], [], []
+    state_dict, buffers, aliases, unsaved = [], [], [], []
     if case.form == "module":
         module = build_module(case)
         inner = reference_module(module)
@@ -337,6 +337,7 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
             for name, value in inner.state_dict().items():
                 state_dict.append((name, backend.from_native(value, case.dtype)))
         buffers, aliases = module_entries(inner)
+        unsaved = unsaved_names(inner, aliases)
 
     # An answer over the frame limit is refused from the shapes, before any copy of it.
     limit = lambda leaves: check_answer(leaves, state_dict, case.dtype, precise)  # noqa: E731
@@ -355,6 +356,7 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
         "state_dict": state_dict,
         "buffers": buffers,
         "aliases": aliases,
+        "unsaved": unsaved,
         "expected": expected,
         "precise": high,
         "own": own,
@@ -362,6 +364,28 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
         "precise_error": precise_error,
         "mutated": mutated,
     }
+
+
+def unsaved_names(inner, aliases):
+    """The names of tied tensors that a checkpoint of the module does not hold: Hugging Face's
+    `save_pretrained` leaves out the names a module's `_tied_weights_keys` lists (`lm_head.weight`,
+    tied to `model.embed_tokens.weight`), where they are tied in this module (in a group of
+    `aliases`). A port that reads one would not load from a real checkpoint."""
+    tied = {name for group in aliases for name in group}
+    unsaved = []
+    for prefix, module in inner.named_modules():
+        keys = getattr(module, "_tied_weights_keys", None)
+        if isinstance(keys, dict):
+            keys = list(keys)
+        if not isinstance(keys, (list, tuple)):
+            continue
+        for key in keys:
+            if not isinstance(key, str):
+                continue
+            name = f"{prefix}.{key}" if prefix else key
+            if name in tied and name not in unsaved:
+                unsaved.append(name)
+    return unsaved
 
 
 def module_entries(inner):
@@ -410,7 +434,11 @@ def param_spec(case: Case):
             entry["value"] = len(tensors)
             tensors.append(case.backend.from_native(value, case.dtype))
         entries.append(entry)
-    return {"entries": entries, "aliases": aliases}, tensors
+    spec = {"entries": entries, "aliases": aliases}
+    unsaved = unsaved_names(inner, aliases)
+    if unsaved:  # only then: the specs of other modules (and their stores) stay what they were
+        spec["unsaved"] = unsaved
+    return spec, tensors
 
 
 def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bool = False):

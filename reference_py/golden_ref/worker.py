@@ -221,7 +221,7 @@ def _outputs_json(result: dict, table) -> dict:
 
     response = {key: named(result[key]) for key in ("state_dict", "expected", "precise", "own", "moved")}
     response["precise_error"] = result["precise_error"]
-    for key in ("buffers", "aliases", "mutated"):
+    for key in ("buffers", "aliases", "unsaved", "mutated"):
         if result.get(key):
             response[key] = result[key]
     return response

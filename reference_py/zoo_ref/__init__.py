@@ -1,6 +1,7 @@
 """References of golden's example zoo: the PyTorch originals of the Rust ports in `tests/zoo/`."""
 
 from .functional import (  # noqa: F401
+    capped_logits,
     causal_attention,
     conv1d,
     embedding,

@@ -29,6 +29,10 @@ pub struct ReferenceOutputs {
     /// Module form: groups of state_dict names that are one tensor (tied weights): a port reads
     /// one of them.
     pub aliases: Vec<Vec<String>>,
+    /// Module form: names of tied tensors a checkpoint of the module does not hold (Hugging
+    /// Face's `save_pretrained` leaves out its `_tied_weights_keys`: `lm_head.weight` tied to the
+    /// embedding); a port that reads one would not load from a real checkpoint.
+    pub unsaved: Vec<String>,
     /// Outputs in the case dtype.
     pub expected: Named,
     /// Per float leaf, the rounding estimate (None if the reference could not run in float64).
@@ -719,6 +723,7 @@ pub(crate) fn decode_outputs(
         state_dict: named(&header["state_dict"], tensors)?.unwrap_or_default(),
         buffers: wire::strings(&header["buffers"]),
         aliases,
+        unsaved: wire::strings(&header["unsaved"]),
         expected,
         rounding,
         precise,

@@ -8,7 +8,7 @@
 //! Styles apply to `normal(...)` arguments only: `uniform`/`int`/`bool` declare a domain, which
 //! edge values must not leave.
 
-use crate::describe::layer::{ArgSpec, Bound, DimExpr, Dist, Layer};
+use crate::describe::layer::{ArgSpec, Bound, DimExpr, Dist, Layer, Pick, Value};
 pub use crate::describe::rng::{fnv1a, Rng};
 use crate::describe::schedule::{self, Padding, Steps};
 use candle_core::DType;
@@ -80,9 +80,18 @@ pub struct CaseParams {
     pub style: Style,
     /// A check with `decode(...)`: the schedule this case drives the module through.
     pub steps: Option<Steps>,
+    /// A check with swept values (`one_of(...)`, `lo..=hi`): the configuration this case drew
+    /// (`describe/sweep.rs`), in [`Layer::sweeps`]'s order; empty without sweeps.
+    pub config: Vec<Pick>,
 }
 
 impl CaseParams {
+    /// The layer as this case sees it: its configuration picked and its dims resolved
+    /// ([`Layer::for_case`]).
+    pub fn layer<'a>(&self, layer: &'a Layer) -> std::borrow::Cow<'a, Layer> {
+        layer.for_case(&self.dims, &self.config)
+    }
+
     /// The value of a dim.
     pub fn dim(&self, name: &str) -> Option<usize> {
         self.dims.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
@@ -116,9 +125,15 @@ impl CaseParams {
     }
 
     /// The case as `GOLDEN_CASE` takes it: `b=1,n=1:round:0x4934c9de9c8e41db` (a schedule's
-    /// parts follow the dims: `b=1,n=4,steps=3+1:...`).
+    /// parts follow the dims: `b=1,n=4,steps=3+1:...`; a swept value's pick too:
+    /// `b=1,softcap=30.0:...`, or `head_dim=#1` for an alternative that is no plain token).
     pub fn token(&self) -> String {
         let mut dims: Vec<String> = self.dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        dims.extend(
+            self.config
+                .iter()
+                .map(|p| format!("{}={}", p.field, p.token())),
+        );
         // A step loop's steps are its dim's value: nothing more to say.
         dims.extend(self.steps.as_ref().filter(|s| !s.looped).map(Steps::token));
         format!(
@@ -145,6 +160,7 @@ impl CaseParams {
             ));
         };
         let mut values: Vec<(String, usize)> = Vec::new();
+        let mut picks: Vec<Pick> = Vec::new();
         let mut steps = Steps {
             chunks: Vec::new(),
             padding: Padding::None,
@@ -157,6 +173,13 @@ impl CaseParams {
                 .ok_or_else(|| bad("a dim without `=`"))?;
             let name = name.trim();
             if layer.decode.is_some() && steps.parse_part(name, value).map_err(|e| bad(&e))? {
+                continue;
+            }
+            if let Some((_, swept)) = layer.sweeps().into_iter().find(|(k, _)| *k == name) {
+                if picks.iter().any(|p: &Pick| p.field == name) {
+                    return Err(bad(&format!("`{name}` is given twice")));
+                }
+                picks.push(parse_pick(layer, name, swept, value.trim()).map_err(|e| bad(&e))?);
                 continue;
             }
             let Some(spec) = layer.dims.iter().find(|d| d.name == name) else {
@@ -199,6 +222,21 @@ impl CaseParams {
                     .ok_or_else(|| bad(&format!("dim `{}` is missing", d.name)))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let config = layer
+            .sweeps()
+            .into_iter()
+            .map(|(field, _)| {
+                picks
+                    .iter()
+                    .find(|p| p.field == field)
+                    .cloned()
+                    .ok_or_else(|| {
+                        bad(&format!(
+                            "the swept value `{field}` is missing (the configuration the case drew)"
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let style = Style::ALL
             .into_iter()
             .find(|s| s.token() == style)
@@ -210,6 +248,7 @@ impl CaseParams {
             seed,
             style,
             steps: None,
+            config,
         };
         case.steps = loop_steps(layer, &case.dims);
         if let Some((arg, axis)) = layer.scheduled_arg() {
@@ -268,6 +307,36 @@ impl CaseParams {
     }
 }
 
+/// A swept value's pick as `GOLDEN_CASE` writes it: `#<index>`, or the alternative as written
+/// (`30.0`, `None`), or for `lo..=hi` the number.
+fn parse_pick(layer: &Layer, field: &str, swept: &Value, text: &str) -> Result<Pick, String> {
+    let count = swept.alternatives();
+    let index = if let Some(i) = text.strip_prefix('#') {
+        i.parse::<usize>()
+            .ok()
+            .filter(|&i| i < count)
+            .ok_or_else(|| {
+                format!(
+                    "`{field}={text}`: `{field}` has alternatives #0 to #{}",
+                    count - 1
+                )
+            })?
+    } else if let Value::Range(lo, hi) = swept {
+        let v: i64 = text
+            .parse()
+            .map_err(|_| format!("`{field}={text}`: `{field}` is a whole number in {lo}..={hi}"))?;
+        if !(*lo..=*hi).contains(&v) {
+            return Err(format!("`{field}={v}` is outside its range {lo}..={hi}"));
+        }
+        (v - lo) as usize
+    } else {
+        (0..count)
+            .find(|&i| layer.pick(field, i).token() == text)
+            .ok_or_else(|| format!("`{field}={text}` is none of {swept}"))?
+    };
+    Ok(layer.pick(field, index))
+}
+
 impl fmt::Display for CaseParams {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("dims ")?;
@@ -283,6 +352,12 @@ impl fmt::Display for CaseParams {
         if let Some(steps) = &self.steps {
             write!(f, ", {steps}")?;
         }
+        if !self.config.is_empty() {
+            f.write_str(", config")?;
+            for pick in &self.config {
+                write!(f, " {pick}")?;
+            }
+        }
         write!(
             f,
             ", values {}, seed {:#018x}",
@@ -296,8 +371,27 @@ impl fmt::Display for CaseParams {
 ///
 /// Each dim takes its lower bound or its upper bound one time in eight each, so that a batch of one
 /// and the largest size come up in every run; otherwise uniform. The seed does not shrink (a smaller
-/// seed is not a simpler case); dims and style do.
+/// seed is not a simpler case); dims and style do. A check with swept values also draws a
+/// configuration per case ([`sweep`](crate::describe::sweep)): the plan's rows in order, after the
+/// first `replayed` cases (proptest's regression seeds, which it runs first).
+pub fn case_strategy_after(layer: &Layer, replayed: usize) -> BoxedStrategy<CaseParams> {
+    let base = base_strategy(layer);
+    if layer.sweeps().is_empty() {
+        return base;
+    }
+    (crate::describe::sweep::strategy(layer, replayed), base)
+        .prop_map(|(config, case)| CaseParams { config, ..case })
+        .boxed()
+}
+
+/// [`case_strategy_after`] with no regression seeds replayed first.
 pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
+    case_strategy_after(layer, 0)
+}
+
+/// The cases without their configuration: the strategy every check without swept values has
+/// always had (so their cases, stores and snapshots stay what they were).
+fn base_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
     // A schedule's sequence is drawn around its window, when it has one and its length is a dim.
     let window_dim = layer.window().and_then(|w| {
         let (arg, axis) = layer.scheduled_arg()?;
@@ -344,6 +438,7 @@ pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
                 dims,
                 seed,
                 style,
+                config: Vec::new(),
             })
             .boxed();
     };
@@ -357,6 +452,7 @@ pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
                 seed,
                 style,
                 steps: None,
+                config: Vec::new(),
             };
             let len = case.shape(&spec)[axis];
             (Just(case), schedule::strategy(&decode, len))
@@ -574,6 +670,7 @@ pub fn largest_case_fits(layer: &Layer) -> Result<(), String> {
         seed: 0,
         style: Style::Declared,
         steps: None,
+        config: Vec::new(),
     };
     let sizes: Vec<u128> = layer
         .args
@@ -667,6 +764,7 @@ mod tests {
             seed,
             style,
             steps: None,
+            config: Vec::new(),
         }
     }
 

@@ -217,6 +217,10 @@ pub enum DimValue {
     Sub(Box<DimValue>, Box<DimValue>),
     /// A product.
     Mul(Box<DimValue>, Box<DimValue>),
+    /// A quotient, rounded toward zero as Rust's and Python's `//` on non-negative sizes
+    /// (`hidden / heads`); a division by zero is 0 ([`Layer`]'s validation rejects a divisor that
+    /// can be 0).
+    Div(Box<DimValue>, Box<DimValue>),
 }
 
 impl DimValue {
@@ -237,6 +241,7 @@ impl DimValue {
             DimValue::Add(a, b) => a.eval(dims).saturating_add(b.eval(dims)),
             DimValue::Sub(a, b) => a.eval(dims).saturating_sub(b.eval(dims)),
             DimValue::Mul(a, b) => a.eval(dims).saturating_mul(b.eval(dims)),
+            DimValue::Div(a, b) => a.eval(dims).checked_div(b.eval(dims)).unwrap_or(0),
         }
     }
 
@@ -245,7 +250,10 @@ impl DimValue {
         match self {
             DimValue::Dim(d) => vec![d.as_str()],
             DimValue::Lit(_) => Vec::new(),
-            DimValue::Add(a, b) | DimValue::Sub(a, b) | DimValue::Mul(a, b) => {
+            DimValue::Add(a, b)
+            | DimValue::Sub(a, b)
+            | DimValue::Mul(a, b)
+            | DimValue::Div(a, b) => {
                 let mut out = a.dims();
                 out.extend(b.dims());
                 out
@@ -257,7 +265,7 @@ impl DimValue {
     fn precedence(&self) -> u8 {
         match self {
             DimValue::Add(..) | DimValue::Sub(..) => 0,
-            DimValue::Mul(..) => 1,
+            DimValue::Mul(..) | DimValue::Div(..) => 1,
             _ => 2,
         }
     }
@@ -290,6 +298,11 @@ impl fmt::Display for DimValue {
                 f.write_str(" * ")?;
                 operand(f, b, 2)
             }
+            DimValue::Div(a, b) => {
+                operand(f, a, 1)?;
+                f.write_str(" / ")?;
+                operand(f, b, 2)
+            }
         }
     }
 }
@@ -315,6 +328,11 @@ pub enum Value {
     /// An integer computed from the case's dims (`hidden_size = d`), resolved per case
     /// ([`Value::resolve`]).
     Dims(DimValue),
+    /// A configuration sweep: one of these values, drawn per case (`one_of(None, 30.0)`); the first
+    /// is where shrinking goes. Only at the top of a value (not inside a list or a dict).
+    OneOf(Vec<Value>),
+    /// A configuration sweep over the integers `lo..=hi`, drawn per case; shrinking goes to `lo`.
+    Range(i64, i64),
 }
 
 impl Value {
@@ -323,30 +341,113 @@ impl Value {
         Value::Dims(DimValue::dim(name))
     }
 
-    /// Whether the value depends on the case's dims (anywhere inside it).
+    /// `one_of(...)` of these values (`Value::one_of([Value::None, 30.0.into()])`).
+    pub fn one_of(values: impl IntoIterator<Item = Value>) -> Self {
+        Value::OneOf(values.into_iter().collect())
+    }
+
+    /// The integer, if it is one (a port reading its case's values: `i.value("head_dim")`).
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// The number, if it is one (an integer too).
+    pub fn as_float(&self) -> Option<f64> {
+        match self {
+            Value::Float(x) => Some(*x),
+            Value::Int(n) => Some(*n as f64),
+            _ => None,
+        }
+    }
+
+    /// The bool, if it is one.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    /// Whether the value depends on the case's dims (anywhere inside it, a sweep's alternatives
+    /// included).
     pub fn mentions_dims(&self) -> bool {
         match self {
             Value::Dims(_) => true,
-            Value::List(items) => items.iter().any(Value::mentions_dims),
+            Value::List(items) | Value::OneOf(items) => items.iter().any(Value::mentions_dims),
             Value::Dict(items) => items.iter().any(|(_, v)| v.mentions_dims()),
             _ => false,
         }
+    }
+
+    /// Whether the value is drawn per case (`one_of(...)`, `lo..=hi`).
+    pub fn is_swept(&self) -> bool {
+        matches!(self, Value::OneOf(_) | Value::Range(..))
+    }
+
+    /// How many values a sweep draws from (1 for a value that is not swept).
+    pub fn alternatives(&self) -> usize {
+        match self {
+            Value::OneOf(items) => items.len(),
+            Value::Range(lo, hi) => {
+                usize::try_from(hi.saturating_sub(*lo)).map_or(usize::MAX, |n| n.saturating_add(1))
+            }
+            _ => 1,
+        }
+    }
+
+    /// A sweep's `index`-th value (as written: dims unresolved); the value itself when it is not
+    /// swept.
+    pub fn alternative(&self, index: usize) -> Value {
+        match self {
+            Value::OneOf(items) => items
+                .get(index)
+                .or(items.last())
+                .cloned()
+                .unwrap_or(Value::None),
+            Value::Range(lo, hi) => Value::Int(
+                lo.saturating_add(i64::try_from(index).unwrap_or(i64::MAX))
+                    .min(*hi),
+            ),
+            other => other.clone(),
+        }
+    }
+
+    /// The value of keyword `field` in a case with these dims and picks: a sweep's drawn
+    /// alternative, and dims resolved.
+    pub fn in_case(&self, field: &str, dims: &[(String, usize)], picks: &[Pick]) -> Value {
+        let value = if self.is_swept() {
+            let index = picks
+                .iter()
+                .find(|p| p.field == field)
+                .map_or(0, |p| p.index);
+            self.alternative(index)
+        } else {
+            self.clone()
+        };
+        value.resolve(dims)
     }
 
     /// The dims it names, in order of appearance.
     pub fn dims(&self) -> Vec<&str> {
         match self {
             Value::Dims(e) => e.dims(),
-            Value::List(items) => items.iter().flat_map(Value::dims).collect(),
+            Value::List(items) | Value::OneOf(items) => {
+                items.iter().flat_map(Value::dims).collect()
+            }
             Value::Dict(items) => items.iter().flat_map(|(_, v)| v.dims()).collect(),
             _ => Vec::new(),
         }
     }
 
-    /// The value in a case with these dims: every [`Value::Dims`] becomes its integer.
+    /// The value in a case with these dims: every [`Value::Dims`] becomes its integer (a sweep
+    /// stays a sweep: [`Layer::for_case`] picks its alternative first).
     pub fn resolve(&self, dims: &[(String, usize)]) -> Value {
         match self {
             Value::Dims(e) => Value::Int(e.eval(dims)),
+            Value::OneOf(items) => Value::OneOf(items.iter().map(|v| v.resolve(dims)).collect()),
             Value::List(items) => Value::List(items.iter().map(|v| v.resolve(dims)).collect()),
             Value::Dict(items) => Value::Dict(
                 items
@@ -377,6 +478,7 @@ impl Value {
             ),
             Value::None => serde_json::Value::Null,
             Value::Dims(e) => serde_json::Value::from(e.to_string()),
+            Value::OneOf(_) | Value::Range(..) => serde_json::Value::from(self.to_string()),
         }
     }
 }
@@ -410,7 +512,53 @@ impl fmt::Display for Value {
             }
             Value::None => f.write_str("None"),
             Value::Dims(e) => write!(f, "{e}"),
+            Value::OneOf(items) => {
+                f.write_str("one_of(")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                f.write_str(")")
+            }
+            Value::Range(lo, hi) => write!(f, "{lo}..={hi}"),
         }
+    }
+}
+
+/// What a case drew for one swept value (`consts`, `init` or `config` value written `one_of(...)`
+/// or `lo..=hi`): the alternative's index, and the alternative as written, for people to read.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Pick {
+    /// The keyword (`softcap`, `head_dim`).
+    pub field: String,
+    /// Which alternative (0 is the first, where shrinking goes); for `lo..=hi`, the value − lo.
+    pub index: usize,
+    /// The alternative as written (`30.0`, `2 * d / h`, `None`).
+    pub shown: String,
+}
+
+impl Pick {
+    /// The alternative as `GOLDEN_CASE` writes it: as written when that is a plain token (a
+    /// number, a bool, `None`, a short string), else `#<index>`.
+    pub fn token(&self) -> String {
+        let plain = !self.shown.is_empty()
+            && self
+                .shown
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-+\"".contains(c));
+        if plain {
+            self.shown.clone()
+        } else {
+            format!("#{}", self.index)
+        }
+    }
+}
+
+impl fmt::Display for Pick {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.field, self.shown)
     }
 }
 
@@ -718,24 +866,65 @@ impl Layer {
 
     /// Whether a const, an init or a config value depends on the case's dims.
     pub fn values_mention_dims(&self) -> bool {
+        self.values().any(|(_, v)| v.mentions_dims())
+    }
+
+    /// Whether a const, an init or a config value changes from case to case: it depends on the
+    /// dims or is swept (`one_of(...)`, `lo..=hi`).
+    pub fn values_vary(&self) -> bool {
+        self.values()
+            .any(|(_, v)| v.mentions_dims() || v.is_swept())
+    }
+
+    /// Every const, init and config value, in that order (the order a Rust parameter of the same
+    /// name looks for its value in).
+    pub fn values(&self) -> impl Iterator<Item = (&String, &Value)> {
         self.consts
             .iter()
             .chain(&self.init)
             .chain(self.config.iter().flat_map(|c| &c.values))
-            .any(|(_, v)| v.mentions_dims())
+            .map(|(k, v)| (k, v))
     }
 
-    /// The layer as one case with these dims sees it: consts, init and config values resolved
-    /// ([`Value::resolve`]). Borrowed when no value depends on dims. Requests, store keys and
-    /// failure artifacts use it; the description keeps the values as written.
-    pub fn for_case(&self, dims: &[(String, usize)]) -> std::borrow::Cow<'_, Layer> {
-        if !self.values_mention_dims() {
+    /// The swept values (`one_of(...)`, `lo..=hi`), by keyword, in the order of [`Layer::values`]:
+    /// what each case draws a configuration of (see `describe/sweep.rs`).
+    pub fn sweeps(&self) -> Vec<(&str, &Value)> {
+        self.values()
+            .filter(|(_, v)| v.is_swept())
+            .map(|(k, v)| (k.as_str(), v))
+            .collect()
+    }
+
+    /// What a case drew for the swept value `field`: its `index`-th alternative.
+    pub fn pick(&self, field: &str, index: usize) -> Pick {
+        let shown = self
+            .values()
+            .find(|(k, v)| *k == field && v.is_swept())
+            .map(|(_, v)| v.alternative(index).to_string())
+            .unwrap_or_default();
+        Pick {
+            field: field.to_string(),
+            index,
+            shown,
+        }
+    }
+
+    /// The layer as one case sees it: every swept value its drawn alternative (`picks`), then
+    /// every value that depends on dims resolved ([`Value::resolve`]). Borrowed when no value
+    /// varies. Requests, store keys (so a store keys its answers by configuration), the module's
+    /// construction and failure artifacts use it; the description keeps the values as written.
+    pub fn for_case(
+        &self,
+        dims: &[(String, usize)],
+        picks: &[Pick],
+    ) -> std::borrow::Cow<'_, Layer> {
+        if !self.values_vary() {
             return std::borrow::Cow::Borrowed(self);
         }
         let resolve = |values: &[(String, Value)]| -> Vec<(String, Value)> {
             values
                 .iter()
-                .map(|(k, v)| (k.clone(), v.resolve(dims)))
+                .map(|(k, v)| (k.clone(), v.in_case(k, dims, picks)))
                 .collect()
         };
         let mut layer = self.clone();
@@ -1049,6 +1238,105 @@ impl Layer {
         format!("{} [{}] ~ {}", arg.name, shape.join(", "), arg.dist)
     }
 
+    /// Swept values: well formed, each keyword swept once and no dim's name, no division by a dim
+    /// that can be 0, and enough cases to try every value.
+    fn validate_sweeps(&self) -> Result<(), String> {
+        fn zero_divisor<'a>(e: &'a DimValue, dims: &[DimSpec]) -> Option<&'a DimValue> {
+            match e {
+                DimValue::Div(a, b) => {
+                    let zero = match &**b {
+                        DimValue::Lit(0) => true,
+                        DimValue::Dim(d) => dims.iter().any(|s| &s.name == d && s.lo == 0),
+                        _ => false,
+                    };
+                    if zero {
+                        Some(b)
+                    } else {
+                        zero_divisor(a, dims).or_else(|| zero_divisor(b, dims))
+                    }
+                }
+                DimValue::Add(a, b) | DimValue::Sub(a, b) | DimValue::Mul(a, b) => {
+                    zero_divisor(a, dims).or_else(|| zero_divisor(b, dims))
+                }
+                _ => None,
+            }
+        }
+        fn exprs(v: &Value) -> Vec<&DimValue> {
+            match v {
+                Value::Dims(e) => vec![e],
+                Value::List(items) | Value::OneOf(items) => items.iter().flat_map(exprs).collect(),
+                Value::Dict(items) => items.iter().flat_map(|(_, v)| exprs(v)).collect(),
+                _ => Vec::new(),
+            }
+        }
+        fn nested(v: &Value) -> bool {
+            match v {
+                Value::OneOf(_) | Value::Range(..) => true,
+                Value::List(items) => items.iter().any(nested),
+                Value::Dict(items) => items.iter().any(|(_, v)| nested(v)),
+                _ => false,
+            }
+        }
+        for (name, value) in self.values() {
+            for e in exprs(value) {
+                if let Some(d) = zero_divisor(e, &self.dims) {
+                    return Err(format!(
+                        "`{name} = {value}` divides by `{d}`, which can be 0: start its range at 1"
+                    ));
+                }
+            }
+            let inner = match value {
+                Value::OneOf(items) => items.iter().any(nested),
+                other => nested(other) && !other.is_swept(),
+            };
+            if inner {
+                return Err(format!(
+                    "`{name} = {value}`: `one_of(...)` and ranges go at the top of a value, not                      inside a list, a dict or another `one_of`"
+                ));
+            }
+            match value {
+                Value::OneOf(items) if items.is_empty() => {
+                    return Err(format!("`{name} = one_of()` has no values to draw from"))
+                }
+                Value::Range(lo, hi) if lo > hi => {
+                    return Err(format!("`{name} = {lo}..={hi}` is an empty range"))
+                }
+                _ => {}
+            }
+        }
+        let sweeps = self.sweeps();
+        for (i, (name, _)) in sweeps.iter().enumerate() {
+            if sweeps[..i].iter().any(|(n, _)| n == name) {
+                return Err(format!(
+                    "`{name}` is swept twice (in two of consts, init and config): sweep it once"
+                ));
+            }
+            if self.dims.iter().any(|d| d.name == *name) {
+                return Err(format!(
+                    "`{name}` is both a dim and a swept value: rename one (a case names both)"
+                ));
+            }
+        }
+        let needed = crate::describe::sweep::cases_for_each_value(self);
+        if (self.cases as usize) < needed {
+            // The field with the most values to try (a range tries its two bounds).
+            let (name, value) = sweeps
+                .iter()
+                .max_by_key(|(_, v)| match v {
+                    Value::OneOf(items) => items.len(),
+                    other => other.alternatives().min(2),
+                })
+                .copied()
+                .expect("a sweep needs cases");
+            return Err(format!(
+                "`cases = {}` cannot try each value of `{name} = {value}`: give `cases = {needed}` \
+                 or more",
+                self.cases
+            ));
+        }
+        Ok(())
+    }
+
     /// Check the description for mistakes the macro would have rejected at compile time.
     pub(crate) fn validate(&self) -> Result<(), String> {
         let known = |d: &str| self.dims.iter().any(|s| s.name == d);
@@ -1096,6 +1384,7 @@ impl Layer {
                 }
             }
         }
+        self.validate_sweeps()?;
         if self.dtypes.is_empty() {
             return Err("no dtype to check".into());
         }

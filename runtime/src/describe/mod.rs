@@ -9,3 +9,4 @@ pub mod numbers;
 pub mod outputs;
 pub mod rng;
 pub mod schedule;
+pub mod sweep;

@@ -174,6 +174,9 @@ pub struct Failure {
     pub shrunk_from: Option<(CaseParams, u32)>,
     /// How many cases passed before the failure.
     pub passed_before: u32,
+    /// A check with swept values: the configurations of the cases that passed before the
+    /// failure, each with how many (`softcap=None`, 9): which branches the port gets right.
+    pub passed_configurations: Vec<(String, usize)>,
     /// What went wrong.
     pub kind: FailureKind,
     /// Extra lines at the end (where artifacts are, how to re-run).
@@ -191,6 +194,7 @@ impl Failure {
             case: None,
             shrunk_from: None,
             passed_before: 0,
+            passed_configurations: Vec::new(),
             kind,
             notes: Vec::new(),
             check: crate::describe::checks::Kind::Forward,
@@ -576,6 +580,24 @@ impl fmt::Display for Failure {
                     self.passed_before,
                     if self.passed_before == 1 { "" } else { "s" }
                 )?;
+            }
+            if !case.config.is_empty() {
+                let configuration: Vec<String> = case
+                    .config
+                    .iter()
+                    .map(|p| format!("{} = {}", p.field, p.shown))
+                    .collect();
+                write!(out, "  configuration: {}", configuration.join(", "))?;
+                if self.passed_configurations.is_empty() {
+                    writeln!(out)?;
+                } else {
+                    let passed: Vec<String> = self
+                        .passed_configurations
+                        .iter()
+                        .map(|(c, n)| format!("{c} ({n} case{})", if *n == 1 { "" } else { "s" }))
+                        .collect();
+                    writeln!(out, "; passed before with {}", passed.join(", "))?;
+                }
             }
         }
         if let FailureKind::Case(c) = &self.kind {

@@ -309,6 +309,15 @@ impl Report {
         let mut s = self.description.clone();
         for run in &self.runs {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
+            let covered = crate::describe::sweep::covered(
+                run.cases.iter().map(|c| c.params.config.as_slice()),
+            );
+            if !covered.is_empty() {
+                let _ = writeln!(s, "  configurations covered (cases each):");
+                for (configuration, n) in covered {
+                    let _ = writeln!(s, "    {configuration}: {n}");
+                }
+            }
             if self.layer.decode.is_some() || self.layer.steps.is_some() {
                 write_schedules(&mut s, &run.cases, self.layer.window());
                 write_steps(&mut s, &run.cases);

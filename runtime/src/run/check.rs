@@ -414,11 +414,11 @@ fn record_generated(
     description: &str,
 ) -> Result<Option<usize>, String> {
     let limit = crate::answers::store::limit_bytes()?;
-    let (config, _) = runner_config(layer, settings);
+    let (config, replays) = runner_config(layer, settings);
     let mut proptest = TestRunner::new(config);
     let seen = Cell::new(0usize);
     let full: Cell<Option<usize>> = Cell::new(None);
-    let _ = proptest.run(&inputs::case_strategy(layer), |params| {
+    let _ = proptest.run(&inputs::case_strategy_after(layer, replays), |params| {
         if full.get().is_some() {
             // The store is full: the rest of the cases are neither evaluated nor checked.
             return Ok(());
@@ -546,7 +546,7 @@ fn run_dtype(
     let skipped = Cell::new(0usize);
     let unrecorded_shrinks = Cell::new(0u32);
 
-    let result = proptest.run(&inputs::case_strategy(layer), |params| {
+    let result = proptest.run(&inputs::case_strategy_after(layer, replays), |params| {
         if fatal.borrow().is_some() {
             // The worker died (or the store is stale): stop exercising it, let proptest wind down.
             return Err(TestCaseError::fail("aborted"));
@@ -717,6 +717,11 @@ fn run_dtype(
             runner.finish(source, dtype, &mut f, others);
             f.shrunk_from = Some((first, shrink_steps.get()));
             f.passed_before = passed_before as u32;
+            f.passed_configurations = crate::describe::sweep::covered(
+                records.borrow()[..passed_before]
+                    .iter()
+                    .map(|r| r.params.config.as_slice()),
+            );
             Err(f)
         }
         Err(TestError::Abort(reason)) => {

@@ -195,13 +195,13 @@ pub(crate) fn call_port(
 ) -> Result<(Outputs, Taps), PortFailure> {
     let var_builder = state.map(StateDict::var_builder);
     let f = port.port();
-    let dims = port.dims();
+    let case = port.case();
     let names = port.names();
     let (result, taps) = port.run("", move || {
         let inputs = PortInputs {
             tensors,
             var_builder,
-            dims,
+            case,
             names,
             schedule,
         };
@@ -259,7 +259,7 @@ pub(crate) fn run_port(
             return Outcome::Fail(Box::new(failure));
         }
     };
-    port.enter_case(&params.dims);
+    port.enter_case(params);
     let schedule = schedule::port_schedule(layer, params, reference);
     let result = match schedule
         .as_ref()
@@ -293,6 +293,9 @@ pub(crate) fn run_port(
     };
     if let Some(state) = &state {
         failure.params.extend(state.unused());
+        failure
+            .params
+            .extend(state.unsaved_reads(&reference.unsaved));
     }
     let port_host: Result<Vec<(String, HostTensor)>, String> = outputs
         .0
@@ -563,9 +566,9 @@ fn run_loop(
             for (i, t) in &carried {
                 call[*i] = t.clone();
             }
-            let mut dims = params.dims.clone();
-            dims.push(("step".to_string(), k));
-            port.enter_case(&dims);
+            let mut step = params.clone();
+            step.dims.push(("step".to_string(), k));
+            port.enter_case(&step);
             let (outputs, _) = call_port(port, call, state, false, None).map_err(|mut f| {
                 f.message = format!(
                     "at step {k} ({}): {}",
@@ -602,7 +605,7 @@ fn run_loop(
             );
         }
     }
-    port.enter_case(&params.dims);
+    port.enter_case(params);
     Ok((Outputs(leaves), Vec::new()))
 }
 
