@@ -28,6 +28,7 @@ pub const OPTIONS: &[&str] = &[
     "rename",
     "decode",
     "steps",
+    "invariants",
 ];
 
 /// `name = lo..=hi` (or `lo..hi`, or a single size).
@@ -296,6 +297,71 @@ fn parse_steps(key: Ident, input: ParseStream) -> Result<StepsDecl> {
     Ok(StepsDecl { key, over, carry })
 }
 
+/// One invariant as written: `finite`, `sums_to_one(dim = -1)`, `range(-10.0, 10.0)`; checked
+/// when rendered, so that every mistake is reported at once.
+pub struct InvariantDecl {
+    pub name: Ident,
+    /// `None` without parentheses; else each argument: its keyword if any, its value, its span.
+    pub args: Option<Vec<(Option<Ident>, f64, proc_macro2::Span)>>,
+}
+
+/// `invariants(out = [finite, ...], "out.logits" = [...])`: the leaf's name, its span, its
+/// invariants.
+pub struct InvariantsDecl {
+    pub key: Ident,
+    pub leaves: Vec<(String, proc_macro2::Span, Vec<InvariantDecl>)>,
+}
+
+fn parse_invariant(input: ParseStream) -> Result<InvariantDecl> {
+    let name: Ident = input.parse().map_err(|e| {
+        Error::new(
+            e.span(),
+            "expected an invariant: `finite`, `non_negative`, `sums_to_one(dim = -1)` or \
+             `range(lo, hi)`",
+        )
+    })?;
+    let args = if input.peek(syn::token::Paren) {
+        let content;
+        parenthesized!(content in input);
+        Some(comma_list(&content, |i| {
+            let span = i.span();
+            let key = if i.peek(Ident) && i.peek2(Token![=]) {
+                let key: Ident = i.parse()?;
+                i.parse::<Token![=]>()?;
+                Some(key)
+            } else {
+                None
+            };
+            Ok((key, parse_number(i)?, span))
+        })?)
+    } else {
+        None
+    };
+    Ok(InvariantDecl { name, args })
+}
+
+fn parse_invariants(key: Ident, input: ParseStream) -> Result<InvariantsDecl> {
+    let leaves = comma_list(input, |i| {
+        let (leaf, span) = if i.peek(LitStr) {
+            let s: LitStr = i.parse()?;
+            (s.value(), s.span())
+        } else {
+            let ident: Ident = i.parse().map_err(|e| {
+                Error::new(
+                    e.span(),
+                    "expected an output leaf: `out`, or a string such as `\"out.logits\"`",
+                )
+            })?;
+            (ident.to_string(), ident.span())
+        };
+        i.parse::<Token![=]>()?;
+        let content;
+        bracketed!(content in i);
+        Ok((leaf, span, comma_list(&content, parse_invariant)?))
+    })?;
+    Ok(InvariantsDecl { key, leaves })
+}
+
 /// The whole attribute.
 #[derive(Default)]
 pub struct Attr {
@@ -327,6 +393,8 @@ pub struct Attr {
     pub decode: Option<DecodeDecl>,
     /// `steps(...)`.
     pub steps: Option<StepsDecl>,
+    /// `invariants(...)`.
+    pub invariants: Option<InvariantsDecl>,
 }
 
 /// `config = "pkg.ConfigClass"` or `config = "pkg.ConfigClass"(key = value, ...)`.
@@ -924,6 +992,10 @@ impl Parse for Attr {
                 "steps" => {
                     parenthesized!(content in input);
                     attr.steps = Some(parse_steps(key.clone(), &content)?);
+                }
+                "invariants" => {
+                    parenthesized!(content in input);
+                    attr.invariants = Some(parse_invariants(key.clone(), &content)?);
                 }
                 "decode" => {
                     attr.decode = Some(if input.peek(syn::token::Paren) {

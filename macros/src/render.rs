@@ -3,8 +3,8 @@
 //! be expanded here, in the user's crate, for insta to file it under the user's test).
 
 use crate::parse::{
-    ArgDecl, Attr, Axis, BoundDecl, DimValueDecl, DistDecl, GradDecl, KeyValue, OverfitDecl,
-    ValueDecl, WrtName,
+    ArgDecl, Attr, Axis, BoundDecl, DimValueDecl, DistDecl, GradDecl, InvariantDecl, KeyValue,
+    OverfitDecl, ValueDecl, WrtName,
 };
 use crate::signature::{self, Kind, Param};
 use proc_macro2::{Span, TokenStream};
@@ -375,6 +375,108 @@ fn check_sweeps(attr: &Attr, errors: &mut Errors) {
     }
 }
 
+/// The invariants there are, for errors.
+const KNOWN_INVARIANTS: &str =
+    "expected `finite`, `non_negative`, `sums_to_one(dim = N)` or `range(lo, hi)`";
+
+/// `invariants(...)`: each invariant known and well formed, each leaf once; the builder calls.
+fn invariant_calls(attr: &Attr, errors: &mut Errors) -> Vec<TokenStream> {
+    let Some(decl) = &attr.invariants else {
+        return Vec::new();
+    };
+    let mut calls = Vec::new();
+    for (i, (leaf, span, list)) in decl.leaves.iter().enumerate() {
+        if decl.leaves[..i].iter().any(|(l, _, _)| l == leaf) {
+            errors.push(
+                *span,
+                format!("`{leaf}` is given twice in `invariants(...)`"),
+            );
+        }
+        if list.is_empty() {
+            errors.push(
+                *span,
+                format!("no invariant for `{leaf}`: {KNOWN_INVARIANTS}"),
+            );
+        }
+        for inv in list {
+            if let Some(tokens) = invariant_tokens(inv, errors) {
+                calls.push(quote!(.invariant(#leaf, #tokens)));
+            }
+        }
+    }
+    if decl.leaves.is_empty() {
+        errors.push(
+            decl.key.span(),
+            "`invariants(...)` names no output: `invariants(out = [finite])`",
+        );
+    }
+    calls
+}
+
+/// One invariant as a `golden::Invariant`, or its errors.
+fn invariant_tokens(inv: &InvariantDecl, errors: &mut Errors) -> Option<TokenStream> {
+    let name = inv.name.to_string();
+    let args = inv.args.as_deref().unwrap_or(&[]);
+    let no_args = |errors: &mut Errors| {
+        if inv.args.is_some() {
+            errors.push(inv.name.span(), format!("`{name}` takes no arguments"));
+        }
+    };
+    match name.as_str() {
+        "finite" => {
+            no_args(errors);
+            Some(quote!(::golden::Invariant::Finite))
+        }
+        "non_negative" => {
+            no_args(errors);
+            Some(quote!(::golden::Invariant::NonNegative))
+        }
+        "sums_to_one" => {
+            let (mut dim, mut tol) = (-1i64, None);
+            for (key, value, span) in args {
+                match key.as_ref().map(ToString::to_string).as_deref() {
+                    Some("dim") if value.fract() == 0.0 => dim = *value as i64,
+                    Some("dim") => errors.push(*span, "`dim` is a whole number: `dim = -1`"),
+                    Some("tol") if *value >= 0.0 => tol = Some(*value),
+                    Some("tol") => errors.push(*span, "`tol` must not be negative"),
+                    _ => errors.push(
+                        *span,
+                        "`sums_to_one` takes `dim = N` (default -1) and `tol = x`: \
+                         `sums_to_one(dim = -1)`",
+                    ),
+                }
+            }
+            let tol = match tol {
+                Some(t) => quote!(::std::option::Option::Some(#t)),
+                None => quote!(::std::option::Option::None),
+            };
+            Some(quote!(::golden::Invariant::SumsToOne { dim: #dim, tol: #tol }))
+        }
+        "range" => match args {
+            [(None, lo, _), (None, hi, span)] => {
+                if lo > hi {
+                    errors.push(*span, format!("`range({lo:?}, {hi:?})` is empty"));
+                }
+                Some(quote!(::golden::Invariant::Range { lo: #lo, hi: #hi }))
+            }
+            _ => {
+                errors.push(
+                    inv.name.span(),
+                    "`range` takes two numbers, its lowest and highest values: `range(-10.0, 10.0)`",
+                );
+                None
+            }
+        },
+        _ => {
+            errors.push(
+                inv.name.span(),
+                format!("unknown invariant `{name}`; {KNOWN_INVARIANTS}"),
+            );
+            None
+        }
+    }
+}
+
 /// The arguments of the generated call, in signature order; errors for parameters nothing feeds.
 fn call_args(attr: &Attr, params: &[Param], errors: &mut Errors) -> (Vec<TokenStream>, bool) {
     let mut module_form = false;
@@ -525,6 +627,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
         }
     }
     check_sweeps(attr, &mut errors);
+    let invariants = invariant_calls(attr, &mut errors);
     if let Some(t) = attr.trace.as_ref().filter(|_| !module_form) {
         errors.push(
             t.span(),
@@ -787,6 +890,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                     #(#rename)*
                     #decode
                     #steps
+                    #(#invariants)*
                     #grad_spec
                     #overfit_spec
             }

@@ -713,6 +713,9 @@ pub struct Layer {
     pub decode: Option<crate::describe::schedule::Decode>,
     /// Drive a step function through a loop of steps (`steps(...)`; see `describe/schedule.rs`).
     pub steps: Option<crate::describe::schedule::StepLoop>,
+    /// Properties of the port's outputs checked on every case (`invariants(out = [finite, ...])`;
+    /// see `describe/invariants.rs`), by leaf, in declaration order.
+    pub invariants: Vec<(String, Vec<crate::describe::invariants::Invariant>)>,
 }
 
 /// Where a module-form check's parameters come from.
@@ -787,6 +790,7 @@ impl Layer {
             rename: Vec::new(),
             decode: None,
             steps: None,
+            invariants: Vec::new(),
         }
     }
 
@@ -1025,6 +1029,20 @@ impl Layer {
         self
     }
 
+    /// Declare an invariant of the output leaf `leaf` (`out`, `out.0`, `out.logits`), checked on
+    /// the port's outputs on every case (`invariants(...)` in the attribute).
+    pub fn invariant(
+        mut self,
+        leaf: &str,
+        invariant: crate::describe::invariants::Invariant,
+    ) -> Self {
+        match self.invariants.iter_mut().find(|(l, _)| l == leaf) {
+            Some((_, list)) => list.push(invariant),
+            None => self.invariants.push((leaf.to_string(), vec![invariant])),
+        }
+        self
+    }
+
     /// A step loop's plan for the arguments: those whose first axis is the steps' dim are per
     /// step, and which are carried from which output.
     pub fn loop_plan(&self) -> Option<crate::describe::schedule::LoopPlan> {
@@ -1225,11 +1243,27 @@ impl Layer {
         if let Some(steps) = &self.steps {
             let _ = writeln!(s, "steps: {steps}");
         }
+
         let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
         if self.trace {
             let _ = writeln!(s, "trace: the port's taps against every submodule's output");
         }
         s
+    }
+
+    /// The invariants' line of the forward check's description (`invariants: out = [finite]`);
+    /// `None` without invariants (the gradient and training checks do not check them, so their
+    /// descriptions do not name them).
+    pub fn invariants_line(&self) -> Option<String> {
+        if self.invariants.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = self
+            .invariants
+            .iter()
+            .map(|(leaf, i)| crate::describe::invariants::describe(leaf, i))
+            .collect();
+        Some(format!("invariants: {}\n", list.join(", ")))
     }
 
     /// The symbolic description of an argument, e.g. `x [b, t, d] ~ normal(0.0, 1.0)`.
@@ -1291,7 +1325,8 @@ impl Layer {
             };
             if inner {
                 return Err(format!(
-                    "`{name} = {value}`: `one_of(...)` and ranges go at the top of a value, not                      inside a list, a dict or another `one_of`"
+                    "`{name} = {value}`: `one_of(...)` and ranges go at the top of a value, not \
+                     inside a list, a dict or another `one_of`"
                 ));
             }
             match value {
@@ -1385,6 +1420,24 @@ impl Layer {
             }
         }
         self.validate_sweeps()?;
+        for (leaf, list) in &self.invariants {
+            for invariant in list {
+                use crate::describe::invariants::Invariant;
+                match invariant {
+                    Invariant::Range { lo, hi } if !(lo <= hi) => {
+                        return Err(format!(
+                            "`invariants({leaf} = [{invariant}])`: the range is empty"
+                        ))
+                    }
+                    Invariant::SumsToOne { tol: Some(t), .. } if !(*t >= 0.0) => {
+                        return Err(format!(
+                            "`invariants({leaf} = [{invariant}])`: a tolerance is not negative"
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
         if self.dtypes.is_empty() {
             return Err("no dtype to check".into());
         }

@@ -4,6 +4,7 @@
 pub mod checks;
 pub mod env;
 pub mod inputs;
+pub mod invariants;
 pub mod layer;
 pub mod numbers;
 pub mod outputs;

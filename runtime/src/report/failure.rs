@@ -82,6 +82,9 @@ pub struct CaseFailure {
     /// Taps of the port that name no trace point of the reference, each with what it could name
     /// instead (`judge::trace::unknown_tap`). They fail the case, but are no divergence.
     pub unknown_taps: Vec<String>,
+    /// Declared invariants of the outputs the port breaks (`judge/invariants.rs`): a failure of
+    /// their own, whatever the comparison says.
+    pub invariants: Vec<crate::judge::invariants::Violation>,
     /// What the case showed that does not fail it on its own (see `report::passed::Note`).
     pub notes: Vec<crate::report::passed::Note>,
 }
@@ -148,6 +151,9 @@ impl CaseFailure {
         }
         if let Some(t) = self.unknown_taps.first() {
             return t.clone();
+        }
+        if let Some(v) = self.invariants.first() {
+            return format!("invariant: {v}");
         }
         let failing: Vec<&str> = self
             .leaves
@@ -497,6 +503,15 @@ impl fmt::Display for Failure {
                     self.reference
                 )?;
             }
+            FailureKind::Case(c) if !c.invariants.is_empty() => {
+                let first = &c.invariants[0];
+                writeln!(
+                    out,
+                    "golden: `{}` breaks the invariant `{}` declared for its output `{}` \
+                     (reference `{}`){dtype}",
+                    self.layer, first.invariant, first.leaf, self.reference
+                )?;
+            }
             FailureKind::Case(c) if !c.schedule_issues.is_empty() => {
                 writeln!(
                     out,
@@ -620,6 +635,12 @@ impl fmt::Display for Failure {
                 writeln!(out, "  through the schedule:")?;
                 for t in &c.schedule_issues {
                     writeln!(out, "    - {t}")?;
+                }
+            }
+            if !c.invariants.is_empty() {
+                writeln!(out, "  declared invariants of the outputs, broken:")?;
+                for v in &c.invariants {
+                    writeln!(out, "    - {v}")?;
                 }
             }
             if !c.unknown_taps.is_empty() {

@@ -23,7 +23,8 @@ use golden_files::HostTensor;
 /// Check a port against its reference: `Ok` carries what the snapshot records, `Err` says what
 /// failed on the smallest failing case.
 pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
-    let description = layer.description(check::cases(layer, layer.cases), check::seed());
+    let mut description = layer.description(check::cases(layer, layer.cases), check::seed());
+    description.extend(layer.invariants_line());
     let runner = ForwardRunner {
         layer,
         port: PortThread::of(port, layer),
@@ -352,6 +353,8 @@ pub(crate) fn run_port(
         .collect();
     failure.leaves = leaves;
     failure.untapped = untapped.into_iter().map(|l| l.name).collect();
+    failure.invariants =
+        crate::judge::invariants::check(&layer.invariants, &port_host, &reference.expected);
     failure.port_outputs = port_host;
     let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
     failure.notes = crate::report::passed::reference_notes(reference, &names);
@@ -359,6 +362,7 @@ pub(crate) fn run_port(
     let compared = failure.params.is_empty()
         && failure.unknown_taps.is_empty()
         && failure.leaves.iter().all(Leaf::passes);
+    let compared = compared && failure.invariants.is_empty();
     if let (true, Some(s), Some(first_run)) = (compared, &schedule, &first_run) {
         let run = |tensors: Vec<candle_core::Tensor>, schedule| {
             call_port(port, tensors, state.as_ref(), false, Some(schedule))
