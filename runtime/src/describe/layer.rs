@@ -1424,14 +1424,14 @@ impl Layer {
             for invariant in list {
                 use crate::describe::invariants::Invariant;
                 match invariant {
-                    Invariant::Range { lo, hi } if !(lo <= hi) => {
+                    Invariant::Range { lo, hi } if lo.partial_cmp(hi).is_none_or(|o| o.is_gt()) => {
                         return Err(format!(
                             "`invariants({leaf} = [{invariant}])`: the range is empty"
                         ))
                     }
-                    Invariant::SumsToOne { tol: Some(t), .. } if !(*t >= 0.0) => {
+                    Invariant::SumsToOne { tol: Some(t), .. } if t.is_nan() || *t < 0.0 => {
                         return Err(format!(
-                            "`invariants({leaf} = [{invariant}])`: a tolerance is not negative"
+                            "`invariants({leaf} = [{invariant}])`: a tolerance must not be negative"
                         ))
                     }
                     _ => {}
