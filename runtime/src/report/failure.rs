@@ -411,6 +411,16 @@ fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
             shape(&leaf.port),
             shape(&leaf.reference)
         ),
+        Verdict::DType if crate::judge::trace::is_trace(&leaf.name) => writeln!(
+            out,
+            "  trace point `{}`: the port computes it in {}, the reference in {} — an \
+             intermediate in another precision than the reference's (an upcast not undone, a \
+             dtype an op passes on: candle keeps the dtype its inputs have), and what follows it \
+             computes in that precision too; convert it (`.to_dtype(..)`) where the reference does",
+            leaf.name.trim_start_matches(crate::judge::trace::PREFIX),
+            shape(&leaf.port),
+            shape(&leaf.reference)
+        ),
         Verdict::DType => writeln!(
             out,
             "  leaf `{}`: the port returns {}, the reference {} — convert the output \
@@ -877,6 +887,15 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
         let figure = match &leaf.verdict {
             Verdict::Values(v) => format!("{:>9}", num(v.worst_ratio)),
             Verdict::Shape { .. } => "    shape".into(),
+            Verdict::DType => {
+                let dtype = |s: &Option<(Vec<usize>, golden_files::WireDType)>| {
+                    s.as_ref().map_or("?", |(_, d)| d.name())
+                };
+                format!(
+                    "{:>9}",
+                    format!("{}≠{}", dtype(&leaf.port), dtype(&leaf.reference))
+                )
+            }
             _ => "        —".into(),
         };
         let mark = match (leaf.passes(), Some(i) == first) {

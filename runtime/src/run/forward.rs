@@ -308,7 +308,7 @@ pub(crate) fn run_port(
         })
         .collect();
     let mut port_host = match port_host.and_then(|mut p| {
-        p.extend(taps_as_leaves(&taps, dtype)?);
+        p.extend(taps_as_leaves(&taps)?);
         Ok(p)
     }) {
         Ok(p) => p,
@@ -393,22 +393,18 @@ pub(crate) fn run_port(
     }
 }
 
-/// The port's taps as leaves `trace.<name>`, floats in the case dtype (a port may compute a point
-/// in another precision; the reference's points are in the case dtype).
+/// The port's taps as leaves `trace.<name>`, each in the dtype the port computed it in: the
+/// comparison checks it against the reference's dtype at that point (`judge/trace.rs`), so that an
+/// intermediate computed in another precision is found where it happens (casting it to the case
+/// dtype, as golden once did, hid exactly that).
 fn taps_as_leaves(
     taps: &[(String, candle_core::Tensor)],
-    dtype: DType,
 ) -> Result<Vec<(String, HostTensor)>, String> {
     let names = crate::judge::trace::leaf_names(taps);
     taps.iter()
         .zip(names)
         .map(|((tap, t), name)| {
-            let t = if t.dtype().is_float() {
-                t.to_dtype(dtype)
-            } else {
-                Ok(t.clone())
-            };
-            t.and_then(|t| HostTensor::from_candle(&t))
+            HostTensor::from_candle(t)
                 .map(|h| (name, h))
                 .map_err(|e| format!("tap `{tap}`: {e}"))
         })
