@@ -58,6 +58,8 @@ pub enum DistDecl {
     Uniform(f64, f64),
     Int(BoundDecl, BoundDecl),
     Bool,
+    /// `positions` or `positions(max)`: position ids up to the configuration's (or `max`).
+    Positions(Option<BoundDecl>),
 }
 
 /// `name = [axes] ~ dist`.
@@ -501,8 +503,8 @@ fn parse_bound(input: ParseStream) -> Result<BoundDecl> {
     Ok(BoundDecl::Lit(if negative { -n } else { n }))
 }
 
-const DIST_HELP: &str =
-    "expected a distribution: `normal(mean, std)`, `uniform(lo, hi)`, `int(lo..hi)` or `bool`";
+const DIST_HELP: &str = "expected a distribution: `normal(mean, std)`, `uniform(lo, hi)`, \
+     `int(lo..hi)`, `bool` or `positions` (`positions(max)`)";
 
 fn parse_dist(input: ParseStream) -> Result<DistDecl> {
     let name: Ident = input.parse().map_err(|e| Error::new(e.span(), DIST_HELP))?;
@@ -566,6 +568,24 @@ fn parse_dist(input: ParseStream) -> Result<DistDecl> {
             Ok(DistDecl::Int(lo, hi))
         }
         "bool" => Ok(DistDecl::Bool),
+        "positions" => {
+            if !input.peek(syn::token::Paren) {
+                return Ok(DistDecl::Positions(None));
+            }
+            let content;
+            parenthesized!(content in input);
+            let max = parse_bound(&content).map_err(|e| {
+                Error::new(
+                    e.span(),
+                    "expected `positions` (up to the configuration's max_position_embeddings) or \
+                     `positions(max)`, a number or a dim",
+                )
+            })?;
+            if !content.is_empty() {
+                return Err(content.error("expected `)` after `positions(max`"));
+            }
+            Ok(DistDecl::Positions(Some(max)))
+        }
         _ => Err(Error::new(name.span(), DIST_HELP)),
     }
 }

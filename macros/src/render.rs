@@ -168,6 +168,15 @@ fn dist_expr(d: &Option<DistDecl>) -> TokenStream {
             quote!(::golden::Dist::Int { lo: #lo, hi: #hi })
         }
         Some(DistDecl::Bool) => quote!(::golden::Dist::Bool),
+        Some(DistDecl::Positions(None)) => {
+            quote!(::golden::Dist::Positions {
+                max: ::std::option::Option::None
+            })
+        }
+        Some(DistDecl::Positions(Some(max))) => {
+            let max = bound(max);
+            quote!(::golden::Dist::Positions { max: ::std::option::Option::Some(#max) })
+        }
     }
 }
 
@@ -269,6 +278,9 @@ fn check_dims_and_args(attr: &Attr, params: &[Param], fn_name: &Ident, errors: &
                     unknown_dim(ident, errors);
                 }
             }
+        }
+        if let Some(DistDecl::Positions(Some(BoundDecl::Dim(ident)))) = &arg.dist {
+            unknown_dim(ident, errors);
         }
     }
 }

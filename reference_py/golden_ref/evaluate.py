@@ -182,14 +182,57 @@ def load_state(module, state, backend):
             value.copy_(wanted[name].to(value.dtype))
 
 
+@contextlib.contextmanager
+def _default_dtype(torch, dtype):
+    """torch's default dtype set to `dtype` for the duration (nothing when None)."""
+    if dtype is None:
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _computed_buffers(module):
+    """The float buffers a module computes and does not keep in its state_dict (non-persistent:
+    Llama's rotary `inv_freq`), as (owner, name, tensor)."""
+    out = []
+    for owner in module.modules():
+        for name in getattr(owner, "_non_persistent_buffers_set", ()):
+            value = owner._buffers.get(name)
+            if value is not None and value.is_floating_point():
+                out.append((owner, name, value))
+    return out
+
+
 def build_module(case: Case, dtype: str | None = None):
     """The reference module for one evaluation: constructed under the case seed, with `case.state`
-    loaded when given, in eval mode, in `dtype` (default: the case dtype)."""
+    loaded when given, in eval mode, in `dtype` (default: the case dtype).
+
+    In float16 and bfloat16 it is built the way `from_pretrained(dtype=...)` builds a model for
+    inference: constructed with that dtype as torch's default, its state_dict's entries (what a
+    checkpoint holds) in that dtype, and the buffers it computes for itself kept in the dtype its
+    code gives them — Llama's rotary frequencies, made `.float()`, stay float32. Casting those too
+    (`module.to(bfloat16)`) would make the reference's rotary table wrong at long positions, which
+    no model loaded for inference is."""
     torch = case.backend.torch
-    module = construct(case)
+    name = dtype or case.dtype
+    target = torch_dtype(torch, name)
+    half = name in ("f16", "bf16")
+    with _default_dtype(torch, target if half else None):
+        module = construct(case)
     if case.state is not None:
         load_state(module, case.state, case.backend)
-    return module.to(torch_dtype(torch, dtype or case.dtype))
+    if not half:
+        return module.to(target)
+    computed = _computed_buffers(module)
+    module = module.to(target)
+    for owner, key, value in computed:
+        owner._buffers[key] = value
+    return module
 
 
 def _copy(t: WireTensor) -> WireTensor:

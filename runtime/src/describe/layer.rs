@@ -147,6 +147,16 @@ pub enum Dist {
     },
     /// Booleans (a u8 tensor of 0/1 in candle, `torch.bool` in the reference).
     Bool,
+    /// Position ids (an i64 tensor, positions along the last axis): `0..t` for the simple value
+    /// styles (zeros, round), and otherwise sparse and long — sorted, distinct, drawn
+    /// log-uniformly below `max` with the last of each row in its top half — so that what only
+    /// shows far into a sequence (a rotary table built in bf16, wrong past 256) shows without a
+    /// long sequence. `max` is the module's `max_position_embeddings` (or `n_positions`) of
+    /// `config`/`init` when not given.
+    Positions {
+        /// The number of positions; `None`: the configuration's.
+        max: Option<Bound>,
+    },
 }
 
 impl Dist {
@@ -184,6 +194,8 @@ impl fmt::Display for Dist {
             Dist::Uniform { lo, hi } => write!(f, "uniform({lo:?}, {hi:?})"),
             Dist::Int { lo, hi } => write!(f, "int({lo}..{hi})"),
             Dist::Bool => f.write_str("bool"),
+            Dist::Positions { max: None } => f.write_str("positions"),
+            Dist::Positions { max: Some(max) } => write!(f, "positions({max})"),
         }
     }
 }
@@ -1095,6 +1107,17 @@ impl Layer {
         })
     }
 
+    /// The module's number of positions as its configuration gives it (`max_position_embeddings`,
+    /// or `n_positions`, in `config` or `init`), as written: a number, a dim or a sweep.
+    pub fn max_positions(&self) -> Option<&Value> {
+        self.config
+            .iter()
+            .flat_map(|c| &c.values)
+            .chain(&self.init)
+            .find(|(k, _)| k == "max_position_embeddings" || k == "n_positions")
+            .map(|(_, v)| v)
+    }
+
     /// The index of the argument a schedule splits, and its sequence axis.
     pub fn scheduled_arg(&self) -> Option<(usize, usize)> {
         let decode = self.decode.as_ref()?;
@@ -1392,6 +1415,25 @@ impl Layer {
                             arg.name
                         ));
                     }
+                }
+            }
+            if let Dist::Positions { max } = &arg.dist {
+                match max {
+                    Some(Bound::Dim(d)) if !known(d) => {
+                        return Err(format!(
+                            "argument `{}` uses the unknown dim `{d}`",
+                            arg.name
+                        ))
+                    }
+                    None if self.max_positions().is_none() => {
+                        return Err(format!(
+                            "argument `{}` ~ positions draws up to the module's \
+                             max_position_embeddings, and neither `config` nor `init` gives one: \
+                             write `positions(N)`",
+                            arg.name
+                        ))
+                    }
+                    _ => {}
                 }
             }
             if let Dist::Int { lo, hi } = &arg.dist {

@@ -389,18 +389,35 @@ fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
                 )?;
             }
             if let Some(a) = v.accuracy.filter(|a| !a.passes()) {
-                writeln!(
-                    out,
-                    "    the port is markedly less accurate than its reference: its RMS error \
-                     against the float64 result is {}, {}× the reference's own ({}; allowed {}×) — \
-                     it computes in {} where the reference computes in a higher precision (a \
-                     missing upcast, e.g. a norm's variance or a softmax outside float32?)",
-                    num(a.port),
-                    num(a.ratio),
-                    num(a.reference),
-                    num(crate::judge::compare::ACCURACY_FACTOR),
-                    leaf.port.as_ref().map_or("?", |p| p.1.name())
-                )?;
+                let dtype = leaf.port.as_ref().map_or("?", |p| p.1.name());
+                match a.axis {
+                    None => writeln!(
+                        out,
+                        "    the port is markedly less accurate than its reference: its RMS error \
+                         against the float64 result is {}, {}× the reference's own ({}; allowed \
+                         {}×) — it computes in {dtype} where the reference computes in a higher \
+                         precision (a missing upcast, e.g. a norm's variance or a softmax outside \
+                         float32?)",
+                        num(a.port),
+                        num(a.ratio),
+                        num(a.reference),
+                        num(crate::judge::compare::ACCURACY_FACTOR),
+                    )?,
+                    Some(axis) => writeln!(
+                        out,
+                        "    the port is markedly less accurate than its reference along axis \
+                         {axis}: the error its slices along that axis share (a scale or an offset \
+                         per slice) is {} RMS against the float64 result, {}× what the \
+                         reference's own rounding leaves there ({}; allowed {}×) — what a \
+                         reduction over axis {axis} computed in {dtype} does where the reference \
+                         computes it in a higher precision (a norm's variance or mean, a \
+                         softmax's sum: a missing upcast), or an error confined to some slices",
+                        num(a.port),
+                        num(a.ratio),
+                        num(a.reference),
+                        num(crate::judge::compare::ACCURACY_FACTOR),
+                    )?,
+                }
             }
             Ok(())
         }

@@ -464,9 +464,13 @@ impl Report {
                 .filter_map(|v| v.accuracy)
                 .max_by(|a, b| a.ratio.total_cmp(&b.ratio))
             {
+                let class = a
+                    .axis
+                    .map(|axis| format!(" shared along axis {axis}"))
+                    .unwrap_or_default();
                 let _ = writeln!(
                     s,
-                    "    accuracy against float64: port's RMS error {}, {}× allowed (the reference's own times {})",
+                    "    accuracy against float64: port's RMS error{class} {}, {}× allowed (the reference's own times {})",
                     figure(a.port),
                     figure(a.ratio / crate::judge::compare::ACCURACY_FACTOR),
                     figure(crate::judge::compare::ACCURACY_FACTOR)

@@ -268,8 +268,9 @@ fn run_inner(
     let mut recorded = vec![None; layer.dtypes.len()];
     if matches!(source.via, Via::Record(..)) {
         for (i, &dtype) in layer.dtypes.iter().enumerate() {
-            recorded[i] = record_generated(layer, dtype, runner, source, &settings, description)
-                .map_err(config_error)?;
+            recorded[i] =
+                record_generated(layer, kind, dtype, runner, source, &settings, description)
+                    .map_err(config_error)?;
         }
     }
     let mut runs = Vec::new();
@@ -407,6 +408,7 @@ fn runner_config(layer: &Layer, settings: &Settings) -> (Config, usize) {
 /// recorded when the bound stopped it (the check then runs those only), and says so.
 fn record_generated(
     layer: &Layer,
+    kind: Kind,
     dtype: DType,
     runner: &impl CaseRunner,
     source: &Source,
@@ -418,7 +420,8 @@ fn record_generated(
     let mut proptest = TestRunner::new(config);
     let seen = Cell::new(0usize);
     let full: Cell<Option<usize>> = Cell::new(None);
-    let _ = proptest.run(&inputs::case_strategy_after(layer, replays), |params| {
+    let strategy = inputs::case_strategy_for(layer, kind, replays);
+    let _ = proptest.run(&strategy, |params| {
         if full.get().is_some() {
             // The store is full: the rest of the cases are neither evaluated nor checked.
             return Ok(());
@@ -487,8 +490,10 @@ fn run_caught(
 /// shrinking went below it; then fresh cases drawn as the check draws them (a shrunk case is often
 /// too small to show a mistake's shape: one position, one element); then the cases shrinking saw
 /// fail. A few tries at most; in replay only recorded cases count.
+#[allow(clippy::too_many_arguments)]
 fn other_failures(
     layer: &Layer,
+    kind: Kind,
     runner: &impl CaseRunner,
     source: &Source,
     dtype: DType,
@@ -498,7 +503,7 @@ fn other_failures(
 ) -> Vec<(CaseParams, Box<CaseFailure>)> {
     use proptest::strategy::{Strategy, ValueTree};
     let wanted = runner.others_wanted();
-    let strategy = inputs::case_strategy(layer);
+    let strategy = inputs::case_strategy_for(layer, kind, 0);
     let mut draws = TestRunner::deterministic();
     let fresh = (0..4).filter_map(|_| Some(strategy.new_tree(&mut draws).ok()?.current()));
     let candidates = std::iter::once(first.clone())
@@ -546,7 +551,8 @@ fn run_dtype(
     let skipped = Cell::new(0usize);
     let unrecorded_shrinks = Cell::new(0u32);
 
-    let result = proptest.run(&inputs::case_strategy_after(layer, replays), |params| {
+    let strategy = inputs::case_strategy_for(layer, kind, replays);
+    let result = proptest.run(&strategy, |params| {
         if fatal.borrow().is_some() {
             // The worker died (or the store is stale): stop exercising it, let proptest wind down.
             return Err(TestCaseError::fail("aborted"));
@@ -705,6 +711,7 @@ fn run_dtype(
             let others = match (&f.kind, f.case.clone()) {
                 (FailureKind::Case(_), Some(smallest)) => other_failures(
                     layer,
+                    kind,
                     runner,
                     source,
                     dtype,

@@ -421,6 +421,9 @@ fn explain(
     failure: &mut Failure,
     others: &[(CaseParams, Box<CaseFailure>)],
 ) {
+    if let FailureKind::Case(c) = &failure.kind {
+        failure.notes.extend(far_position(layer, c));
+    }
     let (FailureKind::Case(c), Some(case)) = (&mut failure.kind, &failure.case) else {
         return;
     };
@@ -465,6 +468,42 @@ fn explain(
         });
     }
     c.diagnoses = found;
+}
+
+/// Where the first failing leaf differs most, the position there when an argument is position ids
+/// (`~ positions`) and the leaf's leading axes are theirs: long positions show what a short
+/// sequence never does.
+fn far_position(layer: &Layer, c: &CaseFailure) -> Option<String> {
+    let (arg, ids) = layer.args.iter().find_map(|a| {
+        matches!(a.dist, crate::describe::layer::Dist::Positions { .. })
+            .then(|| c.inputs.iter().find(|(n, _)| *n == a.name))
+            .flatten()
+    })?;
+    let index = c
+        .leaves
+        .iter()
+        .filter(|l| !l.passes())
+        .find_map(|l| match &l.verdict {
+            compare::Verdict::Values(v) => v.worst.as_ref().map(|w| w.index.clone()),
+            _ => None,
+        })?;
+    let rank = ids.shape.len();
+    if index.len() < rank || index.iter().zip(&ids.shape).any(|(i, n)| i >= n) {
+        return None;
+    }
+    let flat = index[..rank]
+        .iter()
+        .zip(&ids.shape)
+        .fold(0usize, |acc, (i, n)| acc * n + i);
+    let values = ids.to_i64();
+    let position = *values.get(flat)?;
+    let furthest = values.iter().copied().max().unwrap_or(position);
+    Some(format!(
+        "where it differs most, `{arg}` is {position} (this case's positions reach {furthest}): \
+         what shows only far into a sequence — a rotary table or positions computed in low \
+         precision (bf16 holds whole numbers exactly up to 256, f16 up to 2048), a table built too \
+         short — shows there"
+    ))
 }
 
 /// The known variants of the reference that the port matches on this case (live only).
