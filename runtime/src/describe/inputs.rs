@@ -826,7 +826,7 @@ pub fn make_arg(arg: &ArgSpec, case: &CaseParams, dtype: DType) -> Result<HostTe
                     arg.name
                 ));
             }
-            let rows = if len == 0 { 0 } else { n / len };
+            let rows = n.checked_div(len).unwrap_or(0);
             let mut rng = Rng::new(case.seed, &arg.name);
             let mut data: Vec<u8> = Vec::with_capacity(n * 8);
             for _ in 0..rows {
