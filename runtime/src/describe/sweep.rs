@@ -399,6 +399,18 @@ mod tests {
             }
         }
         assert!(rows.len() < 12, "{}", rows.len());
+        // Three fields of three values: every pair in about nine rows, not the product's 27.
+        let three = || Value::one_of([1.into(), 2.into(), 3.into()]);
+        let l = layer(&[("a", three()), ("b", three()), ("c", three())]);
+        let rows = plan(&l);
+        for (a, b) in [(0, 1), (0, 2), (1, 2)] {
+            for x in 0..3 {
+                for y in 0..3 {
+                    assert!(rows.iter().any(|r| r[a] == x && r[b] == y), "{rows:?}");
+                }
+            }
+        }
+        assert!(rows.len() <= 11, "{} rows: {rows:?}", rows.len());
     }
 
     #[test]
