@@ -1,7 +1,6 @@
 """References of golden's example zoo: the PyTorch originals of the Rust ports in `tests/zoo/`."""
 
 from .functional import (  # noqa: F401
-    capped_logits,
     causal_attention,
     conv1d,
     embedding,
@@ -13,5 +12,6 @@ from .functional import (  # noqa: F401
     silu,
     softmax,
 )
+from .logits import capped_logits  # noqa: F401
 from .modules import MLP, CausalSelfAttention, ReluMLP, TinyLM, TransformerBlock  # noqa: F401
 from . import variants  # noqa: F401  (registers the known variants of these references)

@@ -50,12 +50,3 @@ def conv1d(x, weight, bias, stride=1, padding=0):
 def causal_attention(q, k, v):
     """Scaled dot-product attention with a causal mask, (batch, heads, seq, head_dim)."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def capped_logits(x, weight, softcap=None):
-    """Logits `x @ weight.T`, soft-capped to (-softcap, softcap) when `softcap` is given, as Gemma 2
-    caps its final logits (`final_logit_softcapping`)."""
-    logits = x @ weight.T
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits

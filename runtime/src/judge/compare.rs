@@ -212,6 +212,8 @@ pub struct Values {
 /// sat at the rule's edge. The worst class decides.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Accuracy {
+    /// The port's RMS error against the float64 result over the elements (whatever the class).
+    pub rms: f64,
     /// The port's RMS error against the float64 result, in the worst class.
     pub port: f64,
     /// The reference's (in the case dtype) in that class, or what its rounding gives there if
@@ -552,6 +554,7 @@ fn accuracy(port: &HostTensor, reference: &HostTensor, precise: &HostTensor) -> 
     };
     let own = rms(ref_sq).max(floor);
     let mut worst = Accuracy {
+        rms: rms(port_sq),
         port: rms(port_sq),
         reference: rms(ref_sq),
         ratio: ratio(rms(port_sq), own),
@@ -588,6 +591,7 @@ fn accuracy(port: &HostTensor, reference: &HostTensor, precise: &HostTensor) -> 
         let r = ratio(shared_port, shared_ref.max(independent));
         if r > worst.ratio {
             worst = Accuracy {
+                rms: rms(port_sq),
                 port: shared_port,
                 reference: shared_ref.max(independent),
                 ratio: r,
