@@ -282,6 +282,20 @@ fn check_dims_and_args(attr: &Attr, params: &[Param], fn_name: &Ident, errors: &
         if let Some(DistDecl::Positions(Some(BoundDecl::Dim(ident)))) = &arg.dist {
             unknown_dim(ident, errors);
         }
+        let has_max = attr
+            .init
+            .iter()
+            .chain(attr.config.iter().flat_map(|c| &c.values))
+            .any(|kv| kv.name == "max_position_embeddings" || kv.name == "n_positions");
+        if matches!(arg.dist, Some(DistDecl::Positions(None))) && !has_max {
+            errors.push(
+                arg.name.span(),
+                format!(
+                    "`{name} ~ positions` draws up to the module's max_position_embeddings, and \
+                     neither `config` nor `init` gives one: write `positions(N)`"
+                ),
+            );
+        }
     }
 }
 
