@@ -209,7 +209,10 @@ pub struct Values {
 /// `√(2/n)` share; a reduction computed in low precision (a norm's variance, a softmax's sum, a
 /// mean) errs by a factor common to its slice, all of which the fit keeps. So the class along the
 /// reduced axis judges that mistake `√(n/2)` times more sharply than the elements' RMS, where it
-/// sat at the rule's edge. The worst class decides.
+/// sat at the rule's edge. Over few slices the fit's energy is a noisy sample, so that class's
+/// allowance grows by what chance gives one time in a thousand ([`chi_square_tail`]): a port
+/// merely as inaccurate as candle's bf16 `Linear` (two roundings where PyTorch has one) must not
+/// alarm there. The worst class decides.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Accuracy {
     /// The port's RMS error against the float64 result over the elements (whatever the class).
@@ -217,7 +220,7 @@ pub struct Accuracy {
     /// The port's RMS error against the float64 result, in the worst class.
     pub port: f64,
     /// The reference's (in the case dtype) in that class, or what its rounding gives there if
-    /// larger (see [`Accuracy::ratio`]).
+    /// larger, times the slack a class of few slices gets (see [`Accuracy::ratio`]).
     pub reference: f64,
     /// `port / max(reference, half an ulp of the result's RMS)` in the worst class.
     pub ratio: f64,
@@ -588,18 +591,37 @@ fn accuracy(port: &HostTensor, reference: &HostTensor, precise: &HostTensor) -> 
         );
         // What independent errors of the reference's size leave in a fit of two parameters.
         let independent = (2.0 / len as f64).sqrt() * own;
-        let r = ratio(shared_port, shared_ref.max(independent));
+        // Two numbers fitted per slice: over few slices their energy is a noisy sample (a
+        // chi-square of 2 per slice degrees of freedom), which by chance alone can reach a few
+        // times its mean. The allowance grows by the ratio that sample reaches one time in a
+        // thousand, so that the class alarms no more often than the elements' RMS does.
+        let slack = chi_square_tail(2 * (count / len));
+        let r = ratio(shared_port, shared_ref.max(independent) * slack);
         if r > worst.ratio {
             worst = Accuracy {
                 rms: rms(port_sq),
                 port: shared_port,
-                reference: shared_ref.max(independent),
+                reference: shared_ref.max(independent) * slack,
                 ratio: r,
                 axis: Some(axis),
             };
         }
     }
     Some(worst)
+}
+
+/// `√(χ²/k)` at the upper 0.1 % quantile of a chi-square of `k` degrees of freedom (Wilson and
+/// Hilferty's approximation): how far the RMS of `k` independent normal samples gets above its
+/// mean one time in a thousand — 2.7 for 2, 1.6 for 16, 1.3 for 64, towards 1.
+fn chi_square_tail(k: usize) -> f64 {
+    if k == 0 {
+        return 1.0;
+    }
+    let k = k as f64;
+    let z = 3.09;
+    let c = 2.0 / (9.0 * k);
+    let q = k * (1.0 - c + z * c.sqrt()).powi(3);
+    (q / k).sqrt()
 }
 
 /// The energy (sum of squares) of the least-squares fit `α·result + β` to the errors of one slice
@@ -990,7 +1012,7 @@ mod tests {
         let precise = HostTensor::from_f64(vec![8, 16], &h);
         let a = accuracy(&bf16(&shared), &reference, &precise).unwrap();
         assert_eq!(a.axis, Some(1), "{a:?}");
-        assert!(a.ratio > 6.0, "{a:?}");
+        assert!(a.ratio > 3.0, "{a:?}");
         let b = accuracy(&bf16(&independent), &reference, &precise).unwrap();
         assert!(b.ratio < 3.0, "{b:?}");
     }
