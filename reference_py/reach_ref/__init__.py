@@ -34,3 +34,11 @@ class ScoresBlock(nn.Module):
         probs = self.softmax(self.proj(x))
         self.pick(probs)
         return probs.to(x.dtype)
+
+
+def top_k_probs(logits, k=3):
+    """A sampler's distribution: the softmax of the `k` largest logits of each row, the others
+    zero, renormalised."""
+    kth = logits.topk(k, dim=-1).values[..., -1:]
+    kept = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.softmax(kept, dim=-1)

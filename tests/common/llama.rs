@@ -29,6 +29,9 @@ pub struct Port {
     /// The MLP's activation leaks float32: SiLU computed in float32 and carried through the down
     /// projection, cast back to the input's dtype only at the residual.
     pub activation_leaks_f32: bool,
+    /// The rotary embedding in float32: its tables never cast to the input's dtype, the queries
+    /// and keys upcast to meet them, and the attention computed in float32 up to its projection.
+    pub rotary_in_f32: bool,
 }
 
 /// The traced check of the decoder layer against `llama_ref.DecoderLayer`.
@@ -133,10 +136,20 @@ pub fn attention(vb: &VarBuilder, x: &Tensor, port: Port) -> Result<Tensor> {
     } else {
         Tensor::cat(&[&freqs, &freqs], D::Minus1)?
     };
-    let (cos, sin) = (
-        emb.cos()?.to_dtype(x.dtype())?,
-        emb.sin()?.to_dtype(x.dtype())?,
-    );
+    let (cos, sin) = if port.rotary_in_f32 {
+        (emb.cos()?, emb.sin()?)
+    } else {
+        (
+            emb.cos()?.to_dtype(x.dtype())?,
+            emb.sin()?.to_dtype(x.dtype())?,
+        )
+    };
+    let (q, k, v) = if port.rotary_in_f32 {
+        let up = |t: Tensor| t.to_dtype(DType::F32);
+        (up(q)?, up(k)?, up(v)?)
+    } else {
+        (q, k, v)
+    };
     let rope = |x: &Tensor| -> Result<Tensor> {
         x.broadcast_mul(&cos)?
             .add(&rotate(x, port.rope_on_pairs)?.broadcast_mul(&sin)?)
@@ -168,7 +181,8 @@ pub fn attention(vb: &VarBuilder, x: &Tensor, port: Port) -> Result<Tensor> {
     let out = probs
         .matmul(&v.contiguous()?)?
         .transpose(1, 2)?
-        .reshape((b, t, HIDDEN))?;
+        .reshape((b, t, HIDDEN))?
+        .to_dtype(x.dtype())?;
     let out = linear(vb, "o_proj", &out, HIDDEN, HIDDEN)?;
     let name = if port.tap_attention_as_module {
         vb.prefix()
