@@ -231,8 +231,10 @@ fn a_norm_without_its_upcast_in_bf16_is_caught_by_a_wide_margin() {
 }
 
 #[test]
-fn a_norm_without_its_upcast_in_f16_overflows_at_real_magnitudes() {
-    // Activations of hundreds to thousands: x² leaves f16's range (65504) from |x| = 256.
+fn a_norm_without_its_upcast_in_f16_leaves_its_range() {
+    // In f16 a norm's x² overflows from |x| = 256 (activation magnitudes: the port's variance is
+    // inf and its output zeros) and underflows below 2^-12 (tiny values: its variance is 0); which
+    // comes first depends on the seed's draws, and either fails the port.
     let layer = |name: &str| {
         let mut l = wide_gemma_rms(name).dtypes(&[DType::F16]);
         l.dims[2].lo = 16;
@@ -242,166 +244,17 @@ fn a_norm_without_its_upcast_in_f16_overflows_at_real_magnitudes() {
     let f = common::must_fail(&layer("h_gemma_rms_f16"), |i| gemma_rms_port(i, true));
     let msg = f.to_string();
     println!("{msg}");
-    // The first failing case is at large magnitudes, where the port's variance overflowed and
-    // its output is zeros; shrinking then finds the simplest case that still fails.
+    use golden::describe::inputs::Style;
     let (first, _) = f.shrunk_from.as_ref().expect("shrunk");
     assert!(
-        matches!(
-            first.style,
-            golden::describe::inputs::Style::Activations | golden::describe::inputs::Style::Large
-        ),
+        matches!(first.style, Style::Activations | Style::Large | Style::Tiny),
         "{msg}"
     );
-    assert!(msg.contains("the port is all zeros"), "{msg}");
+    assert!(
+        msg.contains("the port is all zeros") || msg.contains("the port fails only on tiny inputs"),
+        "{msg}"
+    );
     common::must_pass(&layer("h_gemma_rms_f16_right"), |i| {
         gemma_rms_port(i, false)
     });
-}
-
-// --- Calibration: correct ports in bf16 and f16 -----------------------------------------------------
-
-/// The worst accuracy ratio of each leaf's cases in a passing report, with its class.
-fn worst_accuracy(report: &golden::Report) -> Vec<(String, f64, Option<usize>)> {
-    let mut out: Vec<(String, f64, Option<usize>)> = Vec::new();
-    for run in &report.runs {
-        for case in &run.cases {
-            for leaf in &case.leaves {
-                let Verdict::Values(v) = &leaf.verdict else {
-                    continue;
-                };
-                let Some(a) = v.accuracy else { continue };
-                let name = format!(
-                    "{} {}",
-                    golden::describe::layer::dtype_name(run.dtype),
-                    leaf.name
-                );
-                match out.iter_mut().find(|(n, _, _)| *n == name) {
-                    Some(w) if w.1 >= a.ratio => {}
-                    Some(w) => *w = (name, a.ratio, a.axis),
-                    None => out.push((name, a.ratio, a.axis)),
-                }
-            }
-        }
-    }
-    out
-}
-
-/// False alarms of the accuracy rule, per class: correct ports in bf16 and f16 over many cases
-/// (`GOLDEN_CASES=200 cargo test --test half_precision calibrate -- --ignored --nocapture`, and
-/// with `GOLDEN_SEED` 0–3). Prints each leaf's worst ratio (allowed 3) and fails on none: what it
-/// prints is the calibration.
-#[test]
-#[ignore]
-fn calibrate_the_accuracy_rule_on_correct_ports() {
-    use golden::IntoOutputs;
-    type P = fn(&PortInputs) -> std::result::Result<golden::Outputs, String>;
-    let half = [DType::BF16, DType::F16];
-    let f = |name: &str, reference: &str| {
-        Layer::function(name, reference)
-            .dim("b", 1, 4)
-            .dim("t", 1, 16)
-            .dim("d", 1, 128)
-            .dtypes(&half)
-    };
-    let checks: Vec<(Layer, P)> = vec![
-        (
-            f("cal_linear", "zoo_ref.linear")
-                .dim("o", 1, 64)
-                .arg("x", ["b", "t", "d"], Dist::default())
-                .arg("weight", ["o", "d"], Dist::normal(0.0, 0.1))
-                .arg("bias", ["o"], Dist::default()),
-            |i| golden_zoo::linear::linear(i.tensor(0), i.tensor(1), i.tensor(2)).into_outputs(),
-        ),
-        (
-            f("cal_layer_norm", "zoo_ref.layer_norm")
-                .arg("x", ["b", "t", "d"], Dist::default())
-                .arg("weight", ["d"], Dist::normal(1.0, 0.1))
-                .arg("bias", ["d"], Dist::normal(0.0, 0.1))
-                .konst("eps", 1e-5),
-            |i| {
-                // In float32, as PyTorch's CPU kernel accumulates (the zoo's port computes in the
-                // input's dtype: in bf16 that is a missing upcast, which the rule catches).
-                let x = i.tensor(0);
-                let up = |t: &Tensor| t.to_dtype(DType::F32);
-                (|| {
-                    golden_zoo::norms::layer_norm(
-                        &up(x)?,
-                        &up(i.tensor(1))?,
-                        &up(i.tensor(2))?,
-                        1e-5,
-                    )?
-                    .to_dtype(x.dtype())
-                })()
-                .into_outputs()
-            },
-        ),
-        (
-            f("cal_rms_norm", "zoo_ref.rms_norm")
-                .arg("x", ["b", "t", "d"], Dist::default())
-                .arg("weight", ["d"], Dist::normal(1.0, 0.1))
-                .konst("eps", 1e-6),
-            |i| golden_zoo::norms::rms_norm(i.tensor(0), i.tensor(1), 1e-6).into_outputs(),
-        ),
-        (
-            f("cal_gelu", "zoo_ref.gelu").arg("x", ["b", "t", "d"], Dist::default()),
-            |i| golden_zoo::activations::gelu(i.tensor(0)).into_outputs(),
-        ),
-        (
-            f("cal_softmax", "zoo_ref.softmax").arg("x", ["b", "t", "d"], Dist::default()),
-            |i| {
-                let x = i.tensor(0);
-                x.to_dtype(DType::F32)
-                    .and_then(|x32| candle_nn::ops::softmax(&x32, D::Minus1))
-                    .and_then(|p| p.to_dtype(x.dtype()))
-                    .into_outputs()
-            },
-        ),
-        (
-            {
-                let mut l = wide_gemma_rms("cal_gemma_rms").dtypes(&half);
-                l.dims[2].lo = 1;
-                l
-            },
-            |i| gemma_rms_port(i, false).into_outputs(),
-        ),
-        (
-            f("cal_attention", "zoo_ref.causal_attention")
-                .dim("h", 1, 4)
-                .arg("q", ["b", "h", "t", "d"], Dist::default())
-                .arg("k", ["b", "h", "t", "d"], Dist::default())
-                .arg("v", ["b", "h", "t", "d"], Dist::default()),
-            |i| {
-                let (q, t, d) = (i.tensor(0), i.dim("t"), i.dim("d"));
-                let up = |t: &Tensor| t.to_dtype(DType::F32);
-                (|| {
-                    golden_zoo::attention::causal_attention(
-                        &up(q)?,
-                        &up(i.tensor(1))?,
-                        &up(i.tensor(2))?,
-                        t,
-                        d,
-                    )?
-                    .to_dtype(q.dtype())
-                })()
-                .into_outputs()
-            },
-        ),
-        (rotary("cal_rotary", DType::BF16).dtypes(&half), |i| {
-            rotary_outputs(i, false)
-        }),
-    ];
-    for (layer, port) in checks {
-        let scratch = common::Scratch::new(&layer.name);
-        let layer = layer
-            .declared_at(scratch.declared)
-            .mode(golden::describe::env::Mode::Live);
-        match golden::check(&layer, &port) {
-            Ok(report) => {
-                for (leaf, ratio, axis) in worst_accuracy(&report) {
-                    println!("{} {leaf}: worst {ratio:.2} (class {axis:?})", layer.name);
-                }
-            }
-            Err(f) => println!("{} FAILED at {:?}:\n{f}", layer.name, accuracy_ratio(&f)),
-        }
-    }
 }

@@ -36,13 +36,24 @@ fn lm(i: &PortInputs, bugs: LmBugs) -> Result<Outputs, String> {
     sweep_ports::gemma_lm_port(i, bugs).into_outputs()
 }
 
-fn configuration_lines(snapshot: &str) -> Vec<&str> {
-    snapshot
-        .lines()
-        .skip_while(|l| !l.contains("configurations covered"))
-        .skip(1)
-        .take_while(|l| l.starts_with("    "))
-        .collect()
+/// The configurations a passing check covered and how many cases each got, from its cases (the
+/// snapshot lists the same, when the declared cases ran: checked too).
+fn covered(report: &Report) -> Vec<(String, usize)> {
+    let covered = golden::describe::sweep::covered(
+        report.runs[0]
+            .cases
+            .iter()
+            .map(|c| c.params.config.as_slice()),
+    );
+    if let Some(snapshot) = report.snapshot() {
+        for (configuration, n) in &covered {
+            assert!(
+                snapshot.contains(&format!("    {configuration}: {n}\n")),
+                "{configuration}: {snapshot}"
+            );
+        }
+    }
+    covered
 }
 
 #[test]
@@ -73,17 +84,18 @@ fn a_port_reading_hidden_over_heads_fails_where_the_config_s_head_dim_differs() 
     let report = passes(&sweep_ports::llama_attention("w_head_dim_right"), |i| {
         attention(i, false)
     });
-    let snapshot = report.snapshot().unwrap();
-    let lines = configuration_lines(&snapshot);
-    assert_eq!(lines.len(), 2, "{snapshot}");
+    let lines = covered(&report);
+    assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(
-        lines[0].starts_with("    head_dim=2 * q * h / h: ")
-            && lines[1].starts_with("    head_dim=4 * q * h / h: "),
-        "{snapshot}"
+        lines[0].0 == "head_dim=2 * q * h / h" && lines[1].0 == "head_dim=4 * q * h / h",
+        "{lines:?}"
     );
     assert!(
-        snapshot.contains("head_dim = one_of(2 * q * h / h, 4 * q * h / h)"),
-        "{snapshot}"
+        report
+            .description
+            .contains("head_dim = one_of(2 * q * h / h, 4 * q * h / h)"),
+        "{}",
+        report.description
     );
 }
 
@@ -148,22 +160,17 @@ fn the_right_lm_port_passes_every_branch_and_the_snapshot_counts_them() {
     let report = passes(&sweep_ports::gemma_lm("w_gemma_lm_right"), |i| {
         lm(i, LmBugs::default())
     });
-    let snapshot = report.snapshot().unwrap();
-    let lines = configuration_lines(&snapshot);
+    let lines = covered(&report);
     // Two fields of two values: every pair comes up in 12 cases, not more configurations.
-    assert_eq!(lines.len(), 4, "{snapshot}");
-    let total: usize = lines
-        .iter()
-        .map(|l| l.rsplit(": ").next().unwrap().parse::<usize>().unwrap())
-        .sum();
-    assert_eq!(total, 12, "{snapshot}");
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines.iter().map(|(_, n)| n).sum::<usize>(), 12, "{lines:?}");
     for pair in [
         "final_logit_softcapping=None tie_word_embeddings=true",
         "final_logit_softcapping=30.0 tie_word_embeddings=false",
         "final_logit_softcapping=None tie_word_embeddings=false",
         "final_logit_softcapping=30.0 tie_word_embeddings=true",
     ] {
-        assert!(lines.iter().any(|l| l.contains(pair)), "{pair}: {snapshot}");
+        assert!(lines.iter().any(|(l, _)| l == pair), "{pair}: {lines:?}");
     }
 }
 
