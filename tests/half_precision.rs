@@ -52,7 +52,8 @@ fn measure_the_gemma2_bf16_norm_margin() {
     let port = |i: &PortInputs| golden::IntoOutputs::into_outputs(gemma_rms_in_input_dtype(i));
     let wide = |i: &PortInputs| golden::IntoOutputs::into_outputs(gemma_rms_port(i, true));
     type P = fn(&PortInputs) -> std::result::Result<golden::Outputs, String>;
-    let checks: [(&str, fn(&str) -> Layer, P); 2] = [
+    type Check = (&'static str, fn(&str) -> Layer, P);
+    let checks: [Check; 2] = [
         ("hidden 16", gemma_rms_bf16, port),
         ("hidden 256-1024", wide_gemma_rms, wide),
     ];

@@ -210,7 +210,7 @@ pub struct Values {
 /// mean) errs by a factor common to its slice, all of which the fit keeps. So the class along the
 /// reduced axis judges that mistake `√(n/2)` times more sharply than the elements' RMS, where it
 /// sat at the rule's edge. Over few slices the fit's energy is a noisy sample, so that class's
-/// allowance grows by what chance gives one time in a thousand ([`chi_square_tail`]): a port
+/// allowance grows by what chance gives one time in a thousand (`chi_square_tail`): a port
 /// merely as inaccurate as candle's bf16 `Linear` (two roundings where PyTorch has one) must not
 /// alarm there. The worst class decides.
 #[derive(Clone, Copy, Debug, PartialEq)]
