@@ -32,6 +32,10 @@ pub struct ReferenceOutputs {
     /// Module form: entries kept as the module has them (frozen parameters, buffers computed at
     /// init), which a port may compute itself instead of reading.
     pub kept: Vec<String>,
+    /// Module form: names of tied tensors a checkpoint of the module does not hold (Hugging
+    /// Face's `save_pretrained` leaves out its `_tied_weights_keys`: `lm_head.weight` tied to the
+    /// embedding); a port that reads one would not load from a real checkpoint.
+    pub unsaved: Vec<String>,
     /// Outputs in the case dtype.
     pub expected: Named,
     /// Per float leaf, the rounding estimate (None if the reference could not run in float64).
@@ -903,6 +907,7 @@ pub(crate) fn decode_outputs(
         buffers: wire::strings(&header["buffers"]),
         aliases,
         kept: Vec::new(),
+        unsaved: wire::strings(&header["unsaved"]),
         expected,
         rounding,
         precise,
