@@ -15,8 +15,9 @@
 //! function lives in the runtime. The annotated function is emitted unchanged, also when the
 //! attribute has errors, so that the rest of the crate (and the IDE) keeps working.
 //!
-//! The attribute's manual is `golden_layer.md`, shown on `golden::golden_layer` (where its
-//! examples are doctested against the runtime).
+//! The attribute's manual is `golden_layer.md`, the rustdoc of [`golden_layer`] (shown on
+//! `golden::golden_layer` too): its examples are doctested against the runtime, and its table of
+//! options is the table of `options.rs` (a test keeps the two the same).
 
 use proc_macro::TokenStream;
 
@@ -29,8 +30,7 @@ mod siblings;
 mod signature;
 mod validate;
 
-/// Check a Rust port against its PyTorch reference. See the `golden` crate's README for the options:
-/// `reference`, `backend`, `dims`, `args`, `consts`, `init`, `dtype`/`dtypes`, `tol`, `cases`.
+#[doc = include_str!("../golden_layer.md")]
 #[proc_macro_attribute]
 pub fn golden_layer(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = proc_macro2::TokenStream::from(item.clone());

@@ -1,6 +1,6 @@
 //! The options of `#[golden_layer(...)]`, in one table: the parser dispatches on it, the
 //! unknown-option error lists it, the module-form rule reads it, and the attribute's manual
-//! (`macros/golden_layer.md`, on `golden::golden_layer`) shows it, checked by a test to be this
+//! (`macros/golden_layer.md`, the macro's rustdoc) shows it, checked by a test to be this
 //! table — so that the four cannot drift apart.
 //!
 //! The top-level parse is here too: every option of an attribute is read, a mistake in one does
@@ -301,6 +301,19 @@ pub fn find(name: &str) -> Option<&'static Opt> {
     OPTIONS.iter().find(|o| o.name == name)
 }
 
+/// The options' table as the manual shows it (markdown).
+#[cfg(test)]
+pub fn markdown_table() -> String {
+    let mut out = String::from("| option | module form only | what it does |\n|---|---|---|\n");
+    for o in OPTIONS {
+        let form = o.form.replace('|', "\\|");
+        let doc = o.doc.replace('|', "\\|");
+        let module = if o.module_only.is_some() { "yes" } else { "" };
+        out.push_str(&format!("| `{form}` | {module} | {doc} |\n"));
+    }
+    out
+}
+
 /// Reads the whole attribute: the description, with what parsed, and every mistake of its
 /// grammar. After a mistake in an option's value, reading goes on at the next option (its
 /// top-level comma); that option is then marked broken.
@@ -533,5 +546,32 @@ mod tests {
                 o.name
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod manual {
+    /// The manual's table of options is this table: `TABLE=write cargo test -p golden-macros`
+    /// writes it there.
+    #[test]
+    fn the_manual_shows_the_table() {
+        const START: &str = "<!-- the options' table, written from macros/src/options.rs -->\n";
+        const END: &str = "<!-- end of the options' table -->";
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/golden_layer.md");
+        let text = std::fs::read_to_string(path).unwrap();
+        let (start, end) = (
+            text.find(START).expect("the table's start") + START.len(),
+            text.find(END).expect("the table's end"),
+        );
+        let table = super::markdown_table();
+        if std::env::var("TABLE").as_deref() == Ok("write") {
+            std::fs::write(path, format!("{}{table}{}", &text[..start], &text[end..])).unwrap();
+            return;
+        }
+        assert_eq!(
+            text[start..end],
+            table,
+            "the manual's table is not the options' table: TABLE=write cargo test -p golden-macros"
+        );
     }
 }
