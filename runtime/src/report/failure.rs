@@ -8,7 +8,7 @@ use crate::describe::numbers::num;
 use crate::judge::compare::{Leaf, Verdict};
 use crate::judge::diagnose::Diagnosis;
 use crate::judge::mutations::MutationMatch;
-use crate::python::worker::WorkerError;
+use crate::python::worker::{RemoteKind, WorkerError};
 use golden_files::HostTensor;
 use std::fmt::{self, Write as _};
 
@@ -117,13 +117,13 @@ pub struct LeafDiagnosis {
 impl CaseFailure {
     /// Whether the reference answered differently twice on this case's inputs.
     pub fn reference_is_nondeterministic(&self) -> bool {
-        remote_kind(self.reference_error.as_ref()) == Some("nondeterministic")
+        remote_kind(self.reference_error.as_ref()) == Some(&RemoteKind::Nondeterministic)
     }
 
     /// Whether the reference cannot be driven through the case's schedule at all (no cache to
     /// carry, more positions than it has): no case can run.
     pub fn reference_cannot_follow_schedule(&self) -> bool {
-        remote_kind(self.reference_error.as_ref()) == Some("schedule")
+        remote_kind(self.reference_error.as_ref()) == Some(&RemoteKind::Schedule)
     }
 
     /// One line for proptest's own bookkeeping.
@@ -329,8 +329,8 @@ fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
     if let Some(module) = missing_module(&r.message) {
         return Some(install_fix(module));
     }
-    Some(match r.kind.as_str() {
-        "import" if r.message.starts_with("no module named `") => {
+    Some(match &r.kind {
+        RemoteKind::Import if r.message.starts_with("no module named `") => {
             let python = crate::describe::env::python();
             let top = reference.split('.').next().unwrap_or(reference);
             format!(
@@ -342,42 +342,48 @@ fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
                 pip_name(top)
             )
         }
-        "import" => format!(
+        RemoteKind::Import => format!(
             "fix: make `{reference}` importable: its module must be on an import root \
              (GOLDEN_REFERENCE_PATH, or `reference_py/` beside Cargo.toml) and import cleanly in \
              the interpreter golden uses ({})",
             crate::describe::env::python().program.display()
         ),
-        "attribute" | "not_callable" => {
+        RemoteKind::Attribute | RemoteKind::NotCallable => {
             format!("fix: `reference = \"{reference}\"` must name a function or an nn.Module class")
         }
-        "not_module" => "fix: a port that takes a VarBuilder is checked in module form; its \
+        RemoteKind::NotModule => {
+            "fix: a port that takes a VarBuilder is checked in module form; its \
                          reference must be an nn.Module class (or drop the VarBuilder parameter)"
-            .into(),
-        "backend" => format!(
+                .into()
+        }
+        RemoteKind::Backend => format!(
             "fix: install torch into the interpreter golden used with `golden setup`, or \
              {} -m pip install torch; or choose `backend = \"numpy\"`",
             crate::describe::env::python().program.display()
         ),
-        "raised" => "the reference raised on this case; if the inputs are outside its domain, \
+        RemoteKind::Raised => {
+            "the reference raised on this case; if the inputs are outside its domain, \
                      narrow `args(...)` (e.g. `~ uniform(lo, hi)`) or `dims(...)`"
-            .into(),
-        "nondeterministic" => "fix: the reference must give the same outputs for the same inputs. \
+                .into()
+        }
+        RemoteKind::Nondeterministic => {
+            "fix: the reference must give the same outputs for the same inputs. \
                                Noise from np.random or random is not seeded by golden: draw it \
                                with torch (golden seeds torch's generator per case) or from a \
                                generator seeded by the reference itself; state that changes from \
                                call to call (a counter, a cache, a buffer that accumulates) must \
                                not change its answer. A port cannot be judged against an answer \
                                that changes"
-            .into(),
+                .into()
+        }
         _ => return None,
     })
 }
 
 /// The kind of a reference-side error (`raised`, `nondeterministic`, ...).
-fn remote_kind(e: Option<&WorkerError>) -> Option<&str> {
+fn remote_kind(e: Option<&WorkerError>) -> Option<&RemoteKind> {
     match e {
-        Some(WorkerError::Remote(r)) => Some(r.kind.as_str()),
+        Some(WorkerError::Remote(r)) => Some(&r.kind),
         _ => None,
     }
 }
@@ -571,7 +577,8 @@ impl fmt::Display for Failure {
                 )?;
             }
             FailureKind::Case(c)
-                if remote_kind(c.reference_error.as_ref()) == Some("nondeterministic") =>
+                if remote_kind(c.reference_error.as_ref())
+                    == Some(&RemoteKind::Nondeterministic) =>
             {
                 writeln!(
                     out,
@@ -579,7 +586,9 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
-            FailureKind::Case(c) if remote_kind(c.reference_error.as_ref()) == Some("store") => {
+            FailureKind::Case(c)
+                if remote_kind(c.reference_error.as_ref()) == Some(&RemoteKind::Store) =>
+            {
                 writeln!(
                     out,
                     "golden: `{}`: its golden store disagrees with its reference `{}`{dtype}",
