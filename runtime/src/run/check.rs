@@ -431,14 +431,16 @@ fn announce_saved(layer: &Layer, kind: Kind, settings: &Settings) {
         String::new()
     } else {
         format!(
-            " ({} on lines that name no check, which every check of the file replays: delete              them, or end each with `# {}{}: ...` to keep it to this check)",
+            " ({} on lines that name no check, which every check of the file replays: delete \
+             them, or end each with `# {}{}: ...` to keep it to this check)",
             saved.untagged.len(),
             layer.check_name(),
             kind.suffix()
         )
     };
     eprintln!(
-        "golden: `{}`: replays {} first, from {}{untagged}; then its {} generated cases          (GOLDEN_SEED=<n> runs other cases without them)",
+        "golden: `{}`: replays {} first, from {}{untagged}; then its {} generated cases \
+         (GOLDEN_SEED=<n> runs other cases without them)",
         layer.name,
         cases(n),
         file.display(),
