@@ -6,8 +6,8 @@
 //!   broken in the built book), and SUMMARY.md lists every chapter and only chapters that exist.
 //!   It needs nothing but this crate.
 //! * `cargo xtask book` installs mdBook (a pinned version, once, into a folder outside the
-//!   checkout: `GOLDEN_TOOLS`, default `~/.cache/golden/tools`), builds the book into
-//!   `target/book`, then checks the links as above.
+//!   checkout, beside golden's venv: `$XDG_CACHE_HOME/golden/tools`, else `~/.cache/golden/tools`),
+//!   builds the book into `target/book`, then checks the links as above.
 
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,17 +34,15 @@ pub fn book(root: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The pinned mdBook, installed into `GOLDEN_TOOLS` (default `~/.cache/golden/tools`) when it is
-/// not there yet.
+/// The pinned mdBook, installed into `$XDG_CACHE_HOME/golden/tools` (else
+/// `~/.cache/golden/tools`) when it is not there yet: outside the checkout, so that every clone
+/// reuses it.
 fn mdbook() -> Result<PathBuf, String> {
-    let tools = match std::env::var_os("GOLDEN_TOOLS") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let home = std::env::var_os("HOME")
-                .ok_or("HOME is not set: set GOLDEN_TOOLS to the folder mdBook is installed in")?;
-            Path::new(&home).join(".cache/golden/tools")
-        }
-    };
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .ok_or("neither XDG_CACHE_HOME nor HOME is set: no folder to install mdBook into")?;
+    let tools = cache.join("golden/tools");
     let bin = tools.join("bin/mdbook");
     let installed = Command::new(&bin)
         .arg("--version")
