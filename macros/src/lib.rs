@@ -13,7 +13,8 @@ mod render;
 mod siblings;
 mod signature;
 
-/// Check a Rust port against its PyTorch reference. See the `golden` crate's README for the options:
+/// Check a Rust port against its PyTorch reference. See the book's chapter on the attribute
+/// (docs/src/attribute.md) for the options:
 /// `reference`, `backend`, `dims`, `args`, `consts`, `init`, `dtype`/`dtypes`, `tol`, `cases`.
 #[proc_macro_attribute]
 pub fn golden_layer(attr: TokenStream, item: TokenStream) -> TokenStream {
