@@ -138,22 +138,50 @@ fn the_runtime_reads_golden_variables_only_in_describe_env() {
     );
 }
 
-/// The variables a table row of the docs documents (`| \`GOLDEN_X\` | ...`).
-fn documented() -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
+/// The variables a table row of the docs documents (`| \`GOLDEN_X\` | ...`), each with the
+/// heading it is under.
+fn documented_under() -> Vec<(String, String)> {
+    let mut out = Vec::new();
     for path in docs() {
         let text = std::fs::read_to_string(&path).unwrap();
+        let mut heading = String::new();
         for line in text.lines() {
+            if line.starts_with('#') {
+                heading = line.trim_start_matches('#').trim().to_string();
+            }
             let Some(cell) = line.strip_prefix("| `GOLDEN_") else {
                 continue;
             };
-            let name = cell.split('`').next().unwrap_or("");
-            if !name.contains('=') && !name.contains(' ') {
-                out.insert(format!("GOLDEN_{name}"));
+            // A row whose first cell is the name alone (`| \`GOLDEN_CASES=0\` | ...` is an example).
+            if let Some((name, _)) = cell.split_once("` |") {
+                if !name.contains(['=', ' ', '`']) {
+                    out.push((format!("GOLDEN_{name}"), heading.clone()));
+                }
             }
         }
     }
     out
+}
+
+fn documented() -> BTreeSet<String> {
+    documented_under().into_iter().map(|(n, _)| n).collect()
+}
+
+#[test]
+fn the_table_groups_each_variable_under_its_group() {
+    let mut wrong = Vec::new();
+    for (name, heading) in documented_under() {
+        let Some(v) = VARIABLES.iter().find(|v| v.name == name) else {
+            continue;
+        };
+        if heading != format!("{:?}", v.group) {
+            wrong.push(format!(
+                "{name} is under `{heading}`, its group is {:?}",
+                v.group
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
