@@ -30,17 +30,50 @@ pub enum FailureKind {
     Worker(WorkerError),
 }
 
+/// What went wrong with the port on a case, when it did not return outputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PortFault {
+    /// It returned an error (the error's message).
+    Errored(String),
+    /// It panicked (the panic's message).
+    Panicked(String),
+    /// It did not return within the timeout (on which case, and what to do).
+    TimedOut(String),
+}
+
+impl PortFault {
+    /// The message, whatever happened.
+    pub fn message(&self) -> &str {
+        match self {
+            PortFault::Errored(m) | PortFault::Panicked(m) | PortFault::TimedOut(m) => m,
+        }
+    }
+
+    /// The message, to add to it (the step a schedule was at).
+    pub fn message_mut(&mut self) -> &mut String {
+        match self {
+            PortFault::Errored(m) | PortFault::Panicked(m) | PortFault::TimedOut(m) => m,
+        }
+    }
+}
+
+impl fmt::Display for PortFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PortFault::TimedOut(m) => write!(f, "the port {m}"),
+            PortFault::Panicked(m) => write!(f, "the port panicked: {m}"),
+            PortFault::Errored(m) => write!(f, "the port returned an error: {m}"),
+        }
+    }
+}
+
 /// Everything that went wrong in one case.
 #[derive(Debug, Default)]
 pub struct CaseFailure {
     /// Module form: names, shapes and unused entries between port and state_dict.
     pub params: Vec<ParamIssue>,
-    /// The port returned an error (or panicked: see `port_panicked`).
-    pub port_error: Option<String>,
-    /// Whether `port_error` is a panic message.
-    pub port_panicked: bool,
-    /// Whether the port did not return within the timeout (`port_error` says on which case).
-    pub port_stuck: bool,
+    /// What went wrong with the port itself (None: it returned outputs).
+    pub port: Option<PortFault>,
     /// The reference raised or returned something that is not a tensor.
     pub reference_error: Option<WorkerError>,
     /// Leaf comparisons (all leaves; only failing ones are printed).
@@ -131,8 +164,8 @@ impl CaseFailure {
         if let Some(p) = self.params.first() {
             return p.to_string();
         }
-        if let Some(e) = &self.port_error {
-            return format!("port error: {e}");
+        if let Some(e) = &self.port {
+            return format!("port error: {}", e.message());
         }
         if let Some(e) = &self.reference_error {
             return format!("reference error: {e}");
@@ -602,7 +635,7 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
-            FailureKind::Case(c) if c.port_error.is_some() && c.params.is_empty() => {
+            FailureKind::Case(c) if c.port.is_some() && c.params.is_empty() => {
                 writeln!(
                     out,
                     "golden: `{}` failed on a generated case{dtype} (reference `{}`)",
@@ -782,16 +815,9 @@ impl fmt::Display for Failure {
                     writeln!(out, "    - {p}")?;
                 }
             }
-            if let Some(e) = &c.port_error {
-                if c.port_stuck {
-                    writeln!(out, "  the port {e}")?;
-                } else if c.params.is_empty() {
-                    let what = if c.port_panicked {
-                        "panicked"
-                    } else {
-                        "returned an error"
-                    };
-                    writeln!(out, "  the port {what}: {e}")?;
+            if let Some(e) = &c.port {
+                if matches!(e, PortFault::TimedOut(_)) || c.params.is_empty() {
+                    writeln!(out, "  {e}")?;
                 }
             }
             if let Some(e) = &c.reference_error {
