@@ -53,7 +53,7 @@ pub use describe::schedule::{Decode, Padding, StepLoop};
 pub use golden_files::{HostTensor, WireDType};
 pub use golden_macros::golden_layer;
 pub use judge::trace::tap;
-pub use report::failure::{Failure, FailureKind};
+pub use report::failure::{Failure, FailureKind, PortFault};
 pub use report::passed::Report;
 pub use run::check::Port;
 pub use run::forward::check;

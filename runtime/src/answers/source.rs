@@ -23,7 +23,7 @@ use crate::answers::store::{self, Entry, Store};
 use crate::describe::env::Mode;
 use crate::describe::inputs::CaseParams;
 use crate::describe::layer::{Form, Layer, Params};
-use crate::python::worker::{RemoteError, WorkerError};
+use crate::python::worker::{RemoteError, RemoteKind, WorkerError};
 use candle_core::DType;
 use golden_files::HostTensor;
 use serde_json::Value as Json;
@@ -237,7 +237,7 @@ impl Source {
         let spec = match &self.via {
             Via::Replay(store) => store.params_for(&key).cloned().ok_or_else(|| {
                 remote(
-                    "store",
+                    RemoteKind::Store,
                     format!(
                         "the golden store {} holds no parameter list for this module built with \
                          {key}; record it again",
@@ -287,7 +287,7 @@ impl Source {
             return Ok(found.clone());
         }
         let path = layer.weights_path().expect("weights were declared");
-        let fail = |m: String| remote("weights", m);
+        let fail = |m: String| remote(RemoteKind::Weights, m);
         let bytes = std::fs::read(&path)
             .map_err(|e| fail(format!("weights = {:?}: {e}", path.display().to_string())))?;
         let file = golden_files::safetensors::read(&bytes)
@@ -404,7 +404,7 @@ impl Source {
                     None => unreachable!("checked above"),
                     Some(recorded) => match store::disagreement(layer, recorded, &outputs) {
                         Some(why) => Err(remote(
-                            "store",
+                            RemoteKind::Store,
                             format!(
                                 "the golden store {} disagrees with the live reference: {why}; \
                                  a store is trusted to replay what the reference answered when it \
@@ -584,9 +584,9 @@ fn replayed_stale(layer: &Layer, store: &Store, hint: &str) -> Option<String> {
 }
 
 /// An error the reference side reports for a case (not the worker's own failure).
-fn remote(kind: &str, message: String) -> WorkerError {
+fn remote(kind: RemoteKind, message: String) -> WorkerError {
     WorkerError::Remote(RemoteError {
-        kind: kind.to_string(),
+        kind,
         message,
         traceback: None,
         phase: None,
