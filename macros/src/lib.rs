@@ -1,4 +1,5 @@
-//! The `#[golden_layer(...)]` attribute of [golden](https://docs.rs/golden).
+//! The `#[golden_layer(...)]` attribute of golden (the `golden` crate re-exports it: users write
+//! `golden::golden_layer`).
 //!
 //! Three steps, each in its file, importing only the ones before it:
 //!
