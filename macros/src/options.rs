@@ -574,4 +574,35 @@ mod manual {
             "the manual's table is not the options' table: TABLE=write cargo test -p golden-macros"
         );
     }
+
+    /// The book's chapter on the attribute (`docs/src/attribute.md`) has a row for every option:
+    /// one added here without a row there fails, naming it.
+    #[test]
+    fn the_books_chapter_has_a_row_for_every_option() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/attribute.md");
+        let text = std::fs::read_to_string(path).unwrap();
+        // The first cell of each table row, where the option's forms are written.
+        let cells: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| l.split(" | ").next().unwrap())
+            .collect();
+        let written = |name: &str| {
+            cells.iter().any(|cell| {
+                cell.match_indices(&format!("`{name}")).any(|(at, m)| {
+                    let next = cell[at + m.len()..].chars().next();
+                    !next.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                })
+            })
+        };
+        let missing: Vec<&str> = super::OPTIONS
+            .iter()
+            .map(|o| o.name)
+            .filter(|n| !written(n))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "docs/src/attribute.md has no row for {missing:?}"
+        );
+    }
 }
