@@ -1064,9 +1064,9 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
     Ok(())
 }
 
-/// `likely cause: the port matches the reference with <what> at <site> (instead of <instead>) on
-/// both failing cases (max diff …), where the reference reads `<code>` — fix: <fix>`; the second
-/// and third read `or: ...`. A match on one failing case alone reads as evidence, without a fix.
+/// "likely cause: the port matches the reference with WHAT at SITE (instead of INSTEAD) on both
+/// failing cases (max diff …), where the reference reads \`CODE\` — fix: FIX"; the second and
+/// third read "or: ...". A match on one failing case alone reads as evidence, without a fix.
 fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result {
     let site = if m.site.is_empty() {
         String::new()
