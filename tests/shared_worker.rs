@@ -531,6 +531,21 @@ fn a_stopped_daemon_is_named_and_checks_fall_back_to_a_private_worker() {
             .unwrap()
     };
     assert!(signal("STOP").success());
+    // The signal takes effect when the daemon is next scheduled: wait until the process table
+    // says it is stopped (a loaded machine may take a moment).
+    let stat = format!("/proc/{daemon}/stat");
+    let stopped = || {
+        std::fs::read_to_string(&stat).is_ok_and(|s| {
+            s.rfind(')')
+                .and_then(|i| s[i + 1..].split_whitespace().next().map(|t| t == "T"))
+                .unwrap_or(false)
+        })
+    };
+    let waiting = std::time::Instant::now();
+    while !stopped() && waiting.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(stopped(), "the daemon (pid {daemon}) did not stop");
     let started = std::time::Instant::now();
     let out = shared.run(&["check", "fault_ref.identity"]);
     let took = started.elapsed();

@@ -273,6 +273,11 @@ fn unresponsive(stream: &UnixStream) -> Option<String> {
 /// Tell a daemon that accepted this process's connection but did not answer within
 /// [`HELLO_TIMEOUT`] from a slow start: a line that names it, for [`note_fallback`].
 pub fn stuck(stream: &UnixStream) -> String {
+    // Stopped since it accepted (a SIGSTOP takes effect when the process is next scheduled: on a
+    // loaded machine, after the look before the wait), it is said so.
+    if let Some(why) = unresponsive(stream) {
+        return why;
+    }
     let pid = peer_pid(stream).map_or("?".to_string(), |p| p.to_string());
     format!(
         "the shared worker daemon (pid {pid}) accepted the connection but did not answer within \
