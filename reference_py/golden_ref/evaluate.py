@@ -105,6 +105,16 @@ class Case:
         # A `schedule.Plan`: drive the module through time (a cached decode, a padded batch) instead
         # of one call; see `golden_ref.schedule`.
         self.schedule = None
+        # Module form with `weights = "..."`: the checkpoint's state this worker keeps
+        # (`golden_ref.states.State`); the module is built from it once and shared by the case's
+        # evaluations (see `build_module` and `shared`).
+        self.checkpoint = None
+
+    @property
+    def shared(self) -> bool:
+        """Whether the case's evaluations share one module built from a checkpoint, kept by the
+        worker (a whole model), instead of fresh copies of it each: see the module docstring."""
+        return self.checkpoint is not None and self.form == "module"
 
     def derived(self, obj, args=None):
         """The same case for another reference `obj` (a variant, a wrapper) and optionally other
@@ -114,6 +124,7 @@ class Case:
         case.state = self.state
         case.config = self.config
         case.schedule = self.schedule
+        case.checkpoint = self.checkpoint
         return case
 
 
@@ -198,12 +209,78 @@ def load_state(module, state, backend):
 
 def build_module(case: Case, dtype: str | None = None):
     """The reference module for one evaluation: constructed under the case seed, with `case.state`
-    loaded when given, in eval mode, in `dtype` (default: the case dtype)."""
+    loaded when given, in eval mode, in `dtype` (default: the case dtype). A checkpoint's module
+    (`case.shared`) is built once and kept with the state (:func:`_shared_module`)."""
     torch = case.backend.torch
+    if case.shared and dtype is None:
+        return _shared_module(case)
     module = construct(case)
     if case.state is not None:
         load_state(module, case.state, case.backend)
     return module.to(torch_dtype(torch, dtype or case.dtype))
+
+
+def _shared_module(case: Case):
+    """The module of a checkpoint's case, built once per (reference, init, config, dtype) and kept
+    with the worker's state (one at a time): constructed without running its initialisers on its
+    parameters (the checkpoint replaces every one of them: `_construct_uninitialised`), with the
+    checkpoint's tensors assigned as its parameters (views of the mapped file, converted only
+    where the case dtype differs), in eval mode."""
+    torch = case.backend.torch
+    config = None if case.config is None else (case.config[0], repr(sorted(case.config[1].items())))
+    key = (case.obj, repr(sorted(case.init.items())), config, case.dtype)
+    modules = case.checkpoint.modules
+    if key in modules:
+        return modules[key]
+    modules.clear()
+    module = _construct_uninitialised(case)
+    inner = reference_module(module)
+    have = inner.state_dict()
+    names = {name for name, _ in case.state}
+    missing = [n for n in have if n not in names]
+    extra = [n for n in names if n not in have]
+    if missing or extra:
+        raise OutputError(f"the checkpoint golden resolved does not fit the module: missing {missing}, unknown {extra}")
+    target = torch_dtype(torch, case.dtype)
+    state = {}
+    for name, t in case.state:
+        value = case.backend.to_native(t)
+        if value.is_floating_point() and value.dtype != target:
+            value = value.to(target)
+        state[name] = value
+    inner.load_state_dict(state, strict=True, assign=True)
+    module = module.to(target).eval()
+    modules[key] = module
+    return module
+
+
+def _construct_uninitialised(case: Case):
+    """`construct(case)` with the in-place initialisers of parameters (`normal_`, `uniform_`,
+    `fill_`, ... on an `nn.Parameter`) turned into no-ops: a whole model's random init takes
+    seconds and its memory for values the checkpoint replaces. Buffers are computed as usual
+    (a rotary embedding's `inv_freq` is not in the state_dict)."""
+    torch = case.backend.torch
+    from torch.overrides import TorchFunctionMode
+
+    T = torch.Tensor
+    initialisers = {T.normal_, T.uniform_, T.zero_, T.fill_, T.copy_, T.erfinv_, T.mul_, T.add_,
+                    T.clamp_, T.exponential_, T.bernoulli_, T.random_, T.cauchy_, T.log_normal_,
+                    T.geometric_}
+
+    class SkipInit(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in initialisers and args and isinstance(args[0], torch.nn.Parameter):
+                return args[0]
+            return func(*args, **(kwargs or {}))
+
+    with SkipInit():
+        return construct(case)
+
+
+def _versions(module) -> dict:
+    """Each parameter's and buffer's in-place version counter (what an in-place write bumps)."""
+    inner = reference_module(module)
+    return {name: t._version for name, t in inner.state_dict(keep_vars=True).items()}
 
 
 def _copy(t: WireTensor) -> WireTensor:
@@ -501,7 +578,13 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
         return [(name, backend.from_native(v, case.dtype)) for name, v in leaves], []
     fresh = [_copy(a) for a in args]
     native = [backend.to_native(a) for a in fresh]
-    target = copy.deepcopy(module) if module is not None else case.obj
+    shared = case.shared and module is not None
+    if shared:
+        # A checkpoint's module is shared by the evaluations: what the reference writes into it in
+        # place shows in its version counters instead of a pristine copy.
+        target, versions_before = module, _versions(module)
+    else:
+        target = copy.deepcopy(module) if module is not None else case.obj
     with under if under is not None else contextlib.nullcontext():
         leaves = _call(case, target, native, phase)
     if limit is not None:
@@ -513,7 +596,14 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
         if after is not None and (after.dtype, after.array.shape) == (before.dtype, before.array.shape):
             if not _same_array(after.array, before.array):
                 mutated.append(f"input {i}")
-    if module is not None:
+    if shared:
+        after = _versions(module)
+        changed = [name for name, v in after.items() if versions_before.get(name) != v]
+        mutated.extend(f"parameter {name}" for name in changed)
+        if changed:
+            # The next evaluation must see the checkpoint again, not what the reference wrote.
+            case.checkpoint.reload()
+    elif module is not None:
         pristine = reference_module(module).state_dict()
         for name, value in reference_module(target).state_dict().items():
             if name in pristine and not backend.torch.equal(value, pristine[name]):
@@ -558,7 +648,7 @@ def _confirm(case: Case, module, expected, high):
         shift = [(name, WireTensor("f32", np.abs(_floats(b) - _floats(a)).astype(np.float32).reshape(a.array.shape)))
                  for (name, a), (_, b) in zip(expected, again) if a.dtype in FLOAT_DTYPES]
     del again
-    if high is not None:
+    if high is not None and not case.shared:
         names = [name for name, _ in expected]
         leaves = _evaluate64(case, module, case.args, "the float64 evaluation, again")
         _same_bits(high, _float64_leaves(case.backend, leaves, names), "its first and its last evaluation in float64")
@@ -649,10 +739,36 @@ def _evaluate64(case: Case, module, args, phase: str):
         # input, a float64 case): then the evaluation gets a copy.
         native.append(backend.to_native(_copy(a)) if upcast is view else upcast)
     target = case.obj
+    if case.shared and module is not None:
+        # No float64 copy of a whole model: its parameters are upcast as each operation reads them
+        # (`promoted(upcast=True)`), the largest one at a time.
+        with promoted(backend, upcast=True):
+            return _call(case, module, native, phase)
     if module is not None:
         target = copy.deepcopy(module).to(backend.torch.float64)
     with promoted(backend):
         return _call(case, target, native, phase)
+
+
+def _nudge_in_place(case: Case, module, rng):
+    """A checkpoint's module nudged for one sample, without a copy of it: its small float
+    parameters and buffers (at most one axis: norm weights, biases — every layer has some, so the
+    nudge reaches every layer's rounding), or every one of them if it has none, get nudged values
+    in place of theirs. Returns what to put back: (tensor, its own data)."""
+    torch = case.backend.torch
+    inner = reference_module(module)
+    entries = [t for _, t in inner.state_dict(keep_vars=True).items() if t.is_floating_point()]
+    small = [t for t in entries if t.dim() <= 1]
+    swapped, seen = [], set()
+    for t in small or entries:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        wire_k = nudge(case.backend.from_native(t.detach(), case.dtype), rng)
+        swapped.append((t, t.data))
+        t.data = case.backend.to_native(wire_k).to(t.dtype)
+    del torch
+    return swapped
 
 
 def _module_with_state(module, state: dict, torch):
@@ -683,7 +799,11 @@ def _precise(case: Case, module, expected, perturbations: int):
             # Private to this nudge: the nudged floats are new arrays, the rest are copied.
             args_k = [nudge(a, rng) if a.dtype in FLOAT_DTYPES else _copy(a) for a in case.args]
             module_k = None
-            if module is not None:
+            swapped = []
+            if module is not None and case.shared:
+                module_k = module
+                swapped = _nudge_in_place(case, module, rng)
+            elif module is not None:
                 torch = backend.torch
                 state = {}
                 for name, value in module.state_dict().items():
@@ -696,11 +816,15 @@ def _precise(case: Case, module, expected, perturbations: int):
             # float64 first (on copies), so that the case-dtype evaluation can have `args_k` and
             # `module_k` themselves; an error is raised in the former order (the case dtype's first).
             try:
-                high, high_error = _evaluate64(case, module_k, args_k, "a nudged evaluation"), None
-            except Exception as e:  # noqa: BLE001 - raised below, after the case-dtype evaluation
-                high, high_error = None, e
-            low, _ = _evaluate_once(case, module_k, args_k, "a nudged evaluation", private=True)
-            del args_k, module_k
+                try:
+                    high, high_error = _evaluate64(case, module_k, args_k, "a nudged evaluation"), None
+                except Exception as e:  # noqa: BLE001 - raised below, after the case-dtype evaluation
+                    high, high_error = None, e
+                low, _ = _evaluate_once(case, module_k, args_k, "a nudged evaluation", private=True)
+            finally:
+                for parameter, value in swapped:
+                    parameter.data = value
+            del args_k, module_k, swapped
             if high_error is not None:
                 raise high_error
             low = dict(low)

@@ -204,6 +204,8 @@ pub(crate) fn open_source(
         ),
         Via::Replay(store) => format!("replay ({})", store.path.display()),
     };
+    // A checkpoint that does not fit the module fails before any case: no case changes it.
+    source.prepare(layer).map_err(config_error)?;
     if mode == env::Mode::Auto && !source.is_replay() {
         eprintln!("golden: `{}`: {how}", layer.name);
     }

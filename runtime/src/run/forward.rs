@@ -232,15 +232,23 @@ pub(crate) fn run_port(
             .iter()
             .map(|a| a.to_candle(&device))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let state = match layer.form {
-            Form::Module => Some(StateDict::serve(
+        let state = match (layer.form, reference.state_id) {
+            (Form::Module, Some(id)) => Some(StateDict::shared(
+                id,
                 &reference.state_dict,
                 &reference.aliases,
                 &layer.rename,
                 dtype,
                 &device,
             )?),
-            Form::Function => None,
+            (Form::Module, None) => Some(StateDict::serve(
+                &reference.state_dict,
+                &reference.aliases,
+                &layer.rename,
+                dtype,
+                &device,
+            )?),
+            (Form::Function, None | Some(_)) => None,
         };
         Ok((tensors, state))
     })();

@@ -1,0 +1,195 @@
+//! Checkpoints (`weights = "..."`) as a whole model's: the quick form of `cargo xtask bench-scale`,
+//! on the same code path. A tiny Llama checkpoint is made here with transformers' `save_pretrained`
+//! (random init, tied embeddings: the file has `model.embed_tokens.weight` and no `lm_head.weight`)
+//! and candle-transformers' Llama, unmodified, is checked against `transformers.LlamaForCausalLM`
+//! on it (`scale_ref.LlamaLastLogits`: its logits at the last position, as candle's returns them).
+//!
+//! What they show: the checkpoint is mapped and hashed once per process, resolved through the
+//! module's ties in both directions, loaded by the worker once and referred to by id (the golden
+//! store holds no tensor of it); a checkpoint that does not fit the module fails before any case,
+//! once, with the fix; a right port passes and a wrong one fails.
+
+// A `Failure` carries the whole failing case; these helpers return it as the checks do.
+#![allow(clippy::result_large_err)]
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use candle_transformers::models::llama;
+use common::Scratch;
+use golden::describe::env::Mode;
+use golden::{DimExpr, Dist, Failure, FailureKind, Layer, Report};
+use std::path::{Path, PathBuf};
+
+const VOCAB: usize = 96;
+
+/// A tiny Llama checkpoint made with `save_pretrained` in `dir` (`drop`: an entry left out).
+fn make_checkpoint(dir: &Path, drop: Option<&str>) -> PathBuf {
+    let python = golden::describe::env::python().program;
+    let mut command = std::process::Command::new(python);
+    command
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/reference_py"))
+        .args(["-m", "scale_ref.make_checkpoint", "tiny"])
+        .arg(dir);
+    if let Some(name) = drop {
+        command.args(["0", "--drop", name]);
+    }
+    let out = command.output().expect("python runs");
+    assert!(
+        out.status.success(),
+        "make_checkpoint: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir.join("model.safetensors")
+}
+
+fn llama_layer(name: &str, weights: &Path, tied: bool) -> Layer {
+    Layer::module(name, "scale_ref.LlamaLastLogits")
+        .config("transformers.LlamaConfig")
+        .config_value("vocab_size", VOCAB)
+        .config_value("hidden_size", 32)
+        .config_value("intermediate_size", 64)
+        .config_value("num_hidden_layers", 2)
+        .config_value("num_attention_heads", 4)
+        .config_value("num_key_value_heads", 2)
+        .config_value("max_position_embeddings", 64)
+        .config_value("rms_norm_eps", 1e-5)
+        .config_value("rope_theta", 10_000.0)
+        .config_value("tie_word_embeddings", tied)
+        .weights(weights.to_str().unwrap())
+        .dim("b", 1, 2)
+        .dim("t", 1, 8)
+        .arg(
+            "input_ids",
+            [DimExpr::from("b"), DimExpr::from("t")],
+            Dist::int(0, VOCAB as i64),
+        )
+        .cases(4)
+        .timeout(180.0)
+}
+
+/// candle-transformers' Llama, unmodified, on the served checkpoint (`rope_theta`: the port's).
+fn llama_port(
+    rope_theta: f32,
+) -> impl Fn(&golden::PortInputs) -> Result<golden::Outputs, String> + Clone + Send + Sync + 'static
+{
+    move |inputs: &golden::PortInputs| {
+        use golden::IntoOutputs;
+        let config = llama::Config {
+            hidden_size: 32,
+            intermediate_size: 64,
+            vocab_size: VOCAB,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            use_flash_attn: false,
+            rms_norm_eps: 1e-5,
+            rope_theta,
+            bos_token_id: None,
+            eos_token_id: None,
+            rope_scaling: None,
+            max_position_embeddings: 64,
+            tie_word_embeddings: true,
+        };
+        let logits = (|| -> candle_core::Result<Tensor> {
+            let model = llama::Llama::load(inputs.var_builder(), &config)?;
+            let mut cache = llama::Cache::new(false, DType::F32, &config, &Device::Cpu)?;
+            model.forward(inputs.tensor(0), 0, &mut cache)
+        })();
+        logits.into_outputs()
+    }
+}
+
+fn check(layer: &Layer, scratch: &Scratch, rope_theta: f32) -> Result<Report, Failure> {
+    let layer = layer.clone().declared_at(scratch.declared);
+    golden::check(&layer, &llama_port(rope_theta))
+}
+
+#[test]
+fn a_tied_checkpoint_is_served_once_and_a_right_port_passes_live_and_in_replay() {
+    let scratch = Scratch::new("k_llama_right");
+    let weights = make_checkpoint(&scratch.dir.join("model"), None);
+    let layer = llama_layer("k_llama_right", &weights, true);
+    let report = check(&layer, &scratch, 10_000.0).unwrap_or_else(|f| panic!("{f}"));
+    let snapshot = report.snapshot().expect("every case ran");
+    println!("{snapshot}");
+    assert!(snapshot.contains("params: weights from"), "{snapshot}");
+
+    // Mapped and hashed once per process: a second open is the same checkpoint.
+    let first = golden::answers::checkpoint::open(&weights).unwrap();
+    let again = golden::answers::checkpoint::open(&weights).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&first, &again));
+    assert_eq!(first.hash_hex().len(), 32);
+
+    // Recorded, the store holds no tensor of the checkpoint (it is smaller than the file), and a
+    // replay reads the file and passes.
+    let recorded = check(&layer.clone().mode(Mode::Record), &scratch, 10_000.0)
+        .unwrap_or_else(|f| panic!("{f}"));
+    drop(recorded);
+    let store = scratch.store(&layer.clone().declared_at(scratch.declared));
+    let stored = std::fs::metadata(&store).unwrap().len();
+    let file = std::fs::metadata(&weights).unwrap().len();
+    assert!(
+        stored < file / 2,
+        "the store ({stored} bytes) holds the checkpoint ({file} bytes)"
+    );
+    check(&layer.clone().mode(Mode::Replay), &scratch, 10_000.0)
+        .unwrap_or_else(|f| panic!("the replay failed: {f}"));
+}
+
+#[test]
+fn a_wrong_rope_theta_on_a_checkpoint_fails_on_the_logits() {
+    let scratch = Scratch::new("k_llama_theta");
+    let weights = make_checkpoint(&scratch.dir.join("model"), None);
+    let layer = llama_layer("k_llama_theta", &weights, true);
+    let failure = check(&layer, &scratch, 500_000.0).expect_err("a wrong rope_theta passed");
+    let msg = failure.to_string();
+    println!("{msg}");
+    assert!(matches!(failure.kind, FailureKind::Case(_)), "{msg}");
+    assert!(msg.contains("leaf `out`"), "{msg}");
+}
+
+#[test]
+fn a_checkpoint_that_does_not_fit_fails_once_before_any_case_with_the_fix() {
+    // The module unties its head: the file has no `lm_head.weight`.
+    let scratch = Scratch::new("k_llama_untied");
+    let weights = make_checkpoint(&scratch.dir.join("model"), None);
+    let failure = check(
+        &llama_layer("k_llama_untied", &weights, false),
+        &scratch,
+        10_000.0,
+    )
+    .expect_err("an untied module passed on a tied checkpoint");
+    let msg = failure.to_string();
+    println!("{msg}");
+    assert!(matches!(failure.kind, FailureKind::Config(_)), "{msg}");
+    assert!(msg.contains("has no `lm_head.weight`"), "{msg}");
+    assert!(failure.case.is_none(), "{msg}");
+    assert!(!msg.contains("shrunk"), "{msg}");
+
+    // A file without either name of the tie: said once, with the tie and that nothing is needed.
+    let scratch = Scratch::new("k_llama_no_embedding");
+    let weights = make_checkpoint(
+        &scratch.dir.join("model"),
+        Some("model.embed_tokens.weight"),
+    );
+    let failure = check(
+        &llama_layer("k_llama_no_embedding", &weights, true),
+        &scratch,
+        10_000.0,
+    )
+    .expect_err("a checkpoint without its embedding passed");
+    let msg = failure.to_string();
+    println!("{msg}");
+    assert!(matches!(failure.kind, FailureKind::Config(_)), "{msg}");
+    assert!(
+        msg.contains("it is tied to `lm_head.weight` in the module")
+            && msg.contains("nothing needs declaring for a tie"),
+        "{msg}"
+    );
+    assert_eq!(
+        msg.matches("has no `model.embed_tokens.weight`").count(),
+        1,
+        "said once: {msg}"
+    );
+}
