@@ -45,5 +45,30 @@ fn golden_case_reruns_exactly_the_printed_case() {
     let report = golden::check(&layer, &right).unwrap_or_else(|f| panic!("{f}"));
     assert_eq!(report.runs[0].cases.len(), 1);
     assert!(report.snapshot().is_none());
+
+    // A case of a configuration sweep carries its configuration: the branch where the config's
+    // `head_dim` is `hidden / heads` passes a port that assumes it, the other fails, named.
+    let scratch = common::Scratch::new("rerun_case_sweep");
+    let layer = common::sweep_ports::llama_attention("rerun_head_dim")
+        .declared_at(scratch.declared)
+        .mode(Mode::Live);
+    let assumes = |i: &PortInputs| common::sweep_ports::attention_outputs(i, true);
+    std::env::set_var("GOLDEN_CASE", "b=1,t=2,h=2,q=1,head_dim=#0:declared:0x1");
+    golden::check(&layer, &assumes).unwrap_or_else(|f| panic!("{f}"));
+    std::env::set_var(
+        "GOLDEN_CASE",
+        "b=1,t=2,h=2,q=1,head_dim=#1:declared:0x1:f32",
+    );
+    let msg = golden::check(&layer, &assumes)
+        .expect_err("the other branch fails")
+        .to_string();
+    assert!(
+        msg.contains("configuration: head_dim = 4 * q * h / h"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("GOLDEN_CASE='b=1,t=2,h=2,q=1,head_dim=#1:declared:0x0000000000000001:f32'"),
+        "{msg}"
+    );
     std::env::remove_var("GOLDEN_CASE");
 }

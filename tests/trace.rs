@@ -262,3 +262,104 @@ fn taps_outside_a_traced_check_do_nothing() {
         .collect();
     assert_eq!(leaves, ["out"]);
 }
+
+// --- Dtypes along the trace ------------------------------------------------------------------------
+
+/// The decoder layer checked in bf16, the port tapping the MLP's activation too.
+fn bf16_decoder(name: &str) -> golden::Layer {
+    llama::decoder_layer(name).dtypes(&[candle_core::DType::BF16])
+}
+
+#[test]
+fn an_activation_leaking_f32_into_a_bf16_layer_is_found_where_it_leaks() {
+    // The port's SiLU runs in float32 and its result goes on in float32 through the down
+    // projection; cast back at the residual, the layer's output is as close to the reference as
+    // bf16 allows, so values alone pass. Each point's dtype is compared with the reference's.
+    let leaking = llama::Port {
+        tap_activation: true,
+        activation_leaks_f32: true,
+        ..llama::Port::default()
+    };
+    let f = common::must_fail(&bf16_decoder("t_llama_bf16_f32_activation"), move |i| {
+        llama::decoder(i.var_builder(), i.tensor(0), leaking)
+    });
+    let msg = f.to_string();
+    println!("{msg}");
+    assert!(
+        msg.contains("leaves its reference `llama_ref.DecoderLayer` at `layer.mlp.act_fn`"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("trace point `layer.mlp.act_fn`: the port computes it in f32 [")
+            && msg.contains("], the reference in bf16 ["),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("f32≠bf16  DIFFERS  <- first divergence"),
+        "{msg}"
+    );
+    // The right port, tapping the same points, passes: a float32 softmax inside the bf16 layer
+    // (as the reference computes it) is no tap, and every tap is in the reference's dtype.
+    let right = llama::Port {
+        tap_activation: true,
+        ..llama::Port::default()
+    };
+    common::must_pass(&bf16_decoder("t_llama_bf16_right"), move |i| {
+        llama::decoder(i.var_builder(), i.tensor(0), right)
+    });
+}
+
+/// `reach_ref.ScoresBlock` in bf16: its softmax point is float32 (as the reference computes it),
+/// its argmax int64; `softmax_in_bf16` computes the port's softmax in bf16.
+fn scores_port(
+    i: &golden::PortInputs,
+    softmax_in_bf16: bool,
+) -> candle_core::Result<candle_core::Tensor> {
+    use candle_core::{DType, D};
+    let x = i.tensor(0);
+    let w = i.var_builder().get((8, 8), "proj.weight")?;
+    let scores = x.broadcast_matmul(&w.t()?)?;
+    golden::tap("proj", &scores);
+    let probs = if softmax_in_bf16 {
+        candle_nn::ops::softmax(&scores, D::Minus1)?
+    } else {
+        candle_nn::ops::softmax(&scores.to_dtype(DType::F32)?, D::Minus1)?
+    };
+    golden::tap("softmax", &probs);
+    // candle's argmax gives u32 where torch gives int64: the same integers, no dtype issue.
+    golden::tap("pick", &probs.argmax(D::Minus1)?);
+    probs.to_dtype(x.dtype())
+}
+
+fn scores_layer(name: &str) -> golden::Layer {
+    golden::Layer::module(name, "reach_ref.ScoresBlock")
+        .init("d", 8usize)
+        .dim("b", 1, 3)
+        .arg(
+            "x",
+            ["b".into(), golden::DimExpr::Lit(8)],
+            golden::Dist::default(),
+        )
+        .dtypes(&[candle_core::DType::BF16])
+        .cases(8)
+        .trace()
+}
+
+#[test]
+fn a_float32_softmax_inside_a_bf16_model_passes_where_the_reference_computes_one_too() {
+    // The reference's softmax point is float32: the port's float32 softmax matches it (golden
+    // once cast every tap to the case dtype, and refused this as a dtype mismatch), and candle's
+    // u32 argmax matches torch's int64.
+    common::must_pass(&scores_layer("t_scores_f32_softmax"), |i| {
+        scores_port(i, false)
+    });
+    let msg = common::must_fail(&scores_layer("t_scores_bf16_softmax"), |i| {
+        scores_port(i, true)
+    })
+    .to_string();
+    assert!(
+        msg.contains("trace point `softmax`: the port computes it in bf16 [")
+            && msg.contains("], the reference in f32 ["),
+        "{msg}"
+    );
+}

@@ -28,6 +28,7 @@ pub const OPTIONS: &[&str] = &[
     "rename",
     "decode",
     "steps",
+    "invariants",
 ];
 
 /// `name = lo..=hi` (or `lo..hi`, or a single size).
@@ -57,6 +58,8 @@ pub enum DistDecl {
     Uniform(f64, f64),
     Int(BoundDecl, BoundDecl),
     Bool,
+    /// `positions` or `positions(max)`: position ids up to the configuration's (or `max`).
+    Positions(Option<BoundDecl>),
 }
 
 /// `name = [axes] ~ dist`.
@@ -78,19 +81,33 @@ pub enum ValueDecl {
     Dict(Vec<(LitStr, ValueDecl)>),
     /// `None`.
     None,
-    /// An integer from the case's dims: `d`, `2 * d`, `(a + b) * 4`.
+    /// An integer from the case's dims: `d`, `2 * d`, `(a + b) * 4`, `d / h`.
     Dims(DimValueDecl),
+    /// `one_of(a, b, ...)`: a configuration sweep, one value drawn per case (the keyword for
+    /// errors).
+    OneOf(Ident, Vec<ValueDecl>),
+    /// `lo..=hi` (or `lo..hi`): a sweep over the integers, drawn per case (its span for errors).
+    Range(i64, i64, proc_macro2::Span),
 }
 
 /// An integer expression of dims, with the spans of its dims for errors.
 pub enum DimValueDecl {
     Dim(Ident),
     Lit(i64),
-    /// `+`, `-` or `*`.
+    /// `+`, `-`, `*` or `/`.
     Op(char, Box<DimValueDecl>, Box<DimValueDecl>),
 }
 
 impl DimValueDecl {
+    /// Whether it divides by the number 0 somewhere.
+    pub fn divides_by_zero(&self) -> bool {
+        match self {
+            DimValueDecl::Op('/', _, b) if matches!(**b, DimValueDecl::Lit(0)) => true,
+            DimValueDecl::Op(_, a, b) => a.divides_by_zero() || b.divides_by_zero(),
+            _ => false,
+        }
+    }
+
     /// The dims it names.
     pub fn dims(&self) -> Vec<&Ident> {
         match self {
@@ -106,11 +123,25 @@ impl DimValueDecl {
 }
 
 impl ValueDecl {
+    /// Whether an integer expression of dims in it divides by the number 0.
+    pub fn divides_by_zero(&self) -> bool {
+        match self {
+            ValueDecl::Dims(e) => e.divides_by_zero(),
+            ValueDecl::List(items) | ValueDecl::OneOf(_, items) => {
+                items.iter().any(ValueDecl::divides_by_zero)
+            }
+            ValueDecl::Dict(items) => items.iter().any(|(_, v)| v.divides_by_zero()),
+            _ => false,
+        }
+    }
+
     /// The dims it names, anywhere inside it.
     pub fn dims(&self) -> Vec<&Ident> {
         match self {
             ValueDecl::Dims(e) => e.dims(),
-            ValueDecl::List(items) => items.iter().flat_map(ValueDecl::dims).collect(),
+            ValueDecl::List(items) | ValueDecl::OneOf(_, items) => {
+                items.iter().flat_map(ValueDecl::dims).collect()
+            }
             ValueDecl::Dict(items) => items.iter().flat_map(|(_, v)| v.dims()).collect(),
             _ => Vec::new(),
         }
@@ -268,6 +299,71 @@ fn parse_steps(key: Ident, input: ParseStream) -> Result<StepsDecl> {
     Ok(StepsDecl { key, over, carry })
 }
 
+/// One invariant as written: `finite`, `sums_to_one(dim = -1)`, `range(-10.0, 10.0)`; checked
+/// when rendered, so that every mistake is reported at once.
+pub struct InvariantDecl {
+    pub name: Ident,
+    /// `None` without parentheses; else each argument: its keyword if any, its value, its span.
+    pub args: Option<Vec<(Option<Ident>, f64, proc_macro2::Span)>>,
+}
+
+/// `invariants(out = [finite, ...], "out.logits" = [...])`: the leaf's name, its span, its
+/// invariants.
+pub struct InvariantsDecl {
+    pub key: Ident,
+    pub leaves: Vec<(String, proc_macro2::Span, Vec<InvariantDecl>)>,
+}
+
+fn parse_invariant(input: ParseStream) -> Result<InvariantDecl> {
+    let name: Ident = input.parse().map_err(|e| {
+        Error::new(
+            e.span(),
+            "expected an invariant: `finite`, `non_negative`, `sums_to_one(dim = -1)` or \
+             `range(lo, hi)`",
+        )
+    })?;
+    let args = if input.peek(syn::token::Paren) {
+        let content;
+        parenthesized!(content in input);
+        Some(comma_list(&content, |i| {
+            let span = i.span();
+            let key = if i.peek(Ident) && i.peek2(Token![=]) {
+                let key: Ident = i.parse()?;
+                i.parse::<Token![=]>()?;
+                Some(key)
+            } else {
+                None
+            };
+            Ok((key, parse_number(i)?, span))
+        })?)
+    } else {
+        None
+    };
+    Ok(InvariantDecl { name, args })
+}
+
+fn parse_invariants(key: Ident, input: ParseStream) -> Result<InvariantsDecl> {
+    let leaves = comma_list(input, |i| {
+        let (leaf, span) = if i.peek(LitStr) {
+            let s: LitStr = i.parse()?;
+            (s.value(), s.span())
+        } else {
+            let ident: Ident = i.parse().map_err(|e| {
+                Error::new(
+                    e.span(),
+                    "expected an output leaf: `out`, or a string such as `\"out.logits\"`",
+                )
+            })?;
+            (ident.to_string(), ident.span())
+        };
+        i.parse::<Token![=]>()?;
+        let content;
+        bracketed!(content in i);
+        Ok((leaf, span, comma_list(&content, parse_invariant)?))
+    })?;
+    Ok(InvariantsDecl { key, leaves })
+}
+
 /// The whole attribute.
 #[derive(Default)]
 pub struct Attr {
@@ -299,6 +395,8 @@ pub struct Attr {
     pub decode: Option<DecodeDecl>,
     /// `steps(...)`.
     pub steps: Option<StepsDecl>,
+    /// `invariants(...)`.
+    pub invariants: Option<InvariantsDecl>,
 }
 
 /// `config = "pkg.ConfigClass"` or `config = "pkg.ConfigClass"(key = value, ...)`.
@@ -405,8 +503,8 @@ fn parse_bound(input: ParseStream) -> Result<BoundDecl> {
     Ok(BoundDecl::Lit(if negative { -n } else { n }))
 }
 
-const DIST_HELP: &str =
-    "expected a distribution: `normal(mean, std)`, `uniform(lo, hi)`, `int(lo..hi)` or `bool`";
+const DIST_HELP: &str = "expected a distribution: `normal(mean, std)`, `uniform(lo, hi)`, \
+     `int(lo..hi)`, `bool` or `positions` (`positions(max)`)";
 
 fn parse_dist(input: ParseStream) -> Result<DistDecl> {
     let name: Ident = input.parse().map_err(|e| Error::new(e.span(), DIST_HELP))?;
@@ -470,6 +568,24 @@ fn parse_dist(input: ParseStream) -> Result<DistDecl> {
             Ok(DistDecl::Int(lo, hi))
         }
         "bool" => Ok(DistDecl::Bool),
+        "positions" => {
+            if !input.peek(syn::token::Paren) {
+                return Ok(DistDecl::Positions(None));
+            }
+            let content;
+            parenthesized!(content in input);
+            let max = parse_bound(&content).map_err(|e| {
+                Error::new(
+                    e.span(),
+                    "expected `positions` (up to the configuration's max_position_embeddings) or \
+                     `positions(max)`, a number or a dim",
+                )
+            })?;
+            if !content.is_empty() {
+                return Err(content.error("expected `)` after `positions(max`"));
+            }
+            Ok(DistDecl::Positions(Some(max)))
+        }
         _ => Err(Error::new(name.span(), DIST_HELP)),
     }
 }
@@ -496,6 +612,21 @@ const VALUE_HELP: &str = "expected a value: a number, a bool, a string, None, a 
      expression of dims (`d`, `2 * d`), a list `[...]` or a dict `{\"key\": value}`";
 
 fn parse_value(input: ParseStream) -> Result<ValueDecl> {
+    parse_plain_value(input)
+}
+
+fn parse_plain_value(input: ParseStream) -> Result<ValueDecl> {
+    if input.peek(Ident) && input.peek2(syn::token::Paren) {
+        let fork = input.fork();
+        let key: Ident = fork.parse()?;
+        if key == "one_of" {
+            input.parse::<Ident>()?;
+            let content;
+            parenthesized!(content in input);
+            let items = comma_list(&content, parse_value)?;
+            return Ok(ValueDecl::OneOf(key, items));
+        }
+    }
     if input.peek(syn::token::Bracket) {
         let content;
         bracketed!(content in input);
@@ -541,13 +672,45 @@ fn value_of_expr(expr: &syn::Expr) -> Result<ValueDecl> {
             _ => Ok(ValueDecl::Dims(dim_value(expr)?)),
         },
         Expr::Path(p) if p.path.is_ident("None") => Ok(ValueDecl::None),
+        Expr::Range(r) => range_value(r),
         Expr::Path(_) | Expr::Binary(_) | Expr::Paren(_) => Ok(ValueDecl::Dims(dim_value(expr)?)),
         other => Err(Error::new_spanned(other, VALUE_HELP)),
     }
 }
 
 const DIM_VALUE_HELP: &str = "an integer expression of dims has dims, whole numbers, `+`, `-`, \
-     `*` and parentheses: `d`, `2 * d`, `(heads + 1) * head_dim`";
+     `*`, `/` and parentheses: `d`, `2 * d`, `(heads + 1) * head_dim`, `hidden / heads`";
+
+/// `lo..=hi` or `lo..hi` of integer literals: a sweep over the integers.
+fn range_value(r: &syn::ExprRange) -> Result<ValueDecl> {
+    use syn::{Expr, RangeLimits, UnOp};
+    const HELP: &str = "a range of values has whole numbers at both ends: `1..=4` (or `1..5`)";
+    let bound = |e: &Option<Box<Expr>>| -> Result<i64> {
+        let Some(e) = e else {
+            return Err(Error::new_spanned(r, HELP));
+        };
+        match &**e {
+            Expr::Lit(lit) => match &lit.lit {
+                Lit::Int(i) => i.base10_parse(),
+                _ => Err(Error::new_spanned(e, HELP)),
+            },
+            Expr::Unary(u) if matches!(u.op, UnOp::Neg(_)) => match &*u.expr {
+                Expr::Lit(lit) => match &lit.lit {
+                    Lit::Int(i) => Ok(-i.base10_parse::<i64>()?),
+                    _ => Err(Error::new_spanned(e, HELP)),
+                },
+                _ => Err(Error::new_spanned(e, HELP)),
+            },
+            _ => Err(Error::new_spanned(e, HELP)),
+        }
+    };
+    let lo = bound(&r.start)?;
+    let mut hi = bound(&r.end)?;
+    if matches!(r.limits, RangeLimits::HalfOpen(_)) {
+        hi -= 1;
+    }
+    Ok(ValueDecl::Range(lo, hi, syn::spanned::Spanned::span(r)))
+}
 
 fn dim_value(expr: &syn::Expr) -> Result<DimValueDecl> {
     use syn::{BinOp, Expr, UnOp};
@@ -574,8 +737,10 @@ fn dim_value(expr: &syn::Expr) -> Result<DimValueDecl> {
                 BinOp::Add(_) => '+',
                 BinOp::Sub(_) => '-',
                 BinOp::Mul(_) => '*',
+                BinOp::Div(_) => '/',
                 _ => return Err(Error::new_spanned(b.op, DIM_VALUE_HELP)),
             };
+
             Ok(DimValueDecl::Op(
                 op,
                 Box::new(dim_value(&b.left)?),
@@ -847,6 +1012,10 @@ impl Parse for Attr {
                 "steps" => {
                     parenthesized!(content in input);
                     attr.steps = Some(parse_steps(key.clone(), &content)?);
+                }
+                "invariants" => {
+                    parenthesized!(content in input);
+                    attr.invariants = Some(parse_invariants(key.clone(), &content)?);
                 }
                 "decode" => {
                     attr.decode = Some(if input.peek(syn::token::Paren) {

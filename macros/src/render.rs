@@ -3,8 +3,8 @@
 //! be expanded here, in the user's crate, for insta to file it under the user's test).
 
 use crate::parse::{
-    ArgDecl, Attr, Axis, BoundDecl, DimValueDecl, DistDecl, GradDecl, KeyValue, OverfitDecl,
-    ValueDecl, WrtName,
+    ArgDecl, Attr, Axis, BoundDecl, DimValueDecl, DistDecl, GradDecl, InvariantDecl, KeyValue,
+    OverfitDecl, ValueDecl, WrtName,
 };
 use crate::signature::{self, Kind, Param};
 use proc_macro2::{Span, TokenStream};
@@ -41,6 +41,7 @@ pub(crate) fn dim_value_expr(e: &DimValueDecl) -> TokenStream {
             let variant = match op {
                 '+' => quote!(Add),
                 '-' => quote!(Sub),
+                '/' => quote!(Div),
                 _ => quote!(Mul),
             };
             quote!(::golden::DimValue::#variant(::std::boxed::Box::new(#a), ::std::boxed::Box::new(#b)))
@@ -70,6 +71,11 @@ fn value_expr(v: &ValueDecl) -> TokenStream {
             let e = dim_value_expr(e);
             quote!(::golden::Value::Dims(#e))
         }
+        ValueDecl::OneOf(_, items) => {
+            let items = items.iter().map(value_expr);
+            quote!(::golden::Value::OneOf(::std::vec![#(#items),*]))
+        }
+        ValueDecl::Range(lo, hi, _) => quote!(::golden::Value::Range(#lo, #hi)),
     }
 }
 
@@ -86,20 +92,26 @@ fn dim_value_tokens(e: &DimValueDecl) -> TokenStream {
             match op {
                 '+' => quote!((#a + #b)),
                 '-' => quote!((#a - #b)),
+                '/' => quote!((#a).checked_div(#b).unwrap_or(0)),
                 _ => quote!((#a * #b)),
             }
         }
     }
 }
 
-/// The value as a Rust expression for the call (a list becomes an array literal, a dim expression
-/// its value in the case, `None` `Option::None`); `None` for a dict, which no Rust parameter takes.
-fn value_tokens(v: &ValueDecl) -> Option<TokenStream> {
+/// The value of keyword `name` as a Rust expression for the call (a list becomes an array literal,
+/// a dim expression its value in the case, `None` `Option::None`; a sweep the case's pick, matched
+/// on, each alternative in `Some` when one of them is `None`); `None` for a dict, which no Rust
+/// parameter takes.
+fn value_tokens(name: &str, v: &ValueDecl) -> Option<TokenStream> {
     Some(match v {
         ValueDecl::Int(t) | ValueDecl::Float(t) | ValueDecl::Bool(t) => t.clone(),
         ValueDecl::Str(s) => quote!(#s),
         ValueDecl::List(items) => {
-            let items = items.iter().map(value_tokens).collect::<Option<Vec<_>>>()?;
+            let items = items
+                .iter()
+                .map(|v| value_tokens(name, v))
+                .collect::<Option<Vec<_>>>()?;
             quote!([#(#items),*])
         }
         ValueDecl::Dict(..) => return None,
@@ -107,6 +119,29 @@ fn value_tokens(v: &ValueDecl) -> Option<TokenStream> {
         ValueDecl::Dims(e) => {
             let e = dim_value_tokens(e);
             quote!((#e as _))
+        }
+        ValueDecl::OneOf(_, items) => {
+            let optional = items.iter().any(|v| matches!(v, ValueDecl::None));
+            let arms = items
+                .iter()
+                .map(|v| {
+                    let t = value_tokens(name, v)?;
+                    Some(match v {
+                        ValueDecl::None => t,
+                        _ if optional => quote!(::std::option::Option::Some(#t)),
+                        _ => t,
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?;
+            let (last, first) = arms.split_last().expect("one_of has a value");
+            let indices = 0..first.len();
+            quote!(match __golden_inputs.pick(#name) {
+                #(#indices => #first,)*
+                _ => #last,
+            })
+        }
+        ValueDecl::Range(lo, _, _) => {
+            quote!(((#lo + __golden_inputs.pick(#name) as i64) as _))
         }
     })
 }
@@ -133,6 +168,15 @@ fn dist_expr(d: &Option<DistDecl>) -> TokenStream {
             quote!(::golden::Dist::Int { lo: #lo, hi: #hi })
         }
         Some(DistDecl::Bool) => quote!(::golden::Dist::Bool),
+        Some(DistDecl::Positions(None)) => {
+            quote!(::golden::Dist::Positions {
+                max: ::std::option::Option::None
+            })
+        }
+        Some(DistDecl::Positions(Some(max))) => {
+            let max = bound(max);
+            quote!(::golden::Dist::Positions { max: ::std::option::Option::Some(#max) })
+        }
     }
 }
 
@@ -235,6 +279,227 @@ fn check_dims_and_args(attr: &Attr, params: &[Param], fn_name: &Ident, errors: &
                 }
             }
         }
+        if let Some(DistDecl::Positions(Some(BoundDecl::Dim(ident)))) = &arg.dist {
+            unknown_dim(ident, errors);
+        }
+        let has_max = attr
+            .init
+            .iter()
+            .chain(attr.config.iter().flat_map(|c| &c.values))
+            .any(|kv| kv.name == "max_position_embeddings" || kv.name == "n_positions");
+        if matches!(arg.dist, Some(DistDecl::Positions(None))) && !has_max {
+            errors.push(
+                arg.name.span(),
+                format!(
+                    "`{name} ~ positions` draws up to the module's max_position_embeddings, and \
+                     neither `config` nor `init` gives one: write `positions(N)`"
+                ),
+            );
+        }
+    }
+}
+
+/// Swept values (`one_of(...)`, `lo..=hi`): well formed (at the top of a value, not empty), each
+/// keyword swept once and not named like a dim, and enough cases to try each of their values.
+fn check_sweeps(attr: &Attr, errors: &mut Errors) {
+    let all: Vec<&KeyValue> = attr
+        .consts
+        .iter()
+        .chain(&attr.init)
+        .chain(attr.config.iter().flat_map(|c| &c.values))
+        .collect();
+    // A sweep inside a list, a dict or another one_of.
+    fn nested(v: &ValueDecl, errors: &mut Errors) {
+        let inner: &[ValueDecl] = match v {
+            ValueDecl::List(items) | ValueDecl::OneOf(_, items) => items,
+            ValueDecl::Dict(items) => {
+                for (_, v) in items {
+                    misplaced(v, errors);
+                    nested(v, errors);
+                }
+                return;
+            }
+            _ => return,
+        };
+        for v in inner {
+            misplaced(v, errors);
+            nested(v, errors);
+        }
+    }
+    fn misplaced(v: &ValueDecl, errors: &mut Errors) {
+        match v {
+            ValueDecl::OneOf(key, _) => errors.push(
+                key.span(),
+                "`one_of(...)` goes at the top of a value (`key = one_of(a, b)`), not inside a \
+                 list, a dict or another `one_of`",
+            ),
+            ValueDecl::Range(_, _, span) => errors.push(
+                *span,
+                "a range of values (`lo..=hi`) goes at the top of a value, not inside a list, a \
+                 dict or a `one_of`",
+            ),
+            _ => {}
+        }
+    }
+    for kv in &all {
+        nested(&kv.value, errors);
+        if kv.value.divides_by_zero() {
+            errors.push(
+                kv.name.span(),
+                format!("`{}` divides by 0 (`/ 0`)", kv.name),
+            );
+        }
+        match &kv.value {
+            ValueDecl::OneOf(key, items) if items.is_empty() => errors.push(
+                key.span(),
+                "`one_of()` needs at least one value: `one_of(None, 30.0)`",
+            ),
+            ValueDecl::Range(lo, hi, span) if hi < lo => {
+                errors.push(*span, format!("`{lo}..={hi}` is an empty range"))
+            }
+            _ => {}
+        }
+    }
+    let swept: Vec<&&KeyValue> = all
+        .iter()
+        .filter(|kv| matches!(kv.value, ValueDecl::OneOf(..) | ValueDecl::Range(..)))
+        .collect();
+    for (i, kv) in swept.iter().enumerate() {
+        if swept[..i].iter().any(|o| o.name == kv.name) {
+            errors.push(
+                kv.name.span(),
+                format!("`{}` is swept twice: sweep it in one place", kv.name),
+            );
+        }
+        if attr.dims.iter().any(|d| d.name == kv.name) {
+            errors.push(
+                kv.name.span(),
+                format!(
+                    "`{}` is both a dim and a swept value: rename one (a case names both)",
+                    kv.name
+                ),
+            );
+        }
+    }
+    let cases = attr.cases.unwrap_or(32) as usize;
+    for kv in &swept {
+        let needed = match &kv.value {
+            ValueDecl::OneOf(_, items) => items.len(),
+            ValueDecl::Range(lo, hi, _) => 1 + usize::from(hi > lo),
+            _ => 0,
+        };
+        if needed > cases {
+            errors.push(
+                kv.name.span(),
+                format!(
+                    "`cases = {cases}` cannot try each of the {needed} values of `{}`: give \
+                     `cases = {needed}` or more",
+                    kv.name
+                ),
+            );
+        }
+    }
+}
+
+/// The invariants there are, for errors.
+const KNOWN_INVARIANTS: &str =
+    "expected `finite`, `non_negative`, `sums_to_one(dim = N)` or `range(lo, hi)`";
+
+/// `invariants(...)`: each invariant known and well formed, each leaf once; the builder calls.
+fn invariant_calls(attr: &Attr, errors: &mut Errors) -> Vec<TokenStream> {
+    let Some(decl) = &attr.invariants else {
+        return Vec::new();
+    };
+    let mut calls = Vec::new();
+    for (i, (leaf, span, list)) in decl.leaves.iter().enumerate() {
+        if decl.leaves[..i].iter().any(|(l, _, _)| l == leaf) {
+            errors.push(
+                *span,
+                format!("`{leaf}` is given twice in `invariants(...)`"),
+            );
+        }
+        if list.is_empty() {
+            errors.push(
+                *span,
+                format!("no invariant for `{leaf}`: {KNOWN_INVARIANTS}"),
+            );
+        }
+        for inv in list {
+            if let Some(tokens) = invariant_tokens(inv, errors) {
+                calls.push(quote!(.invariant(#leaf, #tokens)));
+            }
+        }
+    }
+    if decl.leaves.is_empty() {
+        errors.push(
+            decl.key.span(),
+            "`invariants(...)` names no output: `invariants(out = [finite])`",
+        );
+    }
+    calls
+}
+
+/// One invariant as a `golden::Invariant`, or its errors.
+fn invariant_tokens(inv: &InvariantDecl, errors: &mut Errors) -> Option<TokenStream> {
+    let name = inv.name.to_string();
+    let args = inv.args.as_deref().unwrap_or(&[]);
+    let no_args = |errors: &mut Errors| {
+        if inv.args.is_some() {
+            errors.push(inv.name.span(), format!("`{name}` takes no arguments"));
+        }
+    };
+    match name.as_str() {
+        "finite" => {
+            no_args(errors);
+            Some(quote!(::golden::Invariant::Finite))
+        }
+        "non_negative" => {
+            no_args(errors);
+            Some(quote!(::golden::Invariant::NonNegative))
+        }
+        "sums_to_one" => {
+            let (mut dim, mut tol) = (-1i64, None);
+            for (key, value, span) in args {
+                match key.as_ref().map(ToString::to_string).as_deref() {
+                    Some("dim") if value.fract() == 0.0 => dim = *value as i64,
+                    Some("dim") => errors.push(*span, "`dim` is a whole number: `dim = -1`"),
+                    Some("tol") if *value >= 0.0 => tol = Some(*value),
+                    Some("tol") => errors.push(*span, "`tol` must not be negative"),
+                    _ => errors.push(
+                        *span,
+                        "`sums_to_one` takes `dim = N` (default -1) and `tol = x`: \
+                         `sums_to_one(dim = -1)`",
+                    ),
+                }
+            }
+            let tol = match tol {
+                Some(t) => quote!(::std::option::Option::Some(#t)),
+                None => quote!(::std::option::Option::None),
+            };
+            Some(quote!(::golden::Invariant::SumsToOne { dim: #dim, tol: #tol }))
+        }
+        "range" => match args {
+            [(None, lo, _), (None, hi, span)] => {
+                if lo > hi {
+                    errors.push(*span, format!("`range({lo:?}, {hi:?})` is empty"));
+                }
+                Some(quote!(::golden::Invariant::Range { lo: #lo, hi: #hi }))
+            }
+            _ => {
+                errors.push(
+                    inv.name.span(),
+                    "`range` takes two numbers, its lowest and highest values: `range(-10.0, 10.0)`",
+                );
+                None
+            }
+        },
+        _ => {
+            errors.push(
+                inv.name.span(),
+                format!("unknown invariant `{name}`; {KNOWN_INVARIANTS}"),
+            );
+            None
+        }
     }
 }
 
@@ -287,7 +552,7 @@ fn call_args(attr: &Attr, params: &[Param], errors: &mut Errors) -> (Vec<TokenSt
                     .chain(attr.config.iter().flat_map(|c| &c.values))
                     .find(|kv| kv.name == p.name);
                 match found {
-                    Some(kv) => match value_tokens(&kv.value) {
+                    Some(kv) => match value_tokens(&name, &kv.value) {
                         Some(tokens) => tokens,
                         None => {
                             errors.push(
@@ -387,6 +652,8 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             WrtName::Param(_) => {}
         }
     }
+    check_sweeps(attr, &mut errors);
+    let invariants = invariant_calls(attr, &mut errors);
     if let Some(t) = attr.trace.as_ref().filter(|_| !module_form) {
         errors.push(
             t.span(),
@@ -652,6 +919,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
                     #(#rename)*
                     #decode
                     #steps
+                    #(#invariants)*
                     #grad_spec
                     #overfit_spec
             }

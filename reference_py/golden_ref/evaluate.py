@@ -207,17 +207,60 @@ def load_state(module, state, backend):
             value.copy_(wanted[name].to(value.dtype))
 
 
+@contextlib.contextmanager
+def _default_dtype(torch, dtype):
+    """torch's default dtype set to `dtype` for the duration (nothing when None)."""
+    if dtype is None:
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _computed_buffers(module):
+    """The float buffers a module computes and does not keep in its state_dict (non-persistent:
+    Llama's rotary `inv_freq`), as (owner, name, tensor)."""
+    out = []
+    for owner in module.modules():
+        for name in getattr(owner, "_non_persistent_buffers_set", ()):
+            value = owner._buffers.get(name)
+            if value is not None and value.is_floating_point():
+                out.append((owner, name, value))
+    return out
+
+
 def build_module(case: Case, dtype: str | None = None):
     """The reference module for one evaluation: constructed under the case seed, with `case.state`
     loaded when given, in eval mode, in `dtype` (default: the case dtype). A checkpoint's module
-    (`case.shared`) is built once and kept with the state (:func:`_shared_module`)."""
+    (`case.shared`) is built once and kept with the state (:func:`_shared_module`).
+
+    In float16 and bfloat16 it is built the way `from_pretrained(dtype=...)` builds a model for
+    inference: constructed with that dtype as torch's default, its state_dict's entries (what a
+    checkpoint holds) in that dtype, and the buffers it computes for itself kept in the dtype its
+    code gives them — Llama's rotary frequencies, made `.float()`, stay float32. Casting those too
+    (`module.to(bfloat16)`) would make the reference's rotary table wrong at long positions, which
+    no model loaded for inference is."""
     torch = case.backend.torch
     if case.shared and dtype is None:
         return _shared_module(case)
-    module = construct(case)
+    name = dtype or case.dtype
+    target = torch_dtype(torch, name)
+    half = name in ("f16", "bf16")
+    with _default_dtype(torch, target if half else None):
+        module = construct(case)
     if case.state is not None:
         load_state(module, case.state, case.backend)
-    return module.to(torch_dtype(torch, dtype or case.dtype))
+    if not half:
+        return module.to(target)
+    computed = _computed_buffers(module)
+    module = module.to(target)
+    for owner, key, value in computed:
+        owner._buffers[key] = value
+    return module
 
 
 def _shared_module(case: Case):
@@ -233,7 +276,10 @@ def _shared_module(case: Case):
     if key in modules:
         return modules[key]
     modules.clear()
-    module = _construct_uninitialised(case)
+    target = torch_dtype(torch, case.dtype)
+    half = case.dtype in ("f16", "bf16")
+    with _default_dtype(torch, target if half else None):
+        module = _construct_uninitialised(case)
     inner = reference_module(module)
     have = inner.state_dict()
     names = {name for name, _ in case.state}
@@ -241,7 +287,6 @@ def _shared_module(case: Case):
     extra = [n for n in names if n not in have]
     if missing or extra:
         raise OutputError(f"the checkpoint golden resolved does not fit the module: missing {missing}, unknown {extra}")
-    target = torch_dtype(torch, case.dtype)
     state = {}
     for name, t in case.state:
         value = case.backend.to_native(t)
@@ -249,7 +294,10 @@ def _shared_module(case: Case):
             value = value.to(target)
         state[name] = value
     inner.load_state_dict(state, strict=True, assign=True)
+    computed = _computed_buffers(module) if half else []
     module = module.to(target).eval()
+    for owner, key, value in computed:
+        owner._buffers[key] = value  # as build_module: computed buffers keep their code's dtype
     modules[key] = module
     return module
 
@@ -420,7 +468,7 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
     `precise=False` skips the float64 and nudged evaluations (the benchmark's transport figures)."""
     backend = case.backend
     module = None
-    state_dict, buffers, aliases = [], [], []
+    state_dict, buffers, aliases, unsaved = [], [], [], []
     if case.form == "module":
         module = build_module(case)
         inner = reference_module(module)
@@ -428,6 +476,7 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
             for name, value in inner.state_dict().items():
                 state_dict.append((name, backend.from_native(value, case.dtype)))
         buffers, aliases = module_entries(inner)
+        unsaved = unsaved_names(inner, aliases)
 
     # An answer over the frame limit is refused from the shapes, before any copy of it.
     limit = lambda leaves: check_answer(leaves, state_dict, case.dtype, precise)  # noqa: E731
@@ -447,6 +496,7 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
         "state_dict": state_dict,
         "buffers": buffers,
         "aliases": aliases,
+        "unsaved": unsaved,
         "expected": expected,
         "precise": high,
         "own": own,
@@ -456,6 +506,28 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
         "precise_error": precise_error,
         "mutated": mutated,
     }
+
+
+def unsaved_names(inner, aliases):
+    """The names of tied tensors that a checkpoint of the module does not hold: Hugging Face's
+    `save_pretrained` leaves out the names a module's `_tied_weights_keys` lists (`lm_head.weight`,
+    tied to `model.embed_tokens.weight`), where they are tied in this module (in a group of
+    `aliases`). A port that reads one would not load from a real checkpoint."""
+    tied = {name for group in aliases for name in group}
+    unsaved = []
+    for prefix, module in inner.named_modules():
+        keys = getattr(module, "_tied_weights_keys", None)
+        if isinstance(keys, dict):
+            keys = list(keys)
+        if not isinstance(keys, (list, tuple)):
+            continue
+        for key in keys:
+            if not isinstance(key, str):
+                continue
+            name = f"{prefix}.{key}" if prefix else key
+            if name in tied and name not in unsaved:
+                unsaved.append(name)
+    return unsaved
 
 
 def module_entries(inner):
@@ -532,7 +604,11 @@ def param_spec(case: Case):
                     logs = finite.log()
                     entry.update(log_mean=float(logs.mean()), log_std=float(logs.std(unbiased=False)))
         entries.append(entry)
-    return {"entries": entries, "aliases": aliases}, tensors
+    spec = {"entries": entries, "aliases": aliases}
+    unsaved = unsaved_names(inner, aliases)
+    if unsaved:  # only then: the specs of other modules (and their stores) stay what they were
+        spec["unsaved"] = unsaved
+    return spec, tensors
 
 
 def _construct_marking_empty(case: Case, seed: int | None = None):

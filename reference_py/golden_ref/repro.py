@@ -113,7 +113,26 @@ def run_reference():
                 init["config"] = config
             else:
                 build_args = (config,)
-        target = obj(*build_args, **init).eval().to(dtypes[CASE["dtype"]])
+        # Built as golden's worker builds it (as `from_pretrained(dtype=...)` does): in float16 and
+        # bfloat16, under that default dtype, the buffers the module computes (not in its
+        # state_dict: Llama's rotary frequencies) kept in the dtype its code gives them.
+        half = CASE["dtype"] in ("f16", "bf16")
+        before = torch.get_default_dtype()
+        if half:
+            torch.set_default_dtype(dtypes[CASE["dtype"]])
+        try:
+            target = obj(*build_args, **init).eval()
+        finally:
+            torch.set_default_dtype(before)
+        computed = [
+            (owner, key, owner._buffers[key])
+            for owner in target.modules()
+            for key in getattr(owner, "_non_persistent_buffers_set", ())
+            if owner._buffers.get(key) is not None and owner._buffers[key].is_floating_point()
+        ] if half else []
+        target = target.to(dtypes[CASE["dtype"]])
+        for owner, key, value in computed:
+            owner._buffers[key] = value
         state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
         target.load_state_dict(state)
     recorded = []

@@ -236,7 +236,7 @@ def _outputs_json(result: dict, table) -> dict:
     if result.get("mode_shift") is not None:
         response["mode_shift"] = named(result["mode_shift"])
     response["precise_error"] = result["precise_error"]
-    for key in ("buffers", "aliases", "mutated"):
+    for key in ("buffers", "aliases", "unsaved", "mutated"):
         if result.get(key):
             response[key] = result[key]
     return response

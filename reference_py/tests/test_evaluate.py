@@ -276,6 +276,50 @@ class EvaluateTest(unittest.TestCase):
         text = wire.header_json({"losses": [1.0, float("nan"), float("inf"), -float("inf")]})
         self.assertEqual(json.loads(text)["losses"], [1.0, "NaN", "Infinity", "-Infinity"])
 
+    def test_a_half_precision_module_keeps_the_buffers_it_computes_in_their_own_dtype(self):
+        import torch
+
+        from golden_ref.evaluate import build_module
+
+        class Rotary(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = torch.nn.Linear(4, 4)
+                inv_freq = 1.0 / (10000 ** (torch.arange(0, 4, 2, dtype=torch.int64).float() / 4))
+                self.register_buffer("inv_freq", inv_freq, persistent=False)
+                self.register_buffer("scale", torch.ones(2), persistent=False)
+
+        for dtype, expected in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+            module = build_module(_torch_case(Rotary, [], form="module", dtype=dtype))
+            # As from_pretrained(dtype=...) builds it: the checkpoint's entries in the dtype, the
+            # computed frequencies float32 as their code asks, other computed buffers the dtype.
+            self.assertEqual(module.proj.weight.dtype, expected)
+            self.assertEqual(module.inv_freq.dtype, torch.float32)
+            self.assertEqual(module.scale.dtype, expected)
+            self.assertEqual(torch.get_default_dtype(), torch.float32)
+        module = build_module(_torch_case(Rotary, [], form="module", dtype="f32"))
+        self.assertEqual(module.inv_freq.dtype, torch.float32)
+
+    def test_tied_names_a_checkpoint_leaves_out_are_reported(self):
+        import torch
+
+        from golden_ref.evaluate import module_entries, unsaved_names
+
+        class LM(torch.nn.Module):
+            _tied_weights_keys = {"head.weight": "emb.weight"}
+
+            def __init__(self, tie):
+                super().__init__()
+                self.emb = torch.nn.Embedding(5, 3)
+                self.head = torch.nn.Linear(3, 5, bias=False)
+                if tie:
+                    self.head.weight = self.emb.weight
+
+        for tie, expected in ((True, ["head.weight"]), (False, [])):
+            lm = LM(tie)
+            _, aliases = module_entries(lm)
+            self.assertEqual(unsaved_names(lm, aliases), expected)
+
     def test_reference_taps_are_trace_points_in_execution_order_and_no_ops_outside(self):
         import torch
 

@@ -12,5 +12,6 @@ from .functional import (  # noqa: F401
     silu,
     softmax,
 )
+from .logits import capped_logits  # noqa: F401
 from .modules import MLP, CausalSelfAttention, ReluMLP, TinyLM, TransformerBlock  # noqa: F401
 from . import variants  # noqa: F401  (registers the known variants of these references)

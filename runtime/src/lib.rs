@@ -43,8 +43,10 @@ pub mod report;
 pub mod run;
 
 pub use describe::checks::{GradMode, GradSpec, Kind, Loss, Optimizer, OverfitSpec};
+pub use describe::invariants::Invariant;
 pub use describe::layer::{
-    Backend, Bound, Config, Declared, DimExpr, DimValue, Dist, Form, Layer, Params, Tol, Value,
+    Backend, Bound, Config, Declared, DimExpr, DimValue, Dist, Form, Layer, Params, Pick, Tol,
+    Value,
 };
 pub use describe::outputs::{IntoOutputs, Outputs, PortInputs};
 pub use describe::schedule::{Decode, Padding, StepLoop};

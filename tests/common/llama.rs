@@ -24,6 +24,14 @@ pub struct Port {
     pub tap_attention_as_module: bool,
     /// Tap the rotated queries and keys (`q_rot`, `k_rot`, which the reference taps itself).
     pub tap_rotary: bool,
+    /// Tap the MLP's activation (`layer.mlp.act_fn`, a submodule of the reference).
+    pub tap_activation: bool,
+    /// The MLP's activation leaks float32: SiLU computed in float32 and carried through the down
+    /// projection, cast back to the input's dtype only at the residual.
+    pub activation_leaks_f32: bool,
+    /// The rotary embedding in float32: its tables never cast to the input's dtype, the queries
+    /// and keys upcast to meet them, and the attention computed in float32 up to its projection.
+    pub rotary_in_f32: bool,
 }
 
 /// The traced check of the decoder layer against `llama_ref.DecoderLayer`.
@@ -128,10 +136,20 @@ pub fn attention(vb: &VarBuilder, x: &Tensor, port: Port) -> Result<Tensor> {
     } else {
         Tensor::cat(&[&freqs, &freqs], D::Minus1)?
     };
-    let (cos, sin) = (
-        emb.cos()?.to_dtype(x.dtype())?,
-        emb.sin()?.to_dtype(x.dtype())?,
-    );
+    let (cos, sin) = if port.rotary_in_f32 {
+        (emb.cos()?, emb.sin()?)
+    } else {
+        (
+            emb.cos()?.to_dtype(x.dtype())?,
+            emb.sin()?.to_dtype(x.dtype())?,
+        )
+    };
+    let (q, k, v) = if port.rotary_in_f32 {
+        let up = |t: Tensor| t.to_dtype(DType::F32);
+        (up(q)?, up(k)?, up(v)?)
+    } else {
+        (q, k, v)
+    };
     let rope = |x: &Tensor| -> Result<Tensor> {
         x.broadcast_mul(&cos)?
             .add(&rotate(x, port.rope_on_pairs)?.broadcast_mul(&sin)?)
@@ -163,7 +181,8 @@ pub fn attention(vb: &VarBuilder, x: &Tensor, port: Port) -> Result<Tensor> {
     let out = probs
         .matmul(&v.contiguous()?)?
         .transpose(1, 2)?
-        .reshape((b, t, HIDDEN))?;
+        .reshape((b, t, HIDDEN))?
+        .to_dtype(x.dtype())?;
     let out = linear(vb, "o_proj", &out, HIDDEN, HIDDEN)?;
     let name = if port.tap_attention_as_module {
         vb.prefix()
@@ -206,7 +225,34 @@ pub fn decoder_with_silu(
         port,
     )?)?;
     let normed = rms_norm(&vb, "post_attention_layernorm", &h)?;
-    let out = (&h + mlp(&vb.pp("mlp"), &normed, silu)?)?;
+    let mlp_vb = vb.pp("mlp");
+    let tap_activation = port.tap_activation;
+    let activation = |g: &Tensor| -> Result<Tensor> {
+        let a = if port.activation_leaks_f32 {
+            silu(&g.to_dtype(DType::F32)?)?
+        } else {
+            silu(g)?
+        };
+        if tap_activation {
+            golden::tap(format!("{}.act_fn", mlp_vb.prefix()), &a);
+        }
+        Ok(a)
+    };
+    let y = if port.activation_leaks_f32 {
+        // The product and the down projection follow the activation's float32.
+        let gate = linear(&mlp_vb, "gate_proj", &normed, INTERMEDIATE, HIDDEN)?;
+        let up = linear(&mlp_vb, "up_proj", &normed, INTERMEDIATE, HIDDEN)?;
+        let inner = (activation(&gate)? * up.to_dtype(DType::F32)?)?;
+        let w = mlp_vb.get((HIDDEN, INTERMEDIATE), "down_proj.weight")?;
+        let down = inner.broadcast_matmul(&w.to_dtype(DType::F32)?.t()?)?;
+        golden::tap(format!("{}.down_proj", mlp_vb.prefix()), &down);
+        let y = down.to_dtype(normed.dtype())?;
+        golden::tap(mlp_vb.prefix(), &y);
+        y
+    } else {
+        mlp(&mlp_vb, &normed, activation)?
+    };
+    let out = (&h + y)?;
     golden::tap(vb.prefix(), &out);
     Ok(out)
 }

@@ -51,8 +51,8 @@ fn linear(vb: &VarBuilder, out: usize, inp: usize, name: &str, bias: bool) -> Re
 
 // --- Gemma 2 -------------------------------------------------------------------------------------
 
-const G_VOCAB: usize = 64;
-const G_HIDDEN: usize = 16;
+pub const G_VOCAB: usize = 64;
+pub const G_HIDDEN: usize = 16;
 const G_INTERMEDIATE: usize = 24;
 const G_HEADS: usize = 2;
 const G_KV_HEADS: usize = 1;

@@ -59,6 +59,7 @@ pub fn silu(x: &Tensor) -> Result<Tensor> {
     reference = "zoo_ref.softmax",
     dims(b = 1..=4, t = 1..=16, n = 1..=128),
     args(x = [b, t, n]),
+    invariants(out = [finite, non_negative, sums_to_one(dim = -1)]),
 )]
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     candle_nn::ops::softmax(x, D::Minus1)

@@ -55,3 +55,19 @@ pub fn conv1d(
     let y = cols.broadcast_matmul(&weight.reshape((c_out, c_in * k))?.t()?)?; // [b, t_out, c_out]
     y.transpose(1, 2)?.broadcast_add(&bias.reshape((1, (), 1))?)
 }
+
+/// Logits soft-capped or not: the configuration is swept, each case draws one (`one_of`), and a
+/// `None` among the alternatives makes the Rust parameter an `Option`.
+#[golden_layer(
+    reference = "zoo_ref.capped_logits",
+    dims(b = 1..=2, t = 1..=8, d = 1..=32, vocab = 1..=48),
+    args(x = [b, t, d], weight = [vocab, d]),
+    consts(softcap = one_of(None, 30.0)),
+)]
+pub fn capped_logits(x: &Tensor, weight: &Tensor, softcap: Option<f64>) -> Result<Tensor> {
+    let logits = x.broadcast_matmul(&weight.t()?)?;
+    match softcap {
+        Some(cap) => (logits / cap)?.tanh()? * cap,
+        None => Ok(logits),
+    }
+}

@@ -5,7 +5,7 @@
 use crate::mlp::Mlp;
 use crate::norm::RmsNorm;
 use candle_core::{Device, Module, Result, Tensor};
-use candle_nn::{embedding, linear_no_bias, VarBuilder};
+use candle_nn::{embedding, linear_b, VarBuilder};
 use golden::golden_layer;
 use std::collections::BTreeMap;
 
@@ -26,8 +26,10 @@ pub struct Sizes {
     pub heads: usize,
     /// Key and value heads (grouped-query attention: fewer than `heads`).
     pub kv_heads: usize,
-    /// Size of one head.
+    /// Size of one head (the configuration's `head_dim`: not always `hidden / heads`).
     pub head_dim: usize,
+    /// Whether the attention's projections have biases (`attention_bias`).
+    pub attention_bias: bool,
 }
 
 /// Hugging Face's default rope_theta and RMSNorm eps.
@@ -51,13 +53,18 @@ fn rope_tables(t: usize, head_dim: usize, device: &Device) -> Result<(Tensor, Te
 fn attention(vb: VarBuilder, x: &Tensor, s: &Sizes, rope: Rope) -> Result<Tensor> {
     let (b, t, _) = x.dims3()?;
     let name = vb.prefix();
-    let proj = |out: usize, what: &str| linear_no_bias(s.hidden, out, vb.pp(what));
+    let proj = |out: usize, what: &str| linear_b(s.hidden, out, s.attention_bias, vb.pp(what));
     let (q_proj, k_proj) = (
         proj(s.heads * s.head_dim, "q_proj")?,
         proj(s.kv_heads * s.head_dim, "k_proj")?,
     );
     let v_proj = proj(s.kv_heads * s.head_dim, "v_proj")?;
-    let o_proj = linear_no_bias(s.heads * s.head_dim, s.hidden, vb.pp("o_proj"))?;
+    let o_proj = linear_b(
+        s.heads * s.head_dim,
+        s.hidden,
+        s.attention_bias,
+        vb.pp("o_proj"),
+    )?;
     let heads = |x: Tensor, n: usize| {
         x.reshape((b, t, n, s.head_dim))?
             .transpose(1, 2)?
@@ -127,7 +134,10 @@ pub fn llama_model_with(
 }
 
 /// The check: `transformers.LlamaModel` with one decoder layer, 2·kv query heads sharing kv KV
-/// heads (GQA), the model's `last_hidden_state` and every submodule's output (`trace`).
+/// heads (GQA), the model's `last_hidden_state` and every submodule's output (`trace`), in float32
+/// and bfloat16. Its configuration is swept: a head size that is `hidden / heads` (8) or not (16),
+/// and projections with biases or without (`one_of`: each case draws one, and the cases cover
+/// every pair).
 #[golden_layer(
     reference = "transformers.LlamaModel",
     config = "transformers.LlamaConfig"(
@@ -137,12 +147,14 @@ pub fn llama_model_with(
         num_hidden_layers = 1,
         num_attention_heads = 2 * kv,
         num_key_value_heads = kv,
-        head_dim = 8,
+        head_dim = one_of(8, 16),
+        attention_bias = one_of(false, true),
         max_position_embeddings = 64,
         use_cache = false,
     ),
     dims(b = 1..=2, t = 1..=8, kv = 1..=2),
     args(input_ids = [b, t] ~ int(0..64)),
+    dtypes = [f32, bf16],
     trace,
     cases = 16,
 )]
@@ -156,6 +168,7 @@ pub fn llama_model(
     num_attention_heads: usize,
     num_key_value_heads: usize,
     head_dim: usize,
+    attention_bias: bool,
 ) -> Result<BTreeMap<&'static str, Tensor>> {
     let sizes = Sizes {
         vocab: vocab_size,
@@ -164,6 +177,7 @@ pub fn llama_model(
         heads: num_attention_heads,
         kv_heads: num_key_value_heads,
         head_dim,
+        attention_bias,
     };
     let out = llama_model_with(vb, input_ids, &sizes, candle_nn::rotary_emb::rope)?;
     // `LlamaModel` returns a `BaseModelOutputWithPast`, a dict: its leaves are named by key.

@@ -7,7 +7,8 @@
 use golden::{Dist, IntoOutputs, Layer, PortInputs, Value};
 use port_llama::model::{llama_model_with, Sizes};
 
-/// The layer `llama_model`'s attribute describes (golden's `Layer`, written out).
+/// The layer `llama_model`'s attribute describes, in its first configuration (head size 8, no
+/// biases) and in float32 (golden's `Layer`, written out).
 fn layer() -> Layer {
     let times = |k: i64| {
         Value::Dims(golden::DimValue::Mul(
@@ -44,6 +45,7 @@ fn interleaved(i: &PortInputs) -> Result<golden::Outputs, String> {
         heads: 2 * kv,
         kv_heads: kv,
         head_dim: 8,
+        attention_bias: false,
     };
     llama_model_with(
         i.var_builder(),

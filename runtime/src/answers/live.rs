@@ -74,6 +74,10 @@ pub struct ReferenceOutputs {
     /// Module form with a checkpoint: the id of its resolved state (`answers/checkpoint.rs`); the
     /// port is served the same tensors for every case (made once per process), not a copy per case.
     pub state_id: Option<u64>,
+    /// Module form: names of tied tensors a checkpoint of the module does not hold (Hugging
+    /// Face's `save_pretrained` leaves out its `_tied_weights_keys`: `lm_head.weight` tied to the
+    /// embedding); a port that reads one would not load from a real checkpoint.
+    pub unsaved: Vec<String>,
     /// Outputs in the case dtype.
     pub expected: Named,
     /// Per float leaf, the rounding estimate (None if the reference could not run in float64).
@@ -998,6 +1002,7 @@ pub(crate) fn decode_outputs(
         aliases,
         kept: Vec::new(),
         state_id: None,
+        unsaved: wire::strings(&header["unsaved"]),
         expected,
         rounding,
         precise,

@@ -256,7 +256,7 @@ pub fn search(
     };
     let plan = params.plan(layer);
     let sizes = params.sizes(layer);
-    let layer = &*layer.for_case(&params.dims);
+    let layer = &*params.layer(layer);
     live.mutations(
         layer,
         dtype,

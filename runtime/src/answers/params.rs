@@ -83,6 +83,9 @@ pub struct ParamSpec {
     pub entries: Vec<ParamEntry>,
     /// Tied names (each group one tensor).
     pub aliases: Vec<Vec<String>>,
+    /// Tied names a checkpoint of the module does not hold (see
+    /// [`ReferenceOutputs::unsaved`](crate::answers::live::ReferenceOutputs::unsaved)).
+    pub unsaved: Vec<String>,
 }
 
 fn f64_of(v: &Json, key: &str) -> Result<f64, String> {
@@ -147,7 +150,11 @@ impl ParamSpec {
             .as_array()
             .map(|groups| groups.iter().map(wire::strings).collect::<Vec<_>>())
             .unwrap_or_default();
-        Ok(ParamSpec { entries, aliases })
+        Ok(ParamSpec {
+            entries,
+            aliases,
+            unsaved: wire::strings(&v["unsaved"]),
+        })
     }
 
     /// The spec as JSON, its integer values added to `table` (for the golden store).
@@ -178,7 +185,12 @@ impl ParamSpec {
                 j
             })
             .collect();
-        json!({"entries": entries, "aliases": self.aliases})
+        let mut spec = json!({"entries": entries, "aliases": self.aliases});
+        // Only when there are some: the stores of every other module stay what they were.
+        if !self.unsaved.is_empty() {
+            spec["unsaved"] = json!(self.unsaved);
+        }
+        spec
     }
 
     /// The names tied to `name` (itself first), or just `name`.
@@ -331,6 +343,16 @@ pub enum ParamIssue {
         /// Its shape.
         shape: Vec<usize>,
     },
+    /// The port reads a name of a tied tensor that a checkpoint of the module does not hold
+    /// (`lm_head.weight`, which `save_pretrained` leaves out where the configuration ties it to
+    /// the embedding): it would not load from a real checkpoint, and as a separate weight it is
+    /// another model than the reference's.
+    Unsaved {
+        /// The name the port reads.
+        name: String,
+        /// The name of the same tensor a checkpoint holds.
+        saved: String,
+    },
 }
 
 impl fmt::Display for ParamIssue {
@@ -390,6 +412,14 @@ impl fmt::Display for ParamIssue {
                 }
                 Ok(())
             }
+            ParamIssue::Unsaved { name, saved } => write!(
+                f,
+                "the port reads `{name}`, which the reference module ties to `{saved}` (one \
+                 tensor, in this configuration): a checkpoint of it (save_pretrained) holds only \
+                 `{saved}`, so the port would not load one, and its own `{name}` would be another \
+                 weight than the reference's — where the configuration ties them (e.g. \
+                 tie_word_embeddings), use `{saved}` (candle: the embedding's weight as the LM head)"
+            ),
             ParamIssue::Unused { name, shape } => {
                 write!(
                     f,
@@ -419,6 +449,8 @@ struct Tracked {
     /// Groups of served names that are one tensor.
     aliases: Vec<Vec<String>>,
     reads: Mutex<BTreeSet<String>>,
+    /// The names the port asked for itself (`reads` adds the other names of a tied group).
+    asked: Mutex<BTreeSet<String>>,
     issues: Mutex<Vec<ParamIssue>>,
 }
 
@@ -468,6 +500,7 @@ impl Tracked {
                 return Err(candle_core::Error::Msg(format!("golden: {msg}")));
             }
         }
+        self.asked.lock().unwrap().insert(name.to_string());
         let mut reads = self.reads.lock().unwrap();
         reads.insert(name.to_string());
         // Reading one name of a tied group reads the tensor every name of it stands for.
@@ -625,6 +658,7 @@ impl StateDict {
                     .collect(),
                 aliases,
                 reads: Mutex::new(BTreeSet::new()),
+                asked: Mutex::new(BTreeSet::new()),
                 issues: Mutex::new(Vec::new()),
             }),
             dtype,
@@ -635,7 +669,8 @@ impl StateDict {
     /// A checkpoint's state (`id`: its resolved state's, `answers/checkpoint.rs`) served as plain
     /// tensors, made once per process and dtype and shared by every case: a forward check reads
     /// them and never trains them, so no case copies them (a whole model's checkpoint is gigabytes).
-    /// The checkpoint's mapped pages are given back once they are copied.
+    /// The caller gives the checkpoint's mapped pages back once they are copied
+    /// (`answers::checkpoint::release_all`).
     pub fn shared(
         id: u64,
         entries: &[(String, HostTensor)],
@@ -672,7 +707,6 @@ impl StateDict {
                 }
             }
         };
-        crate::answers::checkpoint::release_all();
         let names: Vec<String> = entries.iter().map(|(n, _)| n.clone()).collect();
         let served = |n: &str| renamed(n, rename);
         let aliases: Vec<Vec<String>> = aliases
@@ -700,6 +734,7 @@ impl StateDict {
                     .collect(),
                 aliases,
                 reads: Mutex::new(BTreeSet::new()),
+                asked: Mutex::new(BTreeSet::new()),
                 issues: Mutex::new(Vec::new()),
             }),
             dtype,
@@ -758,6 +793,34 @@ impl StateDict {
     /// Problems met while the port built itself (missing names, wrong shapes).
     pub fn request_issues(&self) -> Vec<ParamIssue> {
         self.inner.issues.lock().unwrap().clone()
+    }
+
+    /// Names the port read that a checkpoint of the module does not hold (`unsaved`, the
+    /// reference's names), each with the name of its tensor that one does.
+    pub fn unsaved_reads(&self, unsaved: &[String]) -> Vec<ParamIssue> {
+        let asked = self.inner.asked.lock().unwrap();
+        let served = |n: &str| {
+            self.inner
+                .renamed
+                .iter()
+                .find(|(_, reference)| reference.as_str() == n)
+                .map_or(n.to_string(), |(port, _)| port.clone())
+        };
+        unsaved
+            .iter()
+            .map(|n| served(n))
+            .filter(|n| asked.contains(n))
+            .filter_map(|n| {
+                let group = self.inner.aliases.iter().find(|g| g.contains(&n))?;
+                let saved = group
+                    .iter()
+                    .find(|m| !unsaved.iter().any(|u| served(u) == **m))?;
+                Some(ParamIssue::Unsaved {
+                    name: n.clone(),
+                    saved: saved.clone(),
+                })
+            })
+            .collect()
     }
 
     /// Entries the port never read, in state_dict order (a tied group once, by its first name).

@@ -286,7 +286,7 @@ impl Source {
         if layer.form != Form::Module || layer.params == Params::Init {
             return Ok(None);
         }
-        let layer = &*layer.for_case(&params.dims);
+        let layer = &*params.layer(layer);
         let spec = self.spec(layer, dtype)?;
         let state = match &layer.params {
             Params::Weights(_) => ModuleState::Checkpoint(
@@ -353,7 +353,7 @@ impl Source {
         params: &CaseParams,
         request: &Request<'_>,
     ) -> Answer {
-        let layer = &*layer.for_case(&params.dims);
+        let layer = &*params.layer(layer);
         let during = || format!("running `{}` on {params}", layer.reference);
         let state = match self.state(layer, dtype, params) {
             Ok(s) => s,
@@ -436,6 +436,7 @@ impl Source {
                         },
                     }
                     outputs.aliases = spec.aliases.clone();
+                    outputs.unsaved = spec.unsaved.clone();
                     outputs.buffers = spec
                         .entries
                         .iter()
@@ -483,7 +484,7 @@ impl Source {
     ) -> Option<Result<Vec<VariantOutputs>, WorkerError>> {
         let live = self.live()?;
         let plan = params.plan(layer);
-        let layer = &*layer.for_case(&params.dims);
+        let layer = &*params.layer(layer);
         let state = match self.state(layer, dtype, params) {
             Ok(s) => s,
             Err(e) => return Some(Err(e)),
@@ -538,7 +539,7 @@ impl Source {
         let entries = &recording.borrow().entries;
         // One parameter list needs no key (every case is built alike): the store reads as before.
         let specs: Vec<(Option<String>, ParamSpec)> = match &self.spec.borrow()[..] {
-            [(_, one)] if !layer.values_mention_dims() => vec![(None, one.clone())],
+            [(_, one)] if !layer.values_vary() => vec![(None, one.clone())],
             all => all
                 .iter()
                 .map(|(k, s)| (Some(k.clone()), s.clone()))

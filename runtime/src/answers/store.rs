@@ -488,7 +488,11 @@ pub fn save(
             if let Some(p) = &o.precise {
                 fields.insert("precise".into(), named_json(p, &mut table));
             }
-            for (key, list) in [("buffers", &o.buffers), ("mutated", &o.mutated)] {
+            for (key, list) in [
+                ("buffers", &o.buffers),
+                ("unsaved", &o.unsaved),
+                ("mutated", &o.mutated),
+            ] {
                 if !list.is_empty() {
                     fields.insert(key.into(), json!(list));
                 }
@@ -636,6 +640,7 @@ impl Store {
                         s => named(s)?,
                     },
                     buffers: wire::strings(&e["buffers"]),
+                    unsaved: wire::strings(&e["unsaved"]),
                     aliases: e["aliases"]
                         .as_array()
                         .map(|g| g.iter().map(wire::strings).collect())

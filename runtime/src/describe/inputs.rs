@@ -9,7 +9,7 @@
 //! edge values must not leave.
 
 pub use crate::describe::hash::fnv1a;
-use crate::describe::layer::{ArgSpec, Bound, DimExpr, Dist, Layer};
+use crate::describe::layer::{ArgSpec, Bound, DimExpr, Dist, Layer, Pick, Value};
 pub use crate::describe::rng::Rng;
 use crate::describe::schedule::{self, Padding, Steps};
 use candle_core::DType;
@@ -32,17 +32,23 @@ pub enum Style {
     Large,
     /// Drawn from special values: 0, ±0.001, ±0.25, ±0.5, ±1, ±π/2, ±π, ±10, ±100.
     Special,
+    /// Real activation magnitudes: declared × 300 (hundreds, a thousand at the tails), and along
+    /// the last axis one channel in sixteen an outlier × 10 more (thousands), as residual streams
+    /// of trained models carry them. Drawn only by forward checks in f16/bf16, where such
+    /// magnitudes are what a missing upcast meets (`x²` overflows f16 from |x| = 256).
+    Activations,
 }
 
 impl Style {
     /// All styles, in shrinking order (simplest first).
-    pub const ALL: [Style; 6] = [
+    pub const ALL: [Style; 7] = [
         Style::Zeros,
         Style::Round,
         Style::Declared,
         Style::Tiny,
         Style::Large,
         Style::Special,
+        Style::Activations,
     ];
 
     /// Its short name in `GOLDEN_CASE` (`zeros`, `round`, `declared`, `tiny`, `large`, `special`).
@@ -54,6 +60,7 @@ impl Style {
             Style::Tiny => "tiny",
             Style::Large => "large",
             Style::Special => "special",
+            Style::Activations => "activations",
         }
     }
 
@@ -66,6 +73,7 @@ impl Style {
             Style::Tiny => "tiny (x1e-3)",
             Style::Large => "large (x100)",
             Style::Special => "special values",
+            Style::Activations => "activations (x300, outlier channels x3000)",
         }
     }
 }
@@ -81,9 +89,18 @@ pub struct CaseParams {
     pub style: Style,
     /// A check with `decode(...)`: the schedule this case drives the module through.
     pub steps: Option<Steps>,
+    /// A check with swept values (`one_of(...)`, `lo..=hi`): the configuration this case drew
+    /// (`describe/sweep.rs`), in [`Layer::sweeps`]'s order; empty without sweeps.
+    pub config: Vec<Pick>,
 }
 
 impl CaseParams {
+    /// The layer as this case sees it: its configuration picked and its dims resolved
+    /// ([`Layer::for_case`]).
+    pub fn layer<'a>(&self, layer: &'a Layer) -> std::borrow::Cow<'a, Layer> {
+        layer.for_case(&self.dims, &self.config)
+    }
+
     /// The value of a dim.
     pub fn dim(&self, name: &str) -> Option<usize> {
         self.dims.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
@@ -117,9 +134,15 @@ impl CaseParams {
     }
 
     /// The case as `GOLDEN_CASE` takes it: `b=1,n=1:round:0x4934c9de9c8e41db` (a schedule's
-    /// parts follow the dims: `b=1,n=4,steps=3+1:...`).
+    /// parts follow the dims: `b=1,n=4,steps=3+1:...`; a swept value's pick too:
+    /// `b=1,softcap=30.0:...`, or `head_dim=#1` for an alternative that is no plain token).
     pub fn token(&self) -> String {
         let mut dims: Vec<String> = self.dims.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        dims.extend(
+            self.config
+                .iter()
+                .map(|p| format!("{}={}", p.field, p.token())),
+        );
         // A step loop's steps are its dim's value: nothing more to say.
         dims.extend(self.steps.as_ref().filter(|s| !s.looped).map(Steps::token));
         format!(
@@ -146,6 +169,7 @@ impl CaseParams {
             ));
         };
         let mut values: Vec<(String, usize)> = Vec::new();
+        let mut picks: Vec<Pick> = Vec::new();
         let mut steps = Steps {
             chunks: Vec::new(),
             padding: Padding::None,
@@ -158,6 +182,13 @@ impl CaseParams {
                 .ok_or_else(|| bad("a dim without `=`"))?;
             let name = name.trim();
             if layer.decode.is_some() && steps.parse_part(name, value).map_err(|e| bad(&e))? {
+                continue;
+            }
+            if let Some((_, swept)) = layer.sweeps().into_iter().find(|(k, _)| *k == name) {
+                if picks.iter().any(|p: &Pick| p.field == name) {
+                    return Err(bad(&format!("`{name}` is given twice")));
+                }
+                picks.push(parse_pick(layer, name, swept, value.trim()).map_err(|e| bad(&e))?);
                 continue;
             }
             let Some(spec) = layer.dims.iter().find(|d| d.name == name) else {
@@ -200,6 +231,21 @@ impl CaseParams {
                     .ok_or_else(|| bad(&format!("dim `{}` is missing", d.name)))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let config = layer
+            .sweeps()
+            .into_iter()
+            .map(|(field, _)| {
+                picks
+                    .iter()
+                    .find(|p| p.field == field)
+                    .cloned()
+                    .ok_or_else(|| {
+                        bad(&format!(
+                            "the swept value `{field}` is missing (the configuration the case drew)"
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let style = Style::ALL
             .into_iter()
             .find(|s| s.token() == style)
@@ -211,6 +257,7 @@ impl CaseParams {
             seed,
             style,
             steps: None,
+            config,
         };
         case.steps = loop_steps(layer, &case.dims);
         if let Some((arg, axis)) = layer.scheduled_arg() {
@@ -269,6 +316,36 @@ impl CaseParams {
     }
 }
 
+/// A swept value's pick as `GOLDEN_CASE` writes it: `#<index>`, or the alternative as written
+/// (`30.0`, `None`), or for `lo..=hi` the number.
+fn parse_pick(layer: &Layer, field: &str, swept: &Value, text: &str) -> Result<Pick, String> {
+    let count = swept.alternatives();
+    let index = if let Some(i) = text.strip_prefix('#') {
+        i.parse::<usize>()
+            .ok()
+            .filter(|&i| i < count)
+            .ok_or_else(|| {
+                format!(
+                    "`{field}={text}`: `{field}` has alternatives #0 to #{}",
+                    count - 1
+                )
+            })?
+    } else if let Value::Range(lo, hi) = swept {
+        let v: i64 = text
+            .parse()
+            .map_err(|_| format!("`{field}={text}`: `{field}` is a whole number in {lo}..={hi}"))?;
+        if !(*lo..=*hi).contains(&v) {
+            return Err(format!("`{field}={v}` is outside its range {lo}..={hi}"));
+        }
+        (v - lo) as usize
+    } else {
+        (0..count)
+            .find(|&i| layer.pick(field, i).token() == text)
+            .ok_or_else(|| format!("`{field}={text}` is none of {swept}"))?
+    };
+    Ok(layer.pick(field, index))
+}
+
 impl fmt::Display for CaseParams {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("dims ")?;
@@ -284,6 +361,12 @@ impl fmt::Display for CaseParams {
         if let Some(steps) = &self.steps {
             write!(f, ", {steps}")?;
         }
+        if !self.config.is_empty() {
+            f.write_str(", config")?;
+            for pick in &self.config {
+                write!(f, " {pick}")?;
+            }
+        }
         write!(
             f,
             ", values {}, seed {:#018x}",
@@ -293,12 +376,47 @@ impl fmt::Display for CaseParams {
     }
 }
 
-/// The proptest strategy of a layer's cases.
+/// The proptest strategy of a layer's cases, for a check of `kind`.
 ///
 /// Each dim takes its lower bound or its upper bound one time in eight each, so that a batch of one
 /// and the largest size come up in every run; otherwise uniform. The seed does not shrink (a smaller
-/// seed is not a simpler case); dims and style do.
+/// seed is not a simpler case); dims and style do. A forward check in f16/bf16 also draws real
+/// activation magnitudes ([`Style::Activations`]). A check with swept values also draws a
+/// configuration per case ([`sweep`](crate::describe::sweep)): the plan's rows in order, after the
+/// first `replayed` cases (proptest's regression seeds, which it runs first).
+pub fn case_strategy_for(
+    layer: &Layer,
+    kind: crate::describe::checks::Kind,
+    replayed: usize,
+) -> BoxedStrategy<CaseParams> {
+    let base = base_strategy(layer, draws_activations(layer, kind));
+    if layer.sweeps().is_empty() {
+        return base;
+    }
+    (crate::describe::sweep::strategy(layer, replayed), base)
+        .prop_map(|(config, case)| CaseParams { config, ..case })
+        .boxed()
+}
+
+/// The forward check's strategy, with no regression seeds replayed first.
 pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
+    case_strategy_for(layer, crate::describe::checks::Kind::Forward, 0)
+}
+
+/// Whether a check draws [`Style::Activations`]: a forward check with f16 or bf16 among its
+/// dtypes. Only those: every other check keeps the cases (and stores, and snapshots) it had.
+pub fn draws_activations(layer: &Layer, kind: crate::describe::checks::Kind) -> bool {
+    kind == crate::describe::checks::Kind::Forward
+        && layer
+            .dtypes
+            .iter()
+            .any(|d| matches!(d, DType::F16 | DType::BF16))
+}
+
+/// The cases without their configuration: the strategy every check without swept values has
+/// always had (so their cases, stores and snapshots stay what they were), with real activation
+/// magnitudes among the styles when `activations`.
+fn base_strategy(layer: &Layer, activations: bool) -> BoxedStrategy<CaseParams> {
     // A schedule's sequence is drawn around its window, when it has one and its length is a dim.
     let window_dim = layer.window().and_then(|w| {
         let (arg, axis) = layer.scheduled_arg()?;
@@ -329,14 +447,28 @@ pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
             drawn.prop_map(move |v| (name.clone(), v)).boxed()
         })
         .collect();
-    let style = prop_oneof![
-        1 => Just(Style::Zeros),
-        2 => Just(Style::Round),
-        16 => Just(Style::Declared),
-        4 => Just(Style::Tiny),
-        4 => Just(Style::Large),
-        3 => Just(Style::Special),
-    ];
+    let style = if activations {
+        prop_oneof![
+            1 => Just(Style::Zeros),
+            2 => Just(Style::Round),
+            16 => Just(Style::Declared),
+            4 => Just(Style::Tiny),
+            4 => Just(Style::Large),
+            3 => Just(Style::Special),
+            6 => Just(Style::Activations),
+        ]
+        .boxed()
+    } else {
+        prop_oneof![
+            1 => Just(Style::Zeros),
+            2 => Just(Style::Round),
+            16 => Just(Style::Declared),
+            4 => Just(Style::Tiny),
+            4 => Just(Style::Large),
+            3 => Just(Style::Special),
+        ]
+        .boxed()
+    };
     let Some((arg, axis)) = layer.scheduled_arg() else {
         let layer = layer.clone();
         return (dims, any::<u64>().no_shrink(), style)
@@ -345,6 +477,7 @@ pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
                 dims,
                 seed,
                 style,
+                config: Vec::new(),
             })
             .boxed();
     };
@@ -358,6 +491,7 @@ pub fn case_strategy(layer: &Layer) -> BoxedStrategy<CaseParams> {
                 seed,
                 style,
                 steps: None,
+                config: Vec::new(),
             };
             let len = case.shape(&spec)[axis];
             (Just(case), schedule::strategy(&decode, len))
@@ -434,6 +568,18 @@ const SPECIAL: [f64; 9] = [
     100.0,
 ];
 
+/// The outlier channels of [`Style::Activations`] along a last axis of `len`: one in sixteen,
+/// at least one when there are four or more, drawn from the case's seed.
+fn outlier_channels(seed: u64, arg: &str, len: usize) -> Vec<usize> {
+    if len < 4 {
+        return Vec::new();
+    }
+    let mut rng = Rng::new(seed, &format!("{arg}.outliers"));
+    (0..len.div_ceil(16))
+        .map(|_| rng.below(len as u64) as usize)
+        .collect()
+}
+
 /// The values of one argument in one case, as f64 before rounding to the dtype.
 fn float_values(arg: &ArgSpec, n: usize, case: &CaseParams) -> Vec<f64> {
     let mut rng = Rng::new(case.seed, &arg.name);
@@ -447,6 +593,20 @@ fn float_values(arg: &ArgSpec, n: usize, case: &CaseParams) -> Vec<f64> {
                 Style::Tiny => z.iter().map(|z| (mean + std * z) * 1e-3).collect(),
                 Style::Large => z.iter().map(|z| (mean + std * z) * 100.0).collect(),
                 Style::Round => z.iter().map(|z| (mean + 2.0 * std * z).round()).collect(),
+                Style::Activations => {
+                    let last = match arg.shape.last() {
+                        Some(_) => *case.shape(arg).last().unwrap_or(&1),
+                        None => 1,
+                    };
+                    let outliers = outlier_channels(case.seed, &arg.name, last);
+                    z.iter()
+                        .enumerate()
+                        .map(|(i, z)| {
+                            let outlier = outliers.contains(&(i % last.max(1)));
+                            (mean + std * z) * if outlier { 3000.0 } else { 300.0 }
+                        })
+                        .collect()
+                }
                 Style::Special => (0..n)
                     .map(|_| {
                         let v = SPECIAL[rng.below(SPECIAL.len() as u64) as usize];
@@ -459,7 +619,9 @@ fn float_values(arg: &ArgSpec, n: usize, case: &CaseParams) -> Vec<f64> {
                     .collect(),
             }
         }
-        Dist::Int { .. } | Dist::Bool => unreachable!("not a float distribution"),
+        Dist::Int { .. } | Dist::Bool | Dist::Positions { .. } => {
+            unreachable!("not a float distribution")
+        }
     }
 }
 
@@ -488,7 +650,30 @@ pub fn make_args(
     layer
         .args
         .iter()
-        .map(|a| make_arg(a, case, dtype))
+        .map(|a| match &a.dist {
+            // Positions up to the configuration's number of positions, as this case resolves it.
+            Dist::Positions { max: None } => {
+                let max = case
+                    .layer(layer)
+                    .max_positions()
+                    .and_then(Value::as_int)
+                    .ok_or_else(|| {
+                        format!(
+                            "argument `{}` ~ positions: the configuration's \
+                             max_position_embeddings is not a number in this case ({case})",
+                            a.name
+                        )
+                    })?;
+                let resolved = ArgSpec {
+                    dist: Dist::Positions {
+                        max: Some(Bound::Lit(max)),
+                    },
+                    ..a.clone()
+                };
+                make_arg(&resolved, case, dtype)
+            }
+            _ => make_arg(a, case, dtype),
+        })
         .collect()
 }
 
@@ -575,6 +760,7 @@ pub fn largest_case_fits(layer: &Layer) -> Result<(), String> {
         seed: 0,
         style: Style::Declared,
         steps: None,
+        config: Vec::new(),
     };
     let sizes: Vec<u128> = layer
         .args
@@ -626,6 +812,38 @@ pub fn make_arg(arg: &ArgSpec, case: &CaseParams, dtype: DType) -> Result<HostTe
                 data: data.into(),
             })
         }
+        Dist::Positions { max } => {
+            let max = max.as_ref().map(|m| case.bound(m)).ok_or_else(|| {
+                format!(
+                    "argument `{}` ~ positions has no maximum (the layer's configuration gives it)",
+                    arg.name
+                )
+            })?;
+            let len = *shape.last().unwrap_or(&1);
+            if (max as u128) < len as u128 || max <= 0 {
+                return Err(format!(
+                    "argument `{}` ~ positions: {len} distinct positions do not fit below {max} in \
+                     this case ({case})",
+                    arg.name
+                ));
+            }
+            let rows = n.checked_div(len).unwrap_or(0);
+            let mut rng = Rng::new(case.seed, &arg.name);
+            let mut data: Vec<u8> = Vec::with_capacity(n * 8);
+            for _ in 0..rows {
+                let row = if matches!(case.style, Style::Zeros | Style::Round) {
+                    (0..len as i64).collect()
+                } else {
+                    sparse_positions(&mut rng, len, max)
+                };
+                data.extend(row.iter().flat_map(|p| p.to_le_bytes()));
+            }
+            Ok(HostTensor {
+                dtype: WireDType::I64,
+                shape,
+                data: data.into(),
+            })
+        }
         Dist::Bool => {
             let mut rng = Rng::new(case.seed, &arg.name);
             let data: Vec<u8> = (0..n).map(|_| (rng.next_u64() >> 63) as u8).collect();
@@ -636,6 +854,29 @@ pub fn make_arg(arg: &ArgSpec, case: &CaseParams, dtype: DType) -> Result<HostTe
             })
         }
     }
+}
+
+/// `len` sorted, distinct positions below `max`: log-uniform (as many short as long ones), the last
+/// in the top half `[max/2, max)` when there are two or more, so that every row reaches far.
+fn sparse_positions(rng: &mut Rng, len: usize, max: i64) -> Vec<i64> {
+    let mut set = std::collections::BTreeSet::new();
+    if len >= 2 {
+        set.insert(max / 2 + rng.below((max - max / 2) as u64) as i64);
+    }
+    let log_max = (max as f64).ln();
+    let mut tries = 0;
+    while set.len() < len && tries < 64 * len {
+        tries += 1;
+        let p = ((rng.unit() * log_max).exp() - 1.0).floor() as i64;
+        set.insert(p.clamp(0, max - 1));
+    }
+    // A dense corner (len close to max): fill with the smallest free positions.
+    let mut next = 0;
+    while set.len() < len {
+        set.insert(next);
+        next += 1;
+    }
+    set.into_iter().collect()
 }
 
 /// Round f64 values to a float dtype's bytes.
@@ -668,6 +909,7 @@ mod tests {
             seed,
             style,
             steps: None,
+            config: Vec::new(),
         }
     }
 
@@ -734,6 +976,65 @@ mod tests {
             let err = CaseParams::parse(token, &layer()).unwrap_err();
             assert!(err.contains(why), "{token}: {err}");
         }
+    }
+
+    #[test]
+    fn positions_are_long_and_sparse_except_in_the_simple_styles() {
+        let arg = ArgSpec {
+            name: "position_ids".into(),
+            shape: vec!["b".into(), "d".into()],
+            dist: Dist::Positions {
+                max: Some(Bound::Lit(4096)),
+            },
+        };
+        for seed in 0..20 {
+            let ids = make_arg(&arg, &case(seed, Style::Declared), DType::F32)
+                .unwrap()
+                .to_i64();
+            for row in ids.chunks(5) {
+                assert!(row.windows(2).all(|w| w[0] < w[1]), "{row:?}");
+                assert!(row.iter().all(|&p| (0..4096).contains(&p)), "{row:?}");
+                assert!(row[4] >= 2048, "the last reaches the top half: {row:?}");
+            }
+        }
+        let simple = make_arg(&arg, &case(3, Style::Zeros), DType::F32)
+            .unwrap()
+            .to_i64();
+        assert_eq!(&simple[..5], &[0, 1, 2, 3, 4]);
+        // More positions than there are: said, not drawn.
+        let tight = ArgSpec {
+            dist: Dist::Positions {
+                max: Some(Bound::Lit(4)),
+            },
+            ..arg
+        };
+        let err = make_arg(&tight, &case(0, Style::Declared), DType::F32).unwrap_err();
+        assert!(
+            err.contains("5 distinct positions do not fit below 4"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn activations_reach_hundreds_and_their_outlier_channels_thousands() {
+        let layer = layer();
+        let x = make_arg(&layer.args[0], &case(5, Style::Activations), DType::F64)
+            .unwrap()
+            .to_f64();
+        let max = x.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let median = {
+            let mut a: Vec<f64> = x.iter().map(|v| v.abs()).collect();
+            a.sort_by(f64::total_cmp);
+            a[a.len() / 2]
+        };
+        assert!(median > 50.0 && median < 1000.0, "{median}");
+        assert!(max > 1000.0, "{max}");
+        // Only forward checks in f16/bf16 draw them.
+        use crate::describe::checks::Kind;
+        assert!(!draws_activations(&layer, Kind::Forward));
+        let half = layer.clone().dtypes(&[DType::F32, DType::BF16]);
+        assert!(draws_activations(&half, Kind::Forward));
+        assert!(!draws_activations(&half, Kind::Gradients));
     }
 
     #[test]

@@ -147,6 +147,16 @@ pub enum Dist {
     },
     /// Booleans (a u8 tensor of 0/1 in candle, `torch.bool` in the reference).
     Bool,
+    /// Position ids (an i64 tensor, positions along the last axis): `0..t` for the simple value
+    /// styles (zeros, round), and otherwise sparse and long — sorted, distinct, drawn
+    /// log-uniformly below `max` with the last of each row in its top half — so that what only
+    /// shows far into a sequence (a rotary table built in bf16, wrong past 256) shows without a
+    /// long sequence. `max` is the module's `max_position_embeddings` (or `n_positions`) of
+    /// `config`/`init` when not given.
+    Positions {
+        /// The number of positions; `None`: the configuration's.
+        max: Option<Bound>,
+    },
 }
 
 impl Dist {
@@ -184,6 +194,8 @@ impl fmt::Display for Dist {
             Dist::Uniform { lo, hi } => write!(f, "uniform({lo:?}, {hi:?})"),
             Dist::Int { lo, hi } => write!(f, "int({lo}..{hi})"),
             Dist::Bool => f.write_str("bool"),
+            Dist::Positions { max: None } => f.write_str("positions"),
+            Dist::Positions { max: Some(max) } => write!(f, "positions({max})"),
         }
     }
 }
@@ -217,6 +229,10 @@ pub enum DimValue {
     Sub(Box<DimValue>, Box<DimValue>),
     /// A product.
     Mul(Box<DimValue>, Box<DimValue>),
+    /// A quotient, rounded toward zero as Rust's and Python's `//` on non-negative sizes
+    /// (`hidden / heads`); a division by zero is 0 ([`Layer`]'s validation rejects a divisor that
+    /// can be 0).
+    Div(Box<DimValue>, Box<DimValue>),
 }
 
 impl DimValue {
@@ -237,6 +253,7 @@ impl DimValue {
             DimValue::Add(a, b) => a.eval(dims).saturating_add(b.eval(dims)),
             DimValue::Sub(a, b) => a.eval(dims).saturating_sub(b.eval(dims)),
             DimValue::Mul(a, b) => a.eval(dims).saturating_mul(b.eval(dims)),
+            DimValue::Div(a, b) => a.eval(dims).checked_div(b.eval(dims)).unwrap_or(0),
         }
     }
 
@@ -245,7 +262,10 @@ impl DimValue {
         match self {
             DimValue::Dim(d) => vec![d.as_str()],
             DimValue::Lit(_) => Vec::new(),
-            DimValue::Add(a, b) | DimValue::Sub(a, b) | DimValue::Mul(a, b) => {
+            DimValue::Add(a, b)
+            | DimValue::Sub(a, b)
+            | DimValue::Mul(a, b)
+            | DimValue::Div(a, b) => {
                 let mut out = a.dims();
                 out.extend(b.dims());
                 out
@@ -257,7 +277,7 @@ impl DimValue {
     fn precedence(&self) -> u8 {
         match self {
             DimValue::Add(..) | DimValue::Sub(..) => 0,
-            DimValue::Mul(..) => 1,
+            DimValue::Mul(..) | DimValue::Div(..) => 1,
             _ => 2,
         }
     }
@@ -290,6 +310,11 @@ impl fmt::Display for DimValue {
                 f.write_str(" * ")?;
                 operand(f, b, 2)
             }
+            DimValue::Div(a, b) => {
+                operand(f, a, 1)?;
+                f.write_str(" / ")?;
+                operand(f, b, 2)
+            }
         }
     }
 }
@@ -315,6 +340,11 @@ pub enum Value {
     /// An integer computed from the case's dims (`hidden_size = d`), resolved per case
     /// ([`Value::resolve`]).
     Dims(DimValue),
+    /// A configuration sweep: one of these values, drawn per case (`one_of(None, 30.0)`); the first
+    /// is where shrinking goes. Only at the top of a value (not inside a list or a dict).
+    OneOf(Vec<Value>),
+    /// A configuration sweep over the integers `lo..=hi`, drawn per case; shrinking goes to `lo`.
+    Range(i64, i64),
 }
 
 impl Value {
@@ -323,30 +353,113 @@ impl Value {
         Value::Dims(DimValue::dim(name))
     }
 
-    /// Whether the value depends on the case's dims (anywhere inside it).
+    /// `one_of(...)` of these values (`Value::one_of([Value::None, 30.0.into()])`).
+    pub fn one_of(values: impl IntoIterator<Item = Value>) -> Self {
+        Value::OneOf(values.into_iter().collect())
+    }
+
+    /// The integer, if it is one (a port reading its case's values: `i.value("head_dim")`).
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// The number, if it is one (an integer too).
+    pub fn as_float(&self) -> Option<f64> {
+        match self {
+            Value::Float(x) => Some(*x),
+            Value::Int(n) => Some(*n as f64),
+            _ => None,
+        }
+    }
+
+    /// The bool, if it is one.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    /// Whether the value depends on the case's dims (anywhere inside it, a sweep's alternatives
+    /// included).
     pub fn mentions_dims(&self) -> bool {
         match self {
             Value::Dims(_) => true,
-            Value::List(items) => items.iter().any(Value::mentions_dims),
+            Value::List(items) | Value::OneOf(items) => items.iter().any(Value::mentions_dims),
             Value::Dict(items) => items.iter().any(|(_, v)| v.mentions_dims()),
             _ => false,
         }
+    }
+
+    /// Whether the value is drawn per case (`one_of(...)`, `lo..=hi`).
+    pub fn is_swept(&self) -> bool {
+        matches!(self, Value::OneOf(_) | Value::Range(..))
+    }
+
+    /// How many values a sweep draws from (1 for a value that is not swept).
+    pub fn alternatives(&self) -> usize {
+        match self {
+            Value::OneOf(items) => items.len(),
+            Value::Range(lo, hi) => {
+                usize::try_from(hi.saturating_sub(*lo)).map_or(usize::MAX, |n| n.saturating_add(1))
+            }
+            _ => 1,
+        }
+    }
+
+    /// A sweep's `index`-th value (as written: dims unresolved); the value itself when it is not
+    /// swept.
+    pub fn alternative(&self, index: usize) -> Value {
+        match self {
+            Value::OneOf(items) => items
+                .get(index)
+                .or(items.last())
+                .cloned()
+                .unwrap_or(Value::None),
+            Value::Range(lo, hi) => Value::Int(
+                lo.saturating_add(i64::try_from(index).unwrap_or(i64::MAX))
+                    .min(*hi),
+            ),
+            other => other.clone(),
+        }
+    }
+
+    /// The value of keyword `field` in a case with these dims and picks: a sweep's drawn
+    /// alternative, and dims resolved.
+    pub fn in_case(&self, field: &str, dims: &[(String, usize)], picks: &[Pick]) -> Value {
+        let value = if self.is_swept() {
+            let index = picks
+                .iter()
+                .find(|p| p.field == field)
+                .map_or(0, |p| p.index);
+            self.alternative(index)
+        } else {
+            self.clone()
+        };
+        value.resolve(dims)
     }
 
     /// The dims it names, in order of appearance.
     pub fn dims(&self) -> Vec<&str> {
         match self {
             Value::Dims(e) => e.dims(),
-            Value::List(items) => items.iter().flat_map(Value::dims).collect(),
+            Value::List(items) | Value::OneOf(items) => {
+                items.iter().flat_map(Value::dims).collect()
+            }
             Value::Dict(items) => items.iter().flat_map(|(_, v)| v.dims()).collect(),
             _ => Vec::new(),
         }
     }
 
-    /// The value in a case with these dims: every [`Value::Dims`] becomes its integer.
+    /// The value in a case with these dims: every [`Value::Dims`] becomes its integer (a sweep
+    /// stays a sweep: [`Layer::for_case`] picks its alternative first).
     pub fn resolve(&self, dims: &[(String, usize)]) -> Value {
         match self {
             Value::Dims(e) => Value::Int(e.eval(dims)),
+            Value::OneOf(items) => Value::OneOf(items.iter().map(|v| v.resolve(dims)).collect()),
             Value::List(items) => Value::List(items.iter().map(|v| v.resolve(dims)).collect()),
             Value::Dict(items) => Value::Dict(
                 items
@@ -377,6 +490,7 @@ impl Value {
             ),
             Value::None => serde_json::Value::Null,
             Value::Dims(e) => serde_json::Value::from(e.to_string()),
+            Value::OneOf(_) | Value::Range(..) => serde_json::Value::from(self.to_string()),
         }
     }
 }
@@ -410,7 +524,53 @@ impl fmt::Display for Value {
             }
             Value::None => f.write_str("None"),
             Value::Dims(e) => write!(f, "{e}"),
+            Value::OneOf(items) => {
+                f.write_str("one_of(")?;
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                f.write_str(")")
+            }
+            Value::Range(lo, hi) => write!(f, "{lo}..={hi}"),
         }
+    }
+}
+
+/// What a case drew for one swept value (`consts`, `init` or `config` value written `one_of(...)`
+/// or `lo..=hi`): the alternative's index, and the alternative as written, for people to read.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Pick {
+    /// The keyword (`softcap`, `head_dim`).
+    pub field: String,
+    /// Which alternative (0 is the first, where shrinking goes); for `lo..=hi`, the value − lo.
+    pub index: usize,
+    /// The alternative as written (`30.0`, `2 * d / h`, `None`).
+    pub shown: String,
+}
+
+impl Pick {
+    /// The alternative as `GOLDEN_CASE` writes it: as written when that is a plain token (a
+    /// number, a bool, `None`, a short string), else `#<index>`.
+    pub fn token(&self) -> String {
+        let plain = !self.shown.is_empty()
+            && self
+                .shown
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-+\"".contains(c));
+        if plain {
+            self.shown.clone()
+        } else {
+            format!("#{}", self.index)
+        }
+    }
+}
+
+impl fmt::Display for Pick {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.field, self.shown)
     }
 }
 
@@ -565,6 +725,9 @@ pub struct Layer {
     pub decode: Option<crate::describe::schedule::Decode>,
     /// Drive a step function through a loop of steps (`steps(...)`; see `describe/schedule.rs`).
     pub steps: Option<crate::describe::schedule::StepLoop>,
+    /// Properties of the port's outputs checked on every case (`invariants(out = [finite, ...])`;
+    /// see `describe/invariants.rs`), by leaf, in declaration order.
+    pub invariants: Vec<(String, Vec<crate::describe::invariants::Invariant>)>,
 }
 
 /// Where a module-form check's parameters come from.
@@ -644,6 +807,7 @@ impl Layer {
             rename: Vec::new(),
             decode: None,
             steps: None,
+            invariants: Vec::new(),
         }
     }
 
@@ -723,24 +887,65 @@ impl Layer {
 
     /// Whether a const, an init or a config value depends on the case's dims.
     pub fn values_mention_dims(&self) -> bool {
+        self.values().any(|(_, v)| v.mentions_dims())
+    }
+
+    /// Whether a const, an init or a config value changes from case to case: it depends on the
+    /// dims or is swept (`one_of(...)`, `lo..=hi`).
+    pub fn values_vary(&self) -> bool {
+        self.values()
+            .any(|(_, v)| v.mentions_dims() || v.is_swept())
+    }
+
+    /// Every const, init and config value, in that order (the order a Rust parameter of the same
+    /// name looks for its value in).
+    pub fn values(&self) -> impl Iterator<Item = (&String, &Value)> {
         self.consts
             .iter()
             .chain(&self.init)
             .chain(self.config.iter().flat_map(|c| &c.values))
-            .any(|(_, v)| v.mentions_dims())
+            .map(|(k, v)| (k, v))
     }
 
-    /// The layer as one case with these dims sees it: consts, init and config values resolved
-    /// ([`Value::resolve`]). Borrowed when no value depends on dims. Requests, store keys and
-    /// failure artifacts use it; the description keeps the values as written.
-    pub fn for_case(&self, dims: &[(String, usize)]) -> std::borrow::Cow<'_, Layer> {
-        if !self.values_mention_dims() {
+    /// The swept values (`one_of(...)`, `lo..=hi`), by keyword, in the order of [`Layer::values`]:
+    /// what each case draws a configuration of (see `describe/sweep.rs`).
+    pub fn sweeps(&self) -> Vec<(&str, &Value)> {
+        self.values()
+            .filter(|(_, v)| v.is_swept())
+            .map(|(k, v)| (k.as_str(), v))
+            .collect()
+    }
+
+    /// What a case drew for the swept value `field`: its `index`-th alternative.
+    pub fn pick(&self, field: &str, index: usize) -> Pick {
+        let shown = self
+            .values()
+            .find(|(k, v)| *k == field && v.is_swept())
+            .map(|(_, v)| v.alternative(index).to_string())
+            .unwrap_or_default();
+        Pick {
+            field: field.to_string(),
+            index,
+            shown,
+        }
+    }
+
+    /// The layer as one case sees it: every swept value its drawn alternative (`picks`), then
+    /// every value that depends on dims resolved ([`Value::resolve`]). Borrowed when no value
+    /// varies. Requests, store keys (so a store keys its answers by configuration), the module's
+    /// construction and failure artifacts use it; the description keeps the values as written.
+    pub fn for_case(
+        &self,
+        dims: &[(String, usize)],
+        picks: &[Pick],
+    ) -> std::borrow::Cow<'_, Layer> {
+        if !self.values_vary() {
             return std::borrow::Cow::Borrowed(self);
         }
         let resolve = |values: &[(String, Value)]| -> Vec<(String, Value)> {
             values
                 .iter()
-                .map(|(k, v)| (k.clone(), v.resolve(dims)))
+                .map(|(k, v)| (k.clone(), v.in_case(k, dims, picks)))
                 .collect()
         };
         let mut layer = self.clone();
@@ -848,6 +1053,20 @@ impl Layer {
         self
     }
 
+    /// Declare an invariant of the output leaf `leaf` (`out`, `out.0`, `out.logits`), checked on
+    /// the port's outputs on every case (`invariants(...)` in the attribute).
+    pub fn invariant(
+        mut self,
+        leaf: &str,
+        invariant: crate::describe::invariants::Invariant,
+    ) -> Self {
+        match self.invariants.iter_mut().find(|(l, _)| l == leaf) {
+            Some((_, list)) => list.push(invariant),
+            None => self.invariants.push((leaf.to_string(), vec![invariant])),
+        }
+        self
+    }
+
     /// A step loop's plan for the arguments: those whose first axis is the steps' dim are per
     /// step, and which are carried from which output.
     pub fn loop_plan(&self) -> Option<crate::describe::schedule::LoopPlan> {
@@ -898,6 +1117,17 @@ impl Layer {
                 _ => None,
             }
         })
+    }
+
+    /// The module's number of positions as its configuration gives it (`max_position_embeddings`,
+    /// or `n_positions`, in `config` or `init`), as written: a number, a dim or a sweep.
+    pub fn max_positions(&self) -> Option<&Value> {
+        self.config
+            .iter()
+            .flat_map(|c| &c.values)
+            .chain(&self.init)
+            .find(|(k, _)| k == "max_position_embeddings" || k == "n_positions")
+            .map(|(_, v)| v)
     }
 
     /// The index of the argument a schedule splits, and its sequence axis.
@@ -1054,11 +1284,27 @@ impl Layer {
         if let Some(steps) = &self.steps {
             let _ = writeln!(s, "steps: {steps}");
         }
+
         let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
         if self.trace {
             let _ = writeln!(s, "trace: the port's taps against every submodule's output");
         }
         s
+    }
+
+    /// The invariants' line of the forward check's description (`invariants: out = [finite]`);
+    /// `None` without invariants (the gradient and training checks do not check them, so their
+    /// descriptions do not name them).
+    pub fn invariants_line(&self) -> Option<String> {
+        if self.invariants.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = self
+            .invariants
+            .iter()
+            .map(|(leaf, i)| crate::describe::invariants::describe(leaf, i))
+            .collect();
+        Some(format!("invariants: {}\n", list.join(", ")))
     }
 
     /// The symbolic description of an argument, e.g. `x [b, t, d] ~ normal(0.0, 1.0)`.
@@ -1126,7 +1372,7 @@ impl Layer {
                         }
                     }
                 }
-                Dist::Int { .. } | Dist::Bool => {}
+                Dist::Int { .. } | Dist::Bool | Dist::Positions { .. } => {}
             }
         }
         if let Some(Tol { atol, rtol }) = self.tol {
@@ -1174,6 +1420,106 @@ impl Layer {
         Ok(())
     }
 
+    /// Swept values: well formed, each keyword swept once and no dim's name, no division by a dim
+    /// that can be 0, and enough cases to try every value.
+    fn validate_sweeps(&self) -> Result<(), String> {
+        fn zero_divisor<'a>(e: &'a DimValue, dims: &[DimSpec]) -> Option<&'a DimValue> {
+            match e {
+                DimValue::Div(a, b) => {
+                    let zero = match &**b {
+                        DimValue::Lit(0) => true,
+                        DimValue::Dim(d) => dims.iter().any(|s| &s.name == d && s.lo == 0),
+                        _ => false,
+                    };
+                    if zero {
+                        Some(b)
+                    } else {
+                        zero_divisor(a, dims).or_else(|| zero_divisor(b, dims))
+                    }
+                }
+                DimValue::Add(a, b) | DimValue::Sub(a, b) | DimValue::Mul(a, b) => {
+                    zero_divisor(a, dims).or_else(|| zero_divisor(b, dims))
+                }
+                _ => None,
+            }
+        }
+        fn exprs(v: &Value) -> Vec<&DimValue> {
+            match v {
+                Value::Dims(e) => vec![e],
+                Value::List(items) | Value::OneOf(items) => items.iter().flat_map(exprs).collect(),
+                Value::Dict(items) => items.iter().flat_map(|(_, v)| exprs(v)).collect(),
+                _ => Vec::new(),
+            }
+        }
+        fn nested(v: &Value) -> bool {
+            match v {
+                Value::OneOf(_) | Value::Range(..) => true,
+                Value::List(items) => items.iter().any(nested),
+                Value::Dict(items) => items.iter().any(|(_, v)| nested(v)),
+                _ => false,
+            }
+        }
+        for (name, value) in self.values() {
+            for e in exprs(value) {
+                if let Some(d) = zero_divisor(e, &self.dims) {
+                    return Err(format!(
+                        "`{name} = {value}` divides by `{d}`, which can be 0: start its range at 1"
+                    ));
+                }
+            }
+            let inner = match value {
+                Value::OneOf(items) => items.iter().any(nested),
+                other => nested(other) && !other.is_swept(),
+            };
+            if inner {
+                return Err(format!(
+                    "`{name} = {value}`: `one_of(...)` and ranges go at the top of a value, not \
+                     inside a list, a dict or another `one_of`"
+                ));
+            }
+            match value {
+                Value::OneOf(items) if items.is_empty() => {
+                    return Err(format!("`{name} = one_of()` has no values to draw from"))
+                }
+                Value::Range(lo, hi) if lo > hi => {
+                    return Err(format!("`{name} = {lo}..={hi}` is an empty range"))
+                }
+                _ => {}
+            }
+        }
+        let sweeps = self.sweeps();
+        for (i, (name, _)) in sweeps.iter().enumerate() {
+            if sweeps[..i].iter().any(|(n, _)| n == name) {
+                return Err(format!(
+                    "`{name}` is swept twice (in two of consts, init and config): sweep it once"
+                ));
+            }
+            if self.dims.iter().any(|d| d.name == *name) {
+                return Err(format!(
+                    "`{name}` is both a dim and a swept value: rename one (a case names both)"
+                ));
+            }
+        }
+        let needed = crate::describe::sweep::cases_for_each_value(self);
+        if (self.cases as usize) < needed {
+            // The field with the most values to try (a range tries its two bounds).
+            let (name, value) = sweeps
+                .iter()
+                .max_by_key(|(_, v)| match v {
+                    Value::OneOf(items) => items.len(),
+                    other => other.alternatives().min(2),
+                })
+                .copied()
+                .expect("a sweep needs cases");
+            return Err(format!(
+                "`cases = {}` cannot try each value of `{name} = {value}`: give `cases = {needed}` \
+                 or more",
+                self.cases
+            ));
+        }
+        Ok(())
+    }
+
     /// Check the description for mistakes the macro would have rejected at compile time.
     pub(crate) fn validate(&self) -> Result<(), String> {
         let known = |d: &str| self.dims.iter().any(|s| s.name == d);
@@ -1204,6 +1550,25 @@ impl Layer {
                     }
                 }
             }
+            if let Dist::Positions { max } = &arg.dist {
+                match max {
+                    Some(Bound::Dim(d)) if !known(d) => {
+                        return Err(format!(
+                            "argument `{}` uses the unknown dim `{d}`",
+                            arg.name
+                        ))
+                    }
+                    None if self.max_positions().is_none() => {
+                        return Err(format!(
+                            "argument `{}` ~ positions draws up to the module's \
+                             max_position_embeddings, and neither `config` nor `init` gives one: \
+                             write `positions(N)`",
+                            arg.name
+                        ))
+                    }
+                    _ => {}
+                }
+            }
             if let Dist::Int { lo, hi } = &arg.dist {
                 for bound in [lo, hi] {
                     if let Bound::Dim(d) = bound {
@@ -1226,6 +1591,25 @@ impl Layer {
                     return Err(format!(
                         "`{title}({name} = {value})` uses the unknown dim `{d}`"
                     ));
+                }
+            }
+        }
+        self.validate_sweeps()?;
+        for (leaf, list) in &self.invariants {
+            for invariant in list {
+                use crate::describe::invariants::Invariant;
+                match invariant {
+                    Invariant::Range { lo, hi } if lo.partial_cmp(hi).is_none_or(|o| o.is_gt()) => {
+                        return Err(format!(
+                            "`invariants({leaf} = [{invariant}])`: the range is empty"
+                        ))
+                    }
+                    Invariant::SumsToOne { tol: Some(t), .. } if t.is_nan() || *t < 0.0 => {
+                        return Err(format!(
+                            "`invariants({leaf} = [{invariant}])`: a tolerance must not be negative"
+                        ))
+                    }
+                    _ => {}
                 }
             }
         }

@@ -12,8 +12,8 @@ use std::fmt::Display;
 pub struct PortInputs {
     pub(crate) tensors: Vec<Tensor>,
     pub(crate) var_builder: Option<VarBuilder<'static>>,
-    /// The case's dims, for parameters whose values depend on them.
-    pub(crate) dims: Vec<(String, usize)>,
+    /// The case's dims and configuration, for parameters whose values depend on them.
+    pub(crate) case: CaseValues,
     /// The tensor arguments' names, in order.
     pub(crate) names: Vec<String>,
     /// A check with `decode(...)`: the schedule the port is driven through (`run/steps.rs`);
@@ -30,10 +30,29 @@ impl PortInputs {
     /// The value of a dim in this case (0 for a dim the check does not declare: the attribute
     /// rejects those at compile time).
     pub fn dim(&self, name: &str) -> usize {
-        self.dims
+        self.case.dim(name)
+    }
+
+    /// The value of a const, init or config keyword in this case: a swept value's drawn
+    /// alternative, dims resolved (`i.value("softcap")` is `Value::None` or `Value::Float(30.0)`
+    /// for `consts(softcap = one_of(None, 30.0))`). `None` for a keyword the check does not give.
+    pub fn value(&self, name: &str) -> Option<&crate::describe::layer::Value> {
+        self.case
+            .values
             .iter()
             .find(|(n, _)| n == name)
-            .map_or(0, |&(_, v)| v)
+            .map(|(_, v)| v)
+    }
+
+    /// Which alternative of the swept value `name` this case drew (0 for the first, and for a
+    /// keyword that is not swept): what the attribute's generated call matches on.
+    #[doc(hidden)]
+    pub fn pick(&self, name: &str) -> usize {
+        self.case
+            .picks
+            .iter()
+            .find(|p| p.field == name)
+            .map_or(0, |p| p.index)
     }
 
     /// The `VarBuilder` serving the reference module's `state_dict()` (module form).
@@ -41,6 +60,28 @@ impl PortInputs {
         self.var_builder
             .clone()
             .expect("var_builder() is only available in module form")
+    }
+}
+
+/// What a port's parameters see of a case besides its tensors: its dims, and the configuration it
+/// drew with every const, init and config value resolved.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CaseValues {
+    /// The case's dims (a step loop adds `step`).
+    pub(crate) dims: Vec<(String, usize)>,
+    /// The swept values' picks.
+    pub(crate) picks: Vec<crate::describe::layer::Pick>,
+    /// Every const, init and config value, resolved for the case.
+    pub(crate) values: Vec<(String, crate::describe::layer::Value)>,
+}
+
+impl CaseValues {
+    /// A dim's value (0 when the case has no such dim).
+    pub(crate) fn dim(&self, name: &str) -> usize {
+        self.dims
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |&(_, v)| v)
     }
 }
 

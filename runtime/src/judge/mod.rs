@@ -1,7 +1,9 @@
 //! Judging the port: comparison with sound tolerances, the likely causes of a mismatch (from the
-//! numbers, and from mutants of the reference), and how a trace of tapped points is compared.
+//! numbers, and from mutants of the reference), how a trace of tapped points is compared, and the
+//! invariants declared for the port's outputs.
 
 pub mod compare;
 pub mod diagnose;
+pub mod invariants;
 pub mod mutations;
 pub mod trace;

@@ -231,7 +231,7 @@ pub fn write(
         }
     }
     // Values that depend on dims, as this case has them.
-    let resolved = layer.for_case(&case.dims);
+    let resolved = case.layer(layer);
     let values = crate::describe::layer::values_json;
     let case_json = json!({
         "layer": layer.name,

@@ -82,6 +82,9 @@ pub struct CaseFailure {
     /// Taps of the port that name no trace point of the reference, each with what it could name
     /// instead (`judge::trace::unknown_tap`). They fail the case, but are no divergence.
     pub unknown_taps: Vec<String>,
+    /// Declared invariants of the outputs the port breaks (`judge/invariants.rs`): a failure of
+    /// their own, whatever the comparison says.
+    pub invariants: Vec<crate::judge::invariants::Violation>,
     /// What the case showed that does not fail it on its own (see `report::passed::Note`).
     pub notes: Vec<crate::report::passed::Note>,
 }
@@ -149,6 +152,9 @@ impl CaseFailure {
         if let Some(t) = self.unknown_taps.first() {
             return t.clone();
         }
+        if let Some(v) = self.invariants.first() {
+            return format!("invariant: {v}");
+        }
         let failing: Vec<&str> = self
             .leaves
             .iter()
@@ -174,6 +180,9 @@ pub struct Failure {
     pub shrunk_from: Option<(CaseParams, u32)>,
     /// How many cases passed before the failure.
     pub passed_before: u32,
+    /// A check with swept values: the configurations of the cases that passed before the
+    /// failure, each with how many (`softcap=None`, 9): which branches the port gets right.
+    pub passed_configurations: Vec<(String, usize)>,
     /// What went wrong.
     pub kind: FailureKind,
     /// Extra lines at the end (where artifacts are, how to re-run).
@@ -191,6 +200,7 @@ impl Failure {
             case: None,
             shrunk_from: None,
             passed_before: 0,
+            passed_configurations: Vec::new(),
             kind,
             notes: Vec::new(),
             check: crate::describe::checks::Kind::Forward,
@@ -463,18 +473,35 @@ fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
                 )?;
             }
             if let Some(a) = v.accuracy.filter(|a| !a.passes()) {
-                writeln!(
-                    out,
-                    "    the port is markedly less accurate than its reference: its RMS error \
-                     against the float64 result is {}, {}× the reference's own ({}; allowed {}×) — \
-                     it computes in {} where the reference computes in a higher precision (a \
-                     missing upcast, e.g. a norm's variance or a softmax outside float32?)",
-                    num(a.port),
-                    num(a.ratio),
-                    num(a.reference),
-                    num(crate::judge::compare::ACCURACY_FACTOR),
-                    leaf.port.as_ref().map_or("?", |p| p.1.name())
-                )?;
+                let dtype = leaf.port.as_ref().map_or("?", |p| p.1.name());
+                match a.axis {
+                    None => writeln!(
+                        out,
+                        "    the port is markedly less accurate than its reference: its RMS error \
+                         against the float64 result is {}, {}× the reference's own ({}; allowed \
+                         {}×) — it computes in {dtype} where the reference computes in a higher \
+                         precision (a missing upcast, e.g. a norm's variance or a softmax outside \
+                         float32?)",
+                        num(a.port),
+                        num(a.ratio),
+                        num(a.reference),
+                        num(crate::judge::compare::ACCURACY_FACTOR),
+                    )?,
+                    Some(axis) => writeln!(
+                        out,
+                        "    the port is markedly less accurate than its reference along axis \
+                         {axis}: the error its slices along that axis share (a scale or an offset \
+                         per slice) is {} RMS against the float64 result, {}× what the \
+                         reference's own rounding leaves there ({}; allowed {}×) — what a \
+                         reduction over axis {axis} computed in {dtype} does where the reference \
+                         computes it in a higher precision (a norm's variance or mean, a \
+                         softmax's sum: a missing upcast), or an error confined to some slices",
+                        num(a.port),
+                        num(a.ratio),
+                        num(a.reference),
+                        num(crate::judge::compare::ACCURACY_FACTOR),
+                    )?,
+                }
             }
             Ok(())
         }
@@ -482,6 +509,16 @@ fn write_leaf(out: &mut String, leaf: &Leaf) -> fmt::Result {
             out,
             "  leaf `{}`: shape {} but the reference's is {} — {hint}",
             leaf.name,
+            shape(&leaf.port),
+            shape(&leaf.reference)
+        ),
+        Verdict::DType if crate::judge::trace::is_trace(&leaf.name) => writeln!(
+            out,
+            "  trace point `{}`: the port computes it in {}, the reference in {} — an \
+             intermediate in another precision than the reference's (an upcast not undone, a \
+             dtype an op passes on: candle keeps the dtype its inputs have), and what follows it \
+             computes in that precision too; convert it (`.to_dtype(..)`) where the reference does",
+            leaf.name.trim_start_matches(crate::judge::trace::PREFIX),
             shape(&leaf.port),
             shape(&leaf.reference)
         ),
@@ -577,6 +614,15 @@ impl fmt::Display for Failure {
                     self.reference
                 )?;
             }
+            FailureKind::Case(c) if !c.invariants.is_empty() => {
+                let first = &c.invariants[0];
+                writeln!(
+                    out,
+                    "golden: `{}` breaks the invariant `{}` declared for its output `{}` \
+                     (reference `{}`){dtype}",
+                    self.layer, first.invariant, first.leaf, self.reference
+                )?;
+            }
             FailureKind::Case(c) if !c.schedule_issues.is_empty() => {
                 writeln!(
                     out,
@@ -661,6 +707,24 @@ impl fmt::Display for Failure {
                     if self.passed_before == 1 { "" } else { "s" }
                 )?;
             }
+            if !case.config.is_empty() {
+                let configuration: Vec<String> = case
+                    .config
+                    .iter()
+                    .map(|p| format!("{} = {}", p.field, p.shown))
+                    .collect();
+                write!(out, "  configuration: {}", configuration.join(", "))?;
+                if self.passed_configurations.is_empty() {
+                    writeln!(out)?;
+                } else {
+                    let passed: Vec<String> = self
+                        .passed_configurations
+                        .iter()
+                        .map(|(c, n)| format!("{c} ({n} case{})", if *n == 1 { "" } else { "s" }))
+                        .collect();
+                    writeln!(out, "; passed before with {}", passed.join(", "))?;
+                }
+            }
         }
         if let FailureKind::Case(c) = &self.kind {
             if let Some(e) = &c.inputs_error {
@@ -682,6 +746,12 @@ impl fmt::Display for Failure {
                 writeln!(out, "  through the schedule:")?;
                 for t in &c.schedule_issues {
                     writeln!(out, "    - {t}")?;
+                }
+            }
+            if !c.invariants.is_empty() {
+                writeln!(out, "  declared invariants of the outputs, broken:")?;
+                for v in &c.invariants {
+                    writeln!(out, "    - {v}")?;
                 }
             }
             if !c.unknown_taps.is_empty() {
@@ -918,6 +988,15 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
         let figure = match &leaf.verdict {
             Verdict::Values(v) => format!("{:>9}", num(v.worst_ratio)),
             Verdict::Shape { .. } => "    shape".into(),
+            Verdict::DType => {
+                let dtype = |s: &Option<(Vec<usize>, golden_files::WireDType)>| {
+                    s.as_ref().map_or("?", |(_, d)| d.name())
+                };
+                format!(
+                    "{:>9}",
+                    format!("{}≠{}", dtype(&leaf.port), dtype(&leaf.reference))
+                )
+            }
             _ => "        —".into(),
         };
         let mark = match (leaf.passes(), Some(i) == first) {

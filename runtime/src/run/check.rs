@@ -482,11 +482,13 @@ fn record_generated(
     description: &str,
 ) -> Result<Option<usize>, String> {
     let limit = crate::answers::store::limit_bytes()?;
-    let (config, _) = runner_config(layer, kind, settings);
+    let (config, saved) = runner_config(layer, kind, settings);
+    let replays = saved.replayed();
     let mut proptest = TestRunner::new(config);
     let seen = Cell::new(0usize);
     let full: Cell<Option<usize>> = Cell::new(None);
-    let _ = proptest.run(&inputs::case_strategy(layer), |params| {
+    let strategy = inputs::case_strategy_for(layer, kind, replays);
+    let _ = proptest.run(&strategy, |params| {
         if full.get().is_some() {
             // The store is full: the rest of the cases are neither evaluated nor checked.
             return Ok(());
@@ -555,8 +557,10 @@ fn run_caught(
 /// shrinking went below it; then fresh cases drawn as the check draws them (a shrunk case is often
 /// too small to show a mistake's shape: one position, one element); then the cases shrinking saw
 /// fail. A few tries at most; in replay only recorded cases count.
+#[allow(clippy::too_many_arguments)]
 fn other_failures(
     layer: &Layer,
+    kind: Kind,
     runner: &impl CaseRunner,
     source: &Source,
     dtype: DType,
@@ -566,7 +570,7 @@ fn other_failures(
 ) -> Vec<(CaseParams, Box<CaseFailure>)> {
     use proptest::strategy::{Strategy, ValueTree};
     let wanted = runner.others_wanted();
-    let strategy = inputs::case_strategy(layer);
+    let strategy = inputs::case_strategy_for(layer, kind, 0);
     let mut draws = TestRunner::deterministic();
     let fresh = (0..4).filter_map(|_| Some(strategy.new_tree(&mut draws).ok()?.current()));
     let candidates = std::iter::once(first.clone())
@@ -616,7 +620,8 @@ fn run_dtype(
     let skipped = Cell::new(0usize);
     let unrecorded_shrinks = Cell::new(0u32);
 
-    let result = proptest.run(&inputs::case_strategy(layer), |params| {
+    let strategy = inputs::case_strategy_for(layer, kind, replays);
+    let result = proptest.run(&strategy, |params| {
         if fatal.borrow().is_some() {
             // The worker died (or the store is stale): stop exercising it, let proptest wind down.
             return Err(TestCaseError::fail("aborted"));
@@ -785,6 +790,7 @@ fn run_dtype(
             let others = match (&f.kind, f.case.clone()) {
                 (FailureKind::Case(_), Some(smallest)) => other_failures(
                     layer,
+                    kind,
                     runner,
                     source,
                     dtype,
@@ -809,6 +815,11 @@ fn run_dtype(
             }
             f.shrunk_from = Some((first, shrink_steps.get()));
             f.passed_before = passed_before as u32;
+            f.passed_configurations = crate::describe::sweep::covered(
+                records.borrow()[..passed_before]
+                    .iter()
+                    .map(|r| r.params.config.as_slice()),
+            );
             Err(f)
         }
         Err(TestError::Abort(reason)) => {

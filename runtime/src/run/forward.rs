@@ -23,7 +23,8 @@ use golden_files::HostTensor;
 /// Check a port against its reference: `Ok` carries what the snapshot records, `Err` says what
 /// failed on the smallest failing case.
 pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
-    let description = layer.description(check::cases(layer, layer.cases), check::seed());
+    let mut description = layer.description(check::cases(layer, layer.cases), check::seed());
+    description.extend(layer.invariants_line());
     let runner = ForwardRunner {
         layer,
         port: PortThread::of(port, layer),
@@ -187,13 +188,13 @@ pub(crate) fn call_port(
 ) -> Result<(Outputs, Taps), PortFailure> {
     let var_builder = state.map(StateDict::var_builder);
     let f = port.port();
-    let dims = port.dims();
+    let case = port.case();
     let names = port.names();
     let (result, taps) = port.run("", move || {
         let inputs = PortInputs {
             tensors,
             var_builder,
-            dims,
+            case,
             names,
             schedule,
         };
@@ -233,14 +234,19 @@ pub(crate) fn run_port(
             .map(|a| a.to_candle(&device))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let state = match (layer.form, reference.state_id) {
-            (Form::Module, Some(id)) => Some(StateDict::shared(
-                id,
-                &reference.state_dict,
-                &reference.aliases,
-                &layer.rename,
-                dtype,
-                &device,
-            )?),
+            (Form::Module, Some(id)) => {
+                let shared = StateDict::shared(
+                    id,
+                    &reference.state_dict,
+                    &reference.aliases,
+                    &layer.rename,
+                    dtype,
+                    &device,
+                )?;
+                // The port's tensors are copies: the mapped pages go back to the page cache.
+                crate::answers::checkpoint::release_all();
+                Some(shared)
+            }
             (Form::Module, None) => Some(StateDict::serve(
                 &reference.state_dict,
                 &reference.aliases,
@@ -259,7 +265,7 @@ pub(crate) fn run_port(
             return Outcome::Fail(Box::new(failure));
         }
     };
-    port.enter_case(&params.dims);
+    port.enter_case(params);
     let schedule = schedule::port_schedule(layer, params, reference);
     let result = match schedule
         .as_ref()
@@ -297,6 +303,9 @@ pub(crate) fn run_port(
             &reference.kept,
             &layer.rename,
         ));
+        failure
+            .params
+            .extend(state.unsaved_reads(&reference.unsaved));
     }
     let port_host: Result<Vec<(String, HostTensor)>, String> = outputs
         .0
@@ -308,7 +317,7 @@ pub(crate) fn run_port(
         })
         .collect();
     let mut port_host = match port_host.and_then(|mut p| {
-        p.extend(taps_as_leaves(&taps, dtype)?);
+        p.extend(taps_as_leaves(&taps)?);
         Ok(p)
     }) {
         Ok(p) => p,
@@ -353,6 +362,8 @@ pub(crate) fn run_port(
         .collect();
     failure.leaves = leaves;
     failure.untapped = untapped.into_iter().map(|l| l.name).collect();
+    failure.invariants =
+        crate::judge::invariants::check(&layer.invariants, &port_host, &reference.expected);
     failure.port_outputs = port_host;
     let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
     failure.notes = crate::report::passed::reference_notes(reference, &names);
@@ -360,6 +371,7 @@ pub(crate) fn run_port(
     let compared = failure.params.is_empty()
         && failure.unknown_taps.is_empty()
         && failure.leaves.iter().all(Leaf::passes);
+    let compared = compared && failure.invariants.is_empty();
     if let (true, Some(s), Some(first_run)) = (compared, &schedule, &first_run) {
         let run = |tensors: Vec<candle_core::Tensor>, schedule| {
             call_port(port, tensors, state.as_ref(), false, Some(schedule))
@@ -390,22 +402,18 @@ pub(crate) fn run_port(
     }
 }
 
-/// The port's taps as leaves `trace.<name>`, floats in the case dtype (a port may compute a point
-/// in another precision; the reference's points are in the case dtype).
+/// The port's taps as leaves `trace.<name>`, each in the dtype the port computed it in: the
+/// comparison checks it against the reference's dtype at that point (`judge/trace.rs`), so that an
+/// intermediate computed in another precision is found where it happens (casting it to the case
+/// dtype, as golden once did, hid exactly that).
 fn taps_as_leaves(
     taps: &[(String, candle_core::Tensor)],
-    dtype: DType,
 ) -> Result<Vec<(String, HostTensor)>, String> {
     let names = crate::judge::trace::leaf_names(taps);
     taps.iter()
         .zip(names)
         .map(|((tap, t), name)| {
-            let t = if t.dtype().is_float() {
-                t.to_dtype(dtype)
-            } else {
-                Ok(t.clone())
-            };
-            t.and_then(|t| HostTensor::from_candle(&t))
+            HostTensor::from_candle(t)
                 .map(|h| (name, h))
                 .map_err(|e| format!("tap `{tap}`: {e}"))
         })
@@ -422,6 +430,9 @@ fn explain(
     failure: &mut Failure,
     others: &[(CaseParams, Box<CaseFailure>)],
 ) {
+    if let FailureKind::Case(c) = &failure.kind {
+        failure.notes.extend(far_position(layer, c));
+    }
     let (FailureKind::Case(c), Some(case)) = (&mut failure.kind, &failure.case) else {
         return;
     };
@@ -466,6 +477,42 @@ fn explain(
         });
     }
     c.diagnoses = found;
+}
+
+/// Where the first failing leaf differs most, the position there when an argument is position ids
+/// (`~ positions`) and the leaf's leading axes are theirs: long positions show what a short
+/// sequence never does.
+fn far_position(layer: &Layer, c: &CaseFailure) -> Option<String> {
+    let (arg, ids) = layer.args.iter().find_map(|a| {
+        matches!(a.dist, crate::describe::layer::Dist::Positions { .. })
+            .then(|| c.inputs.iter().find(|(n, _)| *n == a.name))
+            .flatten()
+    })?;
+    let index = c
+        .leaves
+        .iter()
+        .filter(|l| !l.passes())
+        .find_map(|l| match &l.verdict {
+            compare::Verdict::Values(v) => v.worst.as_ref().map(|w| w.index.clone()),
+            _ => None,
+        })?;
+    let rank = ids.shape.len();
+    if index.len() < rank || index.iter().zip(&ids.shape).any(|(i, n)| i >= n) {
+        return None;
+    }
+    let flat = index[..rank]
+        .iter()
+        .zip(&ids.shape)
+        .fold(0usize, |acc, (i, n)| acc * n + i);
+    let values = ids.to_i64();
+    let position = *values.get(flat)?;
+    let furthest = values.iter().copied().max().unwrap_or(position);
+    Some(format!(
+        "where it differs most, `{arg}` is {position} (this case's positions reach {furthest}): \
+         what shows only far into a sequence — a rotary table or positions computed in low \
+         precision (bf16 holds whole numbers exactly up to 256, f16 up to 2048), a table built too \
+         short — shows there"
+    ))
 }
 
 /// The known variants of the reference that the port matches on this case (live only).
@@ -567,9 +614,9 @@ fn run_loop(
             for (i, t) in &carried {
                 call[*i] = t.clone();
             }
-            let mut dims = params.dims.clone();
-            dims.push(("step".to_string(), k));
-            port.enter_case(&dims);
+            let mut step = params.clone();
+            step.dims.push(("step".to_string(), k));
+            port.enter_case(&step);
             let (outputs, _) = call_port(port, call, state, false, None).map_err(|mut f| {
                 f.message = format!(
                     "at step {k} ({}): {}",
@@ -606,7 +653,7 @@ fn run_loop(
             );
         }
     }
-    port.enter_case(&params.dims);
+    port.enter_case(params);
     Ok((Outputs(leaves), Vec::new()))
 }
 

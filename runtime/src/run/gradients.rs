@@ -360,7 +360,7 @@ impl CaseRunner for GradRunner<'_> {
     fn run(&self, source: &Source, dtype: DType, params: &CaseParams) -> Outcome {
         let layer = self.layer;
         self.port.take_fault();
-        self.port.enter_case(&params.dims);
+        self.port.enter_case(params);
         let mut failure = CaseFailure::default();
         let args = match inputs::make_args(layer, params, dtype) {
             Ok(a) => a,
@@ -1101,7 +1101,7 @@ impl GradRunner<'_> {
             .unwrap_or_else(|| vec![name.to_string()]);
         let columns = Arc::new(Columns {
             port: self.port.port(),
-            dims: self.port.dims(),
+            case: self.port.case(),
             names: self.port.names(),
             module: self.layer.form == Form::Module,
             args: case.args.iter().map(Fresh::of).collect(),
@@ -1289,7 +1289,7 @@ impl Worst {
 /// always gets them, compared column by column with the analytic rows.
 struct Columns {
     port: SharedPort,
-    dims: Vec<(String, usize)>,
+    case: crate::describe::outputs::CaseValues,
     names: Vec<String>,
     /// Whether the port is a module (it gets the state dict).
     module: bool,
@@ -1374,7 +1374,7 @@ impl Columns {
         let inputs = crate::describe::outputs::PortInputs {
             tensors,
             var_builder: state.as_ref().map(StateDict::var_builder),
-            dims: self.dims.clone(),
+            case: self.case.clone(),
             names: self.names.clone(),
             schedule: None,
         };

@@ -91,7 +91,8 @@ fn update_parity(training: &Training, torch: &Named) -> Vec<(String, f64)> {
         .collect()
 }
 
-/// The fixed batch: every dim at the middle of its range, declared values, the layer's seed.
+/// The fixed batch: every dim at the middle of its range, declared values, the layer's seed, and
+/// every swept value at its first alternative.
 fn batch(layer: &Layer, seed: u64) -> CaseParams {
     CaseParams {
         dims: layer
@@ -102,6 +103,11 @@ fn batch(layer: &Layer, seed: u64) -> CaseParams {
         seed: seed ^ inputs::fnv1a(layer.name.as_bytes()),
         style: Style::Declared,
         steps: None,
+        config: layer
+            .sweeps()
+            .into_iter()
+            .map(|(field, _)| layer.pick(field, 0))
+            .collect(),
     }
 }
 
@@ -637,7 +643,7 @@ fn run(
         dtype,
     };
     port.take_fault();
-    port.enter_case(&params.dims);
+    port.enter_case(params);
     let mut training = match train_port(port, spec, &batch) {
         Ok(t) => t,
         Err(e) => {

@@ -21,7 +21,7 @@
 //! installed while at least one check runs in the process and the previous one restored when the
 //! last ends; on threads where golden is not catching it always defers to the previous hook.
 
-use crate::describe::outputs::{Outputs, PortInputs};
+use crate::describe::outputs::{CaseValues, Outputs, PortInputs};
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe, PanicHookInfo};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -109,9 +109,11 @@ pub(crate) struct PortThread {
     jobs: RefCell<Option<mpsc::Sender<Job>>>,
     /// The last failure of a call, until [`PortThread::take_fault`].
     fault: RefCell<Option<PortFailure>>,
-    /// The dims of the case being run ([`PortThread::enter_case`]): the port's parameters whose
-    /// values depend on them get them (`PortInputs::dim`).
-    dims: RefCell<Vec<(String, usize)>>,
+    /// The dims and configuration of the case being run ([`PortThread::enter_case`]): the port's
+    /// parameters whose values depend on them get them (`PortInputs::dim`, `PortInputs::value`).
+    case: RefCell<CaseValues>,
+    /// The check's const, init and config values as written, resolved per case.
+    values: Vec<(String, crate::describe::layer::Value)>,
     /// The check's tensor arguments' names, in order (a stepping port reads its inputs by name).
     names: Vec<String>,
 }
@@ -124,7 +126,8 @@ impl PortThread {
             timeout,
             jobs: RefCell::new(None),
             fault: RefCell::new(None),
-            dims: RefCell::new(Vec::new()),
+            case: RefCell::new(CaseValues::default()),
+            values: Vec::new(),
             names: Vec::new(),
         }
     }
@@ -134,6 +137,10 @@ impl PortThread {
     pub(crate) fn of(port: &Port<'_>, layer: &crate::describe::layer::Layer) -> Self {
         let mut thread = Self::new(port, port_timeout(layer));
         thread.names = layer.args.iter().map(|a| a.name.clone()).collect();
+        thread.values = layer
+            .values()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         thread
     }
 
@@ -142,14 +149,23 @@ impl PortThread {
         self.names.clone()
     }
 
-    /// The case whose dims the next calls run with.
-    pub(crate) fn enter_case(&self, dims: &[(String, usize)]) {
-        *self.dims.borrow_mut() = dims.to_vec();
+    /// The case whose dims and configuration the next calls run with.
+    pub(crate) fn enter_case(&self, case: &crate::describe::inputs::CaseParams) {
+        let values = self
+            .values
+            .iter()
+            .map(|(k, v)| (k.clone(), v.in_case(k, &case.dims, &case.config)))
+            .collect();
+        *self.case.borrow_mut() = CaseValues {
+            dims: case.dims.clone(),
+            picks: case.config.clone(),
+            values,
+        };
     }
 
-    /// The dims of the case being run.
-    pub(crate) fn dims(&self) -> Vec<(String, usize)> {
-        self.dims.borrow().clone()
+    /// The dims and configuration of the case being run.
+    pub(crate) fn case(&self) -> CaseValues {
+        self.case.borrow().clone()
     }
 
     /// The port itself, to call inside [`PortThread::run`].

@@ -145,7 +145,7 @@ pub fn drive(
 ) -> Result<Outputs, String> {
     let mut stepper = make(inputs)?;
     let names = Arc::new(inputs.names.clone());
-    let dims = Arc::new(inputs.dims.clone());
+    let dims = Arc::new(inputs.case.dims.clone());
     let Some(schedule) = &inputs.schedule else {
         // One step over the whole input: the prefill (gradient and training checks).
         let first = inputs.tensors.first();
