@@ -14,7 +14,7 @@
 
 mod common;
 
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{DType, Device};
 use candle_nn::Activation;
 use candle_transformers::models::{llama, mistral, qwen2};
 use common::{declared_with_store, Scratch};
@@ -68,10 +68,6 @@ fn check(
     golden::check(&layer, &port)
 }
 
-fn logits(t: Result<Tensor>) -> Result<std::collections::BTreeMap<&'static str, Tensor>> {
-    Ok([("logits", t?)].into())
-}
-
 #[test]
 fn candle_llama_passes_prefills_decode_steps_and_chunks() {
     let layer = causal_lm(
@@ -79,33 +75,34 @@ fn candle_llama_passes_prefills_decode_steps_and_chunks() {
         "transformers.LlamaForCausalLM",
         "transformers.LlamaConfig",
     );
-    let port = |inputs: &golden::PortInputs| {
-        golden::drive(inputs, |inputs| {
-            let config = llama::Config {
-                hidden_size: HIDDEN,
-                intermediate_size: INTERMEDIATE,
-                vocab_size: VOCAB,
-                num_hidden_layers: LAYERS,
-                num_attention_heads: HEADS,
-                num_key_value_heads: KV_HEADS,
-                use_flash_attn: false,
-                rms_norm_eps: 1e-6,
-                rope_theta: 10_000.0,
-                bos_token_id: None,
-                eos_token_id: None,
-                rope_scaling: None,
-                max_position_embeddings: POSITIONS,
-                tie_word_embeddings: false,
-            };
-            let made = llama::Llama::load(inputs.var_builder(), &config).and_then(|model| {
-                let mut cache = llama::Cache::new(true, DType::F32, &config, &Device::Cpu)?;
-                Ok(move |step: &Step| {
-                    logits(model.forward(step.input("input_ids")?, step.offset(), &mut cache))
-                })
-            });
-            golden::IntoStepper::into_stepper(made)
-        })
+    let config = llama::Config {
+        hidden_size: HIDDEN,
+        intermediate_size: INTERMEDIATE,
+        vocab_size: VOCAB,
+        num_hidden_layers: LAYERS,
+        num_attention_heads: HEADS,
+        num_key_value_heads: KV_HEADS,
+        use_flash_attn: false,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        bos_token_id: None,
+        eos_token_id: None,
+        rope_scaling: None,
+        max_position_embeddings: POSITIONS,
+        tie_word_embeddings: false,
     };
+    // The cache is a value passed in and out of `forward`: the stepper holds both.
+    let port = common::stepping(
+        "logits",
+        move |vb| {
+            let model = llama::Llama::load(vb, &config)?;
+            let cache = llama::Cache::new(true, DType::F32, &config, &Device::Cpu)?;
+            Ok((model, cache))
+        },
+        |(model, cache): &mut (llama::Llama, llama::Cache), step: &Step| {
+            model.forward(step.input("input_ids")?, step.offset(), cache)
+        },
+    );
     let report = check(&layer, port).unwrap_or_else(|f| panic!("{f}"));
     let snapshot = report.snapshot().expect("every case ran");
     println!("{snapshot}");
@@ -138,17 +135,13 @@ fn candle_mistral_does_not_apply_its_sliding_window_to_the_cache() {
         "transformers.MistralConfig",
     )
     .config_value("sliding_window", WINDOW);
-    let port = |inputs: &golden::PortInputs| {
-        golden::drive(inputs, |inputs| {
-            let made =
-                mistral::Model::new(&mistral_config(), inputs.var_builder()).map(|mut model| {
-                    move |step: &Step| {
-                        logits(model.forward(step.input("input_ids")?, step.offset()))
-                    }
-                });
-            golden::IntoStepper::into_stepper(made)
-        })
-    };
+    let port = common::stepping(
+        "logits",
+        |vb| mistral::Model::new(&mistral_config(), vb),
+        |model: &mut mistral::Model, step: &Step| {
+            model.forward(step.input("input_ids")?, step.offset())
+        },
+    );
     let msg = match check(&layer, port) {
         Ok(_) => panic!("candle-transformers' Mistral passed"),
         Err(f) => f.to_string(),
@@ -178,33 +171,29 @@ fn candle_qwen2_passes_every_step() {
         "transformers.Qwen2ForCausalLM",
         "transformers.Qwen2Config",
     );
-    let port = |inputs: &golden::PortInputs| {
-        golden::drive(inputs, |inputs| {
-            let config = qwen2::Config {
-                vocab_size: VOCAB,
-                hidden_size: HIDDEN,
-                intermediate_size: INTERMEDIATE,
-                num_hidden_layers: LAYERS,
-                num_attention_heads: HEADS,
-                num_key_value_heads: KV_HEADS,
-                max_position_embeddings: POSITIONS,
-                sliding_window: POSITIONS,
-                max_window_layers: LAYERS,
-                tie_word_embeddings: false,
-                rope_theta: 10_000.0,
-                rms_norm_eps: 1e-6,
-                use_sliding_window: false,
-                hidden_act: Activation::Silu,
-            };
-            let made =
-                qwen2::ModelForCausalLM::new(&config, inputs.var_builder()).map(|mut model| {
-                    move |step: &Step| {
-                        logits(model.forward(step.input("input_ids")?, step.offset()))
-                    }
-                });
-            golden::IntoStepper::into_stepper(made)
-        })
+    let config = qwen2::Config {
+        vocab_size: VOCAB,
+        hidden_size: HIDDEN,
+        intermediate_size: INTERMEDIATE,
+        num_hidden_layers: LAYERS,
+        num_attention_heads: HEADS,
+        num_key_value_heads: KV_HEADS,
+        max_position_embeddings: POSITIONS,
+        sliding_window: POSITIONS,
+        max_window_layers: LAYERS,
+        tie_word_embeddings: false,
+        rope_theta: 10_000.0,
+        rms_norm_eps: 1e-6,
+        use_sliding_window: false,
+        hidden_act: Activation::Silu,
     };
+    let port = common::stepping(
+        "logits",
+        move |vb| qwen2::ModelForCausalLM::new(&config, vb),
+        |model: &mut qwen2::ModelForCausalLM, step: &Step| {
+            model.forward(step.input("input_ids")?, step.offset())
+        },
+    );
     let report = check(&layer, port).unwrap_or_else(|f| panic!("{f}"));
     let snapshot = report.snapshot().expect("every case ran");
     println!("{snapshot}");

@@ -300,16 +300,11 @@ pub fn port(
        + Send
        + Sync
        + 'static {
-    move |inputs: &golden::PortInputs| {
-        golden::drive(inputs, |inputs| {
-            let made = Model::new(inputs.var_builder(), window, bugs).map(|mut model| {
-                move |step: &Step| -> Result<std::collections::BTreeMap<&'static str, Tensor>> {
-                    Ok([("logits", model.step(step)?)].into())
-                }
-            });
-            golden::IntoStepper::into_stepper(made)
-        })
-    }
+    crate::common::stepping(
+        "logits",
+        move |vb| Model::new(vb, window, bugs),
+        Model::step,
+    )
 }
 
 /// transformers' `LlamaAttention` on its own: the submodule check, whose reference takes the
@@ -414,12 +409,5 @@ pub fn attention_port(
        + Send
        + Sync
        + 'static {
-    move |inputs: &golden::PortInputs| {
-        golden::drive(inputs, |inputs| {
-            let made = Attention::new(&inputs.var_builder(), bugs).map(|mut attention| {
-                move |step: &Step| -> Result<Vec<Tensor>> { Ok(vec![attention.step(step)?]) }
-            });
-            golden::IntoStepper::into_stepper(made)
-        })
-    }
+    crate::common::stepping("0", move |vb| Attention::new(&vb, bugs), Attention::step)
 }

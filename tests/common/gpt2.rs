@@ -128,18 +128,15 @@ pub fn port(
        + Send
        + Sync
        + 'static {
-    move |inputs: &golden::PortInputs| {
-        golden::drive(inputs, |inputs| {
-            let mut model = Gpt2 {
-                vb: inputs.var_builder(),
+    crate::common::stepping(
+        "logits",
+        move |vb| {
+            Ok(Gpt2 {
+                vb,
                 cache: vec![None; LAYERS],
                 bugs,
-            };
-            golden::IntoStepper::into_stepper(Ok::<_, candle_core::Error>(
-                move |step: &Step| -> Result<std::collections::BTreeMap<&'static str, Tensor>> {
-                    Ok([("logits", model.step(step)?)].into())
-                },
-            ))
-        })
-    }
+            })
+        },
+        Gpt2::step,
+    )
 }

@@ -128,3 +128,28 @@ pub fn must_fail_check(
         Err(failure) => failure,
     }
 }
+
+/// The port of a check with `decode`: `make` builds the model from the module's weights (once per
+/// case), `step` runs one step of it; the step's output is the model's `leaf` (`out.<leaf>`).
+pub fn stepping<M: 'static>(
+    leaf: &'static str,
+    make: impl Fn(candle_nn::VarBuilder<'static>) -> candle_core::Result<M>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    step: fn(&mut M, &golden::Step) -> candle_core::Result<candle_core::Tensor>,
+) -> impl Fn(&golden::PortInputs) -> Result<golden::Outputs, String> + Clone + Send + Sync + 'static
+{
+    move |inputs: &golden::PortInputs| {
+        let make = make.clone();
+        golden::drive(inputs, move |inputs| {
+            let made = make(inputs.var_builder()).map(|mut model| {
+                move |s: &golden::Step| -> candle_core::Result<
+                    std::collections::BTreeMap<&'static str, candle_core::Tensor>,
+                > { Ok([(leaf, step(&mut model, s)?)].into()) }
+            });
+            golden::IntoStepper::into_stepper(made)
+        })
+    }
+}

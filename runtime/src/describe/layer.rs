@@ -399,6 +399,15 @@ impl Value {
         matches!(self, Value::OneOf(_) | Value::Range(..))
     }
 
+    /// How many of its values a sweep's plan tries whatever else: every alternative of a
+    /// `one_of`, the two bounds of a range (one when it holds a single value).
+    pub fn values_to_try(&self) -> usize {
+        match self {
+            Value::Range(..) => self.alternatives().clamp(1, 2),
+            other => other.alternatives().max(1),
+        }
+    }
+
     /// How many values a sweep draws from (1 for a value that is not swept).
     pub fn alternatives(&self) -> usize {
         match self {
@@ -914,6 +923,16 @@ impl Layer {
             .filter(|(_, v)| v.is_swept())
             .map(|(k, v)| (k.as_str(), v))
             .collect()
+    }
+
+    /// The number of cases that try every value of every swept field: the most values one field
+    /// has to try (a range tries its two bounds). 0 without sweeps.
+    pub fn cases_for_each_value(&self) -> usize {
+        self.sweeps()
+            .iter()
+            .map(|(_, v)| v.values_to_try())
+            .max()
+            .unwrap_or(0)
     }
 
     /// What a case drew for the swept value `field`: its `index`-th alternative.
@@ -1500,15 +1519,11 @@ impl Layer {
                 ));
             }
         }
-        let needed = crate::describe::sweep::cases_for_each_value(self);
+        let needed = self.cases_for_each_value();
         if (self.cases as usize) < needed {
-            // The field with the most values to try (a range tries its two bounds).
             let (name, value) = sweeps
                 .iter()
-                .max_by_key(|(_, v)| match v {
-                    Value::OneOf(items) => items.len(),
-                    other => other.alternatives().min(2),
-                })
+                .max_by_key(|(_, v)| v.values_to_try())
                 .copied()
                 .expect("a sweep needs cases");
             return Err(format!(

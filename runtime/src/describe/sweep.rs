@@ -69,16 +69,6 @@ fn fields(layer: &Layer) -> Vec<Field> {
         .collect()
 }
 
-/// The number of cases that try every value of every swept field: the most values one field has
-/// (a range counts its two bounds). 0 without sweeps.
-pub fn cases_for_each_value(layer: &Layer) -> usize {
-    fields(layer)
-        .iter()
-        .map(|f| f.levels.len())
-        .max()
-        .unwrap_or(0)
-}
-
 /// The plan's rows, as alternative indices per field (in [`Layer::sweeps`]'s order): first every
 /// value of every field, in as many rows as the field with the most values has (row `j` takes
 /// each field's value `j` modulo its count); then rows that cover the pairs of values of two
@@ -372,7 +362,7 @@ mod tests {
         let three = Value::one_of([1.into(), 2.into(), 3.into()]);
         let l = layer(&[("a", two()), ("b", three), ("c", Value::Range(1, 9))]);
         let rows = plan(&l);
-        assert_eq!(cases_for_each_value(&l), 3);
+        assert_eq!(l.cases_for_each_value(), 3);
         // The first three rows try each of a's 2, b's 3 and c's two bounds.
         for (f, count) in [(0, 2), (1, 3)] {
             let seen: std::collections::BTreeSet<usize> = rows[..3].iter().map(|r| r[f]).collect();
