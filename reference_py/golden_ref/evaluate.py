@@ -26,6 +26,16 @@ make the nudged evaluations "move" by the drift, which the estimate takes for ro
 copied when an evaluation returns them: a reference may return a buffer of its own and write it
 again on the next call.
 
+A checkpoint's module (`case.shared`: a whole model, built once and shared by the evaluations)
+is evaluated fewer times, each whole-model evaluation costing seconds: the case dtype and float64
+once each on the real inputs, then the nudged evaluations (`perturbations`: three at size, see
+`answers/live.rs` `perturbations`) in the case dtype only, each one's error taken against the
+float64 answer at the real inputs, so that a sample holds the reference's rounding and the output's
+move under the nudge at once (never less than either; `moved` is then zero). Confirmation repeats
+the case dtype's first evaluation only: float64 runs once, so there is no float64 drift for the
+nudges to take for rounding, and a case-dtype drift is still caught. Six whole-model evaluations,
+one of them in float64, where the general path makes twelve, six of them in float64.
+
 `own_mean`, the nudged errors' signed mean, lets the runtime tell a reference whose own error is
 chaotic (its sign and size change from nudge to nudge: rounding, however large) from one whose
 error stays put. A reference that computes otherwise under a TorchFunctionMode — the float64 pass
@@ -892,10 +902,12 @@ def _precise(case: Case, module, expected, perturbations: int):
             # float64 first (on copies), so that the case-dtype evaluation can have `args_k` and
             # `module_k` themselves; an error is raised in the former order (the case dtype's first).
             try:
-                try:
-                    high, high_error = _evaluate64(case, module_k, args_k, "a nudged evaluation"), None
-                except Exception as e:  # noqa: BLE001 - raised below, after the case-dtype evaluation
-                    high, high_error = None, e
+                high, high_error = None, None
+                if not case.shared:
+                    try:
+                        high = _evaluate64(case, module_k, args_k, "a nudged evaluation")
+                    except Exception as e:  # noqa: BLE001 - raised below, after the case-dtype evaluation
+                        high_error = e
                 low, _ = _evaluate_once(case, module_k, args_k, "a nudged evaluation", private=True)
             finally:
                 for parameter, value in swapped:
@@ -904,7 +916,14 @@ def _precise(case: Case, module, expected, perturbations: int):
             if high_error is not None:
                 raise high_error
             low = dict(low)
-            high64 = dict(_float64_leaves(backend, high, names))
+            if case.shared:
+                # At size the nudged evaluations run in the case dtype only: each one's error is
+                # taken against the float64 answer at the real inputs, so that it holds the output's
+                # move under the nudge as well as its rounding (never less than either): a sample
+                # of the estimate's max(own, moved) for a whole-model evaluation, not three.
+                high64 = {name: t for name, t in precise}
+            else:
+                high64 = dict(_float64_leaves(backend, high, names))
             del high
             for name, sample in samples.items():
                 sample.add(name, low[name], high64[name].array, base64[name])

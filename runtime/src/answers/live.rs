@@ -449,16 +449,17 @@ const PERTURBATIONS: u32 = 4;
 
 /// A module's state from this many elements on is "at size" (a whole model: 16 M parameters, 64 MB
 /// in f32): each evaluation of the reference is a whole model's, and the worker evaluates fewer
-/// (`reference_py/golden_ref/evaluate.py`, `AT_SIZE`).
+/// (`reference_py/golden_ref/evaluate.py`: its module docstring says which).
 pub const AT_SIZE: usize = 1 << 24;
 
-/// Nudged evaluations per case for a state of `elements`: [`PERTURBATIONS`] below [`AT_SIZE`], two
-/// at size (with the real inputs' own error, three samples of the reference's rounding error per
-/// element, where four whole-model evaluations in each precision would cost minutes per case; the
-/// benchmark `cargo xtask bench-scale` prints how close a right port comes to the bound).
+/// Nudged evaluations per case for a checkpoint's state of `elements`: [`PERTURBATIONS`] below
+/// [`AT_SIZE`], three at size, where the worker evaluates them in the case dtype only. With the
+/// real inputs' own error that is four samples per element of the reference's error, against the
+/// float64 answer at the real inputs (rounding and the output's move under the nudge at once):
+/// one float64 evaluation of the whole model per case instead of five.
 pub fn perturbations(elements: usize) -> u32 {
     if elements >= AT_SIZE {
-        2
+        3
     } else {
         PERTURBATIONS
     }
