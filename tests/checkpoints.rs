@@ -193,3 +193,113 @@ fn a_checkpoint_that_does_not_fit_fails_once_before_any_case_with_the_fix() {
         "said once: {msg}"
     );
 }
+
+/// candle-transformers' Llama given the input ids shifted by one (a tokenizer's off-by-one), with
+/// the one point of a third-party model a port can tap from outside: the embedding, read from the
+/// same VarBuilder (candle-transformers' blocks are private).
+fn shifted_port(inputs: &golden::PortInputs) -> Result<golden::Outputs, String> {
+    use golden::IntoOutputs;
+    let config = llama::Config {
+        hidden_size: 32,
+        intermediate_size: 64,
+        vocab_size: VOCAB,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        use_flash_attn: false,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        bos_token_id: None,
+        eos_token_id: None,
+        rope_scaling: None,
+        max_position_embeddings: 64,
+        tie_word_embeddings: true,
+    };
+    let logits = (|| -> candle_core::Result<Tensor> {
+        let vb = inputs.var_builder();
+        let ids = inputs.tensor(0);
+        let plus_one: Vec<f32> = ids
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(|i| (i + 1.0) % VOCAB as f32)
+            .collect();
+        let shifted =
+            Tensor::from_vec(plus_one, ids.shape(), &Device::Cpu)?.to_dtype(ids.dtype())?;
+        let embedding = candle_nn::embedding(VOCAB, 32, vb.pp("model.embed_tokens"))?;
+        golden::tap(
+            "model.embed_tokens",
+            &candle_core::Module::forward(&embedding, &shifted)?,
+        );
+        let model = llama::Llama::load(vb, &config)?;
+        let mut cache = llama::Cache::new(false, DType::F32, &config, &Device::Cpu)?;
+        model.forward(&shifted, 0, &mut cache)
+    })();
+    logits.into_outputs()
+}
+
+#[test]
+fn a_traced_failure_on_a_checkpoint_stops_shrinking_at_a_stable_divergence_and_refers_to_the_file()
+{
+    let scratch = Scratch::new("k_llama_shifted");
+    let weights = make_checkpoint(&scratch.dir.join("model"), None);
+    let layer = llama_layer("k_llama_shifted", &weights, true)
+        .trace()
+        .declared_at(scratch.declared);
+    let failure = golden::check(&layer, &shifted_port).expect_err("shifted input ids passed");
+    let msg = failure.to_string();
+    println!("{msg}");
+    assert!(
+        msg.lines()
+            .next()
+            .unwrap()
+            .contains("at `model.embed_tokens`"),
+        "{msg}"
+    );
+    // Every failing case diverges first at the embedding: shrinking stops after three in a row.
+    assert!(
+        msg.contains(
+            "note: shrinking stopped once the first divergence held still: `model.embed_tokens` \
+             on 3 failing cases in a row"
+        ),
+        "{msg}"
+    );
+    // The artifacts refer to the checkpoint (its path and hash) and copy none of its tensors.
+    let dir = PathBuf::from(
+        msg.lines()
+            .find(|l| l.contains("/failures/"))
+            .expect("the artifacts' folder")
+            .trim(),
+    );
+    let case: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).unwrap()).unwrap();
+    let file = golden::answers::checkpoint::open(&weights).unwrap();
+    assert_eq!(case["checkpoint"]["hash"], file.hash_hex(), "{case:#}");
+    assert_eq!(
+        case["checkpoint"]["path"],
+        weights.display().to_string(),
+        "{case:#}"
+    );
+    assert_eq!(
+        case["checkpoint"]["entries"]["lm_head.weight"][0], "model.embed_tokens.weight",
+        "{case:#}"
+    );
+    assert!(
+        !dir.join("state_dict").exists(),
+        "the state_dict was copied"
+    );
+    // repro.py reads the file and reproduces the failure.
+    let python = golden::describe::env::python().program;
+    let out = std::process::Command::new(python)
+        .arg(dir.join("repro.py"))
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("leaf `out`")
+            && text.contains("reference run again gives exactly what the test saw"),
+        "repro.py: {text}"
+    );
+}

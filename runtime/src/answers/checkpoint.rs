@@ -292,6 +292,26 @@ impl Checkpoint {
     }
 }
 
+/// The resolved states made so far in this process, by id: what a failure's artifacts refer to
+/// (`report/artifacts.rs`: the checkpoint's path and hash, never a copy of its tensors).
+fn registry() -> &'static Mutex<HashMap<u64, std::sync::Weak<Resolved>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<u64, std::sync::Weak<Resolved>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// Make `resolved` findable by its id ([`resolved`]).
+pub fn register(resolved: &Arc<Resolved>) {
+    registry()
+        .lock()
+        .unwrap()
+        .insert(resolved.id, Arc::downgrade(resolved));
+}
+
+/// The resolved state of id `id`, while one made in this process is alive.
+pub fn resolved(id: u64) -> Option<Arc<Resolved>> {
+    registry().lock().unwrap().get(&id)?.upgrade()
+}
+
 /// Where one entry of the reference's state_dict comes from.
 #[derive(Clone, Debug)]
 pub enum Served {

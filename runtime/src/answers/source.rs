@@ -329,6 +329,7 @@ impl Source {
         let path = layer.weights_path().expect("weights were declared");
         let file = checkpoint::open(&path).map_err(|e| vec![e])?;
         let resolved = Arc::new(file.resolve(spec, &layer.rename)?);
+        checkpoint::register(&resolved);
         self.weights.borrow_mut().insert(key, Arc::clone(&resolved));
         Ok(resolved)
     }
