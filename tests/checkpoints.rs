@@ -25,11 +25,16 @@ const VOCAB: usize = 96;
 
 /// A tiny Llama checkpoint made with `save_pretrained` in `dir` (`drop`: an entry left out).
 fn make_checkpoint(dir: &Path, drop: Option<&str>) -> PathBuf {
+    make_shape("tiny", dir, drop)
+}
+
+/// A checkpoint of `shape` (`reference_py/scale_ref/make_checkpoint.py`) in `dir`.
+fn make_shape(shape: &str, dir: &Path, drop: Option<&str>) -> PathBuf {
     let python = golden::describe::env::python().program;
     let mut command = std::process::Command::new(python);
     command
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/reference_py"))
-        .args(["-m", "scale_ref.make_checkpoint", "tiny"])
+        .args(["-m", "scale_ref.make_checkpoint", shape])
         .arg(dir);
     if let Some(name) = drop {
         command.args(["0", "--drop", name]);
@@ -302,4 +307,63 @@ fn a_traced_failure_on_a_checkpoint_stops_shrinking_at_a_stable_divergence_and_r
             && text.contains("reference run again gives exactly what the test saw"),
         "repro.py: {text}"
     );
+}
+
+#[test]
+fn a_port_that_asks_whether_the_checkpoint_holds_a_tied_name_is_told_as_the_file_would() {
+    // candle-transformers' Qwen2 reads `lm_head.weight` when the VarBuilder says it holds one and
+    // the embedding otherwise; save_pretrained's file holds only `model.embed_tokens.weight`. Told
+    // that the tied name is there, it read a weight no real checkpoint has and failed the check.
+    use candle_transformers::models::qwen2;
+    let scratch = Scratch::new("k_qwen2_tied");
+    let weights = make_shape("tiny-qwen2", &scratch.dir.join("model"), None);
+    let layer = Layer::module("k_qwen2_tied", "scale_ref.Qwen2LastLogits")
+        .config("transformers.Qwen2Config")
+        .config_value("vocab_size", VOCAB)
+        .config_value("hidden_size", 32)
+        .config_value("intermediate_size", 64)
+        .config_value("num_hidden_layers", 2)
+        .config_value("num_attention_heads", 4)
+        .config_value("num_key_value_heads", 2)
+        .config_value("max_position_embeddings", 64)
+        .config_value("rms_norm_eps", 1e-6)
+        .config_value("rope_theta", 10_000.0)
+        .config_value("tie_word_embeddings", true)
+        .config_value("sliding_window", 64)
+        .config_value("max_window_layers", 2)
+        .config_value("use_sliding_window", false)
+        .weights(weights.to_str().unwrap())
+        .dim("b", 1, 2)
+        .dim("t", 1, 8)
+        .arg(
+            "input_ids",
+            [DimExpr::from("b"), DimExpr::from("t")],
+            Dist::int(0, VOCAB as i64),
+        )
+        .cases(3)
+        .timeout(180.0)
+        .declared_at(scratch.declared);
+    let port = |inputs: &golden::PortInputs| -> Result<golden::Outputs, String> {
+        use golden::IntoOutputs;
+        let config = qwen2::Config {
+            vocab_size: VOCAB,
+            hidden_size: 32,
+            intermediate_size: 64,
+            num_hidden_layers: 2,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            max_position_embeddings: 64,
+            sliding_window: 64,
+            max_window_layers: 2,
+            tie_word_embeddings: true,
+            rope_theta: 10_000.0,
+            rms_norm_eps: 1e-6,
+            use_sliding_window: false,
+            hidden_act: candle_nn::Activation::Silu,
+        };
+        qwen2::ModelForCausalLM::new(&config, inputs.var_builder())
+            .and_then(|mut m| m.forward(inputs.tensor(0), 0))
+            .into_outputs()
+    };
+    golden::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
 }

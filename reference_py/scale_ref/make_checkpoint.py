@@ -2,7 +2,7 @@
 
     python -m scale_ref.make_checkpoint SHAPE DIR [SEED] [--drop NAME]
 
-SHAPE is `tiny` (a few MB, for tests), `smollm2-135m` or `qwen2.5-0.5b` (the Hugging Face configs
+SHAPE is `tiny` or `tiny-qwen2` (a few MB, for tests), `smollm2-135m` or `qwen2.5-0.5b` (the Hugging Face configs
 of SmolLM2-135M and Qwen2.5-0.5B, tied embeddings as theirs). Writes DIR/model.safetensors and
 DIR/config.json, and prints the config as JSON on stdout. `--drop NAME` leaves the entry NAME out
 of the file (a checkpoint that does not fit its module, for the tests)."""
@@ -18,6 +18,11 @@ SHAPES = {
         vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)),
+    "tiny-qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True,
+        sliding_window=64, max_window_layers=2, use_sliding_window=False)),
     "smollm2-135m": (LlamaConfig, LlamaForCausalLM, dict(
         vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,

@@ -451,6 +451,9 @@ struct Tracked {
     reads: Mutex<BTreeSet<String>>,
     /// The names the port asked for itself (`reads` adds the other names of a tied group).
     asked: Mutex<BTreeSet<String>>,
+    /// Served names a checkpoint of the module does not hold ([`StateDict::not_in_checkpoints`]):
+    /// `contains_tensor` says no for them, as a VarBuilder over the real file would.
+    unsaved: Mutex<BTreeSet<String>>,
     issues: Mutex<Vec<ParamIssue>>,
 }
 
@@ -531,7 +534,9 @@ impl SimpleBackend for Backend {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
-        self.0.tensors.contains_key(name)
+        // A tied name the checkpoint does not hold is not there, as in the real file: a port that
+        // asks first (candle-transformers' Qwen2 does, for `lm_head.weight`) takes its tied path.
+        self.0.tensors.contains_key(name) && !self.0.unsaved.lock().unwrap().contains(name)
     }
 }
 
@@ -659,6 +664,7 @@ impl StateDict {
                 aliases,
                 reads: Mutex::new(BTreeSet::new()),
                 asked: Mutex::new(BTreeSet::new()),
+                unsaved: Mutex::new(BTreeSet::new()),
                 issues: Mutex::new(Vec::new()),
             }),
             dtype,
@@ -735,6 +741,7 @@ impl StateDict {
                 aliases,
                 reads: Mutex::new(BTreeSet::new()),
                 asked: Mutex::new(BTreeSet::new()),
+                unsaved: Mutex::new(BTreeSet::new()),
                 issues: Mutex::new(Vec::new()),
             }),
             dtype,
@@ -793,6 +800,22 @@ impl StateDict {
     /// Problems met while the port built itself (missing names, wrong shapes).
     pub fn request_issues(&self) -> Vec<ParamIssue> {
         self.inner.issues.lock().unwrap().clone()
+    }
+
+    /// Tell the VarBuilder which names (the reference's) a checkpoint of the module does not hold:
+    /// `contains_tensor` answers no for them, reading one is still served (and reported by
+    /// [`Self::unsaved_reads`]).
+    pub fn not_in_checkpoints(&self, unsaved: &[String]) {
+        let mut set = self.inner.unsaved.lock().unwrap();
+        for n in unsaved {
+            let served = self
+                .inner
+                .renamed
+                .iter()
+                .find(|(_, reference)| reference.as_str() == n)
+                .map_or(n.clone(), |(port, _)| port.clone());
+            set.insert(served);
+        }
     }
 
     /// Names the port read that a checkpoint of the module does not hold (`unsaved`, the

@@ -256,6 +256,9 @@ pub(crate) fn run_port(
             )?),
             (Form::Function, None | Some(_)) => None,
         };
+        if let Some(state) = &state {
+            state.not_in_checkpoints(&reference.unsaved);
+        }
         Ok((tensors, state))
     })();
     let (tensors, state) = match prepared {
