@@ -13,8 +13,9 @@
 //! repro.py             loads all that, runs the reference again, prints the same comparison
 //! ```
 //!
-//! With `trace`, `reference/` and `port/` hold the trace points too (`trace.<point>.npy`), and
-//! `trace/reference/` and `trace/port/` hold them again as `NNN_<point>.npy`, numbered in the
+//! With `trace`, `reference/` and `port/` hold the trace points the port tapped too
+//! (`trace.<point>.npy`), and `trace/reference/` (every point) and `trace/port/` hold them again as
+//! `NNN_<point>.npy`, numbered in the
 //! reference's execution order, with that order in `order.txt` too, for
 //! `golden diff trace/reference trace/port`.
 //!
@@ -249,9 +250,18 @@ pub fn write(
     };
     if let Some(reference) = &failure.reference {
         write_all(&dir, "state_dict", &state_dict)?;
-        write_all(&dir, "reference", &reference.expected)?;
+        // A trace point the port did not tap was compared with nothing: its tensor is in
+        // trace/reference/ alone (for `golden diff` and the report), not again here with its
+        // rounding estimate; a whole model's trace is hundreds of points.
+        let compared = |(n, _): &&(String, HostTensor)| {
+            !crate::judge::trace::is_trace(n) || failure.port_outputs.iter().any(|(p, _)| p == n)
+        };
+        let kept = |tensors: &[(String, HostTensor)]| -> Vec<(String, HostTensor)> {
+            tensors.iter().filter(compared).cloned().collect()
+        };
+        write_all(&dir, "reference", &kept(&reference.expected))?;
         if let Some(rounding) = &reference.rounding {
-            write_all(&dir, "rounding", rounding)?;
+            write_all(&dir, "rounding", &kept(rounding))?;
         }
         for (name, t) in &reference.expected {
             let has_rounding = reference

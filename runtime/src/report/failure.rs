@@ -968,7 +968,7 @@ fn write_steps(
 /// The trace of a failed case: every tapped point in the reference's execution order with its error
 /// relative to its tolerance, the drift line, and the points the port did not tap.
 /// A trace of up to this many points is shown whole in a failure message.
-const TRACE_SHOWN: usize = 24;
+const TRACE_SHOWN: usize = 40;
 /// Points shown before and after the first divergence in a longer one.
 const TRACE_BEFORE: usize = 3;
 const TRACE_AFTER: usize = 6;

@@ -808,6 +808,14 @@ fn run_dtype(
                     unrecorded_shrinks.get()
                 ));
             }
+            if let Some(point) = stable.into_inner() {
+                f.notes.push(format!(
+                    "note: shrinking stopped once the first divergence held still: `{}` on {} \
+                     failing cases in a row",
+                    point.trim_start_matches(crate::judge::trace::PREFIX),
+                    STABLE_DIVERGENCE
+                ));
+            }
             // Shrinking keeps the failure but can erase its evidence (a bias is invisible with a
             // batch of one), and a cause is only told when it holds on two failing cases: the
             // runner gets another failing case too.
@@ -835,14 +843,6 @@ fn run_dtype(
                         .map_or("proptest's regressions file".into(), |f| f
                             .display()
                             .to_string())
-                ));
-            }
-            if let Some(point) = stable.into_inner() {
-                f.notes.push(format!(
-                    "note: shrinking stopped once the first divergence held still: `{}` on {} \
-                     failing cases in a row",
-                    point.trim_start_matches(crate::judge::trace::PREFIX),
-                    STABLE_DIVERGENCE
                 ));
             }
             f.shrunk_from = Some((first, shrink_steps.get()));
