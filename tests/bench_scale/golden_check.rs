@@ -65,7 +65,8 @@ fn main() {
     let layer = if wrong { layer.trace() } else { layer };
     let port = move |inputs: &golden::PortInputs| {
         let ids = if wrong {
-            match models::shifted_with_embedding_tap(shape, inputs.var_builder(), inputs.tensor(0)) {
+            match models::shifted_with_embedding_tap(shape, inputs.var_builder(), inputs.tensor(0))
+            {
                 Ok(ids) => ids,
                 Err(e) => return Err(e.to_string()),
             }

@@ -161,7 +161,10 @@ fn measure(
                 .arg(&store)
                 .args([CASES, TOKENS]),
         )?;
-        let failed = ran.fields.iter().any(|(k, v)| k == "verdict" && v == "fail");
+        let failed = ran
+            .fields
+            .iter()
+            .any(|(k, v)| k == "verdict" && v == "fail");
         if failed != (mode == "fail") {
             return Err(format!(
                 "golden's {mode} check of {shape} did not come out as it should (a right port \
