@@ -187,7 +187,7 @@ impl Checkpoint {
             let group: Vec<&str> = spec
                 .aliases
                 .iter()
-                .find(|g| g.iter().any(|n| *n == entry.name))
+                .find(|g| g.contains(&entry.name))
                 .map(|g| g.iter().map(String::as_str).collect())
                 .unwrap_or_else(|| vec![entry.name.as_str()]);
             // Its own name first (served, then as the reference has it), then the tied ones.
@@ -330,8 +330,11 @@ pub struct Resolved {
     pub checkpoint: Arc<Checkpoint>,
     /// Every state_dict entry, by the reference's name, in state_dict order.
     pub entries: Vec<(String, Served)>,
-    converted: Mutex<HashMap<&'static str, Arc<Vec<(String, HostTensor)>>>>,
+    converted: Mutex<HashMap<&'static str, Named>>,
 }
+
+/// A state's tensors in one dtype, by the reference's names.
+type Named = Arc<Vec<(String, HostTensor)>>;
 
 impl std::fmt::Debug for Resolved {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
