@@ -6,7 +6,7 @@
 //! `forward(x, index_pos, &mut cache)`), take no attention mask (so no padded batches) and return
 //! only the last position's logits, which golden compares there and says so.
 //!
-//! What golden finds in them is asserted here and written in the README. Each check has a golden
+//! What golden finds in them is asserted here and written in the book (docs/src/). Each check has a golden
 //! store in `tests/golden/`, so the assertions hold in replay, with no Python.
 
 // A `Failure` carries the whole failing case; these helpers return it as the checks do.

@@ -365,7 +365,7 @@ fn a_wrong_backward_in_a_llama_decoder_layer_is_shrunk_cheaply_and_located_once(
     });
     let calls = calls.load(Ordering::Relaxed);
     let (_, steps) = f.shrunk_from.clone().expect("shrunk");
-    // A figure for the README, not an assertion.
+    // A figure for the book (docs/src/gradients.md), not an assertion.
     eprintln!(
         "a failing gradient check (Llama decoder layer, wrong SiLU backward): {:.1} s, {calls} \
          calls of the port, {steps} shrinking steps",

@@ -13,7 +13,7 @@
 //! flavoured markdown parsed by `pulldown-cmark`, every table whole. The same holds with the base
 //! given as the base run's results folder. 3000 failing checks are cut to the limit with a count,
 //! never a broken table. The summary of the two runs is written to
-//! `target/golden/pr-summary.md` (the README shows it).
+//! `target/golden/pr-summary.md` (the book shows it: docs/src/snapshots.md).
 
 use candle_core::{Tensor, D};
 use candle_nn::{linear_no_bias, Module};
@@ -542,14 +542,17 @@ fn thousands_of_failures_are_cut_to_github_s_limit_with_a_count_never_a_broken_t
 }
 
 #[test]
-fn the_readme_shows_the_recipe_the_example_crate_runs() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+fn the_book_shows_the_recipe_the_example_crate_runs() {
+    let chapter = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/snapshots.md"
+    ))
+    .unwrap();
     let workflow =
         std::fs::read_to_string(format!("{EXAMPLE}/.github/workflows/golden.yml")).unwrap();
     assert!(
-        readme.contains(&format!("```yaml\n{}```", workflow)),
-        "README.md's Pull requests section must show examples/port-llama/.github/workflows/golden.yml \
+        chapter.contains(&format!("```yaml\n{}```", workflow)),
+        "the book's Pull requests section (docs/src/snapshots.md) must show examples/port-llama/.github/workflows/golden.yml \
          as it is (CI runs that file)"
     );
 }

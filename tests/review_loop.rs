@@ -1,4 +1,4 @@
-//! The record → review → replay loop as the README tells it, and the saved failing cases a check
+//! The record → review → replay loop as the book tells it (docs/src/your-crate.md, docs/src/snapshots.md), and the saved failing cases a check
 //! replays first:
 //!
 //! * `GOLDEN_MODE=record` brings the committed snapshot's store lines up to date with the store it

@@ -197,7 +197,7 @@ with tarfile.open(evil, "w") as t:
 #[test]
 fn two_large_archives_are_compared_in_bounded_memory() {
     // Two archives of 32 tensors of 4 MiB each (128 MiB a side; GOLDEN_VIEW_LARGE_MIB sets
-    // another size, such as 2048 for the figure in the README), made here with the tar crate; B
+    // another size, such as 2048 for the figure in docs/src/dump-viewer.md), made here with the tar crate; B
     // differs from A in one element of the last tensor.
     let mib: usize = std::env::var("GOLDEN_VIEW_LARGE_MIB")
         .ok()

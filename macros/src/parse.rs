@@ -1,429 +1,76 @@
-//! Parsing `#[golden_layer(...)]` into a plain description that keeps every span for errors.
+//! The grammar of the options' values: tokens into the plain description of `decl.rs`, keeping
+//! the spans errors point at. Which option reads which grammar is the table's (`options.rs`);
+//! what the values mean together is judged by `validate.rs`.
+//!
+//! A list goes on after a malformed item (`list`), so that every malformed item of a list is
+//! reported, not only the first.
 
-use proc_macro2::TokenStream;
-use quote::{quote, ToTokens};
-use syn::parse::{Parse, ParseStream};
-use syn::punctuated::Punctuated;
+use crate::decl::{
+    ArgDecl, Axis, BoundDecl, ConfigDecl, DecodeDecl, DimDecl, DimValueDecl, DistDecl, GradDecl,
+    InvariantDecl, InvariantsDecl, KeyValue, OverfitDecl, StepsDecl, ValueDecl, WrtName,
+};
+use crate::errors::Errors;
+use quote::quote;
+use syn::parse::ParseStream;
 use syn::{bracketed, parenthesized, Error, Ident, Lit, LitInt, LitStr, Result, Token};
 
-/// The options in the order the grammar lists them; used in the unknown-option error.
-pub const OPTIONS: &[&str] = &[
-    "reference",
-    "backend",
-    "dims",
-    "args",
-    "consts",
-    "init",
-    "config",
-    "dtype",
-    "dtypes",
-    "tol",
-    "cases",
-    "grad",
-    "overfit",
-    "timeout",
-    "trace",
-    "params",
-    "weights",
-    "rename",
-    "decode",
-    "steps",
-    "invariants",
-];
-
-/// `name = lo..=hi` (or `lo..hi`, or a single size).
-pub struct DimDecl {
-    pub name: Ident,
-    pub lo: usize,
-    pub hi: usize,
-}
-
-/// One axis of a shape.
-pub enum Axis {
-    Sym(Ident),
-    Lit(usize),
-    /// An integer expression of dims: `heads * head_dim`.
-    Expr(DimValueDecl),
-}
-
-/// A bound of `int(lo..hi)`.
-pub enum BoundDecl {
-    Lit(i64),
-    Dim(Ident),
-}
-
-/// `~ DIST`.
-pub enum DistDecl {
-    Normal(f64, f64),
-    Uniform(f64, f64),
-    Int(BoundDecl, BoundDecl),
-    Bool,
-    /// `positions` or `positions(max)`: position ids up to the configuration's (or `max`).
-    Positions(Option<BoundDecl>),
-}
-
-/// `name = [axes] ~ dist`.
-pub struct ArgDecl {
-    pub name: Ident,
-    pub shape: Vec<Axis>,
-    pub dist: Option<DistDecl>,
-}
-
-/// A value of `consts(...)` / `init(...)` / `config = "..."(...)`: kept as tokens for the Rust
-/// call, and as a `golden::Value` expression for the reference.
-pub enum ValueDecl {
-    Int(TokenStream),
-    Float(TokenStream),
-    Bool(TokenStream),
-    Str(LitStr),
-    List(Vec<ValueDecl>),
-    /// `{"key": value, ...}`: a Python dict.
-    Dict(Vec<(LitStr, ValueDecl)>),
-    /// `None`.
-    None,
-    /// An integer from the case's dims: `d`, `2 * d`, `(a + b) * 4`, `d / h`.
-    Dims(DimValueDecl),
-    /// `one_of(a, b, ...)`: a configuration sweep, one value drawn per case (the keyword for
-    /// errors).
-    OneOf(Ident, Vec<ValueDecl>),
-    /// `lo..=hi` (or `lo..hi`): a sweep over the integers, drawn per case (its span for errors).
-    Range(i64, i64, proc_macro2::Span),
-}
-
-/// An integer expression of dims, with the spans of its dims for errors.
-pub enum DimValueDecl {
-    Dim(Ident),
-    Lit(i64),
-    /// `+`, `-`, `*` or `/`.
-    Op(char, Box<DimValueDecl>, Box<DimValueDecl>),
-}
-
-impl DimValueDecl {
-    /// Whether it divides by the number 0 somewhere.
-    pub fn divides_by_zero(&self) -> bool {
-        match self {
-            DimValueDecl::Op('/', _, b) if matches!(**b, DimValueDecl::Lit(0)) => true,
-            DimValueDecl::Op(_, a, b) => a.divides_by_zero() || b.divides_by_zero(),
-            _ => false,
-        }
-    }
-
-    /// The dims it names.
-    pub fn dims(&self) -> Vec<&Ident> {
-        match self {
-            DimValueDecl::Dim(d) => vec![d],
-            DimValueDecl::Lit(_) => Vec::new(),
-            DimValueDecl::Op(_, a, b) => {
-                let mut out = a.dims();
-                out.extend(b.dims());
-                out
-            }
+/// Skip to the next `,` of this level (or its end): where parsing goes on after a mistake.
+pub fn skip_to_comma(input: ParseStream) {
+    while !input.is_empty() && !input.peek(Token![,]) {
+        // A token tree: a group (`(...)`, `[...]`) is skipped whole, commas inside it too.
+        if input.parse::<proc_macro2::TokenTree>().is_err() {
+            break;
         }
     }
 }
 
-impl ValueDecl {
-    /// Whether an integer expression of dims in it divides by the number 0.
-    pub fn divides_by_zero(&self) -> bool {
-        match self {
-            ValueDecl::Dims(e) => e.divides_by_zero(),
-            ValueDecl::List(items) | ValueDecl::OneOf(_, items) => {
-                items.iter().any(ValueDecl::divides_by_zero)
-            }
-            ValueDecl::Dict(items) => items.iter().any(|(_, v)| v.divides_by_zero()),
-            _ => false,
-        }
-    }
-
-    /// The dims it names, anywhere inside it.
-    pub fn dims(&self) -> Vec<&Ident> {
-        match self {
-            ValueDecl::Dims(e) => e.dims(),
-            ValueDecl::List(items) | ValueDecl::OneOf(_, items) => {
-                items.iter().flat_map(ValueDecl::dims).collect()
-            }
-            ValueDecl::Dict(items) => items.iter().flat_map(|(_, v)| v.dims()).collect(),
-            _ => Vec::new(),
-        }
-    }
-}
-
-pub struct KeyValue {
-    pub name: Ident,
-    pub value: ValueDecl,
-}
-
-/// One name in `grad(wrt = [...])`: an argument (an identifier) or a parameter (a string).
-pub enum WrtName {
-    Arg(Ident),
-    Param(LitStr),
-}
-
-/// `grad` or `grad(wrt = [...], eps = .., atol = .., rtol = .., mode = fast|full, cases = N)`.
-#[derive(Default)]
-pub struct GradDecl {
-    pub wrt: Option<Vec<WrtName>>,
-    pub eps: Option<f64>,
-    pub atol: Option<f64>,
-    pub rtol: Option<f64>,
-    pub full: Option<bool>,
-    pub cases: Option<u32>,
-}
-
-/// `overfit` or `overfit(steps = N, loss = mse|cross_entropy, optimizer = sgd|adamw, lr = ..,
-/// ratio = .., threshold = ..)`.
-pub struct OverfitDecl {
-    /// The `overfit` keyword (errors about the form point here).
-    pub key: Ident,
-    pub steps: Option<u32>,
-    pub loss: Option<Ident>,
-    pub optimizer: Option<Ident>,
-    pub lr: Option<f64>,
-    pub ratio: Option<f64>,
-    pub threshold: Option<f64>,
-}
-
-/// `decode` or `decode(over = input_ids, axis = 1, padding, generate = N, window = W)`: drive the
-/// module through a schedule of calls.
-pub struct DecodeDecl {
-    /// The `decode` keyword (errors about the form point here).
-    pub key: Ident,
-    /// The sequence argument (default: the first of `args`).
-    pub over: Option<Ident>,
-    pub axis: Option<usize>,
-    pub padding: bool,
-    pub generate: Option<usize>,
-    pub window: Option<usize>,
-}
-
-impl DecodeDecl {
-    /// Bare `decode`: every option at its default.
-    fn bare(key: Ident) -> Self {
-        DecodeDecl {
-            key,
-            over: None,
-            axis: None,
-            padding: false,
-            generate: None,
-            window: None,
-        }
-    }
-}
-
-fn parse_decode(key: Ident, input: ParseStream) -> Result<DecodeDecl> {
-    let mut d = DecodeDecl::bare(key);
-    const HELP: &str = "expected `over = <argument>`, `axis = N`, `padding`, `generate = N` or \
-                        `window = N`";
+/// `item, item, ...` (a trailing comma allowed): every item's mistake reported, each item parsed
+/// after the previous one's mistake from its next comma on.
+pub fn list<T>(
+    input: ParseStream,
+    mut item: impl FnMut(ParseStream) -> Result<T>,
+) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    let mut errors = Errors::default();
     while !input.is_empty() {
-        let key: Ident = input.parse()?;
-        let number = |input: ParseStream| -> Result<usize> {
-            input.parse::<Token![=]>()?;
-            let lit: LitInt = input.parse()?;
-            lit.base10_parse()
-        };
-        match key.to_string().as_str() {
-            "over" => {
-                input.parse::<Token![=]>()?;
-                d.over = Some(input.parse()?);
+        match item(input) {
+            Ok(v) => out.push(v),
+            Err(e) => {
+                errors.push_error(e);
+                skip_to_comma(input);
             }
-            "axis" => d.axis = Some(number(input)?),
-            "padding" => d.padding = true,
-            "generate" => {
-                let n = number(input)?;
-                if n == 0 {
-                    return Err(Error::new(key.span(), "`generate` must be at least 1"));
-                }
-                d.generate = Some(n);
-            }
-            "window" => {
-                let n = number(input)?;
-                if n == 0 {
-                    return Err(Error::new(key.span(), "`window` must be at least 1"));
-                }
-                d.window = Some(n);
-            }
-            _ => return Err(Error::new(key.span(), HELP)),
         }
         if input.is_empty() {
             break;
         }
-        input.parse::<Token![,]>()?;
-    }
-    Ok(d)
-}
-
-/// `steps(over = k, carry(x = out, h = "out.1"))`: drive a step function through a loop.
-pub struct StepsDecl {
-    /// The `steps` keyword.
-    pub key: Ident,
-    /// The dim that counts the steps.
-    pub over: Ident,
-    /// `(argument, output leaf)`.
-    pub carry: Vec<(Ident, String)>,
-}
-
-fn parse_steps(key: Ident, input: ParseStream) -> Result<StepsDecl> {
-    const HELP: &str = "expected `steps(over = <dim>, carry(<argument> = <output>, ...))`, e.g. \
-                        `steps(over = k, carry(x = out))`";
-    let mut over = None;
-    let mut carry = Vec::new();
-    while !input.is_empty() {
-        let name: Ident = input.parse().map_err(|e| Error::new(e.span(), HELP))?;
-        match name.to_string().as_str() {
-            "over" => {
-                input.parse::<Token![=]>()?;
-                over = Some(input.parse::<Ident>()?);
-            }
-            "carry" => {
-                let content;
-                parenthesized!(content in input);
-                carry = comma_list(&content, |i| {
-                    let arg: Ident = i.parse()?;
-                    i.parse::<Token![=]>()?;
-                    let leaf = if i.peek(LitStr) {
-                        i.parse::<LitStr>()?.value()
-                    } else {
-                        i.parse::<Ident>()?.to_string()
-                    };
-                    Ok((arg, leaf))
-                })?;
-            }
-            _ => return Err(Error::new(name.span(), HELP)),
+        if let Err(e) = input.parse::<Token![,]>() {
+            errors.push_error(e);
+            skip_to_comma(input);
+            let _ = input.parse::<Option<Token![,]>>();
         }
-        if input.is_empty() {
-            break;
-        }
-        input.parse::<Token![,]>()?;
     }
-    let over = over.ok_or_else(|| Error::new(key.span(), HELP))?;
-    Ok(StepsDecl { key, over, carry })
+    errors.finish().map(|()| out)
 }
 
-/// One invariant as written: `finite`, `sums_to_one(dim = -1)`, `range(-10.0, 10.0)`; checked
-/// when rendered, so that every mistake is reported at once.
-pub struct InvariantDecl {
-    pub name: Ident,
-    /// `None` without parentheses; else each argument: its keyword if any, its value, its span.
-    pub args: Option<Vec<(Option<Ident>, f64, proc_macro2::Span)>>,
+/// `(item, item, ...)`.
+pub fn parenthesized_list<T>(
+    input: ParseStream,
+    item: impl FnMut(ParseStream) -> Result<T>,
+) -> Result<Vec<T>> {
+    let content;
+    parenthesized!(content in input);
+    list(&content, item)
 }
 
-/// `invariants(out = [finite, ...], "out.logits" = [...])`: the leaf's name, its span, its
-/// invariants.
-pub struct InvariantsDecl {
-    pub key: Ident,
-    pub leaves: Vec<(String, proc_macro2::Span, Vec<InvariantDecl>)>,
+/// Whether a parenthesized group follows (`grad(...)` rather than bare `grad`).
+pub fn has_parens(input: ParseStream) -> bool {
+    input.peek(syn::token::Paren)
 }
 
-fn parse_invariant(input: ParseStream) -> Result<InvariantDecl> {
-    let name: Ident = input.parse().map_err(|e| {
-        Error::new(
-            e.span(),
-            "expected an invariant: `finite`, `non_negative`, `sums_to_one(dim = -1)` or \
-             `range(lo, hi)`",
-        )
-    })?;
-    let args = if input.peek(syn::token::Paren) {
-        let content;
-        parenthesized!(content in input);
-        Some(comma_list(&content, |i| {
-            let span = i.span();
-            let key = if i.peek(Ident) && i.peek2(Token![=]) {
-                let key: Ident = i.parse()?;
-                i.parse::<Token![=]>()?;
-                Some(key)
-            } else {
-                None
-            };
-            Ok((key, parse_number(i)?, span))
-        })?)
-    } else {
-        None
-    };
-    Ok(InvariantDecl { name, args })
-}
-
-fn parse_invariants(key: Ident, input: ParseStream) -> Result<InvariantsDecl> {
-    let leaves = comma_list(input, |i| {
-        let (leaf, span) = if i.peek(LitStr) {
-            let s: LitStr = i.parse()?;
-            (s.value(), s.span())
-        } else {
-            let ident: Ident = i.parse().map_err(|e| {
-                Error::new(
-                    e.span(),
-                    "expected an output leaf: `out`, or a string such as `\"out.logits\"`",
-                )
-            })?;
-            (ident.to_string(), ident.span())
-        };
-        i.parse::<Token![=]>()?;
-        let content;
-        bracketed!(content in i);
-        Ok((leaf, span, comma_list(&content, parse_invariant)?))
-    })?;
-    Ok(InvariantsDecl { key, leaves })
-}
-
-/// The whole attribute.
-#[derive(Default)]
-pub struct Attr {
-    pub reference: Option<LitStr>,
-    pub backend: Option<LitStr>,
-    pub dims: Vec<DimDecl>,
-    pub args: Vec<ArgDecl>,
-    pub consts: Vec<KeyValue>,
-    pub init: Vec<KeyValue>,
-    /// `config = "pkg.ConfigClass"(key = value, ...)`, with the keyword.
-    pub config: Option<ConfigDecl>,
-    pub dtypes: Option<(Ident, Vec<Ident>)>,
-    pub tol: Option<(f64, f64)>,
-    pub cases: Option<u32>,
-    pub grad: Option<GradDecl>,
-    pub overfit: Option<OverfitDecl>,
-    /// Seconds.
-    pub timeout: Option<f64>,
-    /// The `trace` keyword, if given.
-    pub trace: Option<Ident>,
-    /// `params = init` (keep the module's own init) or `params = drawn` (the default), with the
-    /// option's keyword for errors.
-    pub params: Option<(Ident, Ident)>,
-    /// `weights = "path"`, with the keyword.
-    pub weights: Option<(Ident, LitStr)>,
-    /// `rename("from" = "to", ...)`, with the keyword.
-    pub rename: Option<(Ident, Vec<(LitStr, LitStr)>)>,
-    /// `decode(...)`.
-    pub decode: Option<DecodeDecl>,
-    /// `steps(...)`.
-    pub steps: Option<StepsDecl>,
-    /// `invariants(...)`.
-    pub invariants: Option<InvariantsDecl>,
-}
-
-/// `config = "pkg.ConfigClass"` or `config = "pkg.ConfigClass"(key = value, ...)`.
-pub struct ConfigDecl {
-    pub key: Ident,
-    pub class: LitStr,
-    pub values: Vec<KeyValue>,
-}
-
-/// `"from" = "to"` in `rename(...)`.
-fn parse_rename(input: ParseStream) -> Result<(LitStr, LitStr)> {
-    let help = |e: Error| {
-        Error::new(
-            e.span(),
-            "expected `\"reference prefix\" = \"port prefix\"`, e.g. \
-             `rename(\"layers.\" = \"encoder.layer.\")`",
-        )
-    };
-    let from: LitStr = input.parse().map_err(help)?;
-    input.parse::<Token![=]>().map_err(help)?;
-    let to: LitStr = input.parse().map_err(help)?;
-    Ok((from, to))
-}
-
-fn comma_list<T>(input: ParseStream, item: fn(ParseStream) -> Result<T>) -> Result<Vec<T>> {
-    let list: Punctuated<T, Token![,]> = Punctuated::parse_terminated_with(input, item)?;
-    Ok(list.into_iter().collect())
+/// `= <what>`.
+pub fn equals<T: syn::parse::Parse>(input: ParseStream) -> Result<T> {
+    input.parse::<Token![=]>()?;
+    input.parse()
 }
 
 fn parse_usize(lit: &LitInt) -> Result<usize> {
@@ -431,7 +78,7 @@ fn parse_usize(lit: &LitInt) -> Result<usize> {
 }
 
 /// A signed number: `1`, `-2.5`, `1e-5`.
-fn parse_number(input: ParseStream) -> Result<f64> {
+pub fn number(input: ParseStream) -> Result<f64> {
     let negative = input.parse::<Option<Token![-]>>()?.is_some();
     let lit: Lit = input.parse()?;
     let value = match &lit {
@@ -442,7 +89,22 @@ fn parse_number(input: ParseStream) -> Result<f64> {
     Ok(if negative { -value } else { value })
 }
 
-fn parse_dim(input: ParseStream) -> Result<DimDecl> {
+/// `= N`, N at least 1.
+pub fn count(key: &Ident, input: ParseStream) -> Result<u32> {
+    input.parse::<Token![=]>()?;
+    let lit: LitInt = input.parse()?;
+    let n: u32 = lit.base10_parse()?;
+    if n == 0 {
+        return Err(Error::new(
+            lit.span(),
+            format!("`{key}` must be at least 1"),
+        ));
+    }
+    Ok(n)
+}
+
+/// `name = lo..=hi`, `name = lo..hi` or `name = n`.
+pub fn dim(input: ParseStream) -> Result<DimDecl> {
     let name: Ident = input.parse()?;
     input.parse::<Token![=]>()?;
     let lo_lit: LitInt = input
@@ -475,7 +137,7 @@ fn parse_dim(input: ParseStream) -> Result<DimDecl> {
     Ok(DimDecl { name, lo, hi })
 }
 
-fn parse_axis(input: ParseStream) -> Result<Axis> {
+fn axis(input: ParseStream) -> Result<Axis> {
     if (input.peek(LitInt) || input.peek(Ident))
         && (input.peek2(Token![,]) || input.peek2(syn::parse::End))
     {
@@ -493,7 +155,7 @@ fn parse_axis(input: ParseStream) -> Result<Axis> {
     Ok(Axis::Expr(dim_value(&expr)?))
 }
 
-fn parse_bound(input: ParseStream) -> Result<BoundDecl> {
+fn bound(input: ParseStream) -> Result<BoundDecl> {
     if input.peek(Ident) {
         return Ok(BoundDecl::Dim(input.parse()?));
     }
@@ -506,14 +168,14 @@ fn parse_bound(input: ParseStream) -> Result<BoundDecl> {
 const DIST_HELP: &str = "expected a distribution: `normal(mean, std)`, `uniform(lo, hi)`, \
      `int(lo..hi)`, `bool` or `positions` (`positions(max)`)";
 
-fn parse_dist(input: ParseStream) -> Result<DistDecl> {
+fn dist(input: ParseStream) -> Result<DistDecl> {
     let name: Ident = input.parse().map_err(|e| Error::new(e.span(), DIST_HELP))?;
     let two_numbers = |input: ParseStream| -> Result<(f64, f64)> {
         let content;
         parenthesized!(content in input);
-        let a = parse_number(&content)?;
+        let a = number(&content)?;
         content.parse::<Token![,]>()?;
-        let b = parse_number(&content)?;
+        let b = number(&content)?;
         content.parse::<Option<Token![,]>>()?;
         if !content.is_empty() {
             return Err(content.error("expected two numbers"));
@@ -551,7 +213,7 @@ fn parse_dist(input: ParseStream) -> Result<DistDecl> {
         "int" => {
             let content;
             parenthesized!(content in input);
-            let lo = parse_bound(&content).map_err(|e| {
+            let lo = bound(&content).map_err(|e| {
                 Error::new(e.span(), "expected `int(lo..hi)`, e.g. `int(0..vocab)`")
             })?;
             if content.peek(Token![..=]) {
@@ -561,7 +223,7 @@ fn parse_dist(input: ParseStream) -> Result<DistDecl> {
             content.parse::<Token![..]>().map_err(|e| {
                 Error::new(e.span(), "expected `int(lo..hi)`, e.g. `int(0..vocab)`")
             })?;
-            let hi = parse_bound(&content)?;
+            let hi = bound(&content)?;
             if !content.is_empty() {
                 return Err(content.error("expected `)` after `int(lo..hi`"));
             }
@@ -574,7 +236,7 @@ fn parse_dist(input: ParseStream) -> Result<DistDecl> {
             }
             let content;
             parenthesized!(content in input);
-            let max = parse_bound(&content).map_err(|e| {
+            let max = bound(&content).map_err(|e| {
                 Error::new(
                     e.span(),
                     "expected `positions` (up to the configuration's max_position_embeddings) or \
@@ -590,7 +252,8 @@ fn parse_dist(input: ParseStream) -> Result<DistDecl> {
     }
 }
 
-fn parse_arg(input: ParseStream) -> Result<ArgDecl> {
+/// `name = [axes] ~ dist`.
+pub fn arg(input: ParseStream) -> Result<ArgDecl> {
     let name: Ident = input.parse()?;
     input.parse::<Token![=]>()?;
     if !input.peek(syn::token::Bracket) {
@@ -598,10 +261,10 @@ fn parse_arg(input: ParseStream) -> Result<ArgDecl> {
     }
     let content;
     bracketed!(content in input);
-    let shape = comma_list(&content, parse_axis)?;
+    let shape = list(&content, axis)?;
     let dist = if input.peek(Token![~]) {
         input.parse::<Token![~]>()?;
-        Some(parse_dist(input)?)
+        Some(dist(input)?)
     } else {
         None
     };
@@ -611,31 +274,26 @@ fn parse_arg(input: ParseStream) -> Result<ArgDecl> {
 const VALUE_HELP: &str = "expected a value: a number, a bool, a string, None, a dim or an integer \
      expression of dims (`d`, `2 * d`), a list `[...]` or a dict `{\"key\": value}`";
 
-fn parse_value(input: ParseStream) -> Result<ValueDecl> {
-    parse_plain_value(input)
-}
-
-fn parse_plain_value(input: ParseStream) -> Result<ValueDecl> {
+/// A value of `consts`, `init` or `config`.
+fn value(input: ParseStream) -> Result<ValueDecl> {
     if input.peek(Ident) && input.peek2(syn::token::Paren) {
         let fork = input.fork();
         let key: Ident = fork.parse()?;
         if key == "one_of" {
             input.parse::<Ident>()?;
-            let content;
-            parenthesized!(content in input);
-            let items = comma_list(&content, parse_value)?;
+            let items = parenthesized_list(input, value)?;
             return Ok(ValueDecl::OneOf(key, items));
         }
     }
     if input.peek(syn::token::Bracket) {
         let content;
         bracketed!(content in input);
-        return Ok(ValueDecl::List(comma_list(&content, parse_value)?));
+        return Ok(ValueDecl::List(list(&content, value)?));
     }
     if input.peek(syn::token::Brace) {
         let content;
         syn::braced!(content in input);
-        let items = comma_list(&content, |input| {
+        let items = list(&content, |input| {
             let key: LitStr = input.parse().map_err(|e| {
                 Error::new(
                     e.span(),
@@ -643,7 +301,7 @@ fn parse_plain_value(input: ParseStream) -> Result<ValueDecl> {
                 )
             })?;
             input.parse::<Token![:]>()?;
-            Ok((key, parse_value(input)?))
+            Ok((key, value(input)?))
         })?;
         return Ok(ValueDecl::Dict(items));
     }
@@ -740,7 +398,6 @@ fn dim_value(expr: &syn::Expr) -> Result<DimValueDecl> {
                 BinOp::Div(_) => '/',
                 _ => return Err(Error::new_spanned(b.op, DIM_VALUE_HELP)),
             };
-
             Ok(DimValueDecl::Op(
                 op,
                 Box::new(dim_value(&b.left)?),
@@ -751,145 +408,58 @@ fn dim_value(expr: &syn::Expr) -> Result<DimValueDecl> {
     }
 }
 
-fn parse_key_value(input: ParseStream) -> Result<KeyValue> {
+/// `name = value`.
+pub fn key_value(input: ParseStream) -> Result<KeyValue> {
     let name: Ident = input.parse()?;
     input.parse::<Token![=]>()?;
     Ok(KeyValue {
         name,
-        value: parse_value(input)?,
+        value: value(input)?,
     })
 }
 
-fn parse_grad(input: ParseStream) -> Result<GradDecl> {
-    let mut grad = GradDecl::default();
-    while !input.is_empty() {
-        let key: Ident = input.parse()?;
-        input.parse::<Token![=]>()?;
-        match key.to_string().as_str() {
-            "wrt" => {
-                let content;
-                bracketed!(content in input);
-                grad.wrt = Some(comma_list(&content, |i| {
-                    if i.peek(LitStr) {
-                        Ok(WrtName::Param(i.parse()?))
-                    } else {
-                        Ok(WrtName::Arg(i.parse()?))
-                    }
-                })?);
-            }
-            "eps" => grad.eps = Some(parse_number(input)?),
-            "atol" => grad.atol = Some(parse_number(input)?),
-            "rtol" => grad.rtol = Some(parse_number(input)?),
-            "mode" => {
-                let mode: Ident = input.parse()?;
-                grad.full = Some(match mode.to_string().as_str() {
-                    "fast" => false,
-                    "full" => true,
-                    _ => {
-                        return Err(Error::new(
-                            mode.span(),
-                            "expected `mode = fast` or `mode = full`",
-                        ))
-                    }
-                });
-            }
-            "cases" => {
-                let lit: LitInt = input.parse()?;
-                grad.cases = Some(lit.base10_parse()?);
-            }
-            _ => return Err(Error::new(
-                key.span(),
-                "expected one of `wrt = [..]`, `eps`, `atol`, `rtol`, `mode = fast|full`, `cases`",
-            )),
-        }
-        if input.is_empty() {
-            break;
-        }
-        input.parse::<Token![,]>()?;
-    }
-    Ok(grad)
+/// `= "package.ConfigClass"` or `= "package.ConfigClass"(key = value, ...)`.
+pub fn config(input: ParseStream) -> Result<ConfigDecl> {
+    let help = |e: Error| {
+        Error::new(
+            e.span(),
+            "expected `config = \"package.ConfigClass\"(key = value, ...)`, e.g. \
+             `config = \"transformers.LlamaConfig\"(hidden_size = d)`",
+        )
+    };
+    input.parse::<Token![=]>().map_err(help)?;
+    let class: LitStr = input.parse().map_err(help)?;
+    let values = if has_parens(input) {
+        parenthesized_list(input, key_value)?
+    } else {
+        Vec::new()
+    };
+    Ok(ConfigDecl { class, values })
 }
 
-impl OverfitDecl {
-    /// Bare `overfit`: every option at its default.
-    fn bare(key: Ident) -> Self {
-        OverfitDecl {
-            key,
-            steps: None,
-            loss: None,
-            optimizer: None,
-            lr: None,
-            ratio: None,
-            threshold: None,
-        }
+/// `= [f32, bf16]`: at least one.
+pub fn dtypes(key: &Ident, input: ParseStream) -> Result<Vec<Ident>> {
+    input.parse::<Token![=]>()?;
+    let content;
+    bracketed!(content in input);
+    let dtypes = list(&content, |i| i.parse::<Ident>())?;
+    if dtypes.is_empty() {
+        return Err(Error::new(key.span(), "`dtypes` needs at least one dtype"));
     }
+    Ok(dtypes)
 }
 
-fn parse_overfit(key: Ident, input: ParseStream) -> Result<OverfitDecl> {
-    let mut o = OverfitDecl::bare(key);
-    while !input.is_empty() {
-        let key: Ident = input.parse()?;
-        input.parse::<Token![=]>()?;
-        let positive = |v: f64| {
-            if v > 0.0 {
-                Ok(v)
-            } else {
-                Err(Error::new(key.span(), format!("`{key}` must be positive")))
-            }
-        };
-        match key.to_string().as_str() {
-            "steps" => {
-                let lit: LitInt = input.parse()?;
-                let n: u32 = lit.base10_parse()?;
-                if n == 0 {
-                    return Err(Error::new(lit.span(), "`steps` must be at least 1"));
-                }
-                o.steps = Some(n);
-            }
-            "loss" => {
-                let loss: Ident = input.parse()?;
-                if loss != "mse" && loss != "cross_entropy" {
-                    return Err(Error::new(
-                        loss.span(),
-                        "expected `loss = mse` or `loss = cross_entropy`",
-                    ));
-                }
-                o.loss = Some(loss);
-            }
-            "optimizer" => {
-                let opt: Ident = input.parse()?;
-                if opt != "sgd" && opt != "adamw" {
-                    return Err(Error::new(
-                        opt.span(),
-                        "expected `optimizer = sgd` or `optimizer = adamw`",
-                    ));
-                }
-                o.optimizer = Some(opt);
-            }
-            "lr" => o.lr = Some(positive(parse_number(input)?)?),
-            "ratio" => o.ratio = Some(positive(parse_number(input)?)?),
-            "threshold" => o.threshold = Some(positive(parse_number(input)?)?),
-            _ => return Err(Error::new(
-                key.span(),
-                "expected one of `steps`, `loss = mse|cross_entropy`, `optimizer = sgd|adamw`, \
-                     `lr`, `ratio`, `threshold`",
-            )),
-        }
-        if input.is_empty() {
-            break;
-        }
-        input.parse::<Token![,]>()?;
-    }
-    Ok(o)
-}
-
-fn parse_tol(input: ParseStream) -> Result<(f64, f64)> {
+/// `(atol = .., rtol = ..)`: (atol, rtol), the one not given 0.
+pub fn tol(input: ParseStream) -> Result<(f64, f64)> {
+    let content;
+    parenthesized!(content in input);
+    let input = &content;
     let mut atol = None;
     let mut rtol = None;
-    let pairs = comma_list(input, |input| {
+    let pairs = list(input, |input| {
         let key: Ident = input.parse()?;
         input.parse::<Token![=]>()?;
-        Ok((key, parse_number(input)?))
+        Ok((key, number(input)?))
     })?;
     for (key, value) in pairs {
         let slot = match key.to_string().as_str() {
@@ -913,202 +483,270 @@ fn parse_tol(input: ParseStream) -> Result<(f64, f64)> {
     Ok((atol.unwrap_or(0.0), rtol.unwrap_or(0.0)))
 }
 
-impl Parse for Attr {
-    fn parse(input: ParseStream) -> Result<Self> {
-        let mut attr = Attr::default();
-        let mut errors: Option<Error> = None;
-        let mut seen: Vec<String> = Vec::new();
-        while !input.is_empty() {
-            let key: Ident = input.parse()?;
-            let name = key.to_string();
-            if seen.contains(&name) {
-                return Err(Error::new(key.span(), format!("`{name}` is given twice")));
-            }
-            seen.push(name.clone());
-            let content;
-            match name.as_str() {
-                "reference" | "backend" => {
-                    input.parse::<Token![=]>()?;
-                    let value: LitStr = input.parse()?;
-                    if name == "reference" {
-                        attr.reference = Some(value);
-                    } else {
-                        attr.backend = Some(value);
-                    }
-                }
-                "dims" => {
-                    parenthesized!(content in input);
-                    attr.dims = comma_list(&content, parse_dim)?;
-                }
-                "args" => {
-                    parenthesized!(content in input);
-                    attr.args = comma_list(&content, parse_arg)?;
-                }
-                "consts" => {
-                    parenthesized!(content in input);
-                    attr.consts = comma_list(&content, parse_key_value)?;
-                }
-                "init" => {
-                    parenthesized!(content in input);
-                    attr.init = comma_list(&content, parse_key_value)?;
-                }
-                "config" => {
-                    let help = |e: Error| {
-                        Error::new(
-                            e.span(),
-                            "expected `config = \"package.ConfigClass\"(key = value, ...)`, e.g. \
-                             `config = \"transformers.LlamaConfig\"(hidden_size = d)`",
-                        )
-                    };
-                    input.parse::<Token![=]>().map_err(help)?;
-                    let class: LitStr = input.parse().map_err(help)?;
-                    let values = if input.peek(syn::token::Paren) {
-                        parenthesized!(content in input);
-                        comma_list(&content, parse_key_value)?
-                    } else {
-                        Vec::new()
-                    };
-                    attr.config = Some(ConfigDecl {
-                        key: key.clone(),
-                        class,
-                        values,
-                    });
-                }
-                "dtype" => {
-                    input.parse::<Token![=]>()?;
-                    let dtype: Ident = input.parse()?;
-                    attr.dtypes = Some((key.clone(), vec![dtype]));
-                }
-                "dtypes" => {
-                    input.parse::<Token![=]>()?;
-                    bracketed!(content in input);
-                    let list = comma_list(&content, |i| i.parse::<Ident>())?;
-                    if list.is_empty() {
-                        return Err(Error::new(key.span(), "`dtypes` needs at least one dtype"));
-                    }
-                    attr.dtypes = Some((key.clone(), list));
-                }
-                "tol" => {
-                    parenthesized!(content in input);
-                    attr.tol = Some(parse_tol(&content)?);
-                }
-                "grad" => {
-                    attr.grad = Some(if input.peek(syn::token::Paren) {
-                        parenthesized!(content in input);
-                        parse_grad(&content)?
-                    } else {
-                        GradDecl::default()
-                    });
-                }
-                "overfit" => {
-                    attr.overfit = Some(if input.peek(syn::token::Paren) {
-                        parenthesized!(content in input);
-                        parse_overfit(key.clone(), &content)?
-                    } else {
-                        OverfitDecl::bare(key.clone())
-                    });
-                }
-                "trace" => attr.trace = Some(key.clone()),
-                "steps" => {
-                    parenthesized!(content in input);
-                    attr.steps = Some(parse_steps(key.clone(), &content)?);
-                }
-                "invariants" => {
-                    parenthesized!(content in input);
-                    attr.invariants = Some(parse_invariants(key.clone(), &content)?);
-                }
-                "decode" => {
-                    attr.decode = Some(if input.peek(syn::token::Paren) {
-                        parenthesized!(content in input);
-                        parse_decode(key.clone(), &content)?
-                    } else {
-                        DecodeDecl::bare(key.clone())
-                    });
-                }
-                "params" => {
-                    input.parse::<Token![=]>()?;
-                    let how: Ident = input.parse()?;
-                    if how != "init" && how != "drawn" && how != "drawn_all" {
-                        return Err(Error::new(
-                            how.span(),
-                            "expected `params = init` (the module's own initialisation), \
-                             `params = drawn` (the default: drawn per case, frozen parameters and \
-                             buffers computed at init kept) or `params = drawn_all` (those drawn \
-                             too)",
-                        ));
-                    }
-                    attr.params = Some((key.clone(), how));
-                }
-                "weights" => {
-                    input.parse::<Token![=]>()?;
-                    attr.weights = Some((key.clone(), input.parse()?));
-                }
-                "rename" => {
-                    parenthesized!(content in input);
-                    attr.rename = Some((key.clone(), comma_list(&content, parse_rename)?));
-                }
-                "timeout" => {
-                    input.parse::<Token![=]>()?;
-                    let seconds = parse_number(input)?;
-                    if seconds <= 0.0 {
-                        return Err(Error::new(
-                            key.span(),
-                            "`timeout` must be positive (seconds)",
-                        ));
-                    }
-                    attr.timeout = Some(seconds);
-                }
-                "cases" => {
-                    input.parse::<Token![=]>()?;
-                    let lit: LitInt = input.parse()?;
-                    let n: u32 = lit.base10_parse()?;
-                    if n == 0 {
-                        return Err(Error::new(lit.span(), "`cases` must be at least 1"));
-                    }
-                    attr.cases = Some(n);
-                }
-                _ => {
-                    let e = Error::new(
-                        key.span(),
-                        format!(
-                            "unknown option `{name}`; expected one of: {}",
-                            OPTIONS.join(", ")
-                        ),
-                    );
-                    match &mut errors {
-                        Some(all) => all.combine(e),
-                        None => errors = Some(e),
-                    }
-                    // Skip the option's value so that later options are still checked.
-                    while !input.is_empty() && !input.peek(Token![,]) {
-                        input.parse::<proc_macro2::TokenTree>()?;
-                    }
-                }
-            }
-            if input.is_empty() {
-                break;
-            }
-            input.parse::<Token![,]>()?;
-        }
-        match errors {
-            Some(e) => Err(e),
-            None => Ok(attr),
-        }
+/// `= seconds`, positive.
+pub fn timeout(key: &Ident, input: ParseStream) -> Result<f64> {
+    input.parse::<Token![=]>()?;
+    let seconds = number(input)?;
+    if seconds <= 0.0 {
+        return Err(Error::new(
+            key.span(),
+            "`timeout` must be positive (seconds)",
+        ));
     }
+    Ok(seconds)
 }
 
-impl ToTokens for Axis {
-    fn to_tokens(&self, tokens: &mut TokenStream) {
-        tokens.extend(match self {
-            Axis::Sym(s) => {
-                let s = s.to_string();
-                quote!(::golden::DimExpr::Sym(::std::string::String::from(#s)))
-            }
-            Axis::Lit(n) => quote!(::golden::DimExpr::Lit(#n)),
-            Axis::Expr(e) => {
-                let e = crate::render::dim_value_expr(e);
-                quote!(::golden::DimExpr::Expr(#e))
-            }
-        })
+/// `= init`, `= drawn` or `= drawn_all`.
+pub fn params(input: ParseStream) -> Result<Ident> {
+    let how: Ident = equals(input)?;
+    if how != "init" && how != "drawn" && how != "drawn_all" {
+        return Err(Error::new(
+            how.span(),
+            "expected `params = init` (the module's own initialisation), `params = drawn` (the \
+             default: drawn per case, frozen parameters and buffers computed at init kept) or \
+             `params = drawn_all` (those drawn too)",
+        ));
     }
+    Ok(how)
+}
+
+/// `"from" = "to"` in `rename(...)`.
+pub fn rename_pair(input: ParseStream) -> Result<(LitStr, LitStr)> {
+    let help = |e: Error| {
+        Error::new(
+            e.span(),
+            "expected `\"reference prefix\" = \"port prefix\"`, e.g. \
+             `rename(\"layers.\" = \"encoder.layer.\")`",
+        )
+    };
+    let from: LitStr = input.parse().map_err(help)?;
+    input.parse::<Token![=]>().map_err(help)?;
+    let to: LitStr = input.parse().map_err(help)?;
+    Ok((from, to))
+}
+
+/// `(wrt = [...], eps = .., atol = .., rtol = .., mode = fast|full, cases = N)`, each optional.
+pub fn grad(input: ParseStream) -> Result<GradDecl> {
+    let mut grad = GradDecl::default();
+    parenthesized_list(input, |input| {
+        let key: Ident = input.parse()?;
+        input.parse::<Token![=]>()?;
+        match key.to_string().as_str() {
+            "wrt" => {
+                let content;
+                bracketed!(content in input);
+                grad.wrt = Some(list(&content, |i| {
+                    if i.peek(LitStr) {
+                        Ok(WrtName::Param(i.parse()?))
+                    } else {
+                        Ok(WrtName::Arg(i.parse()?))
+                    }
+                })?);
+            }
+            "eps" => grad.eps = Some(number(input)?),
+            "atol" => grad.atol = Some(number(input)?),
+            "rtol" => grad.rtol = Some(number(input)?),
+            "mode" => {
+                let mode: Ident = input.parse()?;
+                grad.full = Some(match mode.to_string().as_str() {
+                    "fast" => false,
+                    "full" => true,
+                    _ => {
+                        return Err(Error::new(
+                            mode.span(),
+                            "expected `mode = fast` or `mode = full`",
+                        ))
+                    }
+                });
+            }
+            "cases" => {
+                let lit: LitInt = input.parse()?;
+                grad.cases = Some(lit.base10_parse()?);
+            }
+            _ => {
+                return Err(Error::new(
+                    key.span(),
+                    "expected one of `wrt = [..]`, `eps`, `atol`, `rtol`, `mode = fast|full`, \
+                     `cases`",
+                ))
+            }
+        }
+        Ok(())
+    })?;
+    Ok(grad)
+}
+
+/// `(steps = N, loss = mse|cross_entropy, optimizer = sgd|adamw, lr = .., ratio = ..,
+/// threshold = ..)`, each optional.
+pub fn overfit(input: ParseStream) -> Result<OverfitDecl> {
+    let mut o = OverfitDecl::default();
+    parenthesized_list(input, |input| {
+        let key: Ident = input.parse()?;
+        if key == "steps" {
+            o.steps = Some(count(&key, input)?);
+            return Ok(());
+        }
+        input.parse::<Token![=]>()?;
+        let positive = |v: f64| {
+            if v > 0.0 {
+                Ok(v)
+            } else {
+                Err(Error::new(key.span(), format!("`{key}` must be positive")))
+            }
+        };
+        match key.to_string().as_str() {
+            "loss" => {
+                let loss: Ident = input.parse()?;
+                if loss != "mse" && loss != "cross_entropy" {
+                    return Err(Error::new(
+                        loss.span(),
+                        "expected `loss = mse` or `loss = cross_entropy`",
+                    ));
+                }
+                o.loss = Some(loss);
+            }
+            "optimizer" => {
+                let opt: Ident = input.parse()?;
+                if opt != "sgd" && opt != "adamw" {
+                    return Err(Error::new(
+                        opt.span(),
+                        "expected `optimizer = sgd` or `optimizer = adamw`",
+                    ));
+                }
+                o.optimizer = Some(opt);
+            }
+            "lr" => o.lr = Some(positive(number(input)?)?),
+            "ratio" => o.ratio = Some(positive(number(input)?)?),
+            "threshold" => o.threshold = Some(positive(number(input)?)?),
+            _ => return Err(Error::new(
+                key.span(),
+                "expected one of `steps`, `loss = mse|cross_entropy`, `optimizer = sgd|adamw`, \
+                     `lr`, `ratio`, `threshold`",
+            )),
+        }
+        Ok(())
+    })?;
+    Ok(o)
+}
+
+/// `(over = input_ids, axis = 1, padding, generate = N, window = W)`, each optional.
+pub fn decode(key: &Ident, input: ParseStream) -> Result<DecodeDecl> {
+    const HELP: &str = "expected `over = <argument>`, `axis = N`, `padding`, `generate = N` or \
+                        `window = N`";
+    let mut d = DecodeDecl::bare(key.clone());
+    parenthesized_list(input, |input| {
+        let key: Ident = input.parse()?;
+        let number = |input: ParseStream| -> Result<usize> {
+            input.parse::<Token![=]>()?;
+            let lit: LitInt = input.parse()?;
+            lit.base10_parse()
+        };
+        let at_least_one = |n: usize| {
+            if n == 0 {
+                return Err(Error::new(
+                    key.span(),
+                    format!("`{key}` must be at least 1"),
+                ));
+            }
+            Ok(n)
+        };
+        match key.to_string().as_str() {
+            "over" => d.over = Some(equals(input)?),
+            "axis" => d.axis = Some(number(input)?),
+            "padding" => d.padding = true,
+            "generate" => d.generate = Some(at_least_one(number(input)?)?),
+            "window" => d.window = Some(at_least_one(number(input)?)?),
+            _ => return Err(Error::new(key.span(), HELP)),
+        }
+        Ok(())
+    })?;
+    Ok(d)
+}
+
+/// `(over = k, carry(x = out, h = "out.1"))`.
+pub fn steps(key: &Ident, input: ParseStream) -> Result<StepsDecl> {
+    const HELP: &str = "expected `steps(over = <dim>, carry(<argument> = <output>, ...))`, e.g. \
+                        `steps(over = k, carry(x = out))`";
+    let mut over = None;
+    let mut carry = Vec::new();
+    parenthesized_list(input, |input| {
+        let name: Ident = input.parse().map_err(|e| Error::new(e.span(), HELP))?;
+        match name.to_string().as_str() {
+            "over" => over = Some(equals::<Ident>(input)?),
+            "carry" => {
+                carry = parenthesized_list(input, |i| {
+                    let arg: Ident = i.parse()?;
+                    i.parse::<Token![=]>()?;
+                    let leaf = if i.peek(LitStr) {
+                        i.parse::<LitStr>()?.value()
+                    } else {
+                        i.parse::<Ident>()?.to_string()
+                    };
+                    Ok((arg, leaf))
+                })?;
+            }
+            _ => return Err(Error::new(name.span(), HELP)),
+        }
+        Ok(())
+    })?;
+    let over = over.ok_or_else(|| Error::new(key.span(), HELP))?;
+    Ok(StepsDecl {
+        key: key.clone(),
+        over,
+        carry,
+    })
+}
+
+/// One invariant as written: `finite`, `sums_to_one(dim = -1)`, `range(-10.0, 10.0)`; whether it
+/// is one golden knows, with the right arguments, is a rule's to say.
+fn invariant(input: ParseStream) -> Result<InvariantDecl> {
+    let name: Ident = input.parse().map_err(|e| {
+        Error::new(
+            e.span(),
+            "expected an invariant: `finite`, `non_negative`, `sums_to_one(dim = -1)` or \
+             `range(lo, hi)`",
+        )
+    })?;
+    let args = if has_parens(input) {
+        Some(parenthesized_list(input, |i| {
+            let span = i.span();
+            let key = if i.peek(Ident) && i.peek2(Token![=]) {
+                let key: Ident = i.parse()?;
+                i.parse::<Token![=]>()?;
+                Some(key)
+            } else {
+                None
+            };
+            Ok((key, number(i)?, span))
+        })?)
+    } else {
+        None
+    };
+    Ok(InvariantDecl { name, args })
+}
+
+/// `(out = [finite, ...], "out.logits" = [...])`.
+pub fn invariants(key: &Ident, input: ParseStream) -> Result<InvariantsDecl> {
+    let leaves = parenthesized_list(input, |i| {
+        let (leaf, span) = if i.peek(LitStr) {
+            let s: LitStr = i.parse()?;
+            (s.value(), s.span())
+        } else {
+            let ident: Ident = i.parse().map_err(|e| {
+                Error::new(
+                    e.span(),
+                    "expected an output leaf: `out`, or a string such as `\"out.logits\"`",
+                )
+            })?;
+            (ident.to_string(), ident.span())
+        };
+        i.parse::<Token![=]>()?;
+        let content;
+        bracketed!(content in i);
+        Ok((leaf, span, list(&content, invariant)?))
+    })?;
+    Ok(InvariantsDecl {
+        key: key.clone(),
+        leaves,
+    })
 }

@@ -1,35 +1,20 @@
-//! Checking the attribute against the signature and emitting the test module: a `golden::Layer`
+//! Emitting the test module of a valid attribute (`validate.rs` has judged it): a `golden::Layer`
 //! built from the attribute, a closure calling the function, and the snapshot assertion (which must
-//! be expanded here, in the user's crate, for insta to file it under the user's test).
+//! be expanded here, in the user's crate, for insta to file it under the user's test). Nothing here
+//! checks anything.
 
-use crate::parse::{
+use crate::decl::{
     ArgDecl, Attr, Axis, BoundDecl, DimValueDecl, DistDecl, GradDecl, InvariantDecl, KeyValue,
     OverfitDecl, ValueDecl, WrtName,
 };
-use crate::signature::{self, Kind, Param};
+use crate::signature::{Kind, Param};
+use crate::validate::{is_case_number, value_for};
 use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{Error, Ident, ItemFn, Result};
+use syn::Ident;
 
-/// Collects errors so that the user sees all of them at once.
-#[derive(Default)]
-struct Errors(Option<Error>);
-
-impl Errors {
-    fn push(&mut self, span: Span, msg: impl std::fmt::Display) {
-        let e = Error::new(span, msg);
-        match &mut self.0 {
-            Some(all) => all.combine(e),
-            None => self.0 = Some(e),
-        }
-    }
-    fn finish(self) -> Result<()> {
-        self.0.map_or(Ok(()), Err)
-    }
-}
-
-pub(crate) fn dim_value_expr(e: &DimValueDecl) -> TokenStream {
+fn dim_value_expr(e: &DimValueDecl) -> TokenStream {
     match e {
         DimValueDecl::Dim(d) => {
             let d = d.to_string();
@@ -79,6 +64,21 @@ fn value_expr(v: &ValueDecl) -> TokenStream {
     }
 }
 
+/// One axis of a shape as a `golden::DimExpr`.
+fn axis_expr(axis: &Axis) -> TokenStream {
+    match axis {
+        Axis::Sym(s) => {
+            let s = s.to_string();
+            quote!(::golden::DimExpr::Sym(::std::string::String::from(#s)))
+        }
+        Axis::Lit(n) => quote!(::golden::DimExpr::Lit(#n)),
+        Axis::Expr(e) => {
+            let e = dim_value_expr(e);
+            quote!(::golden::DimExpr::Expr(#e))
+        }
+    }
+}
+
 /// An integer expression of dims as Rust, in i64, the case's dims read from the port's inputs.
 fn dim_value_tokens(e: &DimValueDecl) -> TokenStream {
     match e {
@@ -101,20 +101,17 @@ fn dim_value_tokens(e: &DimValueDecl) -> TokenStream {
 
 /// The value of keyword `name` as a Rust expression for the call (a list becomes an array literal,
 /// a dim expression its value in the case, `None` `Option::None`; a sweep the case's pick, matched
-/// on, each alternative in `Some` when one of them is `None`); `None` for a dict, which no Rust
-/// parameter takes.
-fn value_tokens(name: &str, v: &ValueDecl) -> Option<TokenStream> {
-    Some(match v {
+/// on, each alternative in `Some` when one of them is `None`). A dict, which no Rust parameter
+/// takes, is a mistake of the attribute (`parameters_have_values`) that never reaches here.
+fn value_tokens(name: &str, v: &ValueDecl) -> TokenStream {
+    match v {
         ValueDecl::Int(t) | ValueDecl::Float(t) | ValueDecl::Bool(t) => t.clone(),
         ValueDecl::Str(s) => quote!(#s),
         ValueDecl::List(items) => {
-            let items = items
-                .iter()
-                .map(|v| value_tokens(name, v))
-                .collect::<Option<Vec<_>>>()?;
+            let items = items.iter().map(|v| value_tokens(name, v));
             quote!([#(#items),*])
         }
-        ValueDecl::Dict(..) => return None,
+        ValueDecl::Dict(..) => quote!(::std::unreachable!()),
         ValueDecl::None => quote!(::std::option::Option::None),
         ValueDecl::Dims(e) => {
             let e = dim_value_tokens(e);
@@ -122,17 +119,17 @@ fn value_tokens(name: &str, v: &ValueDecl) -> Option<TokenStream> {
         }
         ValueDecl::OneOf(_, items) => {
             let optional = items.iter().any(|v| matches!(v, ValueDecl::None));
-            let arms = items
+            let arms: Vec<TokenStream> = items
                 .iter()
                 .map(|v| {
-                    let t = value_tokens(name, v)?;
-                    Some(match v {
+                    let t = value_tokens(name, v);
+                    match v {
                         ValueDecl::None => t,
                         _ if optional => quote!(::std::option::Option::Some(#t)),
                         _ => t,
-                    })
+                    }
                 })
-                .collect::<Option<Vec<_>>>()?;
+                .collect();
             let (last, first) = arms.split_last().expect("one_of has a value");
             let indices = 0..first.len();
             quote!(match __golden_inputs.pick(#name) {
@@ -143,7 +140,7 @@ fn value_tokens(name: &str, v: &ValueDecl) -> Option<TokenStream> {
         ValueDecl::Range(lo, _, _) => {
             quote!(((#lo + __golden_inputs.pick(#name) as i64) as _))
         }
-    })
+    }
 }
 
 fn dist_expr(d: &Option<DistDecl>) -> TokenStream {
@@ -180,432 +177,96 @@ fn dist_expr(d: &Option<DistDecl>) -> TokenStream {
     }
 }
 
-/// `package.module.name`: at least two identifiers joined by dots.
-fn dotted_path(path: &str) -> bool {
-    let parts: Vec<&str> = path.split('.').collect();
-    parts.len() >= 2
-        && parts.iter().all(|p| {
-            let mut chars = p.chars();
-            chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
-                && chars.all(|c| c.is_alphanumeric() || c == '_')
-        })
-}
-
-fn check_reference(attr: &Attr, errors: &mut Errors) -> Option<String> {
-    let Some(reference) = &attr.reference else {
-        errors.push(
-            Span::call_site(),
-            "missing `reference = \"package.module.callable\"`: the Python function or nn.Module \
-             class this layer ports",
-        );
-        return None;
-    };
-    let path = reference.value();
-    if !dotted_path(&path) {
-        errors.push(
-            reference.span(),
-            format!("`{path}` is not a dotted Python path like `package.module.callable`"),
-        );
-    }
-    Some(path)
-}
-
-fn check_dims_and_args(attr: &Attr, params: &[Param], fn_name: &Ident, errors: &mut Errors) {
-    let dim_names: Vec<String> = attr.dims.iter().map(|d| d.name.to_string()).collect();
-    for (i, d) in attr.dims.iter().enumerate() {
-        if dim_names[..i].contains(&dim_names[i]) {
-            errors.push(d.name.span(), format!("dim `{}` is declared twice", d.name));
-        }
-    }
-    let known = if dim_names.is_empty() {
-        "no dims are declared: add `dims(name = lo..=hi, ...)`".to_string()
-    } else {
-        format!("declared dims: {}", dim_names.join(", "))
-    };
-    let unknown_dim = |ident: &Ident, errors: &mut Errors| {
-        if !dim_names.contains(&ident.to_string()) {
-            errors.push(ident.span(), format!("unknown dim `{ident}` ({known})"));
-        }
-    };
-    let valued = attr
-        .consts
-        .iter()
-        .chain(&attr.init)
-        .chain(attr.config.iter().flat_map(|c| &c.values));
-    for kv in valued {
-        for ident in kv.value.dims() {
-            unknown_dim(ident, errors);
-        }
-    }
-    for (i, arg) in attr.args.iter().enumerate() {
-        let name = arg.name.to_string();
-        if attr.args[..i].iter().any(|a| a.name == arg.name) {
-            errors.push(
-                arg.name.span(),
-                format!("`{name}` has two shapes in `args(...)`"),
-            );
-        }
-        match params.iter().find(|p| p.name == arg.name) {
-            // With a schedule, the tensors are the steps' (`step.input("input_ids")`).
-            None if attr.decode.is_some() => {}
-            Some(_) if attr.decode.is_some() => errors.push(
-                arg.name.span(),
-                format!(
-                    "with `decode`, the function builds the model and each step gets the tensors \
-                     (`step.input(\"{name}\")`): drop the parameter `{name}`"
-                ),
-            ),
-            None => errors.push(
-                arg.name.span(),
-                format!("`args` gives a shape for `{name}`, but `fn {fn_name}` has no parameter `{name}`"),
-            ),
-            Some(p) if !matches!(p.kind, Kind::Tensor { .. }) => errors.push(
-                arg.name.span(),
-                format!("`{name}` is not a tensor parameter (`&Tensor`); give it a value in `consts(...)`"),
-            ),
-            Some(_) => {}
-        }
-        for axis in &arg.shape {
-            match axis {
-                Axis::Sym(ident) => unknown_dim(ident, errors),
-                Axis::Expr(e) => e.dims().into_iter().for_each(|i| unknown_dim(i, errors)),
-                Axis::Lit(_) => {}
-            }
-        }
-        if let Some(DistDecl::Int(lo, hi)) = &arg.dist {
-            for b in [lo, hi] {
-                if let BoundDecl::Dim(ident) = b {
-                    unknown_dim(ident, errors);
-                }
-            }
-        }
-        if let Some(DistDecl::Positions(Some(BoundDecl::Dim(ident)))) = &arg.dist {
-            unknown_dim(ident, errors);
-        }
-        let has_max = attr
-            .init
-            .iter()
-            .chain(attr.config.iter().flat_map(|c| &c.values))
-            .any(|kv| kv.name == "max_position_embeddings" || kv.name == "n_positions");
-        if matches!(arg.dist, Some(DistDecl::Positions(None))) && !has_max {
-            errors.push(
-                arg.name.span(),
-                format!(
-                    "`{name} ~ positions` draws up to the module's max_position_embeddings, and \
-                     neither `config` nor `init` gives one: write `positions(N)`"
-                ),
-            );
-        }
-    }
-}
-
-/// Swept values (`one_of(...)`, `lo..=hi`): well formed (at the top of a value, not empty), each
-/// keyword swept once and not named like a dim, and enough cases to try each of their values.
-fn check_sweeps(attr: &Attr, errors: &mut Errors) {
-    let all: Vec<&KeyValue> = attr
-        .consts
-        .iter()
-        .chain(&attr.init)
-        .chain(attr.config.iter().flat_map(|c| &c.values))
-        .collect();
-    // A sweep inside a list, a dict or another one_of.
-    fn nested(v: &ValueDecl, errors: &mut Errors) {
-        let inner: &[ValueDecl] = match v {
-            ValueDecl::List(items) | ValueDecl::OneOf(_, items) => items,
-            ValueDecl::Dict(items) => {
-                for (_, v) in items {
-                    misplaced(v, errors);
-                    nested(v, errors);
-                }
-                return;
-            }
-            _ => return,
-        };
-        for v in inner {
-            misplaced(v, errors);
-            nested(v, errors);
-        }
-    }
-    fn misplaced(v: &ValueDecl, errors: &mut Errors) {
-        match v {
-            ValueDecl::OneOf(key, _) => errors.push(
-                key.span(),
-                "`one_of(...)` goes at the top of a value (`key = one_of(a, b)`), not inside a \
-                 list, a dict or another `one_of`",
-            ),
-            ValueDecl::Range(_, _, span) => errors.push(
-                *span,
-                "a range of values (`lo..=hi`) goes at the top of a value, not inside a list, a \
-                 dict or a `one_of`",
-            ),
-            _ => {}
-        }
-    }
-    for kv in &all {
-        nested(&kv.value, errors);
-        if kv.value.divides_by_zero() {
-            errors.push(
-                kv.name.span(),
-                format!("`{}` divides by 0 (`/ 0`)", kv.name),
-            );
-        }
-        match &kv.value {
-            ValueDecl::OneOf(key, items) if items.is_empty() => errors.push(
-                key.span(),
-                "`one_of()` needs at least one value: `one_of(None, 30.0)`",
-            ),
-            ValueDecl::Range(lo, hi, span) if hi < lo => {
-                errors.push(*span, format!("`{lo}..={hi}` is an empty range"))
-            }
-            _ => {}
-        }
-    }
-    let swept: Vec<&&KeyValue> = all
-        .iter()
-        .filter(|kv| matches!(kv.value, ValueDecl::OneOf(..) | ValueDecl::Range(..)))
-        .collect();
-    for (i, kv) in swept.iter().enumerate() {
-        if swept[..i].iter().any(|o| o.name == kv.name) {
-            errors.push(
-                kv.name.span(),
-                format!("`{}` is swept twice: sweep it in one place", kv.name),
-            );
-        }
-        if attr.dims.iter().any(|d| d.name == kv.name) {
-            errors.push(
-                kv.name.span(),
-                format!(
-                    "`{}` is both a dim and a swept value: rename one (a case names both)",
-                    kv.name
-                ),
-            );
-        }
-    }
-    let cases = attr.cases.unwrap_or(32) as usize;
-    for kv in &swept {
-        let needed = match &kv.value {
-            ValueDecl::OneOf(_, items) => items.len(),
-            ValueDecl::Range(lo, hi, _) => 1 + usize::from(hi > lo),
-            _ => 0,
-        };
-        if needed > cases {
-            errors.push(
-                kv.name.span(),
-                format!(
-                    "`cases = {cases}` cannot try each of the {needed} values of `{}`: give \
-                     `cases = {needed}` or more",
-                    kv.name
-                ),
-            );
-        }
-    }
-}
-
-/// The invariants there are, for errors.
-const KNOWN_INVARIANTS: &str =
-    "expected `finite`, `non_negative`, `sums_to_one(dim = N)` or `range(lo, hi)`";
-
-/// `invariants(...)`: each invariant known and well formed, each leaf once; the builder calls.
-fn invariant_calls(attr: &Attr, errors: &mut Errors) -> Vec<TokenStream> {
+/// `invariants(...)`: the builder calls, one per invariant of each leaf.
+fn invariant_calls(attr: &Attr) -> Vec<TokenStream> {
     let Some(decl) = &attr.invariants else {
         return Vec::new();
     };
     let mut calls = Vec::new();
-    for (i, (leaf, span, list)) in decl.leaves.iter().enumerate() {
-        if decl.leaves[..i].iter().any(|(l, _, _)| l == leaf) {
-            errors.push(
-                *span,
-                format!("`{leaf}` is given twice in `invariants(...)`"),
-            );
-        }
-        if list.is_empty() {
-            errors.push(
-                *span,
-                format!("no invariant for `{leaf}`: {KNOWN_INVARIANTS}"),
-            );
-        }
+    for (leaf, _, list) in &decl.leaves {
         for inv in list {
-            if let Some(tokens) = invariant_tokens(inv, errors) {
-                calls.push(quote!(.invariant(#leaf, #tokens)));
-            }
+            let tokens = invariant_tokens(inv);
+            calls.push(quote!(.invariant(#leaf, #tokens)));
         }
-    }
-    if decl.leaves.is_empty() {
-        errors.push(
-            decl.key.span(),
-            "`invariants(...)` names no output: `invariants(out = [finite])`",
-        );
     }
     calls
 }
 
-/// One invariant as a `golden::Invariant`, or its errors.
-fn invariant_tokens(inv: &InvariantDecl, errors: &mut Errors) -> Option<TokenStream> {
-    let name = inv.name.to_string();
+/// One invariant as a `golden::Invariant` (`invariants_known` has checked its name and arguments).
+fn invariant_tokens(inv: &InvariantDecl) -> TokenStream {
     let args = inv.args.as_deref().unwrap_or(&[]);
-    let no_args = |errors: &mut Errors| {
-        if inv.args.is_some() {
-            errors.push(inv.name.span(), format!("`{name}` takes no arguments"));
-        }
-    };
-    match name.as_str() {
-        "finite" => {
-            no_args(errors);
-            Some(quote!(::golden::Invariant::Finite))
-        }
-        "non_negative" => {
-            no_args(errors);
-            Some(quote!(::golden::Invariant::NonNegative))
-        }
+    match inv.name.to_string().as_str() {
+        "finite" => quote!(::golden::Invariant::Finite),
+        "non_negative" => quote!(::golden::Invariant::NonNegative),
         "sums_to_one" => {
             let (mut dim, mut tol) = (-1i64, None);
-            for (key, value, span) in args {
+            for (key, value, _) in args {
                 match key.as_ref().map(ToString::to_string).as_deref() {
-                    Some("dim") if value.fract() == 0.0 => dim = *value as i64,
-                    Some("dim") => errors.push(*span, "`dim` is a whole number: `dim = -1`"),
-                    Some("tol") if *value >= 0.0 => tol = Some(*value),
-                    Some("tol") => errors.push(*span, "`tol` must not be negative"),
-                    _ => errors.push(
-                        *span,
-                        "`sums_to_one` takes `dim = N` (default -1) and `tol = x`: \
-                         `sums_to_one(dim = -1)`",
-                    ),
+                    Some("dim") => dim = *value as i64,
+                    Some("tol") => tol = Some(*value),
+                    _ => {}
                 }
             }
             let tol = match tol {
                 Some(t) => quote!(::std::option::Option::Some(#t)),
                 None => quote!(::std::option::Option::None),
             };
-            Some(quote!(::golden::Invariant::SumsToOne { dim: #dim, tol: #tol }))
+            quote!(::golden::Invariant::SumsToOne { dim: #dim, tol: #tol })
         }
-        "range" => match args {
-            [(None, lo, _), (None, hi, span)] => {
-                if lo > hi {
-                    errors.push(*span, format!("`range({lo:?}, {hi:?})` is empty"));
-                }
-                Some(quote!(::golden::Invariant::Range { lo: #lo, hi: #hi }))
-            }
-            _ => {
-                errors.push(
-                    inv.name.span(),
-                    "`range` takes two numbers, its lowest and highest values: `range(-10.0, 10.0)`",
-                );
-                None
-            }
-        },
         _ => {
-            errors.push(
-                inv.name.span(),
-                format!("unknown invariant `{name}`; {KNOWN_INVARIANTS}"),
-            );
-            None
+            let (lo, hi) = (args[0].1, args[1].1);
+            quote!(::golden::Invariant::Range { lo: #lo, hi: #hi })
         }
     }
 }
 
-/// The arguments of the generated call, in signature order; errors for parameters nothing feeds.
-fn call_args(attr: &Attr, params: &[Param], errors: &mut Errors) -> (Vec<TokenStream>, bool) {
-    let mut module_form = false;
+/// The arguments of the generated call, in signature order.
+fn call_args(attr: &Attr, params: &[Param]) -> Vec<TokenStream> {
     let mut tensor_index = 0usize;
-    let mut out = Vec::new();
-    for (position, p) in params.iter().enumerate() {
-        let name = p.name.to_string();
-        let span = p.ty.span();
-        let tokens = match p.kind {
-            Kind::Tensor { by_ref } => {
-                if !attr.args.iter().any(|a| a.name == p.name) && attr.decode.is_none() {
-                    errors.push(
-                        p.name.span(),
-                        format!(
-                            "tensor parameter `{name}` needs a shape: add `{name} = [...]` to `args(...)`"
-                        ),
-                    );
+    params
+        .iter()
+        .map(|p| {
+            let name = p.name.to_string();
+            let span = p.ty.span();
+            match p.kind {
+                Kind::Tensor { by_ref } => {
+                    // The tensors are passed in the order of `attr.args`, sorted to signature
+                    // order in `render`.
+                    let i = tensor_index;
+                    tensor_index += 1;
+                    if by_ref {
+                        quote_spanned!(span=> __golden_inputs.tensor(#i))
+                    } else {
+                        quote_spanned!(span=> ::std::clone::Clone::clone(__golden_inputs.tensor(#i)))
+                    }
                 }
-                // The tensors are passed in the order of `attr.args`, sorted to signature order below.
-                let i = tensor_index;
-                tensor_index += 1;
-                if by_ref {
-                    quote_spanned!(span=> __golden_inputs.tensor(#i))
-                } else {
-                    quote_spanned!(span=> ::std::clone::Clone::clone(__golden_inputs.tensor(#i)))
-                }
-            }
-            Kind::VarBuilder { by_ref } => {
-                if position != 0 {
-                    errors.push(
-                        span,
-                        "the VarBuilder must be the first parameter (module form)",
-                    );
-                }
-                module_form = true;
-                if by_ref {
+                Kind::VarBuilder { by_ref: true } => {
                     quote_spanned!(span=> &__golden_inputs.var_builder())
-                } else {
+                }
+                Kind::VarBuilder { by_ref: false } => {
                     quote_spanned!(span=> __golden_inputs.var_builder())
                 }
-            }
-            Kind::Value => {
-                let found = attr
-                    .consts
-                    .iter()
-                    .chain(attr.init.iter())
-                    .chain(attr.config.iter().flat_map(|c| &c.values))
-                    .find(|kv| kv.name == p.name);
-                match found {
-                    Some(kv) => match value_tokens(&name, &kv.value) {
-                        Some(tokens) => tokens,
-                        None => {
-                            errors.push(
-                                p.name.span(),
-                                format!(
-                                    "`{name}` is a dict in the attribute, which no Rust parameter \
-                                     takes: give the port what it needs from it as separate \
-                                     parameters, or rename this one"
-                                ),
-                            );
-                            quote!(::std::unreachable!())
-                        }
-                    },
+                Kind::Value => match value_for(attr, &p.name) {
+                    Some(kv) => value_tokens(&name, &kv.value),
                     // A parameter named as a dim gets the case's size of that dim; in a step loop,
                     // `step` gets the step's index.
-                    None if attr.dims.iter().any(|d| d.name == p.name)
-                        || (attr.steps.is_some() && name == "step") =>
-                    {
+                    None if is_case_number(attr, &p.name) => {
                         quote_spanned!(span=> (__golden_inputs.dim(#name) as _))
                     }
-                    None => {
-                        errors.push(
-                            p.name.span(),
-                            format!(
-                                "parameter `{name}` needs a value: name it as a dim of `dims(...)`, \
-                                 add `{name} = ...` to `consts(...)`{}, \
-                                 or make it a tensor (`&Tensor`) with a shape in `args(...)`",
-                                if module_form { ", `init(...)` or `config = \"...\"(...)`" } else { "" }
-                            ),
-                        );
-                        quote!(::std::unreachable!())
-                    }
-                }
+                    None => quote!(::std::unreachable!()),
+                },
             }
-        };
-        out.push(tokens);
-    }
-    (out, module_form)
+        })
+        .collect()
 }
 
-fn dtype_tokens(ident: &Ident, errors: &mut Errors) -> TokenStream {
+/// A dtype as candle's (`dtypes_known_and_given_once` has checked it is one).
+fn dtype_tokens(ident: &Ident) -> TokenStream {
     let variant = match ident.to_string().as_str() {
-        "f32" => quote!(F32),
         "f64" => quote!(F64),
         "f16" => quote!(F16),
         "bf16" => quote!(BF16),
-        other => {
-            errors.push(
-                ident.span(),
-                format!("unknown dtype `{other}`; expected f32, f64, f16 or bf16"),
-            );
-            quote!(F32)
-        }
+        _ => quote!(F32),
     };
     quote!(::golden::__private::candle_core::DType::#variant)
 }
@@ -621,179 +282,31 @@ fn key_values(method: &str, kvs: &[KeyValue]) -> Vec<TokenStream> {
         .collect()
 }
 
-/// Check everything and emit the `#[cfg(test)]` module.
-pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
-    let params = signature::params(item)?;
-    let fn_name = &item.sig.ident;
-    let mut errors = Errors::default();
-    let reference = check_reference(attr, &mut errors);
-    check_dims_and_args(attr, &params, fn_name, &mut errors);
-    let (call, module_form) = call_args(attr, &params, &mut errors);
-    for name in attr.grad.iter().flat_map(|g| g.wrt.iter().flatten()) {
-        match name {
-            WrtName::Arg(ident) => {
-                let is_tensor = params
-                    .iter()
-                    .any(|p| p.name == *ident && matches!(p.kind, Kind::Tensor { .. }));
-                if !is_tensor {
-                    errors.push(
-                        ident.span(),
-                        format!(
-                            "`grad(wrt = [...])` names `{ident}`, which is not a tensor parameter; \
-                             name module parameters as strings (\"fc1.weight\")"
-                        ),
-                    );
-                }
-            }
-            WrtName::Param(lit) if !module_form => errors.push(
-                lit.span(),
-                "parameters (strings in `wrt`) exist in the module form only",
-            ),
-            WrtName::Param(_) => {}
-        }
-    }
-    check_sweeps(attr, &mut errors);
-    let invariants = invariant_calls(attr, &mut errors);
-    if let Some(t) = attr.trace.as_ref().filter(|_| !module_form) {
-        errors.push(
-            t.span(),
-            "`trace` compares the port's taps with the reference module's submodules: it needs the \
-             module form, whose first parameter is a `VarBuilder`",
-        );
-    }
-    for (key, what) in [
-        (attr.params.as_ref().map(|p| &p.0), "`params`"),
-        (attr.weights.as_ref().map(|w| &w.0), "`weights`"),
-        (attr.rename.as_ref().map(|r| &r.0), "`rename`"),
-    ] {
-        if let Some(key) = key.filter(|_| !module_form) {
-            errors.push(
-                key.span(),
-                format!(
-                    "{what} is about the reference module's parameters: it needs the module form, \
-                     whose first parameter is a `VarBuilder`"
-                ),
-            );
-        }
-    }
-    if let (Some((key, _)), Some(_)) = (&attr.weights, &attr.params) {
-        errors.push(
-            key.span(),
-            "`weights` and `params` both say where the parameters come from: give one",
-        );
-    }
-    if let Some(o) = attr.overfit.as_ref().filter(|_| !module_form) {
-        errors.push(
-            o.key.span(),
-            "`overfit` trains a module: it needs the module form, whose first parameter is a \
-             `VarBuilder`",
-        );
-    }
-    if let Some(config) = &attr.config {
-        if !module_form {
-            errors.push(
-                config.key.span(),
-                "`config` builds the reference nn.Module from a configuration class; it needs the \
-                 module form, whose first parameter is a `VarBuilder`",
-            );
-        }
-        let class = config.class.value();
-        if !dotted_path(&class) {
-            errors.push(
-                config.class.span(),
-                format!("`{class}` is not a dotted Python path like `transformers.LlamaConfig`"),
-            );
-        }
-        for (i, kv) in config.values.iter().enumerate() {
-            if config.values[..i].iter().any(|o| o.name == kv.name) {
-                errors.push(kv.name.span(), format!("`{}` is given twice", kv.name));
-            }
-        }
-    }
-    if let Some(d) = attr.decode.as_ref().filter(|_| !module_form) {
-        errors.push(
-            d.key.span(),
-            "`decode` drives a module through time: it needs the module form, whose first \
-             parameter is a `VarBuilder` (the function builds the model and returns a stepper)",
-        );
-    }
-    if let Some(d) = &attr.decode {
-        let over = d.over.as_ref().or(attr.args.first().map(|a| &a.name));
-        match over {
-            None => errors.push(
-                d.key.span(),
-                "`decode` splits a sequence argument into steps: declare it in `args(...)`",
-            ),
-            Some(over) if !attr.args.iter().any(|a| a.name == *over) => errors.push(
-                over.span(),
-                format!("`decode(over = {over})`: `{over}` has no shape in `args(...)`"),
-            ),
-            Some(_) => {}
-        }
-    }
-    if !module_form && !attr.init.is_empty() {
-        errors.push(
-            attr.init[0].name.span(),
-            "`init(...)` configures the reference nn.Module; it needs the module form, whose first \
-             parameter is a `VarBuilder`",
-        );
-    }
-    let backend = match attr.backend.as_ref().map(|b| (b.value(), b.span())) {
-        None => quote!(::golden::Backend::Torch),
-        Some((b, _)) if b == "torch" => quote!(::golden::Backend::Torch),
-        Some((b, _)) if b == "numpy" => quote!(::golden::Backend::Numpy),
-        Some((b, span)) => {
-            errors.push(
-                span,
-                format!("unknown backend `{b}`; expected \"torch\" or \"numpy\""),
-            );
-            quote!(::golden::Backend::Torch)
-        }
+/// The `#[cfg(test)]` module of a valid attribute on `fn fn_name(params)`.
+pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
+    let module_form = crate::signature::module_form(params);
+    let call = call_args(attr, params);
+    let invariants = invariant_calls(attr);
+    let backend = match attr.backend.as_ref().map(|b| b.value()).as_deref() {
+        Some("numpy") => quote!(::golden::Backend::Numpy),
+        _ => quote!(::golden::Backend::Torch),
     };
-    if module_form && attr.backend.as_ref().is_some_and(|b| b.value() == "numpy") {
-        errors.push(
-            attr.backend.as_ref().unwrap().span(),
-            "the module form needs the torch backend (its reference is an nn.Module)",
-        );
-    }
-    let dtypes: Vec<TokenStream> = match &attr.dtypes {
-        Some((_, list)) => list.iter().map(|d| dtype_tokens(d, &mut errors)).collect(),
+    let dtypes: Vec<TokenStream> = match attr.dtype_list() {
+        Some(list) => list.iter().map(dtype_tokens).collect(),
         None => vec![quote!(::golden::__private::candle_core::DType::F32)],
     };
-    if let (Some(s), Some(_)) = (&attr.steps, &attr.decode) {
-        errors.push(
-            s.key.span(),
-            "`steps` and `decode` both drive the layer through time: give one",
-        );
-    }
-    if let Some(s) = &attr.steps {
-        if !attr.dims.iter().any(|d| d.name == s.over) {
-            errors.push(
-                s.over.span(),
-                format!(
-                    "`steps(over = {})`: the loop has as many steps as a dim, and `{}` is not one \
-                     of `dims(...)`",
-                    s.over, s.over
-                ),
-            );
-        }
-        for (arg, _) in &s.carry {
-            if !attr.args.iter().any(|a| a.name == *arg) {
-                errors.push(
-                    arg.span(),
-                    format!("`carry({arg} = ..)`: `{arg}` has no shape in `args(...)`"),
-                );
-            }
-        }
-    }
-    errors.finish()?;
+    let reference = attr
+        .reference
+        .as_ref()
+        .map(|r| r.value())
+        .unwrap_or_default();
 
     // Tensors reach the reference in signature order: sort the declared shapes that way.
     let mut args: Vec<&ArgDecl> = attr.args.iter().collect();
     args.sort_by_key(|a| params.iter().position(|p| p.name == a.name));
     let arg_calls = args.iter().map(|a| {
         let name = a.name.to_string();
-        let shape = &a.shape;
+        let shape = a.shape.iter().map(axis_expr);
         let dist = dist_expr(&a.dist);
         quote!(.arg(#name, ::std::vec::Vec::<::golden::DimExpr>::from([#(#shape),*]), #dist))
     });
@@ -835,7 +348,6 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
         .flat_map(|(_, pairs)| pairs)
         .map(|(from, to)| quote!(.rename(#from, #to)));
     let name = fn_name.to_string();
-    let reference = reference.unwrap_or_default();
     let decode = attr.decode.as_ref().map(|d| {
         let over = d
             .over
@@ -897,7 +409,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
         }
     });
 
-    Ok(quote! {
+    quote! {
         #[cfg(test)]
         mod #fn_name {
             fn layer() -> ::golden::Layer {
@@ -960,7 +472,7 @@ pub fn expand(attr: &Attr, item: &ItemFn) -> Result<TokenStream> {
             #grad_test
             #overfit_test
         }
-    })
+    }
 }
 
 fn overfit_spec(o: &OverfitDecl) -> TokenStream {

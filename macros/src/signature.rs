@@ -85,3 +85,11 @@ pub fn params(item: &ItemFn) -> Result<Vec<Param>> {
     }
     Ok(out)
 }
+
+/// Whether the function is in the module form: a parameter is a `VarBuilder` (the first one, as
+/// a rule checks).
+pub fn module_form(params: &[Param]) -> bool {
+    params
+        .iter()
+        .any(|p| matches!(p.kind, Kind::VarBuilder { .. }))
+}

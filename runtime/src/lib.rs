@@ -23,23 +23,32 @@
 //! # fn main() {}
 //! ```
 //!
-//! The modules are layers along the data's path, each importing only layers listed before it:
-//! what a check is about ([`describe`]), the Python worker ([`python`]), judging the port
-//! ([`judge`]: comparison, diagnosis, traces), the reference's answers ([`answers`]: live,
-//! replayed or recorded), what a check leaves ([`report`]: messages, artifacts, snapshots,
-//! results), and the runners on top ([`run`]: forward, gradients, overfit). Tensors and tensor
-//! files are [`golden_files`]'s.
+//! What you write is re-exported here, at the crate's root: the attribute, the check functions it
+//! calls ([`check`], [`check_gradients`], [`check_overfit`]), what a port may return or tap
+//! ([`Outputs`], [`tap`], [`Step`], [`Stepper`]), what a check leaves ([`Report`], [`Failure`]),
+//! and the description a check is built from ([`Layer`] and its values). The guides are the book
+//! (`docs/` in golden's repository); the layout is `ARCHITECTURE.md`.
+//!
+//! The modules below the root are golden's layers along the data's path (describe, python,
+//! judge, answers, report, run). They are public for golden's own command line and tests only,
+//! hidden from these docs, and carry no stability promise: use the root's items.
 
 #![warn(missing_docs)]
 // `Failure` carries the whole failing case so that its message can name everything; it is built once
 // per failing test, so its size on the error path costs nothing worth boxing it for.
 #![allow(clippy::result_large_err)]
 
+#[doc(hidden)]
 pub mod answers;
+#[doc(hidden)]
 pub mod describe;
+#[doc(hidden)]
 pub mod judge;
+#[doc(hidden)]
 pub mod python;
+#[doc(hidden)]
 pub mod report;
+#[doc(hidden)]
 pub mod run;
 
 pub use describe::checks::{GradMode, GradSpec, Kind, Loss, Optimizer, OverfitSpec};
@@ -53,7 +62,7 @@ pub use describe::schedule::{Decode, Padding, StepLoop};
 pub use golden_files::{HostTensor, WireDType};
 pub use golden_macros::golden_layer;
 pub use judge::trace::tap;
-pub use report::failure::{Failure, FailureKind};
+pub use report::failure::{Failure, FailureKind, PortFault};
 pub use report::passed::Report;
 pub use run::check::Port;
 pub use run::forward::check;

@@ -20,6 +20,10 @@
 //! * `workflow FILE JOB [--in DIR]` — run a GitHub Actions job's steps here, as the runner would
 //!   (`workflow.rs`): golden's CI runs its users' recipe, `examples/port-llama/.github/workflows/
 //!   golden.yml`, on the example crate this way.
+//! * `book` — build the book (`docs/`, mdBook, installed once outside the checkout) into
+//!   `target/book`, then check the links as `links` does (`book.rs`).
+//! * `links` — check every relative link and anchor of README.md, ARCHITECTURE.md,
+//!   benches/README.md and the book's chapters, and that SUMMARY.md lists every chapter.
 //!
 //! `test` builds the Rust side while pip installs the Python side: on a fresh machine the two take
 //! about as long as each other.
@@ -33,6 +37,7 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 mod bench_scale;
+mod book;
 mod workflow;
 
 fn root() -> PathBuf {
@@ -535,10 +540,13 @@ fn main() -> ExitCode {
         "bench-mutations" => bench_mutations(),
         "bench-schedules" => bench_schedules(),
         "bench-scale" => setup().and_then(|python| bench_scale::main(&python)),
+        "book" => book::book(&root()),
+        "links" => book::links(&root()),
         "workflow" => workflow::main(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => Err(
             "usage: cargo xtask setup | zoo | test | bench-suite | bench-diff | bench-mutations \
-             | bench-schedules | bench-scale | workflow <workflow.yml> <job> [--in <dir>]"
+             | bench-schedules | bench-scale | book | links | workflow <workflow.yml> <job> \
+             [--in <dir>]"
                 .into(),
         ),
     };

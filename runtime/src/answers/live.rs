@@ -10,7 +10,7 @@ use crate::describe::schedule::Plan;
 use crate::judge::compare;
 use crate::python::key::WorkerKey;
 use crate::python::wire::{self, TensorTable};
-use crate::python::worker::{pool, WorkerError};
+use crate::python::worker::{pool, RemoteKind, WorkerError};
 use candle_core::DType;
 use golden_files::HostTensor;
 use serde_json::{json, Value as Json};
@@ -598,7 +598,7 @@ impl Live {
             return worker.request(header, tensors, timeout, during);
         };
         match worker.request(header.clone(), tensors.clone(), timeout, during) {
-            Err(WorkerError::Remote(e)) if e.kind == "unknown_state" => {}
+            Err(WorkerError::Remote(e)) if e.kind == RemoteKind::UnknownState => {}
             other => return other,
         }
         let mut table = TensorTable::default();

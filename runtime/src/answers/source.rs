@@ -24,7 +24,7 @@ use crate::answers::store::{self, Entry, Store};
 use crate::describe::env::Mode;
 use crate::describe::inputs::CaseParams;
 use crate::describe::layer::{Form, Layer, Params};
-use crate::python::worker::{RemoteError, WorkerError};
+use crate::python::worker::{RemoteError, RemoteKind, WorkerError};
 use candle_core::DType;
 use golden_files::HostTensor;
 use serde_json::Value as Json;
@@ -259,7 +259,7 @@ impl Source {
         let spec = match &self.via {
             Via::Replay(store) => store.params_for(&key).cloned().ok_or_else(|| {
                 remote(
-                    "store",
+                    RemoteKind::Store,
                     format!(
                         "the golden store {} holds no parameter list for this module built with \
                          {key}; record it again",
@@ -291,7 +291,7 @@ impl Source {
         let state = match &layer.params {
             Params::Weights(_) => ModuleState::Checkpoint(
                 self.checkpoint(layer, &spec)
-                    .map_err(|problems| remote("weights", problems.join("\n")))?,
+                    .map_err(|problems| remote(RemoteKind::Weights, problems.join("\n")))?,
             ),
             _ => {
                 ModuleState::Drawn(spec.draw(params.seed, dtype, layer.params == Params::DrawnAll))
@@ -408,7 +408,7 @@ impl Source {
                     None => unreachable!("checked above"),
                     Some(recorded) => match store::disagreement(layer, recorded, &outputs) {
                         Some(why) => Err(remote(
-                            "store",
+                            RemoteKind::Store,
                             format!(
                                 "the golden store {} disagrees with the live reference: {why}; \
                                  a store is trusted to replay what the reference answered when it \
@@ -433,7 +433,7 @@ impl Source {
                                 outputs.state_dict = (*named).clone();
                                 outputs.state_id = Some(resolved.id);
                             }
-                            Err(e) => return Answer::Failed(remote("weights", e)),
+                            Err(e) => return Answer::Failed(remote(RemoteKind::Weights, e)),
                         },
                     }
                     outputs.aliases = spec.aliases.clone();
@@ -597,9 +597,9 @@ fn replayed_stale(layer: &Layer, store: &Store, hint: &str) -> Option<String> {
 }
 
 /// An error the reference side reports for a case (not the worker's own failure).
-fn remote(kind: &str, message: String) -> WorkerError {
+fn remote(kind: RemoteKind, message: String) -> WorkerError {
     WorkerError::Remote(RemoteError {
-        kind: kind.to_string(),
+        kind,
         message,
         traceback: None,
         phase: None,

@@ -119,15 +119,7 @@ impl std::error::Error for StoreError {}
 
 /// The size bound: `GOLDEN_STORE_LIMIT` MiB, default 4.
 pub fn limit_bytes() -> Result<usize, String> {
-    let mib = match std::env::var("GOLDEN_STORE_LIMIT") {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|m| *m > 0.0)
-            .ok_or_else(|| format!("GOLDEN_STORE_LIMIT={v:?} is not a positive number of MiB"))?,
-        _ => DEFAULT_LIMIT_MIB,
-    };
+    let mib = crate::describe::env::store_limit_mib(DEFAULT_LIMIT_MIB)?;
     Ok((mib * 1024.0 * 1024.0) as usize)
 }
 

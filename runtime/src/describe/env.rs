@@ -1,26 +1,65 @@
-//! Every environment variable golden reads, in one place.
-//!
-//! | variable | meaning |
-//! |---|---|
-//! | `GOLDEN_PYTHON` | the interpreter that runs references |
-//! | `GOLDEN_REFERENCE_PATH` | extra import roots (`:`-separated) |
-//! | `GOLDEN_MODE` | `auto` (default), `live`, `replay`, `record`, `verify` |
-//! | `GOLDEN_SEED` | seed of the generated cases (default 0), decimal or `0x` hexadecimal |
-//! | `GOLDEN_CASES` | number of cases (at least 1), overriding `cases = N` |
-//! | `GOLDEN_CASE` | run exactly this one case (as a failure prints it) |
-//! | `GOLDEN_MEMORY_LIMIT` | MiB golden may generate for one case's tensors (default 1024) |
-//! | `GOLDEN_TIMEOUT` | seconds a reference may take on one case, and the port on one call (default 60; `0` or `inf`: no limit) |
-//! | `GOLDEN_START_TIMEOUT` | seconds a worker may take to start or import a reference (default 180) |
-//! | `GOLDEN_WORKERS` | most Python workers per test process (default: cores, at most 4) |
-//! | `GOLDEN_VENV` | the venv `golden setup` creates and golden looks for |
-//! | `GOLDEN_MUTATIONS` | the mutation diagnosis of a failure: `auto` (default), `always`, `off` |
-//! | `GOLDEN_VARIANTS` | `off` leaves the reference's declared `@variant`s unevaluated (`on`: the default) |
-//! | `GOLDEN_SHARED_WORKER` | `auto` (default: on under nextest), `always`, `never` |
-//! | `GOLDEN_SHARED_IDLE` | seconds the shared worker daemon stays without connections (default 60) |
-//! | `GOLDEN_RUN` | names the run a test process's results belong to (default: its `cargo test` or nextest run) |
+//! Every environment variable golden reads, in one place: [`VARIABLES`] declares each one (its
+//! group and what it does), and the functions below parse those the runtime reads. The command line
+//! (`golden setup`, `golden diff`) and the Python worker read a few of their own; a test
+//! (`runtime/tests/environment.rs`) finds every `GOLDEN_*` name in the sources of golden's crates
+//! and of the worker, and checks that each is declared here and documented in the book's
+//! configuration table, and that the runtime reads none outside this file.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// Who a variable is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// What a user sets day to day: the interpreter, the mode, the seed, the cases.
+    Everyday,
+    /// Limits and switches a user rarely needs: timeouts, memory, workers, shared memory.
+    Tuning,
+    /// Set by golden for its own processes, or by its own tests: not for users.
+    Internal,
+}
+
+/// An environment variable golden reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Variable {
+    /// Its name (`GOLDEN_MODE`).
+    pub name: &'static str,
+    /// Who it is for.
+    pub group: Group,
+    /// What it does, in one line (the book's configuration table says more).
+    pub doc: &'static str,
+}
+
+const fn variable(name: &'static str, group: Group, doc: &'static str) -> Variable {
+    Variable { name, group, doc }
+}
+
+/// Every environment variable golden reads, grouped.
+pub const VARIABLES: &[Variable] = &[
+    variable("GOLDEN_PYTHON", Group::Everyday, "the interpreter that runs references"),
+    variable("GOLDEN_VENV", Group::Everyday, "the venv `golden setup` creates and golden looks for"),
+    variable("GOLDEN_MODE", Group::Everyday, "`auto` (default), `live`, `replay`, `record`, `verify`"),
+    variable("GOLDEN_SEED", Group::Everyday, "seed of the generated cases (default 0), decimal or `0x` hexadecimal"),
+    variable("GOLDEN_CASES", Group::Everyday, "number of cases (at least 1), overriding `cases = N`"),
+    variable("GOLDEN_CASE", Group::Everyday, "run exactly this one case (as a failure prints it)"),
+    variable("GOLDEN_REFERENCE_PATH", Group::Everyday, "extra import roots (`:`-separated)"),
+    variable("GOLDEN_RUN", Group::Everyday, "the run a test process's results belong to (default: its `cargo test` or nextest run)"),
+    variable("GOLDEN_BOOTSTRAP_PYTHON", Group::Tuning, "the Python `golden setup` creates a missing venv with (default `python3`)"),
+    variable("GOLDEN_TIMEOUT", Group::Tuning, "seconds a reference may take on one case, and the port on one call (default 60; `0` or `inf`: no limit)"),
+    variable("GOLDEN_START_TIMEOUT", Group::Tuning, "seconds a worker may take to start or import a reference (default 180)"),
+    variable("GOLDEN_MEMORY_LIMIT", Group::Tuning, "MiB golden may generate for one case's tensors (default 1024)"),
+    variable("GOLDEN_STORE_LIMIT", Group::Tuning, "size bound of one golden store, in MiB (default 4)"),
+    variable("GOLDEN_READ_BUDGET", Group::Tuning, "how much `golden diff`, `show` and `view` may expand one file to (`512MiB`, `4GiB`)"),
+    variable("GOLDEN_WORKERS", Group::Tuning, "most Python workers per test process (default: cores, at most 4)"),
+    variable("GOLDEN_SHARED_WORKER", Group::Tuning, "`auto` (default: on under nextest), `always`, `never`"),
+    variable("GOLDEN_SHARED_IDLE", Group::Tuning, "seconds the shared worker daemon stays without connections (default 60)"),
+    variable("GOLDEN_SHARED_DIR", Group::Tuning, "where the shared worker's sockets live (default `target/golden/workers`)"),
+    variable("GOLDEN_SHM", Group::Tuning, "`auto` (default) or `off`: whether large tensors travel through shared memory"),
+    variable("GOLDEN_MUTATIONS", Group::Tuning, "the mutation diagnosis of a failure: `auto` (default), `always`, `off`"),
+    variable("GOLDEN_VARIANTS", Group::Tuning, "`off` leaves the reference's declared `@variant`s unevaluated (`on`: the default)"),
+    variable("GOLDEN_PARENT_PID", Group::Internal, "set by golden on its workers: the test process whose end ends them"),
+    variable("GOLDEN_MAX_FRAME", Group::Internal, "lowers the worker's frame limit (bytes), for golden's own tests"),
+];
 
 /// Where reference outputs come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -382,6 +421,45 @@ pub fn import_roots(manifest_dir: Option<&str>) -> Vec<PathBuf> {
         new
     });
     roots
+}
+
+/// `GOLDEN_STORE_LIMIT`: the size bound of one golden store in MiB (default `default_mib`), a
+/// positive number; or an error naming the accepted form.
+pub fn store_limit_mib(default_mib: f64) -> Result<f64, String> {
+    let Some(v) = var("GOLDEN_STORE_LIMIT") else {
+        return Ok(default_mib);
+    };
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|m| *m > 0.0)
+        .ok_or_else(|| format!("GOLDEN_STORE_LIMIT={v:?} is not a positive number of MiB"))
+}
+
+/// `GOLDEN_SHARED_DIR`: where the shared worker's sockets live, when set.
+pub fn shared_dir() -> Option<PathBuf> {
+    var("GOLDEN_SHARED_DIR").map(PathBuf::from)
+}
+
+/// Whether large tensors may travel through shared memory (`GOLDEN_SHM`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedMemory {
+    /// Where both sides can map it (the default).
+    Auto,
+    /// Never: every tensor travels inline.
+    Off,
+}
+
+/// `GOLDEN_SHM`: `auto` (default) or `off`; anything else is an error naming the accepted values.
+pub fn shared_memory() -> Result<SharedMemory, String> {
+    match var("GOLDEN_SHM").as_deref().map(str::trim) {
+        None | Some("auto") => Ok(SharedMemory::Auto),
+        Some("off") => Ok(SharedMemory::Off),
+        Some(other) => Err(format!(
+            "GOLDEN_SHM={other:?} is not one of auto, off (whether large tensors travel to and \
+             from the Python worker through shared memory)"
+        )),
+    }
 }
 
 /// The cargo target directory of the running test binary (`CARGO_TARGET_DIR`, else found from the

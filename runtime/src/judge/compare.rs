@@ -24,7 +24,7 @@ use std::fmt;
 
 /// How many times the estimated rounding error of an element the port may be off by.
 ///
-/// Calibrated on the zoo with 400 cases per layer (README, "How close is close enough"): a correct
+/// Calibrated on the zoo with 400 cases per layer (the book's docs/src/tolerances.md, "How close is close enough"): a correct
 /// port's error is a few times PyTorch's (candle's gemm rounds about twice as much as PyTorch's),
 /// and the worst of 10^5–10^6 elements sits 4–5 standard deviations out; the correct ports needed
 /// at most 7.5. The wrong ports of the test-suite need hundreds to millions.

@@ -89,8 +89,8 @@ fn idle_seconds() -> f64 {
 
 /// Where the sockets, lock files and the served copies' logs live.
 pub fn directory() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("GOLDEN_SHARED_DIR") {
-        return Some(PathBuf::from(dir));
+    if let Some(dir) = env::shared_dir() {
+        return Some(dir);
     }
     Some(env::target_dir()?.join("golden").join("workers"))
 }

@@ -55,25 +55,13 @@ const GRAIN: usize = 1 << 20;
 /// Received tensors of at least this size are copied into memory advised for huge pages.
 const HUGE: usize = 2 << 20;
 
-/// Whether shared memory is used (`GOLDEN_SHM`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Where both sides can map it (the default).
-    Auto,
-    /// Never: every tensor travels inline.
-    Off,
-}
+/// `GOLDEN_SHM` (read in `describe/env.rs`): whether large tensors may travel through shared
+/// memory.
+pub use crate::describe::env::SharedMemory as Mode;
 
 /// `GOLDEN_SHM`: `auto` (default) or `off`; anything else is an error naming the accepted values.
 pub fn mode() -> Result<Mode, String> {
-    match std::env::var("GOLDEN_SHM").ok().as_deref().map(str::trim) {
-        None | Some("") | Some("auto") => Ok(Mode::Auto),
-        Some("off") => Ok(Mode::Off),
-        Some(other) => Err(format!(
-            "GOLDEN_SHM={other:?} is not one of auto, off (whether large tensors travel to and \
-             from the Python worker through shared memory)"
-        )),
-    }
+    crate::describe::env::shared_memory()
 }
 
 /// Say once per process why large tensors travel through the pipe although shared memory is on.

@@ -50,12 +50,102 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(100);
 /// How much of what an interpreter printed before the protocol an error quotes.
 const QUOTED_BYTES: usize = 240;
 
+/// What kind of error the reference side reported: parsed once from the worker's answer
+/// (`"kind"`), and named by the runtime for the errors it finds itself on the reference's side (a
+/// store, a checkpoint). Each kind leads the failure message to its own fix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RemoteKind {
+    /// The reference's module does not import.
+    Import,
+    /// The module has no such attribute.
+    Attribute,
+    /// The reference is not callable.
+    NotCallable,
+    /// A module-form check names something that is not an `nn.Module` class.
+    NotModule,
+    /// The request names a reference in a form the worker does not accept.
+    Invalid,
+    /// The reference raised on a case.
+    Raised,
+    /// The reference returned something golden cannot compare.
+    ReturnType,
+    /// The backend (torch, numpy) is missing or unusable.
+    Backend,
+    /// A schedule (`decode`, `steps`) could not be driven through the reference.
+    Schedule,
+    /// The reference's answer exceeds what one answer may hold.
+    TooLarge,
+    /// The reference gave different answers to the same case.
+    Nondeterministic,
+    /// A request or answer broke the protocol.
+    Protocol,
+    /// The worker itself failed.
+    Internal,
+    /// The golden store cannot answer (found by the runtime, in a replay).
+    Store,
+    /// The checkpoint (`weights = "..."`) does not fit the module (found by the runtime), or the
+    /// worker cannot load it (changed on disk since the runtime hashed it).
+    Weights,
+    /// The worker holds no state of the id a request names (a checkpoint's): the runtime sends it
+    /// the state and asks again (`answers/live.rs`).
+    UnknownState,
+    /// A kind this runtime does not know (a newer worker): shown as sent.
+    Other(String),
+}
+
+impl RemoteKind {
+    /// Every kind with the name it travels under (all but [`RemoteKind::Other`]).
+    pub const NAMED: &'static [(&'static str, RemoteKind)] = &[
+        ("import", RemoteKind::Import),
+        ("attribute", RemoteKind::Attribute),
+        ("not_callable", RemoteKind::NotCallable),
+        ("not_module", RemoteKind::NotModule),
+        ("invalid", RemoteKind::Invalid),
+        ("raised", RemoteKind::Raised),
+        ("return_type", RemoteKind::ReturnType),
+        ("backend", RemoteKind::Backend),
+        ("schedule", RemoteKind::Schedule),
+        ("too_large", RemoteKind::TooLarge),
+        ("nondeterministic", RemoteKind::Nondeterministic),
+        ("protocol", RemoteKind::Protocol),
+        ("internal", RemoteKind::Internal),
+        ("store", RemoteKind::Store),
+        ("weights", RemoteKind::Weights),
+        ("unknown_state", RemoteKind::UnknownState),
+    ];
+
+    /// The kind a name stands for ([`RemoteKind::Other`] for one this runtime does not know).
+    pub fn parse(name: &str) -> RemoteKind {
+        RemoteKind::NAMED
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, k)| k.clone())
+            .unwrap_or_else(|| RemoteKind::Other(name.to_string()))
+    }
+
+    /// The name the kind travels under.
+    pub fn as_str(&self) -> &str {
+        match self {
+            RemoteKind::Other(name) => name,
+            known => RemoteKind::NAMED
+                .iter()
+                .find(|(_, k)| k == known)
+                .map_or("internal", |(n, _)| n),
+        }
+    }
+}
+
+impl std::fmt::Display for RemoteKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The worker answered a request with an error.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RemoteError {
-    /// `import`, `attribute`, `not_callable`, `not_module`, `raised`, `return_type`, `backend`,
-    /// `protocol`, `internal`.
-    pub kind: String,
+    /// What kind of error (each has its own fix).
+    pub kind: RemoteKind,
     /// One-line description.
     pub message: String,
     /// The Python traceback, where there is one.
@@ -964,7 +1054,7 @@ fn remote_error(header: &Json) -> RemoteError {
     let error = &header["error"];
     let text = |k: &str| error.get(k).and_then(Json::as_str).map(str::to_string);
     RemoteError {
-        kind: text("kind").unwrap_or_else(|| "internal".into()),
+        kind: text("kind").map_or(RemoteKind::Internal, |k| RemoteKind::parse(&k)),
         message: text("message").unwrap_or_else(|| "the worker gave no message".into()),
         traceback: text("traceback"),
         phase: text("phase"),
@@ -1133,5 +1223,62 @@ impl Pool {
             .iter()
             .map(Worker::pid)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RemoteKind;
+
+    /// The kinds the Python side sends: every `"kind": "..."` of an error answer and the first
+    /// argument of every `ReferenceError_(...)` in the worker's package.
+    fn kinds_python_sends() -> Vec<String> {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../reference_py/golden_ref");
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            for marker in ["\"kind\": \"", "ReferenceError_("] {
+                for (i, _) in text.match_indices(marker) {
+                    let rest = text[i + marker.len()..]
+                        .trim_start()
+                        .trim_start_matches('"');
+                    let name: String = rest
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    if !name.is_empty() {
+                        out.push(name);
+                    }
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    #[test]
+    fn every_kind_the_worker_sends_is_known_and_round_trips() {
+        let sent = kinds_python_sends();
+        assert!(
+            sent.len() >= 10,
+            "the Python side's kinds were not found: {sent:?}"
+        );
+        for name in &sent {
+            let kind = RemoteKind::parse(name);
+            assert!(
+                !matches!(kind, RemoteKind::Other(_)),
+                "the worker sends the error kind `{name}`, which RemoteKind does not know"
+            );
+            assert_eq!(kind.as_str(), name);
+        }
+        // Every kind but the one the runtime finds itself is one the worker sends (`weights`
+        // both: a checkpoint that does not fit, one that changed on disk since it was hashed).
+        for (name, kind) in RemoteKind::NAMED {
+            let runtime_side = matches!(kind, RemoteKind::Store);
+            assert_eq!(sent.contains(&name.to_string()), !runtime_side, "{name}");
+        }
+        assert_eq!(RemoteKind::parse("newer").as_str(), "newer");
     }
 }

@@ -186,7 +186,11 @@ pub fn has_repro(layer: &Layer, kind: Kind) -> bool {
 
 /// `case.json`'s `checkpoint`: the file (path, size, hash) and, per state_dict entry it serves,
 /// the file's name for it and the dtype the case gave it (repro.py loads them from the file).
-fn checkpoint_json(resolved: &crate::answers::checkpoint::Resolved, failure: &CaseFailure) -> Json {
+fn checkpoint_json(
+    layer: &Layer,
+    resolved: &crate::answers::checkpoint::Resolved,
+    failure: &CaseFailure,
+) -> Json {
     let c = &resolved.checkpoint;
     let dtype_of = |name: &str| {
         failure
@@ -206,7 +210,8 @@ fn checkpoint_json(resolved: &crate::answers::checkpoint::Resolved, failure: &Ca
         })
         .collect();
     json!({
-        "path": c.path.display().to_string(),
+        // This check's file: another file of the same bytes resolves to the same id.
+        "path": layer.weights_path().unwrap_or_else(|| c.path.clone()).display().to_string(),
         "size": c.size,
         "hash": c.hash_hex(),
         "entries": entries,
@@ -305,7 +310,7 @@ pub fn write(
         "args": layer.args.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
         "arg_dtypes": dtypes(&failure.inputs),
         "state_dict_dtypes": dtypes(&state_dict),
-        "checkpoint": checkpoint.as_ref().map(|r| checkpoint_json(r, failure)),
+        "checkpoint": checkpoint.as_ref().map(|r| checkpoint_json(layer, r, failure)),
         "kwargs": values(&resolved.consts),
         "init": values(&resolved.init),
         "config": resolved.config.as_ref().map(crate::describe::layer::Config::to_json),

@@ -8,7 +8,7 @@ use crate::describe::numbers::num;
 use crate::judge::compare::{Leaf, Verdict};
 use crate::judge::diagnose::Diagnosis;
 use crate::judge::mutations::MutationMatch;
-use crate::python::worker::WorkerError;
+use crate::python::worker::{RemoteKind, WorkerError};
 use golden_files::HostTensor;
 use std::fmt::{self, Write as _};
 
@@ -30,17 +30,50 @@ pub enum FailureKind {
     Worker(WorkerError),
 }
 
+/// What went wrong with the port on a case, when it did not return outputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PortFault {
+    /// It returned an error (the error's message).
+    Errored(String),
+    /// It panicked (the panic's message).
+    Panicked(String),
+    /// It did not return within the timeout (on which case, and what to do).
+    TimedOut(String),
+}
+
+impl PortFault {
+    /// The message, whatever happened.
+    pub fn message(&self) -> &str {
+        match self {
+            PortFault::Errored(m) | PortFault::Panicked(m) | PortFault::TimedOut(m) => m,
+        }
+    }
+
+    /// The message, to add to it (the step a schedule was at).
+    pub fn message_mut(&mut self) -> &mut String {
+        match self {
+            PortFault::Errored(m) | PortFault::Panicked(m) | PortFault::TimedOut(m) => m,
+        }
+    }
+}
+
+impl fmt::Display for PortFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PortFault::TimedOut(m) => write!(f, "the port {m}"),
+            PortFault::Panicked(m) => write!(f, "the port panicked: {m}"),
+            PortFault::Errored(m) => write!(f, "the port returned an error: {m}"),
+        }
+    }
+}
+
 /// Everything that went wrong in one case.
 #[derive(Debug, Default)]
 pub struct CaseFailure {
     /// Module form: names, shapes and unused entries between port and state_dict.
     pub params: Vec<ParamIssue>,
-    /// The port returned an error (or panicked: see `port_panicked`).
-    pub port_error: Option<String>,
-    /// Whether `port_error` is a panic message.
-    pub port_panicked: bool,
-    /// Whether the port did not return within the timeout (`port_error` says on which case).
-    pub port_stuck: bool,
+    /// What went wrong with the port itself (None: it returned outputs).
+    pub port: Option<PortFault>,
     /// The reference raised or returned something that is not a tensor.
     pub reference_error: Option<WorkerError>,
     /// Leaf comparisons (all leaves; only failing ones are printed).
@@ -117,13 +150,13 @@ pub struct LeafDiagnosis {
 impl CaseFailure {
     /// Whether the reference answered differently twice on this case's inputs.
     pub fn reference_is_nondeterministic(&self) -> bool {
-        remote_kind(self.reference_error.as_ref()) == Some("nondeterministic")
+        remote_kind(self.reference_error.as_ref()) == Some(&RemoteKind::Nondeterministic)
     }
 
     /// Whether the reference cannot be driven through the case's schedule at all (no cache to
     /// carry, more positions than it has): no case can run.
     pub fn reference_cannot_follow_schedule(&self) -> bool {
-        remote_kind(self.reference_error.as_ref()) == Some("schedule")
+        remote_kind(self.reference_error.as_ref()) == Some(&RemoteKind::Schedule)
     }
 
     /// One line for proptest's own bookkeeping.
@@ -131,8 +164,8 @@ impl CaseFailure {
         if let Some(p) = self.params.first() {
             return p.to_string();
         }
-        if let Some(e) = &self.port_error {
-            return format!("port error: {e}");
+        if let Some(e) = &self.port {
+            return format!("port error: {}", e.message());
         }
         if let Some(e) = &self.reference_error {
             return format!("reference error: {e}");
@@ -329,8 +362,8 @@ fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
     if let Some(module) = missing_module(&r.message) {
         return Some(install_fix(module));
     }
-    Some(match r.kind.as_str() {
-        "import" if r.message.starts_with("no module named `") => {
+    Some(match &r.kind {
+        RemoteKind::Import if r.message.starts_with("no module named `") => {
             let python = crate::describe::env::python();
             let top = reference.split('.').next().unwrap_or(reference);
             format!(
@@ -342,42 +375,48 @@ fn remote_fix(e: &WorkerError, reference: &str) -> Option<String> {
                 pip_name(top)
             )
         }
-        "import" => format!(
+        RemoteKind::Import => format!(
             "fix: make `{reference}` importable: its module must be on an import root \
              (GOLDEN_REFERENCE_PATH, or `reference_py/` beside Cargo.toml) and import cleanly in \
              the interpreter golden uses ({})",
             crate::describe::env::python().program.display()
         ),
-        "attribute" | "not_callable" => {
+        RemoteKind::Attribute | RemoteKind::NotCallable => {
             format!("fix: `reference = \"{reference}\"` must name a function or an nn.Module class")
         }
-        "not_module" => "fix: a port that takes a VarBuilder is checked in module form; its \
+        RemoteKind::NotModule => {
+            "fix: a port that takes a VarBuilder is checked in module form; its \
                          reference must be an nn.Module class (or drop the VarBuilder parameter)"
-            .into(),
-        "backend" => format!(
+                .into()
+        }
+        RemoteKind::Backend => format!(
             "fix: install torch into the interpreter golden used with `golden setup`, or \
              {} -m pip install torch; or choose `backend = \"numpy\"`",
             crate::describe::env::python().program.display()
         ),
-        "raised" => "the reference raised on this case; if the inputs are outside its domain, \
+        RemoteKind::Raised => {
+            "the reference raised on this case; if the inputs are outside its domain, \
                      narrow `args(...)` (e.g. `~ uniform(lo, hi)`) or `dims(...)`"
-            .into(),
-        "nondeterministic" => "fix: the reference must give the same outputs for the same inputs. \
+                .into()
+        }
+        RemoteKind::Nondeterministic => {
+            "fix: the reference must give the same outputs for the same inputs. \
                                Noise from np.random or random is not seeded by golden: draw it \
                                with torch (golden seeds torch's generator per case) or from a \
                                generator seeded by the reference itself; state that changes from \
                                call to call (a counter, a cache, a buffer that accumulates) must \
                                not change its answer. A port cannot be judged against an answer \
                                that changes"
-            .into(),
+                .into()
+        }
         _ => return None,
     })
 }
 
 /// The kind of a reference-side error (`raised`, `nondeterministic`, ...).
-fn remote_kind(e: Option<&WorkerError>) -> Option<&str> {
+fn remote_kind(e: Option<&WorkerError>) -> Option<&RemoteKind> {
     match e {
-        Some(WorkerError::Remote(r)) => Some(r.kind.as_str()),
+        Some(WorkerError::Remote(r)) => Some(&r.kind),
         _ => None,
     }
 }
@@ -571,7 +610,8 @@ impl fmt::Display for Failure {
                 )?;
             }
             FailureKind::Case(c)
-                if remote_kind(c.reference_error.as_ref()) == Some("nondeterministic") =>
+                if remote_kind(c.reference_error.as_ref())
+                    == Some(&RemoteKind::Nondeterministic) =>
             {
                 writeln!(
                     out,
@@ -579,7 +619,9 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
-            FailureKind::Case(c) if remote_kind(c.reference_error.as_ref()) == Some("store") => {
+            FailureKind::Case(c)
+                if remote_kind(c.reference_error.as_ref()) == Some(&RemoteKind::Store) =>
+            {
                 writeln!(
                     out,
                     "golden: `{}`: its golden store disagrees with its reference `{}`{dtype}",
@@ -593,7 +635,7 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
-            FailureKind::Case(c) if c.port_error.is_some() && c.params.is_empty() => {
+            FailureKind::Case(c) if c.port.is_some() && c.params.is_empty() => {
                 writeln!(
                     out,
                     "golden: `{}` failed on a generated case{dtype} (reference `{}`)",
@@ -773,16 +815,9 @@ impl fmt::Display for Failure {
                     writeln!(out, "    - {p}")?;
                 }
             }
-            if let Some(e) = &c.port_error {
-                if c.port_stuck {
-                    writeln!(out, "  the port {e}")?;
-                } else if c.params.is_empty() {
-                    let what = if c.port_panicked {
-                        "panicked"
-                    } else {
-                        "returned an error"
-                    };
-                    writeln!(out, "  the port {what}: {e}")?;
+            if let Some(e) = &c.port {
+                if matches!(e, PortFault::TimedOut(_)) || c.params.is_empty() {
+                    writeln!(out, "  {e}")?;
                 }
             }
             if let Some(e) = &c.reference_error {
@@ -1067,9 +1102,9 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
     Ok(())
 }
 
-/// `likely cause: the port matches the reference with <what> at <site> (instead of <instead>) on
-/// both failing cases (max diff …), where the reference reads `<code>` — fix: <fix>`; the second
-/// and third read `or: ...`. A match on one failing case alone reads as evidence, without a fix.
+/// "likely cause: the port matches the reference with WHAT at SITE (instead of INSTEAD) on both
+/// failing cases (max diff …), where the reference reads \`CODE\` — fix: FIX"; the second and
+/// third read "or: ...". A match on one failing case alone reads as evidence, without a fix.
 fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result {
     let site = if m.site.is_empty() {
         String::new()

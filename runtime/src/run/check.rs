@@ -14,7 +14,7 @@ use crate::describe::layer::dtype_name;
 use crate::describe::layer::Layer;
 use crate::python::worker::WorkerError;
 use crate::report::artifacts;
-use crate::report::failure::{CaseFailure, Failure, FailureKind};
+use crate::report::failure::{CaseFailure, Failure, FailureKind, PortFault};
 use crate::report::passed::{CaseRecord, DTypeRun, Report};
 use crate::report::results;
 use crate::run::port::{catching, PanicScope};
@@ -433,14 +433,16 @@ fn announce_saved(layer: &Layer, kind: Kind, settings: &Settings) {
         String::new()
     } else {
         format!(
-            " ({} on lines that name no check, which every check of the file replays: delete              them, or end each with `# {}{}: ...` to keep it to this check)",
+            " ({} on lines that name no check, which every check of the file replays: delete \
+             them, or end each with `# {}{}: ...` to keep it to this check)",
             saved.untagged.len(),
             layer.check_name(),
             kind.suffix()
         )
     };
     eprintln!(
-        "golden: `{}`: replays {} first, from {}{untagged}; then its {} generated cases          (GOLDEN_SEED=<n> runs other cases without them)",
+        "golden: `{}`: replays {} first, from {}{untagged}; then its {} generated cases \
+         (GOLDEN_SEED=<n> runs other cases without them)",
         layer.name,
         cases(n),
         file.display(),
@@ -543,11 +545,10 @@ fn run_caught(
 ) -> Outcome {
     catching(|| runner.run(source, dtype, params)).unwrap_or_else(|message| {
         Outcome::Fail(Box::new(CaseFailure {
-            port_error: Some(format!(
+            port: Some(PortFault::Panicked(format!(
                 "{message} (while golden ran the case, outside the port's own calls: the \
                  backtrace printed with RUST_BACKTRACE=1 shows where)"
-            )),
-            port_panicked: true,
+            ))),
             ..CaseFailure::default()
         }))
     })
@@ -678,7 +679,7 @@ fn run_dtype(
                 ))
             }
             // A port that did not return is not shrunk: each try would wait the whole timeout.
-            Outcome::Fail(f) if f.port_stuck => {
+            Outcome::Fail(f) if matches!(f.port, Some(PortFault::TimedOut(_))) => {
                 *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));
                 Err(TestCaseError::fail("the port did not return"))
             }

@@ -12,7 +12,9 @@ use crate::describe::schedule::PortSchedule;
 use crate::judge::compare::{self, Leaf};
 use crate::judge::diagnose;
 use crate::python::worker::WorkerError;
-use crate::report::failure::{CaseFailure, Failure, FailureKind, LeafDiagnosis, VariantMatch};
+use crate::report::failure::{
+    CaseFailure, Failure, FailureKind, LeafDiagnosis, PortFault, VariantMatch,
+};
 use crate::report::passed::{CaseRecord, Report};
 use crate::run::check::{self, CaseRunner, Outcome, Port};
 use crate::run::port::{PortFailure, PortThread};
@@ -291,10 +293,11 @@ pub(crate) fn run_port(
         Ok(called) => called,
         Err(fault) => {
             fault.report(&mut failure, params);
-            if let (Some(s), Some(e)) = (&schedule, failure.port_error.as_mut()) {
+            if let (Some(s), Some(e)) = (&schedule, failure.port.as_mut()) {
                 if fault.stuck.is_some() || fault.panicked {
                     let k = s.at.load(std::sync::atomic::Ordering::Relaxed);
-                    e.push_str(&format!(" (at {})", s.plan.steps.describe(k)));
+                    e.message_mut()
+                        .push_str(&format!(" (at {})", s.plan.steps.describe(k)));
                 }
             }
             return Outcome::Fail(Box::new(failure));
@@ -325,7 +328,7 @@ pub(crate) fn run_port(
     }) {
         Ok(p) => p,
         Err(e) => {
-            failure.port_error = Some(e);
+            failure.port = Some(PortFault::Errored(e));
             return Outcome::Fail(Box::new(failure));
         }
     };

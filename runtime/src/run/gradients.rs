@@ -33,7 +33,7 @@ use crate::describe::numbers::num;
 use crate::describe::outputs::Outputs;
 use crate::judge::compare::unravel;
 use crate::python::worker::WorkerError;
-use crate::report::failure::{CaseFailure, Failure, FORWARD_DIFFERS};
+use crate::report::failure::{CaseFailure, Failure, PortFault, FORWARD_DIFFERS};
 use crate::report::passed::{reference_notes, CaseRecord, Note, Report};
 use crate::run::check::{self, CaseRunner, Outcome, Port};
 use crate::run::forward::call_port;
@@ -440,7 +440,7 @@ impl CaseRunner for GradRunner<'_> {
                 // The port's own failure (a panic, a call that did not return) as such.
                 match self.port.take_fault() {
                     Some(fault) => fault.report(&mut failure, params),
-                    None => failure.port_error = Some(e),
+                    None => failure.port = Some(PortFault::Errored(e)),
                 }
                 return Outcome::Fail(Box::new(failure));
             }

@@ -160,7 +160,7 @@ pub(crate) fn explain(
 /// on its own, and may be the whole story).
 fn differs_in_values(c: &CaseFailure) -> bool {
     c.reference.is_some()
-        && c.port_error.is_none()
+        && c.port.is_none()
         && c.leaves
             .iter()
             .any(|l| !l.passes() && !trace::is_trace(&l.name))

@@ -25,7 +25,7 @@ use crate::describe::layer::dtype_name;
 use crate::describe::layer::{Form, Layer};
 use crate::describe::numbers::num;
 use crate::python::worker::WorkerError;
-use crate::report::failure::{CaseFailure, Failure, FailureKind};
+use crate::report::failure::{CaseFailure, Failure, FailureKind, PortFault};
 use crate::report::passed::{CaseRecord, DTypeRun, Report};
 use crate::report::results;
 use crate::run::check::{self, Port};
@@ -517,11 +517,10 @@ fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result
             let mut f = Failure::new(
                 layer,
                 FailureKind::Case(Box::new(CaseFailure {
-                    port_error: Some(format!(
+                    port: Some(PortFault::Panicked(format!(
                         "{message} (while golden trained the port, outside the port's own calls: \
                          the backtrace printed with RUST_BACKTRACE=1 shows where)"
-                    )),
-                    port_panicked: true,
+                    ))),
                     ..CaseFailure::default()
                 })),
             );
@@ -652,7 +651,7 @@ fn run(
                 Some(fault) if fault.panicked || fault.stuck.is_some() => {
                     fault.report(&mut case, params)
                 }
-                _ => case.port_error = Some(e),
+                _ => case.port = Some(PortFault::Errored(e)),
             }
             return Err(failure(FailureKind::Case(Box::new(case))));
         }

@@ -72,17 +72,17 @@ impl PortFailure {
         failure: &mut crate::report::failure::CaseFailure,
         case: &crate::describe::inputs::CaseParams,
     ) {
-        failure.port_panicked = self.panicked;
-        failure.port_stuck = self.stuck.is_some();
-        failure.port_error = Some(match self.stuck {
-            Some(timeout) => format!(
+        use crate::report::failure::PortFault;
+        failure.port = Some(match self.stuck {
+            Some(timeout) => PortFault::TimedOut(format!(
                 "did not return within {} s on {case}; it keeps running on its own thread until \
                  the test process ends (golden cannot stop a thread, it abandons it); if the port \
                  is only slow, give it more time: `timeout = <seconds>` in the check's attribute, \
                  or GOLDEN_TIMEOUT",
                 crate::describe::numbers::num(timeout.as_secs_f64())
-            ),
-            None => self.message.clone(),
+            )),
+            None if self.panicked => PortFault::Panicked(self.message.clone()),
+            None => PortFault::Errored(self.message.clone()),
         });
     }
 }

@@ -428,7 +428,7 @@ pub(crate) fn explain(
     let Some(steps) = &case.steps else {
         return false;
     };
-    if c.reference.is_none() || c.port_error.is_some() {
+    if c.reference.is_none() || c.port.is_some() {
         return false;
     }
     let window = layer.window();
@@ -446,8 +446,8 @@ pub(crate) fn explain(
     };
     let smallest = on(case, c, &tried);
     let matched: Vec<Mistake> = smallest.iter().map(|(m, _)| *m).collect();
-    let first = first
-        .filter(|(params, f)| params != case && f.reference.is_some() && f.port_error.is_none());
+    let first =
+        first.filter(|(params, f)| params != case && f.reference.is_some() && f.port.is_none());
     let on_first = first.map(|(params, f)| on(params, f, &matched));
     let as_match = |m: Mistake, fit: crate::judge::mutations::Fit| {
         let (what, instead, fix) = m.explain(window);
