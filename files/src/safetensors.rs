@@ -86,7 +86,12 @@ pub(crate) fn load(
 /// The tensors of a `.safetensors` file, in the file's order (with the file's default read
 /// budget, which only widened integers use).
 pub fn read(bytes: &[u8]) -> Result<Vec<(String, HostTensor)>, String> {
-    let bytes = Bytes::copy_from_slice(bytes);
+    read_shared(Bytes::copy_from_slice(bytes))
+}
+
+/// [`read`] over bytes already shared (a memory-mapped checkpoint): each tensor is a slice of
+/// `bytes`, no data is copied (but integers the wire format lacks, widened).
+pub fn read_shared(bytes: Bytes) -> Result<Vec<(String, HostTensor)>, String> {
     let mut budget = Budget::for_file(bytes.len() as u64);
     let (entries, spans) = index(&bytes).map_err(|e| e.to_string())?;
     entries

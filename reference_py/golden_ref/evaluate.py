@@ -26,6 +26,16 @@ make the nudged evaluations "move" by the drift, which the estimate takes for ro
 copied when an evaluation returns them: a reference may return a buffer of its own and write it
 again on the next call.
 
+A checkpoint's module (`case.shared`: a whole model, built once and shared by the evaluations)
+is evaluated fewer times, each whole-model evaluation costing seconds: the case dtype and float64
+once each on the real inputs, then the nudged evaluations (`perturbations`: three at size, see
+`answers/live.rs` `perturbations`) in the case dtype only, each one's error taken against the
+float64 answer at the real inputs, so that a sample holds the reference's rounding and the output's
+move under the nudge at once (never less than either; `moved` is then zero). Confirmation repeats
+the case dtype's first evaluation only: float64 runs once, so there is no float64 drift for the
+nudges to take for rounding, and a case-dtype drift is still caught. Six whole-model evaluations,
+one of them in float64, where the general path makes twelve, six of them in float64.
+
 `own_mean`, the nudged errors' signed mean, lets the runtime tell a reference whose own error is
 chaotic (its sign and size change from nudge to nudge: rounding, however large) from one whose
 error stays put. A reference that computes otherwise under a TorchFunctionMode — the float64 pass
@@ -105,6 +115,16 @@ class Case:
         # A `schedule.Plan`: drive the module through time (a cached decode, a padded batch) instead
         # of one call; see `golden_ref.schedule`.
         self.schedule = None
+        # Module form with `weights = "..."`: the checkpoint's state this worker keeps
+        # (`golden_ref.states.State`); the module is built from it once and shared by the case's
+        # evaluations (see `build_module` and `shared`).
+        self.checkpoint = None
+
+    @property
+    def shared(self) -> bool:
+        """Whether the case's evaluations share one module built from a checkpoint, kept by the
+        worker (a whole model), instead of fresh copies of it each: see the module docstring."""
+        return self.checkpoint is not None and self.form == "module"
 
     def derived(self, obj, args=None):
         """The same case for another reference `obj` (a variant, a wrapper) and optionally other
@@ -114,6 +134,7 @@ class Case:
         case.state = self.state
         case.config = self.config
         case.schedule = self.schedule
+        case.checkpoint = self.checkpoint
         return case
 
 
@@ -224,7 +245,8 @@ def _computed_buffers(module):
 
 def build_module(case: Case, dtype: str | None = None):
     """The reference module for one evaluation: constructed under the case seed, with `case.state`
-    loaded when given, in eval mode, in `dtype` (default: the case dtype).
+    loaded when given, in eval mode, in `dtype` (default: the case dtype). A checkpoint's module
+    (`case.shared`) is built once and kept with the state (:func:`_shared_module`).
 
     In float16 and bfloat16 it is built the way `from_pretrained(dtype=...)` builds a model for
     inference: constructed with that dtype as torch's default, its state_dict's entries (what a
@@ -233,6 +255,8 @@ def build_module(case: Case, dtype: str | None = None):
     (`module.to(bfloat16)`) would make the reference's rotary table wrong at long positions, which
     no model loaded for inference is."""
     torch = case.backend.torch
+    if case.shared and dtype is None:
+        return _shared_module(case)
     name = dtype or case.dtype
     target = torch_dtype(torch, name)
     half = name in ("f16", "bf16")
@@ -247,6 +271,74 @@ def build_module(case: Case, dtype: str | None = None):
     for owner, key, value in computed:
         owner._buffers[key] = value
     return module
+
+
+def _shared_module(case: Case):
+    """The module of a checkpoint's case, built once per (reference, init, config, dtype) and kept
+    with the worker's state (one at a time): constructed without running its initialisers on its
+    parameters (the checkpoint replaces every one of them: `_construct_uninitialised`), with the
+    checkpoint's tensors assigned as its parameters (views of the mapped file, converted only
+    where the case dtype differs), in eval mode."""
+    torch = case.backend.torch
+    config = None if case.config is None else (case.config[0], repr(sorted(case.config[1].items())))
+    key = (case.obj, repr(sorted(case.init.items())), config, case.dtype)
+    modules = case.checkpoint.modules
+    if key in modules:
+        return modules[key]
+    modules.clear()
+    target = torch_dtype(torch, case.dtype)
+    half = case.dtype in ("f16", "bf16")
+    with _default_dtype(torch, target if half else None):
+        module = _construct_uninitialised(case)
+    inner = reference_module(module)
+    have = inner.state_dict()
+    names = {name for name, _ in case.state}
+    missing = [n for n in have if n not in names]
+    extra = [n for n in names if n not in have]
+    if missing or extra:
+        raise OutputError(f"the checkpoint golden resolved does not fit the module: missing {missing}, unknown {extra}")
+    state = {}
+    for name, t in case.state:
+        value = case.backend.to_native(t)
+        if value.is_floating_point() and value.dtype != target:
+            value = value.to(target)
+        state[name] = value
+    inner.load_state_dict(state, strict=True, assign=True)
+    computed = _computed_buffers(module) if half else []
+    module = module.to(target).eval()
+    for owner, key, value in computed:
+        owner._buffers[key] = value  # as build_module: computed buffers keep their code's dtype
+    modules[key] = module
+    return module
+
+
+def _construct_uninitialised(case: Case):
+    """`construct(case)` with the in-place initialisers of parameters (`normal_`, `uniform_`,
+    `fill_`, ... on an `nn.Parameter`) turned into no-ops: a whole model's random init takes
+    seconds and its memory for values the checkpoint replaces. Buffers are computed as usual
+    (a rotary embedding's `inv_freq` is not in the state_dict)."""
+    torch = case.backend.torch
+    from torch.overrides import TorchFunctionMode
+
+    T = torch.Tensor
+    initialisers = {T.normal_, T.uniform_, T.zero_, T.fill_, T.copy_, T.erfinv_, T.mul_, T.add_,
+                    T.clamp_, T.exponential_, T.bernoulli_, T.random_, T.cauchy_, T.log_normal_,
+                    T.geometric_}
+
+    class SkipInit(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in initialisers and args and isinstance(args[0], torch.nn.Parameter):
+                return args[0]
+            return func(*args, **(kwargs or {}))
+
+    with SkipInit():
+        return construct(case)
+
+
+def _versions(module) -> dict:
+    """Each parameter's and buffer's in-place version counter (what an in-place write bumps)."""
+    inner = reference_module(module)
+    return {name: t._version for name, t in inner.state_dict(keep_vars=True).items()}
 
 
 def _copy(t: WireTensor) -> WireTensor:
@@ -572,7 +664,13 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
         return [(name, backend.from_native(v, case.dtype)) for name, v in leaves], []
     fresh = [_copy(a) for a in args]
     native = [backend.to_native(a) for a in fresh]
-    target = copy.deepcopy(module) if module is not None else case.obj
+    shared = case.shared and module is not None
+    if shared:
+        # A checkpoint's module is shared by the evaluations: what the reference writes into it in
+        # place shows in its version counters instead of a pristine copy.
+        target, versions_before = module, _versions(module)
+    else:
+        target = copy.deepcopy(module) if module is not None else case.obj
     with under if under is not None else contextlib.nullcontext():
         leaves = _call(case, target, native, phase)
     if limit is not None:
@@ -584,7 +682,14 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
         if after is not None and (after.dtype, after.array.shape) == (before.dtype, before.array.shape):
             if not _same_array(after.array, before.array):
                 mutated.append(f"input {i}")
-    if module is not None:
+    if shared:
+        after = _versions(module)
+        changed = [name for name, v in after.items() if versions_before.get(name) != v]
+        mutated.extend(f"parameter {name}" for name in changed)
+        if changed:
+            # The next evaluation must see the checkpoint again, not what the reference wrote.
+            case.checkpoint.reload()
+    elif module is not None:
         pristine = reference_module(module).state_dict()
         for name, value in reference_module(target).state_dict().items():
             if name in pristine and not backend.torch.equal(value, pristine[name]):
@@ -629,7 +734,7 @@ def _confirm(case: Case, module, expected, high):
         shift = [(name, WireTensor("f32", np.abs(_floats(b) - _floats(a)).astype(np.float32).reshape(a.array.shape)))
                  for (name, a), (_, b) in zip(expected, again) if a.dtype in FLOAT_DTYPES]
     del again
-    if high is not None:
+    if high is not None and not case.shared:
         names = [name for name, _ in expected]
         leaves = _evaluate64(case, module, case.args, "the float64 evaluation, again")
         _same_bits(high, _float64_leaves(case.backend, leaves, names), "its first and its last evaluation in float64")
@@ -720,10 +825,36 @@ def _evaluate64(case: Case, module, args, phase: str):
         # input, a float64 case): then the evaluation gets a copy.
         native.append(backend.to_native(_copy(a)) if upcast is view else upcast)
     target = case.obj
+    if case.shared and module is not None:
+        # No float64 copy of a whole model: its parameters are upcast as each operation reads them
+        # (`promoted(upcast=True)`), the largest one at a time.
+        with promoted(backend, upcast=True):
+            return _call(case, module, native, phase)
     if module is not None:
         target = copy.deepcopy(module).to(backend.torch.float64)
     with promoted(backend):
         return _call(case, target, native, phase)
+
+
+def _nudge_in_place(case: Case, module, rng):
+    """A checkpoint's module nudged for one sample, without a copy of it: its small float
+    parameters and buffers (at most one axis: norm weights, biases — every layer has some, so the
+    nudge reaches every layer's rounding), or every one of them if it has none, get nudged values
+    in place of theirs. Returns what to put back: (tensor, its own data)."""
+    torch = case.backend.torch
+    inner = reference_module(module)
+    entries = [t for _, t in inner.state_dict(keep_vars=True).items() if t.is_floating_point()]
+    small = [t for t in entries if t.dim() <= 1]
+    swapped, seen = [], set()
+    for t in small or entries:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        wire_k = nudge(case.backend.from_native(t.detach(), case.dtype), rng)
+        swapped.append((t, t.data))
+        t.data = case.backend.to_native(wire_k).to(t.dtype)
+    del torch
+    return swapped
 
 
 def _module_with_state(module, state: dict, torch):
@@ -754,7 +885,11 @@ def _precise(case: Case, module, expected, perturbations: int):
             # Private to this nudge: the nudged floats are new arrays, the rest are copied.
             args_k = [nudge(a, rng) if a.dtype in FLOAT_DTYPES else _copy(a) for a in case.args]
             module_k = None
-            if module is not None:
+            swapped = []
+            if module is not None and case.shared:
+                module_k = module
+                swapped = _nudge_in_place(case, module, rng)
+            elif module is not None:
                 torch = backend.torch
                 state = {}
                 for name, value in module.state_dict().items():
@@ -767,15 +902,28 @@ def _precise(case: Case, module, expected, perturbations: int):
             # float64 first (on copies), so that the case-dtype evaluation can have `args_k` and
             # `module_k` themselves; an error is raised in the former order (the case dtype's first).
             try:
-                high, high_error = _evaluate64(case, module_k, args_k, "a nudged evaluation"), None
-            except Exception as e:  # noqa: BLE001 - raised below, after the case-dtype evaluation
-                high, high_error = None, e
-            low, _ = _evaluate_once(case, module_k, args_k, "a nudged evaluation", private=True)
-            del args_k, module_k
+                high, high_error = None, None
+                if not case.shared:
+                    try:
+                        high = _evaluate64(case, module_k, args_k, "a nudged evaluation")
+                    except Exception as e:  # noqa: BLE001 - raised below, after the case-dtype evaluation
+                        high_error = e
+                low, _ = _evaluate_once(case, module_k, args_k, "a nudged evaluation", private=True)
+            finally:
+                for parameter, value in swapped:
+                    parameter.data = value
+            del args_k, module_k, swapped
             if high_error is not None:
                 raise high_error
             low = dict(low)
-            high64 = dict(_float64_leaves(backend, high, names))
+            if case.shared:
+                # At size the nudged evaluations run in the case dtype only: each one's error is
+                # taken against the float64 answer at the real inputs, so that it holds the output's
+                # move under the nudge as well as its rounding (never less than either): a sample
+                # of the estimate's max(own, moved) for a whole-model evaluation, not three.
+                high64 = {name: t for name, t in precise}
+            else:
+                high64 = dict(_float64_leaves(backend, high, names))
             del high
             for name, sample in samples.items():
                 sample.add(name, low[name], high64[name].array, base64[name])

@@ -23,6 +23,7 @@ def _low(torch):
 
 
 _PROMOTE = {}
+_UPCAST = {}
 
 
 def promotion_mode(torch):
@@ -50,9 +51,38 @@ def promotion_mode(torch):
     return Promote()
 
 
+def upcast_mode(torch):
+    """`promotion_mode` that also gives every operation its low-precision float tensor arguments
+    in float64 (a parameter of a module left in float32, read by `F.linear`): the float64 pass of a
+    whole model without a float64 copy of it, each parameter upcast as an operation reads it."""
+    if id(torch) in _UPCAST:
+        return _UPCAST[id(torch)]()
+    low = _low(torch)
+    Promote = type(promotion_mode(torch))
+
+    def up(value):
+        if isinstance(value, torch.Tensor) and value.dtype in low:
+            return value.to(torch.float64)
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            return type(value)(up(v) for v in value)
+        return value
+
+    class Upcast(Promote):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") == "__get__":  # `.dtype`, `.shape`: read, not computed on
+                return super().__torch_function__(func, types, args, kwargs)
+            args = tuple(up(a) for a in args)
+            kwargs = {k: up(v) for k, v in (kwargs or {}).items()}
+            return super().__torch_function__(func, types, args, kwargs)
+
+    _UPCAST[id(torch)] = Upcast
+    return Upcast()
+
+
 @contextlib.contextmanager
-def promoted(backend):
-    """Run the enclosed evaluation in float64 throughout (torch backend; a no-op for NumPy)."""
+def promoted(backend, upcast: bool = False):
+    """Run the enclosed evaluation in float64 throughout (torch backend; a no-op for NumPy).
+    `upcast`: also every low-precision tensor an operation reads (`upcast_mode`)."""
     torch = getattr(backend, "torch", None)
     if torch is None:
         yield
@@ -60,7 +90,7 @@ def promoted(backend):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        with promotion_mode(torch):
+        with (upcast_mode(torch) if upcast else promotion_mode(torch)):
             yield
     finally:
         torch.set_default_dtype(previous)

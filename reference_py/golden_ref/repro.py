@@ -82,6 +82,36 @@ def flatten(out, prefix="out"):
     raise TypeError(f"`{prefix}` is a {type(out).__name__}, not a tensor")
 
 
+def state_dict(torch, tensor):
+    """The module's state as the case had it: the entries written to `state_dict/`, and those of a
+    checkpoint (case.json's `checkpoint`: golden refers to the file instead of copying it) read from
+    the file, after checking that its hash is still the one the test saw."""
+    state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
+    checkpoint = CASE.get("checkpoint")
+    if checkpoint:
+        from safetensors import safe_open
+
+        file = checkpoint["path"]
+        if os.path.getsize(file) != checkpoint["size"]:
+            sys.exit(f"{file} is not the checkpoint the test used (its size changed): re-run the test")
+        try:
+            import xxhash
+
+            with open(file, "rb") as f:
+                digest = xxhash.xxh3_128_hexdigest(f.read())
+            if digest != checkpoint["hash"]:
+                sys.exit(f"{file} is not the checkpoint the test used (hash {digest}, the test's "
+                         f"{checkpoint['hash']}): re-run the test")
+        except ImportError:
+            pass  # the size was checked; xxhash is not installed to check the content too
+        dtypes = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16}
+        with safe_open(file, framework="pt") as f:
+            for name, (in_file, dtype) in checkpoint["entries"].items():
+                t = f.get_tensor(in_file)
+                state[name] = t.to(dtypes[dtype]) if dtype in dtypes and t.is_floating_point() else t
+    return state
+
+
 def run_reference():
     obj = resolve(CASE["reference"])
     kwargs = CASE["kwargs"]
@@ -133,8 +163,7 @@ def run_reference():
         target = target.to(dtypes[CASE["dtype"]])
         for owner, key, value in computed:
             owner._buffers[key] = value
-        state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
-        target.load_state_dict(state)
+        target.load_state_dict(state_dict(torch, tensor))
     recorded = []
     taps = contextlib.nullcontext()
     if CASE.get("trace") and isinstance(target, torch.nn.Module):
@@ -195,8 +224,7 @@ def run_gradients():
     if CASE["form"] == "module":
         torch.manual_seed(CASE["seed"])
         target = obj(**CASE["init"]).eval().to(case_dtype)
-        state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
-        target.load_state_dict(state)
+        target.load_state_dict(state_dict(torch, tensor))
         target = target.to(torch.float64)
     try:
         from types import SimpleNamespace

@@ -16,6 +16,8 @@ Requests (`op` in the JSON header):
 * `hello` -> versions of Python, NumPy and (if the backend asked for it) torch
 * `load`  -> resolve a reference (import errors are reported with their traceback)
 * `params` -> what the runtime needs to draw a module's parameters (:func:`golden_ref.evaluate.param_spec`)
+* `state` -> load a checkpoint's state from its file and keep it by id (:mod:`golden_ref.states`);
+  a request that names a state this worker does not hold (`state_ref`) fails as `unknown_state`
 * `forward` -> evaluate a reference on one case (see :mod:`golden_ref.evaluate`)
 * `variants` -> evaluate the reference's known variants on one case (:mod:`golden_ref.variants`)
 * `mutations` -> the reference with one of its torch calls mutated into a common porting mistake,
@@ -46,6 +48,7 @@ from .limits import AnswerTooLarge
 from .training import train
 from .references import ReferenceError_, provenance, resolve
 from .schedule import Plan, ScheduleError
+from .states import CheckpointError, States
 
 
 class Worker:
@@ -55,6 +58,7 @@ class Worker:
         self.references = {}
         self.backends = {}
         self.session = session or shm.Session(None)
+        self.states = States()
 
     def backend(self, name: str):
         if name not in BACKENDS:
@@ -121,6 +125,9 @@ class Worker:
                 if "value" in entry:
                     entry["value"] = table.ref(spec_tensors[entry["value"]])
             return {"params": spec}, table.tensors
+        if op == "state":
+            state = self.states.load(header["state"], tensors)
+            return {"id": state.id, "entries": len(state.entries)}, []
         if op == "forward":
             return self.forward(header, tensors)
         if op == "variants":
@@ -166,6 +173,12 @@ class Worker:
         case.twice = bool(header.get("twice", False))
         if header.get("state_dict") is not None:
             case.state = [(name, t) for name, t in wire.resolve_refs(header["state_dict"], tensors)]
+        if header.get("state_ref") is not None:
+            checkpoint = self.states.get(header["state_ref"])
+            if checkpoint is None:
+                raise UnknownState(header["state_ref"])
+            case.checkpoint = checkpoint
+            case.state = checkpoint.entries
         spec = header.get("schedule")
         if spec is not None:
             mask = wire.resolve_refs(spec["mask"], tensors) if spec.get("mask") is not None else None
@@ -229,8 +242,16 @@ def _outputs_json(result: dict, table) -> dict:
     return response
 
 
+class UnknownState(Exception):
+    """A request names a checkpoint's state this worker does not hold (the runtime sends it)."""
+
+
 def error_response(error: BaseException) -> dict:
     """Describe a failure so that the runtime can name the fix."""
+    if isinstance(error, UnknownState):
+        return {"kind": "unknown_state", "message": f"this worker holds no state {error}"}
+    if isinstance(error, CheckpointError):
+        return {"kind": "weights", "message": str(error)}
     if isinstance(error, ReferenceError_):
         return {"kind": error.kind, "message": error.message, "traceback": error.traceback}
     if isinstance(error, NotDeterministic):

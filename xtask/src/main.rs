@@ -15,6 +15,8 @@
 //!   (the hit rate) and what it costs on a failure of a 2-layer transformer; prints the figures.
 //! * `bench-schedules` — what a check through time costs beside a single forward of the same
 //!   model (`tests/schedules.rs`); prints the figures.
+//! * `bench-scale` — whole models on real-size checkpoints (SmolLM2-135M's and Qwen2.5-0.5B's
+//!   shapes, made locally) against a hand-written dump-and-compare, in one run (`bench_scale.rs`).
 //! * `workflow FILE JOB [--in DIR]` — run a GitHub Actions job's steps here, as the runner would
 //!   (`workflow.rs`): golden's CI runs its users' recipe, `examples/port-llama/.github/workflows/
 //!   golden.yml`, on the example crate this way.
@@ -34,6 +36,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
+mod bench_scale;
 mod book;
 mod workflow;
 
@@ -536,12 +539,14 @@ fn main() -> ExitCode {
         "bench-diff" => bench_diff(),
         "bench-mutations" => bench_mutations(),
         "bench-schedules" => bench_schedules(),
+        "bench-scale" => setup().and_then(|python| bench_scale::main(&python)),
         "book" => book::book(&root()),
         "links" => book::links(&root()),
         "workflow" => workflow::main(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => Err(
             "usage: cargo xtask setup | zoo | test | bench-suite | bench-diff | bench-mutations \
-             | bench-schedules | book | links | workflow <workflow.yml> <job> [--in <dir>]"
+             | bench-schedules | bench-scale | book | links | workflow <workflow.yml> <job> \
+             [--in <dir>]"
                 .into(),
         ),
     };

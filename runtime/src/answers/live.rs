@@ -1,6 +1,7 @@
 //! The reference as a check sees it: given a case's inputs, its outputs (and, in module form, the
 //! state_dict the port must use). Live, this is one request to a pooled Python worker.
 
+use crate::answers::checkpoint::Resolved;
 use crate::answers::params::ParamSpec;
 use crate::describe::env;
 use crate::describe::layer::dtype_name;
@@ -9,7 +10,7 @@ use crate::describe::schedule::Plan;
 use crate::judge::compare;
 use crate::python::key::WorkerKey;
 use crate::python::wire::{self, TensorTable};
-use crate::python::worker::{pool, WorkerError};
+use crate::python::worker::{pool, RemoteKind, WorkerError};
 use candle_core::DType;
 use golden_files::HostTensor;
 use serde_json::{json, Value as Json};
@@ -17,6 +18,44 @@ use std::time::Duration;
 
 /// Named tensors, in the reference's order.
 pub type Named = Vec<(String, HostTensor)>;
+
+/// Module form: the parameters a request runs the reference module with.
+#[derive(Clone, Copy, Debug)]
+pub enum State<'a> {
+    /// Tensors that travel with the request, by the reference's names (drawn by golden).
+    Tensors(&'a Named),
+    /// A checkpoint's state, which the worker loads once (from the file) and keeps by its id:
+    /// requests name the id, no tensor of it travels.
+    Checkpoint(&'a Resolved),
+}
+
+impl State<'_> {
+    /// The largest finite magnitude among its float tensors.
+    fn largest(&self) -> f64 {
+        match self {
+            State::Tensors(named) => largest(named.iter().map(|(_, t)| t)),
+            State::Checkpoint(resolved) => resolved.largest(),
+        }
+    }
+}
+
+fn largest<'a>(tensors: impl Iterator<Item = &'a HostTensor>) -> f64 {
+    let mut m = 0.0f64;
+    let mut buffer = [0.0f64; 1024];
+    for t in tensors.filter(|t| t.dtype.is_float()) {
+        let n = t.numel();
+        for start in (0..n).step_by(buffer.len()) {
+            let len = buffer.len().min(n - start);
+            t.read_f64_into(start, &mut buffer[..len]);
+            for x in &buffer[..len] {
+                if x.is_finite() {
+                    m = m.max(x.abs());
+                }
+            }
+        }
+    }
+    m
+}
 
 /// What the reference produced for one case.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -32,6 +71,9 @@ pub struct ReferenceOutputs {
     /// Module form: entries kept as the module has them (frozen parameters, buffers computed at
     /// init), which a port may compute itself instead of reading.
     pub kept: Vec<String>,
+    /// Module form with a checkpoint: the id of its resolved state (`answers/checkpoint.rs`); the
+    /// port is served the same tensors for every case (made once per process), not a copy per case.
+    pub state_id: Option<u64>,
     /// Module form: names of tied tensors a checkpoint of the module does not hold (Hugging
     /// Face's `save_pretrained` leaves out its `_tied_weights_keys`: `lm_head.weight` tied to the
     /// embedding); a port that reads one would not load from a real checkpoint.
@@ -405,6 +447,24 @@ pub struct VariantOutputs {
 /// Rounding-sized nudges per case (the estimate is the largest response).
 const PERTURBATIONS: u32 = 4;
 
+/// A module's state from this many elements on is "at size" (a whole model: 16 M parameters, 64 MB
+/// in f32): each evaluation of the reference is a whole model's, and the worker evaluates fewer
+/// (`reference_py/golden_ref/evaluate.py`: its module docstring says which).
+pub const AT_SIZE: usize = 1 << 24;
+
+/// Nudged evaluations per case for a checkpoint's state of `elements`: [`PERTURBATIONS`] below
+/// [`AT_SIZE`], three at size, where the worker evaluates them in the case dtype only. With the
+/// real inputs' own error that is four samples per element of the reference's error, against the
+/// float64 answer at the real inputs (rounding and the output's move under the nudge at once):
+/// one float64 evaluation of the whole model per case instead of five.
+pub fn perturbations(elements: usize) -> u32 {
+    if elements >= AT_SIZE {
+        3
+    } else {
+        PERTURBATIONS
+    }
+}
+
 /// A live reference: requests go to the worker pool.
 pub struct Live {
     key: WorkerKey,
@@ -487,7 +547,7 @@ impl Live {
         dtype: DType,
         seed: u64,
         args: &[HostTensor],
-        state: Option<&Named>,
+        state: Option<State<'_>>,
         plan: Option<&Plan>,
     ) -> Result<Vec<VariantOutputs>, WorkerError> {
         let mut table = TensorTable::default();
@@ -495,10 +555,10 @@ impl Live {
         header["op"] = json!("variants");
         add_schedule(&mut header, plan, &mut table);
         let scale = input_scale(args, state);
-        let mut worker = pool().check_out(&self.key)?;
-        let (response, tensors) = worker.request(
+        let (response, tensors) = self.send(
             header,
             table.tensors,
+            state,
             self.timeout,
             "evaluating the reference's variants",
         )?;
@@ -521,6 +581,37 @@ impl Live {
             .collect()
     }
 
+    /// Send a request about one case on a worker of the pool and wait for its answer. With a
+    /// checkpoint's `state`, a worker that does not hold it yet (a new one, one that replaced a
+    /// dead one, a shared worker's copy) says so, and is sent the state once (it loads it from the
+    /// file and keeps it by id) before the request is asked again.
+    pub fn send(
+        &self,
+        header: Json,
+        tensors: Vec<HostTensor>,
+        state: Option<State<'_>>,
+        timeout: Duration,
+        during: &str,
+    ) -> Result<(Json, Vec<HostTensor>), WorkerError> {
+        let mut worker = pool().check_out(&self.key)?;
+        let Some(State::Checkpoint(resolved)) = state else {
+            return worker.request(header, tensors, timeout, during);
+        };
+        match worker.request(header.clone(), tensors.clone(), timeout, during) {
+            Err(WorkerError::Remote(e)) if e.kind == RemoteKind::UnknownState => {}
+            other => return other,
+        }
+        let mut table = TensorTable::default();
+        let load = json!({"op": "state", "state": resolved.to_json(&mut table)});
+        let what = format!(
+            "loading the checkpoint {} ({})",
+            resolved.checkpoint.path.display(),
+            crate::describe::numbers::bytes(resolved.checkpoint.size as u128)
+        );
+        worker.request(load, table.tensors, timeout.max(env::start_limit()), &what)?;
+        worker.request(header, tensors, timeout, during)
+    }
+
     /// The header every request about one case starts from. `state`: module form, the parameters
     /// to load into the reference module (drawn by golden, or a checkpoint's), by the reference's
     /// names; without it the module keeps its own init.
@@ -530,17 +621,26 @@ impl Live {
         dtype: DType,
         seed: u64,
         args: &[HostTensor],
-        state: Option<&Named>,
+        state: Option<State<'_>>,
         table: &mut TensorTable,
     ) -> Json {
         let arg_refs: Vec<Json> = args.iter().map(|a| table.add(a.clone())).collect();
-        let state = state.map(|s| {
-            Json::Array(
-                s.iter()
-                    .map(|(n, t)| json!([n, table.add(t.clone())]))
-                    .collect(),
-            )
-        });
+        let perturbations = match state {
+            Some(State::Checkpoint(resolved)) => perturbations(resolved.elements()),
+            _ => PERTURBATIONS,
+        };
+        let (state_ref, state) = match state {
+            Some(State::Checkpoint(resolved)) => (Some(resolved.id_hex()), None),
+            Some(State::Tensors(s)) => (
+                None,
+                Some(Json::Array(
+                    s.iter()
+                        .map(|(n, t)| json!([n, table.add(t.clone())]))
+                        .collect(),
+                )),
+            ),
+            None => (None, None),
+        };
         json!({
             "op": "forward",
             "reference": layer.reference,
@@ -553,7 +653,8 @@ impl Live {
             "init": values_json(&layer.init),
             "config": layer.config.as_ref().map(Config::to_json),
             "state_dict": state,
-            "perturbations": PERTURBATIONS,
+            "state_ref": state_ref,
+            "perturbations": perturbations,
         })
     }
 
@@ -564,7 +665,7 @@ impl Live {
         dtype: DType,
         seed: u64,
         request: &Request<'_>,
-        state: Option<&Named>,
+        state: Option<State<'_>>,
         during: &str,
     ) -> Result<ReferenceOutputs, WorkerError> {
         let mut table = TensorTable::default();
@@ -629,8 +730,7 @@ impl Live {
             | Request::Gradients { args, .. }
             | Request::Train { args, .. } => input_scale(args, state),
         };
-        let mut worker = pool().check_out(&self.key)?;
-        let (response, tensors) = worker.request(header, table.tensors, self.timeout, during)?;
+        let (response, tensors) = self.send(header, table.tensors, state, self.timeout, during)?;
         let protocol = |e: wire::WireError| WorkerError::Protocol(e.to_string());
         match request {
             Request::Forward { precise, .. } => {
@@ -720,13 +820,8 @@ pub(crate) fn add_schedule(header: &mut Json, plan: Option<&Plan>, table: &mut T
 
 /// The largest finite magnitude among the float inputs and parameters of a case: part of the
 /// scale that rounding errors are relative to (see [`rounding_estimate`]).
-pub(crate) fn input_scale(args: &[HostTensor], state: Option<&Named>) -> f64 {
-    args.iter()
-        .chain(state.into_iter().flatten().map(|(_, t)| t))
-        .filter(|t| t.dtype.is_float())
-        .flat_map(|t| t.to_f64())
-        .filter(|x| x.is_finite())
-        .fold(0.0f64, |m, x| m.max(x.abs()))
+pub(crate) fn input_scale(args: &[HostTensor], state: Option<State<'_>>) -> f64 {
+    largest(args.iter()).max(state.map_or(0.0, |s| s.largest()))
 }
 
 /// What a check asks of the reference for one case.
@@ -907,6 +1002,7 @@ pub(crate) fn decode_outputs(
         buffers: wire::strings(&header["buffers"]),
         aliases,
         kept: Vec::new(),
+        state_id: None,
         unsaved: wire::strings(&header["unsaved"]),
         expected,
         rounding,

@@ -10,7 +10,7 @@
 //! without PyTorch never starts Python and says the diagnosis was skipped.
 
 use crate::answers::live::{
-    add_schedule, decode_outputs, input_scale, Live, Named, ReferenceOutputs,
+    add_schedule, decode_outputs, input_scale, Live, ReferenceOutputs, State,
 };
 use crate::answers::source::Source;
 use crate::describe::env::{self, Mutations};
@@ -18,7 +18,7 @@ use crate::describe::inputs::CaseParams;
 use crate::describe::layer::Layer;
 use crate::describe::schedule::Plan;
 use crate::python::wire::{self, TensorTable};
-use crate::python::worker::{pool, WorkerError};
+use crate::python::worker::WorkerError;
 use candle_core::DType;
 use golden_files::HostTensor;
 use serde_json::{json, Value as Json};
@@ -100,7 +100,7 @@ impl Live {
         seed: u64,
         args: &[HostTensor],
         port: &[(String, HostTensor)],
-        state: Option<&Named>,
+        state: Option<State<'_>>,
         sizes: &[(String, usize)],
         ask: Ask<'_>,
         plan: Option<&Plan>,
@@ -128,10 +128,10 @@ impl Live {
         // The worker keeps to its budget; the request's own limit only catches a single
         // evaluation of the reference that overruns it (and kills that worker).
         let limit = Duration::from_secs_f64(ask.budget + (ask.budget / 2.0).max(5.0));
-        let mut worker = pool().check_out(self.key())?;
-        let (response, tensors) = worker.request(
+        let (response, tensors) = self.send(
             header,
             table.tensors,
+            state,
             limit,
             "mutating the reference to explain the failure",
         )?;
@@ -263,7 +263,7 @@ pub fn search(
         params.seed,
         args,
         port,
-        state.as_ref(),
+        state.as_ref().map(|s| s.as_state()),
         &sizes,
         ask,
         plan.as_ref(),

@@ -438,6 +438,9 @@ impl fmt::Display for ParamIssue {
 }
 
 struct Tracked {
+    /// The tensors served, by served name (a `Var`'s own tensor where there are `Var`s).
+    tensors: std::collections::HashMap<String, Tensor>,
+    /// The `Var`s behind them, for gradients and training (empty when served as plain tensors).
     map: VarMap,
     /// The served (port-side) names, in state_dict order.
     names: Vec<String>,
@@ -448,6 +451,9 @@ struct Tracked {
     reads: Mutex<BTreeSet<String>>,
     /// The names the port asked for itself (`reads` adds the other names of a tied group).
     asked: Mutex<BTreeSet<String>>,
+    /// Served names a checkpoint of the module does not hold ([`StateDict::not_in_checkpoints`]):
+    /// `contains_tensor` says no for them, as a VarBuilder over the real file would.
+    unsaved: Mutex<BTreeSet<String>>,
     issues: Mutex<Vec<ParamIssue>>,
 }
 
@@ -463,11 +469,11 @@ struct Backend(Arc<Tracked>);
 
 impl Tracked {
     fn lookup(&self, name: &str, wanted: Option<&Shape>) -> candle_core::Result<Tensor> {
-        let var = self.map.data().lock().unwrap().get(name).cloned();
+        let var = self.tensors.get(name).cloned();
         let Some(var) = var else {
             let close = close_names(name, &self.names);
             let leaf = name.rsplit('.').next().unwrap_or(name);
-            let data = self.map.data().lock().unwrap();
+            let data = &self.tensors;
             let same: Vec<&String> = self
                 .names
                 .iter()
@@ -475,7 +481,6 @@ impl Tracked {
                 .filter(|n| wanted.is_some_and(|s| data.get(*n).is_some_and(|v| v.shape() == s)))
                 .collect();
             let renamed_from = (same.len() == 1 && name.contains('.')).then(|| same[0].clone());
-            drop(data);
             let issue = ParamIssue::Missing {
                 name: name.to_string(),
                 shape: wanted.map(|s| s.dims().to_vec()).unwrap_or_default(),
@@ -505,7 +510,7 @@ impl Tracked {
         if let Some(group) = self.aliases.iter().find(|g| g.iter().any(|n| n == name)) {
             reads.extend(group.iter().cloned());
         }
-        Ok(var.as_tensor().clone())
+        Ok(var)
     }
 }
 
@@ -529,7 +534,9 @@ impl SimpleBackend for Backend {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
-        self.0.map.data().lock().unwrap().contains_key(name)
+        // A tied name the checkpoint does not hold is not there, as in the real file: a port that
+        // asks first (candle-transformers' Qwen2 does, for `lm_head.weight`) takes its tied path.
+        self.0.tensors.contains_key(name) && !self.0.unsaved.lock().unwrap().contains(name)
     }
 }
 
@@ -637,8 +644,16 @@ impl StateDict {
                 data.insert(name, var);
             }
         }
+        let tensors = map
+            .data()
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect();
         Ok(StateDict {
             inner: Arc::new(Tracked {
+                tensors,
                 map,
                 names: names.iter().map(|n| served(n)).collect(),
                 renamed: names
@@ -649,6 +664,84 @@ impl StateDict {
                 aliases,
                 reads: Mutex::new(BTreeSet::new()),
                 asked: Mutex::new(BTreeSet::new()),
+                unsaved: Mutex::new(BTreeSet::new()),
+                issues: Mutex::new(Vec::new()),
+            }),
+            dtype,
+            device: device.clone(),
+        })
+    }
+
+    /// A checkpoint's state (`id`: its resolved state's, `answers/checkpoint.rs`) served as plain
+    /// tensors, made once per process and dtype and shared by every case: a forward check reads
+    /// them and never trains them, so no case copies them (a whole model's checkpoint is gigabytes).
+    /// The caller gives the checkpoint's mapped pages back once they are copied
+    /// (`answers::checkpoint::release_all`).
+    pub fn shared(
+        id: u64,
+        entries: &[(String, HostTensor)],
+        aliases: &[Vec<String>],
+        rename: &[(String, String)],
+        dtype: DType,
+        device: &Device,
+    ) -> candle_core::Result<Self> {
+        type Made = (u64, DType, Arc<Vec<Tensor>>);
+        static MADE: Mutex<Option<Made>> = Mutex::new(None);
+        let made = {
+            let mut slot = MADE.lock().unwrap();
+            match &*slot {
+                Some((i, d, t)) if *i == id && *d == dtype && t.len() == entries.len() => {
+                    Arc::clone(t)
+                }
+                _ => {
+                    // The previous checkpoint's tensors go first: one at a time in memory.
+                    *slot = None;
+                    let mut tensors: Vec<Tensor> = Vec::with_capacity(entries.len());
+                    for (k, (_, t)) in entries.iter().enumerate() {
+                        // A tied entry is the same bytes: the same tensor.
+                        let same = entries[..k].iter().position(|(_, u)| {
+                            u.data.as_ptr() == t.data.as_ptr() && u.data.len() == t.data.len()
+                        });
+                        tensors.push(match same {
+                            Some(j) => tensors[j].clone(),
+                            None => t.to_candle(device)?.to_dtype(dtype)?,
+                        });
+                    }
+                    let tensors = Arc::new(tensors);
+                    *slot = Some((id, dtype, Arc::clone(&tensors)));
+                    tensors
+                }
+            }
+        };
+        let names: Vec<String> = entries.iter().map(|(n, _)| n.clone()).collect();
+        let served = |n: &str| renamed(n, rename);
+        let aliases: Vec<Vec<String>> = aliases
+            .iter()
+            .map(|g| g.iter().map(|n| served(n)).collect())
+            .collect();
+        let mut tensors = std::collections::HashMap::new();
+        for (name, t) in names.iter().zip(made.iter()) {
+            let name = served(name);
+            let tied = aliases
+                .iter()
+                .find(|g| g.contains(&name))
+                .and_then(|g| g.iter().find_map(|n| tensors.get(n).cloned()));
+            tensors.insert(name, tied.unwrap_or_else(|| t.clone()));
+        }
+        Ok(StateDict {
+            inner: Arc::new(Tracked {
+                tensors,
+                map: VarMap::new(),
+                names: names.iter().map(|n| served(n)).collect(),
+                renamed: names
+                    .iter()
+                    .filter(|n| served(n) != **n)
+                    .map(|n| (served(n), n.clone()))
+                    .collect(),
+                aliases,
+                reads: Mutex::new(BTreeSet::new()),
+                asked: Mutex::new(BTreeSet::new()),
+                unsaved: Mutex::new(BTreeSet::new()),
                 issues: Mutex::new(Vec::new()),
             }),
             dtype,
@@ -709,6 +802,22 @@ impl StateDict {
         self.inner.issues.lock().unwrap().clone()
     }
 
+    /// Tell the VarBuilder which names (the reference's) a checkpoint of the module does not hold:
+    /// `contains_tensor` answers no for them, reading one is still served (and reported by
+    /// [`Self::unsaved_reads`]).
+    pub fn not_in_checkpoints(&self, unsaved: &[String]) {
+        let mut set = self.inner.unsaved.lock().unwrap();
+        for n in unsaved {
+            let served = self
+                .inner
+                .renamed
+                .iter()
+                .find(|(_, reference)| reference.as_str() == n)
+                .map_or(n.clone(), |(port, _)| port.clone());
+            set.insert(served);
+        }
+    }
+
     /// Names the port read that a checkpoint of the module does not hold (`unsaved`, the
     /// reference's names), each with the name of its tensor that one does.
     pub fn unsaved_reads(&self, unsaved: &[String]) -> Vec<ParamIssue> {
@@ -740,7 +849,7 @@ impl StateDict {
     /// Entries the port never read, in state_dict order (a tied group once, by its first name).
     pub fn unused(&self) -> Vec<ParamIssue> {
         let reads = self.inner.reads.lock().unwrap();
-        let data = self.inner.map.data().lock().unwrap();
+        let data = &self.inner.tensors;
         let mut reported: Vec<&str> = Vec::new();
         let mut out = Vec::new();
         for n in &self.inner.names {

@@ -16,8 +16,9 @@
 //! store's answers were computed with something else (another transformers, an edited reference),
 //! [`Source::stale`] says so.
 
-use crate::answers::live::{Live, Named, ReferenceOutputs, Request, VariantOutputs};
-use crate::answers::params::{renamed, ParamSpec};
+use crate::answers::checkpoint::{self, Resolved};
+use crate::answers::live::{Live, Named, ReferenceOutputs, Request, State, VariantOutputs};
+use crate::answers::params::ParamSpec;
 use crate::answers::provenance::Provenance;
 use crate::answers::store::{self, Entry, Store};
 use crate::describe::env::Mode;
@@ -30,6 +31,26 @@ use serde_json::Value as Json;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Module form: the parameters of a case, as the source holds them.
+#[derive(Clone, Debug)]
+pub enum ModuleState {
+    /// Drawn by golden from the case seed: they travel with each request.
+    Drawn(Named),
+    /// A checkpoint's: the worker loads them once and keeps them by id.
+    Checkpoint(Arc<Resolved>),
+}
+
+impl ModuleState {
+    /// As a request carries it.
+    pub fn as_state(&self) -> State<'_> {
+        match self {
+            ModuleState::Drawn(named) => State::Tensors(named),
+            ModuleState::Checkpoint(resolved) => State::Checkpoint(resolved),
+        }
+    }
+}
 
 /// The reference's answer for one case.
 pub enum Answer {
@@ -85,8 +106,9 @@ pub struct Source {
     /// Where a store's answers were computed with something else than what this machine has: a
     /// line for the user.
     stale: Option<String>,
-    /// `weights = "..."`: the checkpoint's tensors by the reference's names, per dtype.
-    weights: RefCell<HashMap<&'static str, Named>>,
+    /// `weights = "..."`: the checkpoint resolved against the module's state_dict, per
+    /// construction key.
+    weights: RefCell<HashMap<String, Arc<Resolved>>>,
     /// The test function of the check, for the commands golden prints.
     test: String,
 }
@@ -260,74 +282,56 @@ impl Source {
         layer: &Layer,
         dtype: DType,
         params: &CaseParams,
-    ) -> Result<Option<(Named, ParamSpec)>, WorkerError> {
+    ) -> Result<Option<(ModuleState, ParamSpec)>, WorkerError> {
         if layer.form != Form::Module || layer.params == Params::Init {
             return Ok(None);
         }
         let layer = &*params.layer(layer);
         let spec = self.spec(layer, dtype)?;
         let state = match &layer.params {
-            Params::Weights(_) => self.checkpoint(layer, dtype, &spec)?,
-            _ => spec.draw(params.seed, dtype, layer.params == Params::DrawnAll),
+            Params::Weights(_) => ModuleState::Checkpoint(
+                self.checkpoint(layer, &spec)
+                    .map_err(|problems| remote(RemoteKind::Weights, problems.join("\n")))?,
+            ),
+            _ => {
+                ModuleState::Drawn(spec.draw(params.seed, dtype, layer.params == Params::DrawnAll))
+            }
         };
         Ok(Some((state, spec)))
     }
 
-    /// `weights = "..."`: the checkpoint's tensors for every entry of the module, in `dtype`, by
-    /// the reference's names (the file may use the port's names, after `rename`, or the
-    /// reference's).
-    fn checkpoint(
-        &self,
-        layer: &Layer,
-        dtype: DType,
-        spec: &ParamSpec,
-    ) -> Result<Named, WorkerError> {
-        let name = crate::describe::layer::dtype_name(dtype);
-        if let Some(found) = self.weights.borrow().get(name) {
-            return Ok(found.clone());
+    /// `weights = "..."`, checked before any case: the checkpoint mapped and hashed, and resolved
+    /// against the module's state_dict (every missing entry and shape mismatch at once). `Ok` for
+    /// any other check, and for a module whose construction depends on the case's dims (resolved
+    /// per construction then). None of what it finds depends on a case: it is a configuration
+    /// error, reported once and never shrunk.
+    pub fn prepare(&self, layer: &Layer) -> Result<(), String> {
+        if layer.form != Form::Module || !matches!(layer.params, Params::Weights(_)) {
+            return Ok(());
+        }
+        if layer.values_mention_dims() {
+            return Ok(());
+        }
+        let dtype = layer.dtypes.first().copied().unwrap_or(DType::F32);
+        let spec = self.spec(layer, dtype).map_err(|e| e.to_string())?;
+        self.checkpoint(layer, &spec)
+            .map(|_| ())
+            .map_err(|problems| problems.join("\n"))
+    }
+
+    /// `weights = "..."`: the checkpoint (mapped and hashed once per process) resolved against the
+    /// module's state_dict, once per construction; every mismatch at once.
+    fn checkpoint(&self, layer: &Layer, spec: &ParamSpec) -> Result<Arc<Resolved>, Vec<String>> {
+        let key = layer.construction_key();
+        if let Some(found) = self.weights.borrow().get(&key) {
+            return Ok(Arc::clone(found));
         }
         let path = layer.weights_path().expect("weights were declared");
-        let fail = |m: String| remote(RemoteKind::Weights, m);
-        let bytes = std::fs::read(&path)
-            .map_err(|e| fail(format!("weights = {:?}: {e}", path.display().to_string())))?;
-        let file = golden_files::safetensors::read(&bytes)
-            .map_err(|e| fail(format!("weights = {:?}: {e}", path.display().to_string())))?;
-        let wire = golden_files::WireDType::from_candle(dtype).expect("a float dtype");
-        let mut out = Vec::new();
-        for entry in &spec.entries {
-            let port_name = renamed(&entry.name, &layer.rename);
-            let found = file
-                .iter()
-                .find(|(n, _)| *n == port_name || *n == entry.name)
-                .map(|(_, t)| t);
-            let t = match (found, &entry.value) {
-                (Some(t), _) if t.shape != entry.shape => {
-                    return Err(fail(format!(
-                        "weights = {:?}: `{port_name}` is {:?} in the file and {:?} in the \
-                         reference module",
-                        path.display().to_string(),
-                        t.shape,
-                        entry.shape
-                    )))
-                }
-                (Some(t), None) => HostTensor::from_floats(t.shape.clone(), &t.to_f64(), wire),
-                (Some(t), Some(_)) => t.clone(),
-                (None, Some(v)) => v.clone(),
-                (None, None) => {
-                    let names: Vec<&str> = file.iter().take(8).map(|(n, _)| n.as_str()).collect();
-                    return Err(fail(format!(
-                        "weights = {:?} has no `{port_name}` (the reference's `{}`); it has {}{}",
-                        path.display().to_string(),
-                        entry.name,
-                        names.join(", "),
-                        if file.len() > 8 { ", ..." } else { "" }
-                    )));
-                }
-            };
-            out.push((entry.name.clone(), t));
-        }
-        self.weights.borrow_mut().insert(name, out.clone());
-        Ok(out)
+        let file = checkpoint::open(&path).map_err(|e| vec![e])?;
+        let resolved = Arc::new(file.resolve(spec, &layer.rename)?);
+        checkpoint::register(&resolved);
+        self.weights.borrow_mut().insert(key, Arc::clone(&resolved));
+        Ok(resolved)
     }
 
     /// The parameters a module-form case runs with, by the reference's names (drawn from the case
@@ -338,7 +342,7 @@ impl Source {
         layer: &Layer,
         dtype: DType,
         params: &CaseParams,
-    ) -> Result<Option<Named>, WorkerError> {
+    ) -> Result<Option<ModuleState>, WorkerError> {
         Ok(self.state(layer, dtype, params)?.map(|(state, _)| state))
     }
 
@@ -357,7 +361,7 @@ impl Source {
             Err(e) => return Answer::Failed(e),
         };
         let (tensors, spec) = match &state {
-            Some((t, s)) => (Some(t), Some(s)),
+            Some((t, s)) => (Some(t.as_state()), Some(s)),
             None => (None, None),
         };
         let key = || store::key(layer, dtype, params.seed, request, tensors);
@@ -421,8 +425,17 @@ impl Source {
         };
         match answer {
             Ok(mut outputs) => {
-                if let (Some(state), Some(spec)) = (tensors, spec) {
-                    outputs.state_dict = state.clone();
+                if let (Some((state, _)), Some(spec)) = (&state, spec) {
+                    match state {
+                        ModuleState::Drawn(named) => outputs.state_dict = named.clone(),
+                        ModuleState::Checkpoint(resolved) => match resolved.named(dtype) {
+                            Ok(named) => {
+                                outputs.state_dict = (*named).clone();
+                                outputs.state_id = Some(resolved.id);
+                            }
+                            Err(e) => return Answer::Failed(remote(RemoteKind::Weights, e)),
+                        },
+                    }
                     outputs.aliases = spec.aliases.clone();
                     outputs.unsaved = spec.unsaved.clone();
                     outputs.buffers = spec
@@ -482,7 +495,7 @@ impl Source {
             dtype,
             params.seed,
             args,
-            state.as_ref().map(|s| &s.0),
+            state.as_ref().map(|s| s.0.as_state()),
             plan.as_ref(),
         ))
     }

@@ -36,7 +36,7 @@
 //! that fit are kept and the store is marked partial; a replay then runs those cases only and does
 //! not compare the snapshot, which describes all of them.
 
-use crate::answers::live::{Named, ReferenceOutputs, Request, Unexplained};
+use crate::answers::live::{Named, ReferenceOutputs, Request, State, Unexplained};
 use crate::answers::params::ParamSpec;
 use crate::answers::provenance::Provenance;
 use crate::describe::inputs::fnv1a;
@@ -131,14 +131,15 @@ pub fn path(layer: &Layer, suffix: &str) -> Option<PathBuf> {
 }
 
 /// The key of a request: a hash of everything the reference's answer depends on (with `state`,
-/// the module's parameters the request carries). `layer` as the case sees it
-/// ([`Layer::for_case`]): values that depend on dims resolved.
+/// the module's parameters the request carries: drawn tensors byte by byte, a checkpoint by its
+/// state's id, which holds the file's content hash, computed once per process). `layer` as the
+/// case sees it ([`Layer::for_case`]): values that depend on dims resolved.
 pub fn key(
     layer: &Layer,
     dtype: DType,
     seed: u64,
     request: &Request<'_>,
-    state: Option<&Named>,
+    state: Option<State<'_>>,
 ) -> u64 {
     let json = |v: &[(String, crate::describe::layer::Value)]| {
         serde_json::to_string(&v.iter().map(|(k, v)| (k, v.to_json())).collect::<Vec<_>>())
@@ -174,7 +175,12 @@ pub fn key(
         bytes.push(0);
     }
     bytes.extend_from_slice(&seed.to_le_bytes());
-    let state = state.into_iter().flatten().map(|(_, t)| t);
+    let (drawn, checkpoint) = match state {
+        Some(State::Tensors(named)) => (Some(named), None),
+        Some(State::Checkpoint(resolved)) => (None, Some(resolved.id)),
+        None => (None, None),
+    };
+    let state = drawn.into_iter().flatten().map(|(_, t)| t);
     for a in tensors.into_iter().chain(state) {
         bytes.push(a.dtype.code());
         for &d in &a.shape {
@@ -182,6 +188,10 @@ pub fn key(
         }
         bytes.push(0xff);
         bytes.extend_from_slice(&a.data);
+    }
+    if let Some(id) = checkpoint {
+        bytes.extend_from_slice(b"checkpoint\0");
+        bytes.extend_from_slice(&id.to_le_bytes());
     }
     fnv1a(&bytes)
 }
@@ -628,6 +638,7 @@ impl Store {
                         .map(|g| g.iter().map(wire::strings).collect())
                         .unwrap_or_default(),
                     kept: Vec::new(),
+                    state_id: None,
                     expected: named(&e["expected"])?,
                     rounding: match &e["rounding"] {
                         Json::Null => None,

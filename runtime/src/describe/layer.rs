@@ -1284,7 +1284,11 @@ impl Layer {
                     "params: drawn per case, frozen and computed ones too (params = drawn_all)"
                 ),
                 Params::Init => writeln!(s, "params: the module's own init (params = init)"),
-                Params::Weights(path) => writeln!(s, "params: weights from {path}"),
+                Params::Weights(path) => writeln!(
+                    s,
+                    "params: weights from {path} (the reference evaluated six times per case, \
+                     once in float64: rounding sampled at three nudges in the case dtype)"
+                ),
             };
             if !self.rename.is_empty() {
                 let r: Vec<String> = self

@@ -83,8 +83,12 @@ pub enum RemoteKind {
     Internal,
     /// The golden store cannot answer (found by the runtime, in a replay).
     Store,
-    /// The checkpoint (`weights = "..."`) does not fit the module (found by the runtime).
+    /// The checkpoint (`weights = "..."`) does not fit the module (found by the runtime), or the
+    /// worker cannot load it (changed on disk since the runtime hashed it).
     Weights,
+    /// The worker holds no state of the id a request names (a checkpoint's): the runtime sends it
+    /// the state and asks again (`answers/live.rs`).
+    UnknownState,
     /// A kind this runtime does not know (a newer worker): shown as sent.
     Other(String),
 }
@@ -107,6 +111,7 @@ impl RemoteKind {
         ("internal", RemoteKind::Internal),
         ("store", RemoteKind::Store),
         ("weights", RemoteKind::Weights),
+        ("unknown_state", RemoteKind::UnknownState),
     ];
 
     /// The kind a name stands for ([`RemoteKind::Other`] for one this runtime does not know).
@@ -197,6 +202,22 @@ pub enum WorkerError {
     ImportRoots(String),
     /// The worker's bytes were not a valid answer.
     Protocol(String),
+    /// A request golden was about to send is over the frame limit: nothing was sent, the worker
+    /// is fine. Says which side and what is in it.
+    Oversized {
+        /// The operation (`evaluate`, `state`, ...).
+        op: String,
+        /// What golden was doing.
+        during: String,
+        /// The request's size, and the limit.
+        bytes: usize,
+        /// The frame limit.
+        limit: usize,
+        /// How many tensors it carried, and the largest one's bytes.
+        tensors: usize,
+        /// The largest tensor's bytes.
+        largest: usize,
+    },
     /// The worker answered with an error.
     Remote(RemoteError),
 }
@@ -303,6 +324,21 @@ impl fmt::Display for WorkerError {
             ),
             WorkerError::ImportRoots(m) => write!(f, "{m}"),
             WorkerError::Protocol(m) => write!(f, "the worker broke the protocol: {m}"),
+            WorkerError::Oversized {
+                op,
+                during,
+                bytes,
+                limit,
+                tensors,
+                largest,
+            } => write!(
+                f,
+                "golden's request to the Python worker ({op}, {during}) would be {bytes} bytes, \
+                 over the frame limit of {limit} bytes; nothing was sent. It carries {tensors} \
+                 tensors, the largest {largest} bytes: a case this large cannot cross to the \
+                 reference; make the dims or the state smaller (a checkpoint is sent by path, never \
+                 in a request)"
+            ),
             WorkerError::Remote(e) => {
                 write!(f, "{}", e.message)?;
                 if let Some(tb) = &e.traceback {
@@ -831,11 +867,16 @@ impl Worker {
         let id = self.next_id;
         self.next_id += 1;
         let payload: usize = tensors.iter().map(|t| t.data.len()).sum();
+        let oversized = |bytes: usize| WorkerError::Oversized {
+            op: header["op"].as_str().unwrap_or("?").to_string(),
+            during: during.to_string(),
+            bytes,
+            limit: wire::MAX_FRAME,
+            tensors: tensors.len(),
+            largest: tensors.iter().map(|t| t.data.len()).max().unwrap_or(0),
+        };
         if payload > wire::MAX_FRAME {
-            return Err(WorkerError::Protocol(format!(
-                "a request of {payload} bytes of tensors exceeds the frame limit of {} bytes",
-                wire::MAX_FRAME
-            )));
+            return Err(oversized(payload));
         }
         let mut header = header;
         let (offsets, shared) = match &mut self.shm {
@@ -856,11 +897,20 @@ impl Worker {
             .sum();
         let len = parts.iter().map(Bytes::len).sum::<usize>() - 4 + in_shm;
         if len > wire::MAX_FRAME {
-            return Err(WorkerError::Protocol(format!(
-                "a request of {} bytes exceeds the frame limit of {} bytes",
-                len + 4,
-                wire::MAX_FRAME
-            )));
+            let largest = frame
+                .tensors
+                .iter()
+                .map(|t| t.data.len())
+                .max()
+                .unwrap_or(0);
+            return Err(WorkerError::Oversized {
+                op: frame.header["op"].as_str().unwrap_or("?").to_string(),
+                during: during.to_string(),
+                bytes: len + 4,
+                limit: wire::MAX_FRAME,
+                tensors: frame.tensors.len(),
+                largest,
+            });
         }
         let sent = self.to_worker.as_ref().map(|tx| tx.send(parts).is_ok());
         if sent != Some(true) {
@@ -1223,9 +1273,10 @@ mod tests {
             );
             assert_eq!(kind.as_str(), name);
         }
-        // Every kind but the two the runtime finds itself is one the worker sends.
+        // Every kind but the one the runtime finds itself is one the worker sends (`weights`
+        // both: a checkpoint that does not fit, one that changed on disk since it was hashed).
         for (name, kind) in RemoteKind::NAMED {
-            let runtime_side = matches!(kind, RemoteKind::Store | RemoteKind::Weights);
+            let runtime_side = matches!(kind, RemoteKind::Store);
             assert_eq!(sent.contains(&name.to_string()), !runtime_side, "{name}");
         }
         assert_eq!(RemoteKind::parse("newer").as_str(), "newer");

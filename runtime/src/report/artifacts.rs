@@ -4,15 +4,18 @@
 //! ```text
 //! case.json            the check, the case, the tolerance per leaf, import roots, the re-run command
 //! inputs/<arg>.npy     the case's inputs (bf16 as float32 copies)
-//! state_dict/<k>.npy   module form: the reference module's parameters
+//! state_dict/<k>.npy   module form: the reference module's parameters (with `weights = "..."`,
+//!                      only those the checkpoint does not hold: case.json's `checkpoint` names
+//!                      the file, its hash and each entry's name in it, never a copy)
 //! reference/<leaf>.npy what the reference returned
 //! port/<leaf>.npy      what the port returned
 //! rounding/<leaf>.npy  the per-element rounding estimate of the tolerance
 //! repro.py             loads all that, runs the reference again, prints the same comparison
 //! ```
 //!
-//! With `trace`, `reference/` and `port/` hold the trace points too (`trace.<point>.npy`), and
-//! `trace/reference/` and `trace/port/` hold them again as `NNN_<point>.npy`, numbered in the
+//! With `trace`, `reference/` and `port/` hold the trace points the port tapped too
+//! (`trace.<point>.npy`), and `trace/reference/` (every point) and `trace/port/` hold them again as
+//! `NNN_<point>.npy`, numbered in the
 //! reference's execution order, with that order in `order.txt` too, for
 //! `golden diff trace/reference trace/port`.
 //!
@@ -181,6 +184,40 @@ pub fn has_repro(layer: &Layer, kind: Kind) -> bool {
     }
 }
 
+/// `case.json`'s `checkpoint`: the file (path, size, hash) and, per state_dict entry it serves,
+/// the file's name for it and the dtype the case gave it (repro.py loads them from the file).
+fn checkpoint_json(
+    layer: &Layer,
+    resolved: &crate::answers::checkpoint::Resolved,
+    failure: &CaseFailure,
+) -> Json {
+    let c = &resolved.checkpoint;
+    let dtype_of = |name: &str| {
+        failure
+            .reference
+            .as_ref()
+            .and_then(|r| r.state_dict.iter().find(|(n, _)| n == name))
+            .map(|(_, t)| t.dtype.name())
+    };
+    let entries: Map<String, Json> = resolved
+        .entries
+        .iter()
+        .filter_map(|(name, served)| match served {
+            crate::answers::checkpoint::Served::File(f) => {
+                Some((name.clone(), json!([f, dtype_of(name)])))
+            }
+            crate::answers::checkpoint::Served::Value(_) => None,
+        })
+        .collect();
+    json!({
+        // This check's file: another file of the same bytes resolves to the same id.
+        "path": layer.weights_path().unwrap_or_else(|| c.path.clone()).display().to_string(),
+        "size": c.size,
+        "hash": c.hash_hex(),
+        "entries": entries,
+    })
+}
+
 /// Write a failing case's artifacts; returns the folder.
 pub fn write(
     layer: &Layer,
@@ -196,11 +233,40 @@ pub fn write(
     write_all(&dir, "cotangents", &failure.cotangents)?;
     write_all(&dir, "port", &failure.port_outputs)?;
     let mut leaves = Map::new();
+    // A checkpoint's state is referred to (path, hash, the file's name of each entry), not copied:
+    // a whole model's is gigabytes. Entries the file does not hold are written as usual.
+    let checkpoint = failure
+        .reference
+        .as_ref()
+        .and_then(|r| crate::answers::checkpoint::resolved(r.state_id?));
+    let state_dict: Vec<(String, HostTensor)> = match (&failure.reference, &checkpoint) {
+        (Some(reference), Some(resolved)) => reference
+            .state_dict
+            .iter()
+            .filter(|(n, _)| {
+                !resolved.entries.iter().any(|(m, s)| {
+                    m == n && matches!(s, crate::answers::checkpoint::Served::File(_))
+                })
+            })
+            .cloned()
+            .collect(),
+        (Some(reference), None) => reference.state_dict.clone(),
+        (None, _) => Vec::new(),
+    };
     if let Some(reference) = &failure.reference {
-        write_all(&dir, "state_dict", &reference.state_dict)?;
-        write_all(&dir, "reference", &reference.expected)?;
+        write_all(&dir, "state_dict", &state_dict)?;
+        // A trace point the port did not tap was compared with nothing: its tensor is in
+        // trace/reference/ alone (for `golden diff` and the report), not again here with its
+        // rounding estimate; a whole model's trace is hundreds of points.
+        let compared = |(n, _): &&(String, HostTensor)| {
+            !crate::judge::trace::is_trace(n) || failure.port_outputs.iter().any(|(p, _)| p == n)
+        };
+        let kept = |tensors: &[(String, HostTensor)]| -> Vec<(String, HostTensor)> {
+            tensors.iter().filter(compared).cloned().collect()
+        };
+        write_all(&dir, "reference", &kept(&reference.expected))?;
         if let Some(rounding) = &reference.rounding {
-            write_all(&dir, "rounding", rounding)?;
+            write_all(&dir, "rounding", &kept(rounding))?;
         }
         for (name, t) in &reference.expected {
             let has_rounding = reference
@@ -243,7 +309,8 @@ pub fn write(
         "case": case.to_string(),
         "args": layer.args.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
         "arg_dtypes": dtypes(&failure.inputs),
-        "state_dict_dtypes": dtypes(failure.reference.as_ref().map_or(&[][..], |r| &r.state_dict)),
+        "state_dict_dtypes": dtypes(&state_dict),
+        "checkpoint": checkpoint.as_ref().map(|r| checkpoint_json(layer, r, failure)),
         "kwargs": values(&resolved.consts),
         "init": values(&resolved.init),
         "config": resolved.config.as_ref().map(crate::describe::layer::Config::to_json),
@@ -262,7 +329,8 @@ pub fn write(
                 .iter()
                 .chain(&failure.cotangents)
                 .chain(&failure.port_outputs)
-                .chain(failure.reference.iter().flat_map(|r| r.state_dict.iter().chain(&r.expected)))
+                .chain(&state_dict)
+                .chain(failure.reference.iter().flat_map(|r| &r.expected))
                 .map(|(n, _)| n)
         ),
     });

@@ -1002,6 +1002,12 @@ fn write_steps(
 
 /// The trace of a failed case: every tapped point in the reference's execution order with its error
 /// relative to its tolerance, the drift line, and the points the port did not tap.
+/// A trace of up to this many points is shown whole in a failure message.
+const TRACE_SHOWN: usize = 40;
+/// Points shown before and after the first divergence in a longer one.
+const TRACE_BEFORE: usize = 3;
+const TRACE_AFTER: usize = 6;
+
 fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
     let points: Vec<&Leaf> = c
         .leaves
@@ -1018,7 +1024,26 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
         out,
         "  the trace, in the reference's execution order (|port − ref| / allowed, worst element):"
     )?;
+    // A whole model's trace has hundreds of points: the message shows a window around the first
+    // divergence (and the last point, where the output is) and says what it left out; the whole
+    // table is in the artifacts (`trace/`) and the HTML report.
+    let shown = |i: usize| match first {
+        _ if points.len() <= TRACE_SHOWN => true,
+        Some(f) => {
+            (f.saturating_sub(TRACE_BEFORE)..=f + TRACE_AFTER).contains(&i) || i + 1 == points.len()
+        }
+        None => i < TRACE_SHOWN,
+    };
+    let mut skipped = 0usize;
     for (i, leaf) in points.iter().enumerate() {
+        if !shown(i) {
+            skipped += 1;
+            continue;
+        }
+        if skipped > 0 {
+            writeln!(out, "    {:>3} … {skipped} more", "")?;
+            skipped = 0;
+        }
         let name = leaf.name.trim_start_matches(crate::judge::trace::PREFIX);
         let figure = match &leaf.verdict {
             Verdict::Values(v) => format!("{:>9}", num(v.worst_ratio)),
@@ -1040,6 +1065,19 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
             (false, false) => "differs",
         };
         writeln!(out, "    {:>3} {name:<width$} {figure}  {mark}", i + 1)?;
+    }
+    if skipped > 0 {
+        writeln!(out, "    {:>3} … {skipped} more", "")?;
+    }
+    if points.len() > TRACE_SHOWN {
+        let differ = points.iter().filter(|l| !l.passes()).count();
+        let before = first.map_or(points.len(), |f| f);
+        writeln!(
+            out,
+            "  {} trace points: {before} agree before the first divergence, {differ} differ in \
+             all; the whole table is in the artifacts' trace/ and the HTML report",
+            points.len()
+        )?;
     }
     writeln!(
         out,
@@ -1110,3 +1148,62 @@ fn failing_is_empty(c: &CaseFailure) -> bool {
 }
 
 impl std::error::Error for Failure {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::compare::{compare_leaf, Expected, ROUNDING_FACTOR};
+    use golden_files::HostTensor;
+
+    /// A whole model's trace: 60 points, the first 40 agree, then all differ.
+    fn long_trace() -> CaseFailure {
+        let same = HostTensor::from_f64(vec![2], &[1.0, 2.0]);
+        let off = HostTensor::from_f64(vec![2], &[1.0, 3.0]);
+        let leaves = (0..60)
+            .map(|i| {
+                let port = if i < 40 { &same } else { &off };
+                let e = Expected {
+                    value: &same,
+                    rounding: None,
+                    precise: None,
+                };
+                let name = format!("{}model.layers.{i}", crate::judge::trace::PREFIX);
+                compare_leaf(&name, port, &e, None, ROUNDING_FACTOR)
+            })
+            .collect();
+        CaseFailure {
+            leaves,
+            ..CaseFailure::default()
+        }
+    }
+
+    #[test]
+    fn a_long_trace_is_shown_as_a_window_around_its_first_divergence() {
+        let mut out = String::new();
+        write_trace(&mut out, &long_trace()).unwrap();
+        // The window: three points before the first divergence, it, six after, and the last.
+        for shown in [37, 38, 39, 40, 46, 59] {
+            assert!(
+                out.contains(&format!("model.layers.{shown} ")),
+                "point {shown} not shown:\n{out}"
+            );
+        }
+        for hidden in [0, 36, 47, 58] {
+            assert!(
+                !out.contains(&format!("model.layers.{hidden} ")),
+                "point {hidden} shown:\n{out}"
+            );
+        }
+        assert!(out.contains("model.layers.40 ") && out.contains("<- first divergence"));
+        assert!(out.contains("… 37 more"), "{out}");
+        assert!(out.contains("… 12 more"), "{out}");
+        assert!(
+            out.contains(
+                "60 trace points: 40 agree before the first divergence, 20 differ in all; the \
+                 whole table is in the artifacts' trace/ and the HTML report"
+            ),
+            "{out}"
+        );
+        assert!(out.lines().count() < 20, "{out}");
+    }
+}

@@ -204,6 +204,8 @@ pub(crate) fn open_source(
         ),
         Via::Replay(store) => format!("replay ({})", store.path.display()),
     };
+    // A checkpoint that does not fit the module fails before any case: no case changes it.
+    source.prepare(layer).map_err(config_error)?;
     if mode == env::Mode::Auto && !source.is_replay() {
         eprintln!("golden: `{}`: {how}", layer.name);
     }
@@ -592,6 +594,11 @@ fn other_failures(
     found
 }
 
+/// A traced failure stops shrinking once this many failing cases in a row (the first and the
+/// smaller ones shrinking found) diverge first at the same trace point: what the trace tells is
+/// settled, and at a whole model's size every further candidate costs a whole-model evaluation.
+const STABLE_DIVERGENCE: usize = 3;
+
 /// Generate, run and shrink one dtype's cases. `recorded`: record mode stopped recording at the
 /// store's bound after that many cases; the others are skipped.
 fn run_dtype(
@@ -618,6 +625,10 @@ fn run_dtype(
     let shrink_steps = Cell::new(0u32);
     let skipped = Cell::new(0usize);
     let unrecorded_shrinks = Cell::new(0u32);
+    // A traced failure's first divergence over the failing cases in a row, and the point where
+    // shrinking stopped because it held still (see `STABLE_DIVERGENCE`).
+    let divergences: RefCell<Vec<String>> = RefCell::new(Vec::new());
+    let stable: RefCell<Option<String>> = RefCell::new(None);
 
     let strategy = inputs::case_strategy_for(layer, kind, replays);
     let result = proptest.run(&strategy, |params| {
@@ -626,6 +637,11 @@ fn run_dtype(
             return Err(TestCaseError::fail("aborted"));
         }
         let shrinking = first_failure.borrow().is_some();
+        if shrinking && stable.borrow().is_some() {
+            // The first divergence held still: no more candidates are evaluated (each is a
+            // whole model's at size); proptest winds down and keeps the last failing case.
+            return Ok(());
+        }
         if shrinking {
             shrink_steps.set(shrink_steps.get() + 1);
         } else {
@@ -676,6 +692,16 @@ fn run_dtype(
                     )
                 });
                 failing.borrow_mut().push(params.clone());
+                if let Some((_, point)) = crate::judge::trace::first_divergence(&f.leaves) {
+                    let mut seen = divergences.borrow_mut();
+                    if seen.last() != Some(&point.name) {
+                        seen.clear();
+                    }
+                    seen.push(point.name.clone());
+                    if seen.len() >= STABLE_DIVERGENCE {
+                        *stable.borrow_mut() = Some(point.name.clone());
+                    }
+                }
                 Err(TestCaseError::fail(f.headline()))
             }
             Outcome::Fatal(e) => {
@@ -781,6 +807,14 @@ fn run_dtype(
                     "note: replay shrinks only through recorded cases ({} smaller candidates were \
                      not recorded); live, golden can shrink further",
                     unrecorded_shrinks.get()
+                ));
+            }
+            if let Some(point) = stable.into_inner() {
+                f.notes.push(format!(
+                    "note: shrinking stopped once the first divergence held still: `{}` on {} \
+                     failing cases in a row",
+                    point.trim_start_matches(crate::judge::trace::PREFIX),
+                    STABLE_DIVERGENCE
                 ));
             }
             // Shrinking keeps the failure but can erase its evidence (a bias is invisible with a

@@ -235,16 +235,32 @@ pub(crate) fn run_port(
             .iter()
             .map(|a| a.to_candle(&device))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let state = match layer.form {
-            Form::Module => Some(StateDict::serve(
+        let state = match (layer.form, reference.state_id) {
+            (Form::Module, Some(id)) => {
+                let shared = StateDict::shared(
+                    id,
+                    &reference.state_dict,
+                    &reference.aliases,
+                    &layer.rename,
+                    dtype,
+                    &device,
+                )?;
+                // The port's tensors are copies: the mapped pages go back to the page cache.
+                crate::answers::checkpoint::release_all();
+                Some(shared)
+            }
+            (Form::Module, None) => Some(StateDict::serve(
                 &reference.state_dict,
                 &reference.aliases,
                 &layer.rename,
                 dtype,
                 &device,
             )?),
-            Form::Function => None,
+            (Form::Function, None | Some(_)) => None,
         };
+        if let Some(state) = &state {
+            state.not_in_checkpoints(&reference.unsaved);
+        }
         Ok((tensors, state))
     })();
     let (tensors, state) = match prepared {

@@ -28,6 +28,9 @@ use std::time::Instant;
 /// Matches shown at most.
 const SHOWN: usize = 3;
 
+/// The seconds the diagnosis of a failure on a checkpoint (`weights = "..."`) may take at most.
+const BUDGET_ON_A_CHECKPOINT: f64 = 15.0;
+
 /// Add the mutation diagnosis (and the tiny-values note) to a failed forward check. `passes` runs
 /// the port on another case and says whether it passed; `other` is another failing case.
 pub(crate) fn explain(
@@ -39,7 +42,12 @@ pub(crate) fn explain(
     other: Option<&(CaseParams, Box<CaseFailure>)>,
 ) {
     let started = Instant::now();
-    let budget = mutations::budget(layer);
+    // On a checkpoint every mutant is a whole model's evaluation: the search gets a fixed share
+    // (the trace, when there is one, already names where the port leaves the reference).
+    let budget = match layer.weights_path() {
+        Some(_) => mutations::budget(layer).min(BUDGET_ON_A_CHECKPOINT),
+        None => mutations::budget(layer),
+    };
     let (FailureKind::Case(c), Some(case)) = (&mut failure.kind, &failure.case) else {
         return;
     };
@@ -67,10 +75,11 @@ pub(crate) fn explain(
         Err(Skipped::OutOfTime(_)) => {
             failure.notes.push(format!(
                 "note: the mutation diagnosis ran out of its budget ({} s, a third of the \
-                 reference's timeout; the reference itself answered in time) before it could try \
-                 a mutant: recording the reference's calls took longer than that; a longer \
-                 `timeout = ` gives it more",
-                num(budget)
+                 reference's timeout, at most {} s on a checkpoint; the reference itself answered \
+                 in time) before it could try a mutant: recording the reference's calls took \
+                 longer than that; a longer `timeout = ` gives it more",
+                num(budget),
+                num(BUDGET_ON_A_CHECKPOINT)
             ));
             return;
         }
