@@ -9,7 +9,7 @@ mod common;
 use candle_core::{DType, Result, Tensor, D};
 use common::porter_ports::{self, G_HIDDEN};
 use golden::judge::compare::Verdict;
-use golden::{DimExpr, Dist, Failure, Layer, PortInputs};
+use golden::{Dist, Failure, Layer, PortInputs};
 
 /// The worst accuracy ratio (port's RMS error against float64 over the reference's own) among a
 /// failure's leaves.
@@ -88,33 +88,6 @@ fn measure_the_gemma2_bf16_norm_margin() {
 
 // --- A rotary table built from positions in bf16 -------------------------------------------------
 
-/// transformers' `LlamaRotaryEmbedding` (head size 16, 4096 positions), its `(cos, sin)` for
-/// `position_ids` drawn long and sparse (`~ positions`), in `dtype`.
-fn rotary(name: &str, dtype: DType) -> Layer {
-    Layer::module(
-        name,
-        "transformers.models.llama.modeling_llama.LlamaRotaryEmbedding",
-    )
-    .config("transformers.LlamaConfig")
-    .config_value("hidden_size", 64usize)
-    .config_value("num_attention_heads", 4usize)
-    .config_value("max_position_embeddings", 4096usize)
-    .dim("b", 1, 2)
-    .dim("t", 1, 8)
-    .arg(
-        "x",
-        [DimExpr::from("b"), "t".into(), DimExpr::Lit(16)],
-        Dist::default(),
-    )
-    .arg(
-        "position_ids",
-        [DimExpr::from("b"), "t".into()],
-        Dist::Positions { max: None },
-    )
-    .dtypes(&[dtype])
-    .cases(16)
-}
-
 /// cos and sin of the positions, as Llama computes them: float32 frequencies and angles, then the
 /// input's dtype. `positions_in_input_dtype` first converts the positions to the activations'
 /// dtype (bf16: exact only up to 256), as a port that builds its table in the model's dtype does.
@@ -144,8 +117,10 @@ fn rotary_outputs(i: &PortInputs, wrong: bool) -> std::result::Result<golden::Ou
 #[test]
 fn a_rotary_table_built_from_bf16_positions_fails_far_into_the_sequence() {
     let scratch = common::Scratch::new("h_rope_bf16_positions");
-    let layer =
-        common::declared_with_store(&rotary("h_rope_bf16_positions", DType::BF16), &scratch);
+    let layer = common::declared_with_store(
+        &common::rotary::llama_rotary("h_rope_bf16_positions", DType::BF16),
+        &scratch,
+    );
     let msg = golden::check(&layer, &|i: &PortInputs| rotary_outputs(i, true))
         .expect_err("positions rounded in bf16")
         .to_string();
@@ -162,13 +137,16 @@ fn a_rotary_table_built_from_bf16_positions_fails_far_into_the_sequence() {
     let right = |i: &PortInputs| rotary_outputs(i, false);
     let scratch = common::Scratch::new("h_rope_right");
     golden::check(
-        &common::declared_with_store(&rotary("h_rope_right", DType::BF16), &scratch),
+        &common::declared_with_store(
+            &common::rotary::llama_rotary("h_rope_right", DType::BF16),
+            &scratch,
+        ),
         &right,
     )
     .unwrap_or_else(|f| panic!("{f}"));
     // Over a short sequence at positions 0..t (what a check without long positions draws), the
     // same wrong port passes: the reach is what finds it.
-    let mut short = rotary("h_rope_bf16_positions_short", DType::BF16);
+    let mut short = common::rotary::llama_rotary("h_rope_bf16_positions_short", DType::BF16);
     short.args[1].dist = Dist::int(0, "t");
     let scratch = common::Scratch::new("h_rope_bf16_positions_short");
     golden::check(

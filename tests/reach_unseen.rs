@@ -211,32 +211,6 @@ fn u3_an_eps_hard_coded_where_the_config_sweeps_it() {
 
 // --- Half precision -------------------------------------------------------------------------------
 
-/// `LlamaRotaryEmbedding` in bf16 over 4096 positions.
-fn rotary_layer(name: &str) -> Layer {
-    Layer::module(
-        name,
-        "transformers.models.llama.modeling_llama.LlamaRotaryEmbedding",
-    )
-    .config("transformers.LlamaConfig")
-    .config_value("hidden_size", 64usize)
-    .config_value("num_attention_heads", 4usize)
-    .config_value("max_position_embeddings", 4096usize)
-    .dim("b", 1, 2)
-    .dim("t", 1, 8)
-    .arg(
-        "x",
-        [DimExpr::from("b"), "t".into(), DimExpr::Lit(16)],
-        Dist::default(),
-    )
-    .arg(
-        "position_ids",
-        [DimExpr::from("b"), "t".into()],
-        Dist::Positions { max: None },
-    )
-    .dtypes(&[DType::BF16])
-    .cases(16)
-}
-
 /// The rotary tables with the frequencies rounded to the activations' dtype (`inv_freq` built
 /// in the model's dtype), the positions exact.
 fn rotary_frequencies_in_bf16(i: &PortInputs) -> std::result::Result<golden::Outputs, String> {
@@ -264,7 +238,7 @@ fn rotary_frequencies_in_bf16(i: &PortInputs) -> std::result::Result<golden::Out
 #[test]
 fn u4_rotary_frequencies_rounded_to_bf16() {
     let msg = check(
-        &rotary_layer("u_rope_freq_bf16"),
+        &common::rotary::llama_rotary("u_rope_freq_bf16", DType::BF16),
         rotary_frequencies_in_bf16,
     )
     .expect("wrong");

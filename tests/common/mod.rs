@@ -8,6 +8,7 @@ pub mod mutation_ports;
 pub mod overfit_mlp;
 pub mod porter_ports;
 pub mod processes;
+pub mod rotary;
 pub mod sweep_ports;
 pub mod tiny_lm;
 pub mod unseen_ports;
