@@ -452,7 +452,7 @@ const PERTURBATIONS: u32 = 4;
 /// (`reference_py/golden_ref/evaluate.py`: its module docstring says which).
 pub const AT_SIZE: usize = 1 << 24;
 
-/// Nudged evaluations per case for a checkpoint's state of `elements`: [`PERTURBATIONS`] below
+/// Nudged evaluations per case for a checkpoint's state of `elements`: `PERTURBATIONS` below
 /// [`AT_SIZE`], three at size, where the worker evaluates them in the case dtype only. With the
 /// real inputs' own error that is four samples per element of the reference's error, against the
 /// float64 answer at the real inputs (rounding and the output's move under the nudge at once):
