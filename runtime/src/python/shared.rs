@@ -186,9 +186,9 @@ fn own_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// The uid of the process at the other end of `stream`.
+/// The credentials of the process at the other end of `stream` (SO_PEERCRED).
 #[cfg(target_os = "linux")]
-fn peer_uid(stream: &UnixStream) -> Option<u32> {
+fn peer_cred(stream: &UnixStream) -> Option<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -205,7 +205,13 @@ fn peer_uid(stream: &UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (rc == 0).then_some(cred.uid)
+    (rc == 0).then_some(cred)
+}
+
+/// The uid of the process at the other end of `stream`.
+#[cfg(target_os = "linux")]
+fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    peer_cred(stream).map(|c| c.uid)
 }
 
 /// The uid of the process at the other end of `stream`.
@@ -221,23 +227,7 @@ fn peer_uid(stream: &UnixStream) -> Option<u32> {
 /// says.
 #[cfg(target_os = "linux")]
 fn peer_pid(stream: &UnixStream) -> Option<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED fills a ucred of the given length, which this function owns.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    u32::try_from(cred.pid).ok().filter(|p| rc == 0 && *p > 0)
+    peer_cred(stream).and_then(|c| u32::try_from(c.pid).ok().filter(|p| *p > 0))
 }
 
 #[cfg(not(target_os = "linux"))]
