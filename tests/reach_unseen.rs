@@ -82,10 +82,7 @@ fn attention(i: &PortInputs, bugs: AttentionBugs) -> Result<Tensor> {
     };
     let (k, v) = (repeat(k)?, repeat(v)?);
     let scores = (q.matmul(&k.t()?)? * (hd as f64).powf(-0.5))?;
-    let causal: Vec<f32> = (0..t)
-        .flat_map(|r| (0..t).map(move |c| if c <= r { 0.0 } else { f32::NEG_INFINITY }))
-        .collect();
-    let scores = scores.broadcast_add(&Tensor::from_vec(causal, (t, t), x.device())?)?;
+    let scores = scores.broadcast_add(&common::causal_mask(t, x.device())?)?;
     let y = candle_nn::ops::softmax_last_dim(&scores)?
         .matmul(&v)?
         .transpose(1, 2)?

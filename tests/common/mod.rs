@@ -154,3 +154,15 @@ pub fn stepping<M: 'static>(
         })
     }
 }
+
+/// A causal mask of `t` positions to add to attention scores: 0 where a query may see the key
+/// (at or before it), -inf after.
+pub fn causal_mask(
+    t: usize,
+    device: &candle_core::Device,
+) -> candle_core::Result<candle_core::Tensor> {
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|r| (0..t).map(move |c| if c <= r { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    candle_core::Tensor::from_vec(mask, (t, t), device)
+}

@@ -99,10 +99,7 @@ pub fn attention(i: &PortInputs, head_dim_from_hidden: bool) -> Result<Tensor> {
     };
     let (q, k) = (rotate(&q)?, rotate(&k)?);
     let scores = (q.matmul(&k.t()?)? * (head_dim as f64).powf(-0.5))?;
-    let causal: Vec<f32> = (0..t)
-        .flat_map(|r| (0..t).map(move |c| if c <= r { 0.0 } else { f32::NEG_INFINITY }))
-        .collect();
-    let scores = scores.broadcast_add(&Tensor::from_vec(causal, (t, t), x.device())?)?;
+    let scores = scores.broadcast_add(&super::causal_mask(t, x.device())?)?;
     let y = candle_nn::ops::softmax_last_dim(&scores)?
         .matmul(&v)?
         .transpose(1, 2)?
