@@ -477,7 +477,7 @@ impl Live {
         // Read by the worker pool and at start-up; an invalid value is reported here, once.
         env::max_workers()?;
         env::start_timeout()?;
-        crate::python::shm::mode()?;
+        crate::describe::env::shared_memory()?;
         Ok(Live {
             key: WorkerKey::from_env(layer.manifest_dir()),
             timeout: match layer.timeout {

@@ -55,15 +55,6 @@ const GRAIN: usize = 1 << 20;
 /// Received tensors of at least this size are copied into memory advised for huge pages.
 const HUGE: usize = 2 << 20;
 
-/// `GOLDEN_SHM` (read in `describe/env.rs`): whether large tensors may travel through shared
-/// memory.
-pub use crate::describe::env::SharedMemory as Mode;
-
-/// `GOLDEN_SHM`: `auto` (default) or `off`; anything else is an error naming the accepted values.
-pub fn mode() -> Result<Mode, String> {
-    crate::describe::env::shared_memory()
-}
-
 /// Say once per process why large tensors travel through the pipe although shared memory is on.
 pub fn note_unavailable(why: &str) {
     static ONCE: Once = Once::new();

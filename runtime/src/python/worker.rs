@@ -762,7 +762,7 @@ impl Worker {
     /// Ask the worker for `hello`, offering it this process's shared memory; keep the link if the
     /// worker answers with its own, which must be its own (its pid) and a sealed memfd.
     fn hello(mut self, limit: Duration) -> Result<Worker, WorkerError> {
-        if shm::mode() == Ok(shm::Mode::Auto) {
+        if env::shared_memory() == Ok(env::SharedMemory::Auto) {
             self.shm = shm::Link::offer()
                 .map_err(|e| shm::note_unavailable(&format!("memfd_create: {e}")))
                 .ok();
