@@ -8,6 +8,9 @@ let state = null;
 let shownKey = "";
 let open = null; // { row, data: the row's JSON, shape, mode, mark: flat index to outline }
 let lastFound = null;
+// The latest request of show(): the answer to an earlier one (a window since replaced, by a mode
+// change and then a click) arrives late and is dropped, never drawn over the newer one.
+let shown = 0;
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -275,13 +278,15 @@ async function show() {
   const { start, end } = windowOf();
   const flat = open.mode === "flat" || open.shape.length === 0;
   const url = `/api/values?row=${open.row}&start=${start.join(",")}&end=${end.join(",")}${flat ? "&flat=true" : ""}`;
+  const ticket = ++shown;
   let v;
   try {
     v = await getJson(url);
   } catch (e) {
-    $("detail-info").textContent = `cannot read the values: ${e.message}`;
+    if (ticket === shown) $("detail-info").textContent = `cannot read the values: ${e.message}`;
     return;
   }
+  if (ticket !== shown || !open) return;
   const b = v.b_shape ? ` / B [${v.b_shape.join(", ")}] ${v.b_dtype}` : "";
   $("detail-info").textContent = `A [${v.shape.join(", ")}] ${v.a_dtype}${b}; tolerance ${v.rule}; ${v.cells.length} values shown${v.truncated ? " (the window is cut)" : ""}`;
   renderValues(v, flat);
