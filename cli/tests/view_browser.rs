@@ -146,17 +146,60 @@ impl Chrome {
             if !(v.is_null() || v == false || v == "" || v == json!([])) {
                 return v;
             }
-            assert!(Instant::now() < deadline, "waited in vain for {expression}");
+            if Instant::now() >= deadline {
+                let page = self.eval(
+                    "JSON.stringify({status: document.body.dataset.status, line: document.getElementById('status').textContent, \
+                     info: document.getElementById('detail-info').textContent, mode: document.getElementById('mode').value, \
+                     window: [...document.querySelectorAll('#axes input')].map(i => i.id + '=' + i.value), \
+                     rows: [...document.querySelectorAll('#values tr')].slice(0, 3).map(tr => tr.textContent), asked: window.__asked})",
+                );
+                panic!("waited in vain for {expression}; the page: {page}");
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
-    /// Click an element with the mouse, as a person does.
+    /// Watch the page's requests for values (`window.__busy` counts those whose answer has not
+    /// been read and drawn yet) and hold back any whose URL holds `window.__hold` until a later
+    /// one is answered.
+    fn watch_requests(&mut self) {
+        self.eval(
+            "(() => { const real = window.fetch; window.__busy = 0; window.__hold = null; window.__asked = []; \
+             let release = null; \
+             window.fetch = async (u, o) => { const url = String(u); \
+               if (!/\\/api\\/(values|find)/.test(url)) return real(u, o); \
+               window.__asked.push(url); window.__busy++; \
+               const done = () => setTimeout(() => window.__busy--, 0); \
+               let answer; \
+               try { \
+                 if (window.__hold && url.includes(window.__hold)) await new Promise(r => release = r); \
+                 answer = await real(u, o); \
+               } catch (e) { done(); throw e; } \
+               if (release && !(window.__hold && url.includes(window.__hold))) setTimeout(release, 200); \
+               const json = answer.json.bind(answer); \
+               answer.json = async () => { try { return await json(); } finally { done(); } }; \
+               return answer; }; })()",
+        );
+    }
+
+    /// Click an element with the mouse, as a person does: once the page has drawn every answer
+    /// it asked for (a table drawn under the pointer would move the element).
     fn click(&mut self, selector: &str) {
+        self.wait_for("window.__busy === 0");
+        self.click_now(selector);
+    }
+
+    /// Click at once, answers pending or not.
+    fn click_now(&mut self, selector: &str) {
         let at = self.eval(&format!(
             "(() => {{ const e = document.querySelector({selector:?}); e.scrollIntoView({{block: 'center'}}); \
-             const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()"
+             const r = e.getBoundingClientRect(); const x = r.x + r.width / 2, y = r.y + r.height / 2; \
+             return [x, y, e.contains(document.elementFromPoint(x, y))]; }})()"
         ));
+        assert_eq!(
+            at[2], true,
+            "{selector} is not what a click at its centre hits"
+        );
         let (x, y) = (at[0].as_f64().unwrap(), at[1].as_f64().unwrap());
         for kind in ["mousePressed", "mouseReleased"] {
             self.call(
@@ -241,6 +284,7 @@ print(json.dumps({"first": t.flatten()[:10].tolist(), "row": t[0, 2, 5, :].tolis
     chrome.call("Page.enable", json!({}));
     chrome.call("Page.navigate", json!({"url": server.url()}));
     chrome.wait_for("document.body && document.body.dataset.status === 'waiting'");
+    chrome.watch_requests();
 
     // The two archives, into the drop zones' file inputs.
     chrome.choose_file("#file-a", &za);
@@ -281,7 +325,11 @@ print(json.dumps({"first": t.flatten()[:10].tolist(), "row": t[0, 2, 5, :].tolis
         );
         assert_eq!(row[4], "0");
     }
-    // Move the slice: the 1-D view of [0, 2, 5, :].
+    // Move the slice: the 1-D view of [0, 2, 5, :]. The answer for the window the mode change
+    // asks for comes late (after the one for the window asked for next): it must not be drawn
+    // over the newer one.
+    // (A is [1, 4, 12, 8]: the mode change asks for [0, 0, 0, 0:8].)
+    chrome.eval("window.__hold = 'end=1,1,1,8'");
     chrome.eval(
         "(() => { const m = document.getElementById('mode'); m.value = '1d'; m.dispatchEvent(new Event('change')); })()",
     );
@@ -290,10 +338,12 @@ print(json.dumps({"first": t.flatten()[:10].tolist(), "row": t[0, 2, 5, :].tolis
         "(() => { const set = (id, v) => document.getElementById(id).value = v; \
          set('start-1', 2); set('end-1', 3); set('start-2', 5); set('end-2', 6); set('start-3', 0); set('end-3', 8); })()",
     );
-    chrome.click("#show");
+    chrome.click_now("#show");
     chrome.wait_for(
         "[...document.querySelectorAll('#values tr')].some(tr => tr.children[0].textContent === '[0, 2, 5, 7]')",
     );
+    chrome.wait_for("window.__busy === 0");
+    chrome.eval("window.__hold = null");
     let table = chrome.table();
     assert_eq!(table.len(), 9, "{table:?}");
     for (k, want) in expected["row"].as_array().unwrap().iter().enumerate() {
