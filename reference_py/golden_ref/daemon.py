@@ -42,6 +42,19 @@ import time
 from . import worker as worker_module
 
 
+def record_exit(directory: str, pid: int, status: int) -> None:
+    """Write how copy `pid` ended to `worker-<pid>.exit`, whole or not at all: the runtime reads
+    the file as soon as it exists, so it is written under another name and renamed into place."""
+    final = os.path.join(directory, f"worker-{pid}.exit")
+    partial = final + ".part"
+    try:
+        with open(partial, "w") as f:
+            f.write(_describe(status))
+        os.replace(partial, final)
+    except OSError:
+        pass
+
+
 def _describe(status: int) -> str:
     if os.WIFEXITED(status):
         return f"exit code {os.WEXITSTATUS(status)}"
@@ -164,11 +177,7 @@ def run(path: str, idle: float, ready_fd: int, user_umask: int) -> int:
             _, status = os.waitpid(done, 0)
             children.discard(done)
             ended[done] = time.monotonic()
-            try:
-                with open(os.path.join(directory, f"worker-{done}.exit"), "w") as f:
-                    f.write(_describe(status))
-            except OSError:
-                pass
+            record_exit(directory, done, status)
 
     def accept_one():
         conn, _ = listener.accept()

@@ -1,6 +1,8 @@
 import os
 import socket
+import tempfile
 import unittest
+from unittest import mock
 
 from golden_ref import daemon
 
@@ -25,6 +27,27 @@ class PeerCheckTest(unittest.TestCase):
             b.close()
         self.assertEqual(credentials, (os.getpid(), os.getuid(), os.getgid()))
         self.assertTrue(daemon.peer_allowed(credentials, os.getuid()))
+
+
+class ExitRecordTest(unittest.TestCase):
+    """How a served copy ended reaches the runtime as a whole file (`daemon.record_exit`)."""
+
+    def test_the_file_appears_whole_and_nothing_else_is_left(self):
+        with tempfile.TemporaryDirectory() as directory:
+            seen = []
+            real_replace = os.replace
+
+            def replace(src, dst):
+                # Until the rename, the name the runtime reads does not exist.
+                seen.append(os.path.exists(dst))
+                real_replace(src, dst)
+
+            with mock.patch.object(os, "replace", replace):
+                daemon.record_exit(directory, 4242, 3 << 8)
+            self.assertEqual(seen, [False])
+            self.assertEqual(os.listdir(directory), ["worker-4242.exit"])
+            with open(os.path.join(directory, "worker-4242.exit")) as f:
+                self.assertEqual(f.read(), "exit code 3")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ use std::fmt;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -445,7 +445,7 @@ impl Process {
                 ..
             } => child.try_wait().ok().flatten().map(describe_status),
             Process::Private { child, .. } => peek_exit(child.id()),
-            Process::Shared { exit, .. } => std::fs::read_to_string(exit).ok(),
+            Process::Shared { exit, .. } => read_exit(exit),
         }
     }
 
@@ -526,6 +526,14 @@ pub struct Worker {
     /// The worker's answer to `hello`: versions of Python and NumPy, its pid (and, from the shared
     /// worker, its log, the daemon's pid and the client's).
     pub info: Json,
+}
+
+/// How a copy of the shared worker ended, as its daemon wrote it: `None` until the file holds it
+/// (a daemon that wrote the file in place could be read between creating and filling it).
+fn read_exit(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
 }
 
 fn describe_status(status: ExitStatus) -> String {
@@ -1229,6 +1237,19 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::RemoteKind;
+
+    #[test]
+    fn an_exit_file_not_yet_filled_is_not_an_ending() {
+        let dir = std::env::temp_dir().join(format!("golden-exit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("worker-1.exit");
+        assert_eq!(super::read_exit(&path), None);
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(super::read_exit(&path), None);
+        std::fs::write(&path, "exit code 3").unwrap();
+        assert_eq!(super::read_exit(&path).as_deref(), Some("exit code 3"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// The kinds the Python side sends: every `"kind": "..."` of an error answer and the first
     /// argument of every `ReferenceError_(...)` in the worker's package.
