@@ -158,8 +158,9 @@ pub struct Diff {
 
 /// The name of the manifest a dump folder may carry: the tensors' names (paths relative to the
 /// folder, extensions optional), one a line, in the order they were computed. golden writes one
-/// beside its trace dumps; a dumping script can write its own.
-pub const MANIFEST: &str = "order.txt";
+/// beside its trace dumps (the failure artifacts' own name for it); a dumping script can write
+/// its own.
+pub const MANIFEST: &str = golden::report::artifacts::ORDER_MANIFEST;
 
 /// Where the order of a diff's rows comes from.
 #[derive(Clone, Debug, PartialEq)]

@@ -101,7 +101,9 @@ pub fn wanted(path: &Path) -> bool {
         .and_then(|x| x.to_str())
         .map(str::to_ascii_lowercase);
     ext.is_some_and(|x| TENSOR_EXTENSIONS.contains(&x.as_str()))
-        || path.file_name().is_some_and(|n| n == crate::diff::MANIFEST)
+        || path
+            .file_name()
+            .is_some_and(|n| n == golden::report::artifacts::ORDER_MANIFEST)
 }
 
 /// The path an entry may be written at inside the folder: relative, no `..`, not too deep.
