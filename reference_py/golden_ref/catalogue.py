@@ -37,7 +37,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-# Positional parameter names of the ops the catalogue mutates (Tensor methods take the input as
+# Positional parameter names of the ops the catalogue and the families mutate (Tensor methods take the input as
 # `self`, at position 0, like the functions).
 POSITIONS = {
     "gelu": ("input", "approximate"),
@@ -69,6 +69,12 @@ POSITIONS = {
     "repeat_interleave": ("input", "repeats", "dim"),
     "cat": ("tensors", "dim"),
     "transpose": ("input", "dim0", "dim1"),
+    # and those the operator-level families (families.py) read
+    "narrow": ("input", "dim", "start", "length"),
+    "addmm": ("input", "mat1", "mat2"),
+    "stack": ("tensors", "dim"),
+    "concat": ("tensors", "dim"),
+    "concatenate": ("tensors", "dim"),
 }
 
 _MISSING = object()
@@ -224,11 +230,6 @@ def _format(text: str, **values) -> str:
         return text.format(**values)
     except (KeyError, IndexError, ValueError):  # braces that are not placeholders
         return text
-
-
-def catalogue_for(reference) -> list:
-    """The mutations to try on a reference: the built-in ones and those registered for it."""
-    return [m for m in CATALOGUE if m.of is None or m.of is reference]
 
 
 def _add(*mutations):
@@ -631,6 +632,3 @@ _add(Mutation(
                           f"pad in mode '{c.get('mode', 'constant')}' (candle: pad_with_zeros / "
                           "pad_with_same)"),
 ))
-
-# The operator-level families register themselves after the entries above.
-from . import families  # noqa: E402,F401

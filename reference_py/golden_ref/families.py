@@ -34,7 +34,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .catalogue import (POSITIONS, Mutation, _add, _dims, _eps_options, _eps_value, _fmt, _is_number,
+from .catalogue import (Mutation, _add, _dims, _eps_options, _eps_value, _fmt, _is_number,
                         _norm_dim, _norm_eps, _norm_ok, _NORMS)
 
 # --- which ops are which -------------------------------------------------------------------------
@@ -1268,12 +1268,4 @@ _add(Mutation(
     kind="precision",
 ))
 
-# Names of the positional parameters the families read, beside the catalogue's.
-POSITIONS.update({
-    "narrow": ("input", "dim", "start", "length"),
-    "addmm": ("input", "mat1", "mat2"),
-    "stack": ("tensors", "dim"),
-    "concat": ("tensors", "dim"),
-    "concatenate": ("tensors", "dim"),
-})
 _ = _dims  # re-exported helpers stay in one place: catalogue.py

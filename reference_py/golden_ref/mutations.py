@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from . import structure
 from .backends import OutputError, bf16_bits_to_f32, flatten_outputs
-from .catalogue import Call, catalogue_for, mutation  # noqa: F401  (mutation: re-exported)
+from .catalogue import CATALOGUE, Call, mutation  # noqa: F401  (mutation: re-exported)
 from .evaluate import Case, ReferenceRaised, forward
 from .families import CASTS, ELEMENTWISE, NONLINEAR
 from .sites import INTERNAL as _INTERNAL  # noqa: F401  (tests mark their own file internal)
@@ -54,6 +54,16 @@ _ADDS = frozenset(("add", "__add__", "__radd__", "add_", "__iadd__"))
 # The kinds of candidate, in the order they are tried when the evidence says nothing in particular.
 KINDS = ("catalogue", "yours", "activation", "drop", "constant", "axes", "precision", "operands",
          "boundary", "structure", "inputs")
+
+
+def catalogue_for(reference) -> list:
+    """The mutations to try on a reference: the catalogue's named mistakes, then the operator-level
+    families, then those a user registered (for every reference or for this one), whatever order
+    their modules were imported in."""
+    def group(m):
+        return 0 if m.kind == "catalogue" else 2 if m.kind == "yours" else 1
+
+    return sorted((m for m in CATALOGUE if m.of is None or m.of is reference), key=group)
 
 
 class _Ids:

@@ -52,7 +52,7 @@ class MutationTest(unittest.TestCase):
 
     def test_the_recording_sees_each_call_with_its_site_relative_to_the_import_root(self):
         from golden_ref import mutations
-        from golden_ref.catalogue import catalogue_for
+        from golden_ref.mutations import catalogue_for
         from golden_ref.evaluate import forward
 
         case = self.case(two_gelus, [self.rng.standard_normal((2, 3))])
@@ -114,7 +114,8 @@ class MutationTest(unittest.TestCase):
         self.assertTrue(found[0][0].where.startswith("torch/nn/modules/normalization.py:"), found[0][0].where)
 
     def test_a_user_mutation_for_one_reference(self):
-        from golden_ref.catalogue import CATALOGUE, catalogue_for, mutation
+        from golden_ref.catalogue import CATALOGUE, mutation
+        from golden_ref.mutations import catalogue_for
 
         def reference(x):
             return torch.softmax(x, dim=-1)
