@@ -63,7 +63,7 @@ fn check(
         + Sync
         + 'static,
 ) -> std::result::Result<Report, Failure> {
-    let scratch = Scratch::new(&layer.name);
+    let scratch = Scratch::new(layer.name());
     let layer = declared_with_store(layer, &scratch);
     golden::check(&layer, &port)
 }

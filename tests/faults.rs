@@ -91,7 +91,7 @@ fn fault(layer: &Layer, port: &golden::Port<'_>) -> String {
 /// [`fault`], the turn already taken.
 fn fault_in_turn(layer: &Layer, port: &golden::Port<'_>) -> String {
     let msg = match golden::check(layer, port) {
-        Ok(_) => panic!("`{}` passed", layer.reference),
+        Ok(_) => panic!("`{}` passed", layer.reference()),
         Err(f) => f.to_string(),
     };
     next_check_works();

@@ -9,7 +9,7 @@ mod common;
 use candle_core::{DType, Result, Tensor, D};
 use common::porter_ports::{self, G_HIDDEN};
 use golden::judge::compare::Verdict;
-use golden::{Dist, Failure, Layer, PortInputs};
+use golden::{DimExpr, Dist, Failure, Layer, PortInputs};
 
 /// The worst accuracy ratio (port's RMS error against float64 over the reference's own) among a
 /// failure's leaves.
@@ -36,11 +36,10 @@ fn gemma_rms_in_input_dtype(i: &PortInputs) -> Result<Tensor> {
 
 /// transformers' Gemma2RMSNorm (dim 16) checked in bf16.
 fn gemma_rms_bf16(name: &str) -> Layer {
-    let mut layer = porter_ports::gemma_rms_norm_right()
+    porter_ports::gemma_rms_norm_right()
         .layer
-        .dtypes(&[DType::BF16]);
-    layer.name = name.to_string();
-    layer
+        .dtypes(&[DType::BF16])
+        .named(name)
 }
 
 /// The margin of the Gemma2 bf16-norm bug, seed by seed (`cargo test --test half_precision
@@ -146,8 +145,11 @@ fn a_rotary_table_built_from_bf16_positions_fails_far_into_the_sequence() {
     .unwrap_or_else(|f| panic!("{f}"));
     // Over a short sequence at positions 0..t (what a check without long positions draws), the
     // same wrong port passes: the reach is what finds it.
-    let mut short = common::rotary::llama_rotary("h_rope_bf16_positions_short", DType::BF16);
-    short.args[1].dist = Dist::int(0, "t");
+    let short = common::rotary::llama_rotary("h_rope_bf16_positions_short", DType::BF16).arg(
+        "position_ids",
+        [DimExpr::from("b"), "t".into()],
+        Dist::int(0, "t"),
+    );
     let scratch = common::Scratch::new("h_rope_bf16_positions_short");
     golden::check(
         &common::declared_with_store(&short, &scratch),
@@ -214,12 +216,7 @@ fn a_norm_without_its_upcast_in_f16_leaves_its_range() {
     // In f16 a norm's x² overflows from |x| = 256 (activation magnitudes: the port's variance is
     // inf and its output zeros) and underflows below 2^-12 (tiny values: its variance is 0); which
     // comes first depends on the seed's draws, and either fails the port.
-    let layer = |name: &str| {
-        let mut l = wide_gemma_rms(name).dtypes(&[DType::F16]);
-        l.dims[2].lo = 16;
-        l.dims[2].hi = 64;
-        l
-    };
+    let layer = |name: &str| wide_gemma_rms(name).dtypes(&[DType::F16]).dim("d", 16, 64);
     let f = common::must_fail(&layer("h_gemma_rms_f16"), |i| gemma_rms_port(i, true));
     let msg = f.to_string();
     println!("{msg}");

@@ -95,7 +95,7 @@ catalogue_tests![
 #[test]
 fn the_correct_llama_block_passes_with_nothing_reported() {
     let (layer, port) = mutation_ports::llama_right();
-    let scratch = common::Scratch::new(&layer.name);
+    let scratch = common::Scratch::new(layer.name());
     let layer = common::declared_with_store(&layer, &scratch).mode(Mode::Live);
     let port = move |i: &golden::PortInputs| golden::IntoOutputs::into_outputs(port(i));
     if let Err(failure) = golden::check(&layer, &port) {
@@ -126,8 +126,7 @@ fn a_failure_only_on_tiny_values_is_named_eps_like() {
 fn replay_diagnoses_where_python_is_reachable() {
     variants_off();
     let wrong = mutation_ports::attention_scaled_by_one_over_d();
-    let mut layer = wrong.layer;
-    layer.name = "m_attn_one_over_d_replay".into();
+    let layer = wrong.layer.named("m_attn_one_over_d_replay");
     let mode = match golden::describe::env::mode() {
         Ok(Mode::Record) => Mode::Record,
         _ => Mode::Replay,
@@ -240,11 +239,11 @@ fn row(
 /// A port returning any outputs (a Hugging Face model's dict): the mutations its failure names.
 fn diagnose_outputs(layer: &Layer, port: &common::porter_ports::Port) -> Vec<MutationMatch> {
     variants_off();
-    let scratch = common::Scratch::new(&layer.name);
+    let scratch = common::Scratch::new(layer.name());
     let layer = common::declared_with_store(layer, &scratch).mode(Mode::Live);
     let port = port.clone();
     match golden::check(&layer, &move |i: &golden::PortInputs| port(i)) {
-        Ok(_) => panic!("the wrong port `{}` passed", layer.name),
+        Ok(_) => panic!("the wrong port `{}` passed", layer.name()),
         Err(f) => f
             .case_failure()
             .map(|c| c.mutations.clone())
@@ -312,21 +311,21 @@ fn table(title: &str, rows: &[Row]) -> (usize, usize, usize) {
 fn hit_rate() {
     let mut rows = Vec::new();
     for wrong in variant_ports::all() {
-        let expected = variant_ports::expected_mutation(&wrong.layer.name);
+        let expected = variant_ports::expected_mutation(wrong.layer.name());
         rows.push(row(
-            &wrong.layer.name,
+            wrong.layer.name(),
             expected.into_iter().collect(),
             || diagnose(&wrong.layer, &wrong.port).1,
         ));
     }
     for (layer, port, expected) in mutation_ports::project_value_ports() {
-        rows.push(row(&layer.name, expected.into_iter().collect(), || {
+        rows.push(row(layer.name(), expected.into_iter().collect(), || {
             diagnose(&layer, &port).1
         }));
     }
     for (_, wrong) in mutation_ports::all() {
         rows.push(row(
-            &wrong.layer.name,
+            wrong.layer.name(),
             vec![(wrong.cause, wrong.site)],
             || diagnose(&wrong.layer, &wrong.port).1,
         ));
@@ -338,7 +337,7 @@ fn hit_rate() {
     let porters: Vec<Row> = common::porter_ports::wrong()
         .into_iter()
         .map(|(_, p)| {
-            row(&p.layer.name, p.expected.clone(), || {
+            row(p.layer.name(), p.expected.clone(), || {
                 diagnose_outputs(&p.layer, &p.port)
             })
         })
@@ -351,7 +350,7 @@ fn hit_rate() {
         .into_iter()
         .map(|(test, p)| {
             row(
-                &p.layer.name,
+                p.layer.name(),
                 common::unseen_ports::the_mistake(test),
                 || diagnose_outputs(&p.layer, &p.port),
             )
@@ -431,7 +430,7 @@ fn diagnosis_cost() {
     // The same on Hugging Face's Gemma2Model (two layers, 248 torch calls, some 300 mutants): its
     // attention's soft-capping left out.
     let gemma = common::porter_ports::gemma_without_soft_capping();
-    let scratch = common::Scratch::new(&gemma.layer.name);
+    let scratch = common::Scratch::new(gemma.layer.name());
     let layer = common::declared_with_store(&gemma.layer, &scratch).mode(Mode::Live);
     let port = gemma.port.clone();
     let mut time = |setting: &str| {

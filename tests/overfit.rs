@@ -218,14 +218,7 @@ fn settings_too_weak_for_the_model_say_so_and_how_many_steps_pytorch_needs() {
         "{msg}"
     );
     // A wrong port under the same settings is still blamed.
-    let msg = must_fail(
-        &Layer {
-            name: "o_mlp_too_few_steps_detached".into(),
-            ..layer
-        },
-        true,
-    )
-    .to_string();
+    let msg = must_fail(&layer.named("o_mlp_too_few_steps_detached"), true).to_string();
     assert!(!msg.contains("too weak"), "{msg}");
 }
 

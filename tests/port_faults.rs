@@ -25,7 +25,7 @@ fn gelu(name: &str) -> Layer {
 }
 
 fn declared(layer: Layer) -> (Layer, common::Scratch) {
-    let scratch = common::Scratch::new(&layer.name);
+    let scratch = common::Scratch::new(layer.name());
     (layer.declared_at(scratch.declared), scratch)
 }
 

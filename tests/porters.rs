@@ -14,7 +14,7 @@ use golden::judge::mutations::MutationMatch;
 /// The port's check, live, variants off; `Some` with the failure.
 fn check(p: &PorterPort) -> Option<golden::Failure> {
     std::env::set_var("GOLDEN_VARIANTS", "off");
-    let scratch = common::Scratch::new(&p.layer.name);
+    let scratch = common::Scratch::new(p.layer.name());
     let layer = common::declared_with_store(&p.layer, &scratch).mode(Mode::Live);
     let port = p.port.clone();
     golden::check(&layer, &move |i: &golden::PortInputs| port(i)).err()
@@ -29,7 +29,7 @@ fn named(m: &MutationMatch, expected: &[(&str, &str)]) -> bool {
 /// The wrong port fails; its first likely cause is one of those expected, on both failing cases,
 /// with the reference's line and a fix.
 fn expect(p: PorterPort) {
-    let failure = check(&p).unwrap_or_else(|| panic!("the wrong port `{}` passed", p.layer.name));
+    let failure = check(&p).unwrap_or_else(|| panic!("the wrong port `{}` passed", p.layer.name()));
     let msg = failure.to_string();
     let found = failure
         .case_failure()
@@ -82,7 +82,7 @@ porter_tests![
 fn the_right_ports_pass() {
     for p in porter_ports::right() {
         if let Some(f) = check(&p) {
-            panic!("the right port `{}` failed:\n{f}", p.layer.name);
+            panic!("the right port `{}` failed:\n{f}", p.layer.name());
         }
     }
 }

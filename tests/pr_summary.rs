@@ -36,7 +36,7 @@ fn leak(s: String) -> &'static str {
 /// snapshots and stores in `snapshots` and its source file (where a failure's seed is saved) in a
 /// scratch crate beside them, so that nothing lands in the example.
 fn declared(layer: Layer, module: &str, snapshots: &Path) -> Layer {
-    let name = layer.name.clone();
+    let name = layer.name().to_string();
     let src = snapshots.parent().unwrap().join("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("lib.rs"), "").unwrap();

@@ -101,7 +101,7 @@ type Port = fn(&PortInputs) -> std::result::Result<golden::Outputs, String>;
 
 /// The check of a port returning `Outputs`: the failure's message, or `None` when it passes.
 fn check(layer: &Layer, port: Port) -> Option<String> {
-    let scratch = common::Scratch::new(&layer.name);
+    let scratch = common::Scratch::new(layer.name());
     golden::check(&common::declared_with_store(layer, &scratch), &port)
         .err()
         .map(|f| f.to_string())

@@ -22,7 +22,7 @@ fn identity(i: &PortInputs) -> std::result::Result<golden::Outputs, String> {
 
 fn failure(layer: &Layer, port: &golden::Port<'_>) -> Failure {
     match golden::check(layer, port) {
-        Ok(_) => panic!("`{}` passed", layer.reference),
+        Ok(_) => panic!("`{}` passed", layer.reference()),
         Err(f) => f,
     }
 }

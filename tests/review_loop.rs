@@ -58,7 +58,7 @@ fn assert_snapshot(report: &Report) {
         return;
     }
     let mut settings = golden::__private::insta::Settings::clone_current();
-    settings.set_snapshot_path(report.layer.declared.unwrap().snapshot_dir);
+    settings.set_snapshot_path(report.layer.declared().unwrap().snapshot_dir);
     settings.set_prepend_module_to_snapshot(false);
     settings.set_omit_expression(true);
     settings.set_comparator(Box::new(golden::__private::SnapshotComparator));

@@ -18,14 +18,14 @@ use common::{declared_with_store, Scratch};
 use golden::{Decode, Failure, Layer, Report};
 
 fn run(layer: &Layer, window: Option<usize>, bugs: Bugs) -> Result<Report, Failure> {
-    let scratch = Scratch::new(&layer.name);
+    let scratch = Scratch::new(layer.name());
     let layer = declared_with_store(layer, &scratch);
     golden::check(&layer, &decoder::port(window, bugs))
 }
 
 fn must_fail(layer: &Layer, window: Option<usize>, bugs: Bugs) -> String {
     match run(layer, window, bugs) {
-        Ok(_) => panic!("the wrong port `{}` passed", layer.name),
+        Ok(_) => panic!("the wrong port `{}` passed", layer.name()),
         Err(f) => {
             let msg = f.to_string();
             println!("{msg}");
@@ -36,7 +36,7 @@ fn must_fail(layer: &Layer, window: Option<usize>, bugs: Bugs) -> String {
 
 fn must_pass(layer: &Layer, window: Option<usize>) -> Report {
     run(layer, window, Bugs::default())
-        .unwrap_or_else(|f| panic!("the right port `{}` failed:\n{f}", layer.name))
+        .unwrap_or_else(|f| panic!("the right port `{}` failed:\n{f}", layer.name()))
 }
 
 fn llama(name: &str) -> Layer {
@@ -48,22 +48,18 @@ fn mistral(name: &str, window: usize) -> Layer {
 }
 
 fn padded(layer: Layer) -> Layer {
-    let mut layer = layer;
-    layer.decode = Some(Decode {
+    layer.decode(Decode {
         padding: true,
         ..Decode::over("input_ids")
-    });
-    layer
+    })
 }
 
 fn generating(layer: Layer, tokens: usize) -> Layer {
-    let mut layer = layer;
-    let decode = layer.decode.take().unwrap();
-    layer.decode = Some(Decode {
+    let decode = layer.decoding().unwrap().clone();
+    layer.decode(Decode {
         generate: tokens,
         ..decode
-    });
-    layer
+    })
 }
 
 #[test]
@@ -248,9 +244,7 @@ fn padded_keys_that_are_not_masked_fail() {
 
 #[test]
 fn a_schedule_longer_than_the_positions_is_refused_before_any_case() {
-    let mut layer = llama("s_llama_too_long");
-    layer.dims[1].hi = 64;
-    layer = generating(layer, 4);
+    let layer = generating(llama("s_llama_too_long").dim("n", 2, 64), 4);
     let port = decoder::port(None, Bugs::default());
     let msg = golden::check(&layer, &port)
         .expect_err("too long")
@@ -267,7 +261,7 @@ fn a_schedule_longer_than_the_positions_is_refused_before_any_case() {
 #[test]
 fn a_port_stuck_at_a_step_is_abandoned_at_the_timeout_naming_the_step() {
     let layer = llama("s_llama_stuck").timeout(3.0);
-    let scratch = Scratch::new(&layer.name);
+    let scratch = Scratch::new(layer.name());
     let layer = declared_with_store(&layer, &scratch);
     let port = |inputs: &golden::PortInputs| {
         golden::drive(inputs, |inputs| {
@@ -295,7 +289,7 @@ fn a_port_stuck_at_a_step_is_abandoned_at_the_timeout_naming_the_step() {
 }
 
 fn run_attention(layer: &Layer, bugs: Bugs) -> Result<Report, Failure> {
-    let scratch = Scratch::new(&layer.name);
+    let scratch = Scratch::new(layer.name());
     let layer = declared_with_store(layer, &scratch);
     golden::check(&layer, &decoder::attention_port(bugs))
 }
@@ -310,14 +304,12 @@ fn a_submodule_gets_the_positions_and_mask_its_model_builds_in_a_single_forward(
 
 #[test]
 fn a_submodule_follows_a_schedule_with_its_cache() {
-    let mut layer = decoder::llama_attention("s_attention_cached");
-    layer.decode = Some(Decode {
+    let layer = decoder::llama_attention("s_attention_cached").decode(Decode {
         padding: true,
         ..Decode::over("x")
     });
     run_attention(&layer, Bugs::default()).unwrap_or_else(|f| panic!("{f}"));
-    let mut wrong = layer.clone();
-    wrong.name = "s_attention_rope_offset".into();
+    let wrong = layer.clone().named("s_attention_rope_offset");
     let bugs = Bugs {
         rope_not_offset: true,
         ..Bugs::default()
@@ -427,17 +419,19 @@ fn a_sampler_consuming_its_random_numbers_in_another_order_is_named() {
 #[ignore = "a benchmark: cargo xtask bench-schedules"]
 fn schedule_cost() {
     use golden::describe::env::Mode;
-    let fixed = |mut layer: Layer| {
-        layer.dims[0].hi = 1; // b = 1
-        layer.dims[1].lo = 8; // n = 8
-        layer.dims[1].hi = 8;
-        layer.cases(8).mode(Mode::Live)
+    let fixed = |layer: Layer| {
+        layer
+            .dim("b", 1, 1)
+            .dim("n", 8, 8)
+            .cases(8)
+            .mode(Mode::Live)
     };
-    let mut single = fixed(llama("bench_single_forward"));
-    single.decode = None;
+    let single = fixed(llama("bench_single_forward"))
+        .without_schedule()
+        .into_owned();
     let scheduled = fixed(llama("bench_schedule"));
     let time = |layer: &Layer| {
-        let scratch = Scratch::new(&layer.name);
+        let scratch = Scratch::new(layer.name());
         let layer = declared_with_store(layer, &scratch);
         let started = std::time::Instant::now();
         let report = golden::check(&layer, &decoder::port(None, Bugs::default()))
@@ -486,11 +480,11 @@ fn a_cached_port_s_gradients_are_checked_on_its_prefill() {
     // against PyTorch's autograd of the same forward. The test's port takes candle's fused
     // `softmax_last_dim`, as candle-transformers' models do: it has no backward, and the
     // projections before it get no gradient.
-    let mut layer = llama("s_llama_gradients");
-    layer.dims[0].hi = 1;
-    layer.dims[1].hi = 4;
-    let layer = layer.grad(golden::GradSpec::default());
-    let scratch = Scratch::new(&layer.name);
+    let layer = llama("s_llama_gradients")
+        .dim("b", 1, 1)
+        .dim("n", 2, 4)
+        .grad(golden::GradSpec::default());
+    let scratch = Scratch::new(layer.name());
     let layer = declared_with_store(&layer, &scratch);
     let msg = match golden::check_gradients(&layer, &decoder::port(None, Bugs::default())) {
         Ok(_) => panic!("gradients through a fused softmax passed"),

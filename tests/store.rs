@@ -155,8 +155,7 @@ fn replay_without_a_store_says_how_to_record_one() {
 fn a_store_recorded_for_other_dims_is_out_of_date() {
     let scratch = Scratch::new("stale_description");
     golden::check(&gelu(&scratch).mode(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
-    let mut changed = gelu(&scratch).mode(Mode::Replay);
-    changed.dims[1].hi = 32;
+    let changed = gelu(&scratch).mode(Mode::Replay).dim("n", 1, 32);
     let msg = fails(&changed, &right).to_string();
     assert!(msg.contains("is out of date: it was recorded for `dims: b in 1..=4, n in 1..=64`, the check now says `dims: b in 1..=4, n in 1..=32`"), "{msg}");
     assert!(msg.contains("GOLDEN_MODE=record"), "{msg}");
@@ -210,7 +209,7 @@ fn commit_live_snapshot(layer: &Layer) -> String {
     let live =
         golden::check(&layer.clone().mode(Mode::Live), &right).unwrap_or_else(|f| panic!("{f}"));
     let text = live.snapshot().expect("a live run compares every case");
-    let declared = layer.declared.unwrap();
+    let declared = layer.declared().unwrap();
     let path =
         std::path::Path::new(declared.snapshot_dir).join(format!("{}.snap", live.snapshot_name()));
     std::fs::create_dir_all(declared.snapshot_dir).unwrap();

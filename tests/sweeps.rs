@@ -14,18 +14,18 @@ type Port = fn(&PortInputs) -> Result<Outputs, String>;
 
 /// The check of a wrong port, declared with its store in `tests/golden/`: must fail.
 fn fails(layer: &Layer, port: Port) -> Failure {
-    let scratch = Scratch::new(&layer.name);
+    let scratch = Scratch::new(layer.name());
     match golden::check(&declared_with_store(layer, &scratch), &port) {
-        Ok(_) => panic!("the wrong port `{}` passed", layer.name),
+        Ok(_) => panic!("the wrong port `{}` passed", layer.name()),
         Err(f) => f,
     }
 }
 
 /// The check of a right port: must pass.
 fn passes(layer: &Layer, port: Port) -> Report {
-    let scratch = Scratch::new(&layer.name);
+    let scratch = Scratch::new(layer.name());
     golden::check(&declared_with_store(layer, &scratch), &port)
-        .unwrap_or_else(|f| panic!("the right port `{}` failed:\n{f}", layer.name))
+        .unwrap_or_else(|f| panic!("the right port `{}` failed:\n{f}", layer.name()))
 }
 
 fn attention(i: &PortInputs, from_hidden: bool) -> Result<Outputs, String> {
@@ -120,10 +120,16 @@ fn a_missing_final_soft_cap_is_caught_in_the_capped_branch_only() {
     assert!(msg.contains("final_logit_softcapping=30.0,"), "{msg}");
     // A check of the one configuration a porter tests first never sees it.
     let mut one = sweep_ports::gemma_lm("w_gemma_lm_no_softcap_unswept");
-    for (_, v) in &mut one.config.as_mut().unwrap().values {
-        if v.is_swept() {
-            *v = v.alternative(0);
-        }
+    let swept: Vec<(String, Value)> = one
+        .configuration()
+        .unwrap()
+        .values
+        .iter()
+        .filter(|(_, v)| v.is_swept())
+        .map(|(k, v)| (k.clone(), v.alternative(0)))
+        .collect();
+    for (k, v) in swept {
+        one = one.config_value(&k, v);
     }
     passes(&one, |i| {
         let bugs = LmBugs {
@@ -189,8 +195,7 @@ fn a_case_token_carries_its_configuration_and_reruns_it() {
         assert_eq!(case.config.len(), 1);
         let resolved = case.layer(&layer);
         let head_dim = resolved
-            .config
-            .as_ref()
+            .configuration()
             .unwrap()
             .values
             .iter()

@@ -12,7 +12,7 @@ use golden::describe::env::Mode;
 /// The port's check, live, variants off; `Some` with the failure.
 fn check(p: &Unseen) -> Option<golden::Failure> {
     std::env::set_var("GOLDEN_VARIANTS", "off");
-    let scratch = common::Scratch::new(&p.layer.name);
+    let scratch = common::Scratch::new(p.layer.name());
     let layer = common::declared_with_store(&p.layer, &scratch).mode(Mode::Live);
     let port = p.port.clone();
     golden::check(&layer, &move |i: &golden::PortInputs| port(i)).err()
@@ -20,7 +20,7 @@ fn check(p: &Unseen) -> Option<golden::Failure> {
 
 /// The wrong port fails; returns its message and the mutations named.
 fn wrong(p: Unseen) -> (String, Vec<golden::judge::mutations::MutationMatch>) {
-    let failure = check(&p).unwrap_or_else(|| panic!("the wrong port `{}` passed", p.layer.name));
+    let failure = check(&p).unwrap_or_else(|| panic!("the wrong port `{}` passed", p.layer.name()));
     let found = failure
         .case_failure()
         .map(|c| c.mutations.clone())

@@ -12,7 +12,7 @@ use golden::describe::env::Mode;
 /// mutation diagnosis, which knows nothing of the variants, names the same mistake beside it.
 fn expect_variant(wrong: VariantPort) {
     let name = wrong.variant;
-    let expected = variant_ports::expected_mutation(&wrong.layer.name);
+    let expected = variant_ports::expected_mutation(wrong.layer.name());
     let failure = common::must_fail(
         &wrong.layer.mode(Mode::Live),
         variant_ports::callable(&wrong.port),

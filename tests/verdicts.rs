@@ -680,8 +680,9 @@ fn a_faithful_llama_attention_passes_its_bf16_gradient_check_at_large_values() {
         });
     must_pass_check(check_gradients, &layer, llama_attention);
     // The elements left out do not hide a wrong port: GPT-J's rotary on pairs still fails.
-    let mut wrong = layer.grad(GradSpec::default());
-    wrong.name = "v_llama_attention_bf16_pairs".into();
+    let wrong = layer
+        .grad(GradSpec::default())
+        .named("v_llama_attention_bf16_pairs");
     must_fail_check(check_gradients, &wrong, |i: &PortInputs| {
         let port = Port {
             rope_on_pairs: true,

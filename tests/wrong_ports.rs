@@ -15,9 +15,8 @@ use golden::{Dist, Failure, Layer};
 
 use common::must_fail;
 
-fn named(mut layer: Layer, name: &str) -> Layer {
-    layer.name = name.to_string();
-    layer
+fn named(layer: Layer, name: &str) -> Layer {
+    layer.named(name)
 }
 
 fn dims(failure: &Failure) -> Vec<(String, usize)> {

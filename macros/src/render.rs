@@ -450,7 +450,7 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
                         if ::golden::__private::first_snapshot(report, &text) => {}
                     ::std::option::Option::Some(text) => {
                         let mut settings = ::golden::__private::insta::Settings::clone_current();
-                        settings.set_snapshot_path(report.layer.declared.unwrap().snapshot_dir);
+                        settings.set_snapshot_path(report.layer.declared().unwrap().snapshot_dir);
                         settings.set_prepend_module_to_snapshot(false);
                         settings.set_omit_expression(true);
                         settings.set_comparator(::std::boxed::Box::new(

@@ -92,10 +92,11 @@ pub fn must_pass_check(
         + 'static,
 ) -> golden::Report {
     use golden::IntoOutputs;
-    let scratch = Scratch::new(&layer.name);
+    let scratch = Scratch::new(layer.name());
     let layer = declared_with_store(layer, &scratch);
     let port = move |inputs: &golden::PortInputs| port(inputs).into_outputs();
-    check(&layer, &port).unwrap_or_else(|f| panic!("the right port `{}` failed:\n{f}", layer.name))
+    check(&layer, &port)
+        .unwrap_or_else(|f| panic!("the right port `{}` failed:\n{f}", layer.name()))
 }
 
 /// [`must_pass_check`] for the forward check.
@@ -121,11 +122,11 @@ pub fn must_fail_check(
         + 'static,
 ) -> golden::Failure {
     use golden::IntoOutputs;
-    let scratch = Scratch::new(&layer.name);
+    let scratch = Scratch::new(layer.name());
     let layer = declared_with_store(layer, &scratch);
     let port = move |inputs: &golden::PortInputs| port(inputs).into_outputs();
     match check(&layer, &port) {
-        Ok(_) => panic!("the wrong port `{}` passed its check", layer.name),
+        Ok(_) => panic!("the wrong port `{}` passed its check", layer.name()),
         Err(failure) => failure,
     }
 }

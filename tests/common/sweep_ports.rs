@@ -135,7 +135,7 @@ pub fn rope_tables(t: usize, head_dim: usize, device: &Device) -> Result<(Tensor
 /// `Gemma2ForCausalLM` (the Gemma 2 of `porter_ports.rs`, with its LM head), its final logits
 /// soft-capped at 30 or not, and its LM head tied to the embedding or not.
 pub fn gemma_lm(name: &str) -> Layer {
-    let mut layer = porter_ports::gemma_layer(name)
+    let layer = porter_ports::gemma_layer(name)
         .config_value(
             "final_logit_softcapping",
             Value::one_of([Value::None, 30.0.into()]),
@@ -144,8 +144,7 @@ pub fn gemma_lm(name: &str) -> Layer {
             "tie_word_embeddings",
             Value::one_of([true.into(), false.into()]),
         );
-    layer.reference = "transformers.Gemma2ForCausalLM".into();
-    layer
+    layer.against("transformers.Gemma2ForCausalLM")
 }
 
 /// What a port of [`gemma_lm`] gets wrong.

@@ -684,59 +684,59 @@ pub struct Tol {
 #[derive(Clone, Debug)]
 pub struct Layer {
     /// The Rust function's name (the check's name in reports).
-    pub name: String,
+    pub(crate) name: String,
     /// Dotted Python path of the reference.
-    pub reference: String,
+    pub(crate) reference: String,
     /// Function or module form.
-    pub form: Form,
+    pub(crate) form: Form,
     /// How tensors reach the reference.
-    pub backend: Backend,
+    pub(crate) backend: Backend,
     /// Symbolic dims, drawn per case.
-    pub dims: Vec<DimSpec>,
+    pub(crate) dims: Vec<DimSpec>,
     /// Tensor parameters, in the Rust signature's order (the reference gets them in this order).
-    pub args: Vec<ArgSpec>,
+    pub(crate) args: Vec<ArgSpec>,
     /// Non-tensor values given to both sides (Python keywords).
-    pub consts: Vec<(String, Value)>,
+    pub(crate) consts: Vec<(String, Value)>,
     /// Constructor keywords of the reference module (module form).
-    pub init: Vec<(String, Value)>,
+    pub(crate) init: Vec<(String, Value)>,
     /// Module form: the configuration object the module is built from (`config = "..."(...)`).
-    pub config: Option<Config>,
+    pub(crate) config: Option<Config>,
     /// Float dtypes to check, each with the same cases.
-    pub dtypes: Vec<DType>,
+    pub(crate) dtypes: Vec<DType>,
     /// An explicit tolerance; `None` means golden's default rule (see `compare.rs`).
-    pub tol: Option<Tol>,
+    pub(crate) tol: Option<Tol>,
     /// Number of generated cases per dtype (`GOLDEN_CASES` overrides).
-    pub cases: u32,
+    pub(crate) cases: u32,
     /// Where the check is declared (set by the macro with [`declared!`](crate::declared)); without
     /// it there is no regression file, no snapshot path and no golden store.
-    pub declared: Option<Declared>,
+    pub(crate) declared: Option<Declared>,
     /// A mode for this check alone, over `GOLDEN_MODE` (tests of golden itself use it: the
     /// environment is shared by every test thread).
-    pub mode: Option<crate::describe::env::Mode>,
+    pub(crate) mode: Option<crate::describe::env::Mode>,
     /// The gradient check's options (`grad(...)`).
-    pub grad: Option<crate::describe::checks::GradSpec>,
+    pub(crate) grad: Option<crate::describe::checks::GradSpec>,
     /// The overfit check's options (`overfit(...)`); `None` runs it with the defaults.
-    pub overfit: Option<crate::describe::checks::OverfitSpec>,
+    pub(crate) overfit: Option<crate::describe::checks::OverfitSpec>,
     /// How long the reference may take on one request, and the port on one call
     /// (`timeout = secs`); `None`: `GOLDEN_TIMEOUT`, default 60 s.
-    pub timeout: Option<std::time::Duration>,
+    pub(crate) timeout: Option<std::time::Duration>,
     /// Module form: compare the port's taps ([`crate::judge::trace::tap`]) with the reference's submodule outputs
     /// (`trace` on the attribute; see `trace.rs`).
-    pub trace: bool,
+    pub(crate) trace: bool,
     /// Module form: where the reference module's parameters come from (`params = init`,
     /// `weights = "..."`; drawn per case by default).
-    pub params: Params,
+    pub(crate) params: Params,
     /// Module form: `rename(from = to, ...)`: the reference's state_dict names starting with
     /// `from` are served to the port starting with `to` instead (first match wins).
-    pub rename: Vec<(String, String)>,
+    pub(crate) rename: Vec<(String, String)>,
     /// Module form: drive the module through a schedule of calls (`decode(...)`; see
     /// `describe/schedule.rs`) instead of one forward.
-    pub decode: Option<crate::describe::schedule::Decode>,
+    pub(crate) decode: Option<crate::describe::schedule::Decode>,
     /// Drive a step function through a loop of steps (`steps(...)`; see `describe/schedule.rs`).
-    pub steps: Option<crate::describe::schedule::StepLoop>,
+    pub(crate) steps: Option<crate::describe::schedule::StepLoop>,
     /// Properties of the port's outputs checked on every case (`invariants(out = [finite, ...])`;
     /// see `describe/invariants.rs`), by leaf, in declaration order.
-    pub invariants: Vec<(String, Vec<crate::describe::invariants::Invariant>)>,
+    pub(crate) invariants: Vec<(String, Vec<crate::describe::invariants::Invariant>)>,
 }
 
 /// Where a module-form check's parameters come from.
@@ -836,29 +836,86 @@ impl Layer {
         self
     }
 
-    /// Declare a dim drawn from `lo..=hi`.
+    /// Declare a dim drawn from `lo..=hi` (a dim declared again keeps its place and takes the new
+    /// range).
     pub fn dim(mut self, name: &str, lo: usize, hi: usize) -> Self {
-        self.dims.push(DimSpec {
+        let spec = DimSpec {
             name: name.to_string(),
             lo,
             hi,
-        });
+        };
+        match self.dims.iter_mut().find(|d| d.name == name) {
+            Some(d) => *d = spec,
+            None => self.dims.push(spec),
+        }
         self
     }
 
-    /// Declare the next tensor parameter.
+    /// Declare the next tensor parameter (a parameter declared again keeps its place and takes
+    /// the new shape and distribution).
     pub fn arg<D: Into<DimExpr>>(
         mut self,
         name: &str,
         shape: impl IntoIterator<Item = D>,
         dist: Dist,
     ) -> Self {
-        self.args.push(ArgSpec {
+        let spec = ArgSpec {
             name: name.to_string(),
             shape: shape.into_iter().map(Into::into).collect(),
             dist,
-        });
+        };
+        match self.args.iter_mut().find(|a| a.name == name) {
+            Some(a) => *a = spec,
+            None => self.args.push(spec),
+        }
         self
+    }
+
+    /// The same check under another name (its snapshot, store and messages follow the name).
+    pub fn named(mut self, name: &str) -> Self {
+        self.name = name.to_string();
+        self
+    }
+
+    /// The same check against another reference (a dotted Python path).
+    pub fn against(mut self, reference: &str) -> Self {
+        self.reference = reference.to_string();
+        self
+    }
+
+    /// The check's name (the function's name under the attribute).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The reference: a dotted Python path.
+    pub fn reference(&self) -> &str {
+        &self.reference
+    }
+
+    /// The declared dims, in declaration order.
+    pub fn dims(&self) -> &[DimSpec] {
+        &self.dims
+    }
+
+    /// The declared tensor parameters, in signature order.
+    pub fn args(&self) -> &[ArgSpec] {
+        &self.args
+    }
+
+    /// The configuration class and its keywords, when the reference is built from one.
+    pub fn configuration(&self) -> Option<&Config> {
+        self.config.as_ref()
+    }
+
+    /// The decode schedule, when the check follows the layer through one.
+    pub fn decoding(&self) -> Option<&crate::describe::schedule::Decode> {
+        self.decode.as_ref()
+    }
+
+    /// Where the check is declared (`None` for a layer built without the macro).
+    pub fn declared(&self) -> Option<Declared> {
+        self.declared
     }
 
     /// A const: a Python keyword (the Rust port gets it as a plain argument).
@@ -884,13 +941,19 @@ impl Layer {
         self
     }
 
-    /// A keyword of the configuration class (after [`Layer::config`]).
+    /// A keyword of the configuration class (after [`Layer::config`]; a keyword given again keeps
+    /// its place and takes the new value).
     pub fn config_value(mut self, name: &str, value: impl Into<Value>) -> Self {
-        self.config
+        let values = &mut self
+            .config
             .as_mut()
             .expect("Layer::config_value needs Layer::config first")
-            .values
-            .push((name.to_string(), value.into()));
+            .values;
+        let value = value.into();
+        match values.iter_mut().find(|(k, _)| k == name) {
+            Some((_, v)) => *v = value,
+            None => values.push((name.to_string(), value)),
+        }
         self
     }
 
