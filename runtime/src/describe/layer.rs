@@ -1834,3 +1834,42 @@ fn float_range(dtype: DType) -> (fn(f64) -> f64, f64) {
         _ => (|x| x as f32 as f64, f32::MAX as f64),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_declaration_given_again_replaces_the_first_in_place() {
+        let layer = Layer::module("l", "torch.nn.Linear")
+            .config("transformers.LlamaConfig")
+            .config_value("hidden_size", 16usize)
+            .config_value("num_attention_heads", 4usize)
+            .dim("b", 1, 3)
+            .dim("n", 2, 10)
+            .arg("x", ["b", "n"], Dist::default())
+            .arg("mask", ["b", "n"], Dist::default())
+            .dim("n", 8, 8)
+            .arg("x", ["n"], Dist::int(0, "n"))
+            .config_value("hidden_size", 32usize)
+            .named("m")
+            .against("torch.nn.Identity");
+        assert_eq!(
+            (layer.name(), layer.reference()),
+            ("m", "torch.nn.Identity")
+        );
+        let dims: Vec<_> = layer
+            .dims()
+            .iter()
+            .map(|d| (d.name.as_str(), d.lo, d.hi))
+            .collect();
+        assert_eq!(dims, [("b", 1, 3), ("n", 8, 8)]);
+        let args: Vec<_> = layer.args().iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(args, ["x", "mask"]);
+        assert_eq!(layer.args()[0].shape, [DimExpr::from("n")]);
+        assert_eq!(layer.args()[0].dist, Dist::int(0, "n"));
+        let values = &layer.configuration().unwrap().values;
+        assert_eq!(values.len(), 2);
+        assert_eq!(values[0], ("hidden_size".to_string(), Value::Int(32)));
+    }
+}
