@@ -1,6 +1,6 @@
 """Writes the hostile tensor files of fuzz/regressions/tensor_file/ (beside what the fuzzer found
 there, such as pt_list_inside_itself): small files that would expand
-hugely in memory, or take exponential time, if a reader did what they ask. tests/fuzz_corpus.rs
+hugely in memory, or take exponential time, if a reader did what they ask. zoo/tests/fuzz_corpus.rs
 replays them on stable in every test run and checks that each is refused quickly, within the read
 budget the fuzz target uses (16 MiB), measured by a counting allocator.
 

@@ -2,7 +2,7 @@
 //! unpickler): any bytes give tensors or an error, never a panic, a hang or an allocation beyond
 //! the file's read budget. The first byte picks the extension the reader is told.
 //!
-//! The budget is 16 MiB (tests/fuzz_corpus.rs replays the corpus with the same one and counts
+//! The budget is 16 MiB (zoo/tests/fuzz_corpus.rs replays the corpus with the same one and counts
 //! what it allocates): run with `-malloc_limit_mb=64` so that an allocation the budget missed is
 //! a crash, e.g. `cargo +nightly fuzz run tensor_file -- -malloc_limit_mb=64 -rss_limit_mb=512`.
 #![no_main]

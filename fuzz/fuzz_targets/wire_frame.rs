@@ -1,6 +1,6 @@
 //! The worker's frames: any bytes on the pipe give a frame or an error, never a panic. Frames whose
 //! tensors are in shared memory are resolved against a stand-in arena of 4 KiB named `golden-1-1`
-//! (`tests/fuzz_corpus.rs` replays the corpus the same way): the decoder must never ask it for
+//! (`zoo/tests/fuzz_corpus.rs` replays the corpus the same way): the decoder must never ask it for
 //! bytes outside the size the frame declares.
 #![no_main]
 

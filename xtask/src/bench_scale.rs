@@ -7,12 +7,13 @@
 //! build):
 //!
 //! * the hand script: `reference_py/scale_ref/hand_dump.py` (`from_pretrained`, the cases' logits
-//!   to `.npy`) and the hand Rust program `tests/bench_scale/hand_compare.rs` (the checkpoint through
-//!   `VarBuilder::from_mmaped_safetensors`, candle-transformers' model, max |Δ|);
-//! * golden: `tests/bench_scale/golden_check.rs`, the same model checked live on the same number of
-//!   cases of the same shape, then (135M) recorded and replayed with no Python, and a wrong port
-//!   (the input ids shifted by one) checked with `trace`: how long a trace failure takes and how
-//!   large its artifacts are.
+//!   to `.npy`) and the hand Rust program `zoo/examples/bench_scale/hand_compare.rs` (the
+//!   checkpoint through `VarBuilder::from_mmaped_safetensors`, candle-transformers' model, max
+//!   |Δ|);
+//! * golden: `zoo/examples/bench_scale/golden_check.rs`, the same model checked live on the same
+//!   number of cases of the same shape, then (135M) recorded and replayed with no Python, and a
+//!   wrong port (the input ids shifted by one) checked with `trace`: how long a trace failure
+//!   takes and how large its artifacts are.
 //!
 //! It prints wall times, each process's peak resident memory against the checkpoint's size, the
 //! ratios the issue set (live ≤ 1.5× the hand script, replay ≤ 2× the hand Rust program, peaks

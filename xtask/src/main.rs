@@ -14,7 +14,7 @@
 //! * `bench-mutations` — the mutation diagnosis: what it names on every wrong port of the project
 //!   (the hit rate) and what it costs on a failure of a 2-layer transformer; prints the figures.
 //! * `bench-schedules` — what a check through time costs beside a single forward of the same
-//!   model (`tests/schedules.rs`); prints the figures.
+//!   model (`zoo/tests/schedules.rs`); prints the figures.
 //! * `bench-scale` — whole models on real-size checkpoints (SmolLM2-135M's and Qwen2.5-0.5B's
 //!   shapes, made locally) against a hand-written dump-and-compare, in one run (`bench_scale.rs`).
 //! * `workflow FILE JOB [--in DIR]` — run a GitHub Actions job's steps here, as the runner would
@@ -180,7 +180,7 @@ fn print_zoo_report() -> Result<(), String> {
     }
     if replayed > 0 {
         println!(
-            "  {replayed} replayed from the committed golden stores (snapshots/*.golden): no Python needed.\n  \
+            "  {replayed} replayed from the committed golden stores (zoo/snapshots/*.golden): no Python needed.\n  \
              To run them against live PyTorch: `cargo xtask setup` once (~2 min, 5.4 GB), then \
              `cargo xtask zoo` again."
         );
@@ -509,7 +509,7 @@ fn bench_diff() -> Result<(), String> {
     Ok(())
 }
 
-/// The hit rate and the cost of the mutation diagnosis: `tests/mutations.rs`'s `hit_rate` and its
+/// The hit rate and the cost of the mutation diagnosis: `zoo/tests/mutations.rs`'s `hit_rate` and its
 /// ignored `diagnosis_cost`, one at a time, live, their figures on stderr.
 fn bench_mutations() -> Result<(), String> {
     setup()?;

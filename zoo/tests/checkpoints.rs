@@ -33,7 +33,7 @@ fn make_shape(shape: &str, dir: &Path, drop: Option<&str>) -> PathBuf {
     let python = golden::describe::env::python().program;
     let mut command = std::process::Command::new(python);
     command
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/reference_py"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../reference_py"))
         .args(["-m", "scale_ref.make_checkpoint", shape])
         .arg(dir);
     if let Some(name) = drop {

@@ -75,7 +75,7 @@ fn peak_of<T: Copy>(f: impl FnOnce() -> T) -> (T, usize, isize) {
 }
 
 fn inputs(target: &str) -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut files: Vec<PathBuf> = ["corpus", "regressions"]
         .iter()
         .filter_map(|dir| std::fs::read_dir(root.join(dir).join(target)).ok())
@@ -176,7 +176,7 @@ fn tensor_files() {
 
 #[test]
 fn no_tensor_file_allocates_beyond_its_budget_and_bombs_are_refused_quickly() {
-    let bombs = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions/tensor_file");
+    let bombs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions/tensor_file");
     let mut refused = 0;
     for file in inputs("tensor_file") {
         let bytes = std::fs::read(&file).unwrap();

@@ -22,7 +22,7 @@ use golden::{DimExpr, DimValue, Dist, GradSpec, IntoOutputs, Layer, PortInputs, 
 use golden_cli::summary::{Summary, GITHUB_LIMIT};
 use std::path::{Path, PathBuf};
 
-const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/port-llama");
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/port-llama");
 
 fn times(k: i64, dim: &str) -> DimValue {
     DimValue::Mul(Box::new(DimValue::Lit(k)), Box::new(DimValue::dim(dim)))
@@ -545,7 +545,7 @@ fn thousands_of_failures_are_cut_to_github_s_limit_with_a_count_never_a_broken_t
 fn the_book_shows_the_recipe_the_example_crate_runs() {
     let chapter = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/docs/src/snapshots.md"
+        "/../docs/src/snapshots.md"
     ))
     .unwrap();
     let workflow =

@@ -35,7 +35,7 @@ pub const ROUNDING_FACTOR: f64 = 16.0;
 /// backward), and candle's backward algorithms differ more from PyTorch's than its forward ones:
 /// over 200 cases × 4 seeds per zoo layer the correct ports needed up to 28.5 (causal attention
 /// with a head size of 1 on repeated values, where scores tie and the softmax's rounding decides),
-/// most under 5; 64 leaves 2.2× headroom. The wrong gradients of `tests/gradients.rs` need
+/// most under 5; 64 leaves 2.2× headroom. The wrong gradients of `zoo/tests/gradients.rs` need
 /// thousands.
 pub const GRADIENT_ROUNDING_FACTOR: f64 = 64.0;
 
