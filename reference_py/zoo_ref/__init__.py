@@ -1,4 +1,4 @@
-"""References of golden's example zoo: the PyTorch originals of the Rust ports in `tests/zoo/`."""
+"""References of golden's example zoo: the PyTorch originals of the Rust ports in `zoo/src/`."""
 
 from .functional import (  # noqa: F401
     causal_attention,
