@@ -1,7 +1,7 @@
 //! Writes a few valid inputs of each target into fuzz/corpus/<target>/ to start from:
 //! `cargo +nightly run --manifest-path fuzz/Cargo.toml --bin make_seeds`.
 
-use golden::python::wire::{encode, encode_parts, Frame};
+use golden::internal::python::wire::{encode, encode_parts, Frame};
 use golden_files::HostTensor;
 use serde_json::json;
 use std::path::Path;
@@ -55,7 +55,7 @@ fn main() {
     write(
         "golden_store",
         "seed_store",
-        &golden::answers::store::seal(&store_frame),
+        &golden::internal::answers::store::seal(&store_frame),
     );
     for (i, t) in tensors.iter().enumerate() {
         write("npy", &format!("seed_{i}"), &golden_files::npy::encode(t));

@@ -160,7 +160,7 @@ pub struct Diff {
 /// folder, extensions optional), one a line, in the order they were computed. golden writes one
 /// beside its trace dumps (the failure artifacts' own name for it); a dumping script can write
 /// its own.
-pub const MANIFEST: &str = golden::report::artifacts::ORDER_MANIFEST;
+pub const MANIFEST: &str = golden::internal::report::artifacts::ORDER_MANIFEST;
 
 /// Where the order of a diff's rows comes from.
 #[derive(Clone, Debug, PartialEq)]
@@ -876,7 +876,7 @@ impl Diff {
     /// The table, the first divergence and the summary.
     pub fn text(&self) -> String {
         use std::fmt::Write as _;
-        let num = |x: f64| golden::describe::numbers::num(x);
+        let num = |x: f64| golden::internal::describe::numbers::num(x);
         let mut s = String::new();
         let tol = match self.tolerance.explicit() {
             Some(t) => format!("atol {} + rtol {}·|A|", num(t.atol), num(t.rtol)),

@@ -10,9 +10,9 @@
 //! `--strict-shapes` compares only equal shapes.
 
 use crate::layout::{self, Layout};
-use golden::describe::layer::Tol;
-use golden::describe::numbers::num;
-use golden::judge::compare::{self, Element, Expected, Rule, Verdict};
+use golden::internal::describe::layer::Tol;
+use golden::internal::describe::numbers::num;
+use golden::internal::judge::compare::{self, Element, Expected, Rule, Verdict};
 use golden_files::{HostTensor, WireDType};
 
 /// The tolerance: explicit, or assert_close's default for each tensor's dtype.

@@ -5,7 +5,7 @@
 //! The page shows the last run's checks; results that other runs left in the folder (a check since
 //! removed, one not run this time, an earlier mode) are listed apart as stale, with how much older
 //! they are. A run is one `cargo test` or `cargo nextest run` (`GOLDEN_RUN` names one explicitly):
-//! every results file says which wrote it (`golden::report::results::run_id`), and the last run
+//! every results file says which wrote it (`golden::internal::report::results::run_id`), and the last run
 //! is the one of the newest file.
 //!
 //! The page holds everything (its script, its style, the data as JSON, trace tensors as base64

@@ -9,7 +9,7 @@
 use crate::read::ReadOptions;
 use crate::shown::shown;
 use crate::side::Side;
-use golden::describe::numbers::num;
+use golden::internal::describe::numbers::num;
 use golden_files::HostTensor;
 use std::fmt::Write as _;
 use std::path::Path;

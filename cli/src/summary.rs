@@ -3,7 +3,7 @@
 //! case, likely cause), and the checks that changed against a base: a snapshot folder of the base
 //! branch (its committed `.snap` files) or a results folder of a run of it.
 //!
-//! A change is what the check's snapshot says differently, read as [`golden::report::snapshot`]
+//! A change is what the check's snapshot says differently, read as [`golden::internal::report::snapshot`]
 //! writes it: an error figure that moved (before → after and the factor, judged as the snapshot
 //! comparator judges it: a move within its factor, or far inside the tolerance on both sides, is
 //! noise and not listed), a tolerance, the cases, dims, dtypes, reference or inputs, the versions
@@ -15,7 +15,7 @@
 //! The markdown stays under GitHub's limit for a comment (65,536 characters): rows that do not
 //! fit are left out and counted, and a table is never cut. `--json` holds everything, untruncated.
 
-use golden::report::snapshot::{figures_of, lines_match, STORE_PREFIX};
+use golden::internal::report::snapshot::{figures_of, lines_match, STORE_PREFIX};
 use serde_json::{json, Value as Json};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -754,7 +754,7 @@ pub fn compare(head: &[Check], base: Option<&[Check]>) -> Vec<Entry> {
 /// A figure's ratio as the snapshot writes it (`0.034×`).
 fn ratio(r: Option<f64>) -> String {
     match r {
-        Some(r) if r.is_finite() => format!("{}×", golden::report::snapshot::figure(r)),
+        Some(r) if r.is_finite() => format!("{}×", golden::internal::report::snapshot::figure(r)),
         Some(_) => "∞".into(),
         None => "—".into(),
     }
@@ -765,9 +765,12 @@ fn factor_words(f: f64) -> String {
     if f.is_infinite() {
         "from 0".into()
     } else if f >= 1.0 {
-        format!("{}× worse", golden::report::snapshot::figure(f))
+        format!("{}× worse", golden::internal::report::snapshot::figure(f))
     } else if f > 0.0 {
-        format!("{}× better", golden::report::snapshot::figure(1.0 / f))
+        format!(
+            "{}× better",
+            golden::internal::report::snapshot::figure(1.0 / f)
+        )
     } else {
         "to 0".into()
     }

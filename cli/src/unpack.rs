@@ -103,7 +103,7 @@ pub fn wanted(path: &Path) -> bool {
     ext.is_some_and(|x| TENSOR_EXTENSIONS.contains(&x.as_str()))
         || path
             .file_name()
-            .is_some_and(|n| n == golden::report::artifacts::ORDER_MANIFEST)
+            .is_some_and(|n| n == golden::internal::report::artifacts::ORDER_MANIFEST)
 }
 
 /// The path an entry may be written at inside the folder: relative, no `..`, not too deep.

@@ -392,7 +392,7 @@ fn show_prints_statistics_a_histogram_and_a_slice() {
     let w = &expected["state_dict.pt"][0];
     assert_eq!(w["name"], "layers.0.weight");
     let v: Vec<f64> = serde_json::from_value(w["values"].clone()).unwrap();
-    let num = |x: f64| golden::describe::numbers::num(x);
+    let num = |x: f64| golden::internal::describe::numbers::num(x);
     assert!(
         text.contains(&format!("[{}, {}]", num(v[5]), num(v[6]))),
         "{text}"

@@ -2,7 +2,7 @@
 //! checksum, so that the fuzzer reaches the decoding behind it.
 #![no_main]
 
-use golden::answers::store::{seal, Store};
+use golden::internal::answers::store::{seal, Store};
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 

@@ -9,9 +9,9 @@ use libfuzzer_sys::fuzz_target;
 const ARENA: [u8; 4096] = [7; 4096];
 
 fuzz_target!(|data: &[u8]| {
-    let _ = golden::python::wire::read_frame(&mut &data[..]);
-    let _ = golden::python::wire::decode_body(bytes::Bytes::copy_from_slice(data));
-    if let Ok(raw) = golden::python::wire::read_raw_frame(&mut &data[..]) {
+    let _ = golden::internal::python::wire::read_frame(&mut &data[..]);
+    let _ = golden::internal::python::wire::decode_body(bytes::Bytes::copy_from_slice(data));
+    if let Ok(raw) = golden::internal::python::wire::read_raw_frame(&mut &data[..]) {
         let _ = raw.resolve(|shm, offset, len| {
             let size = shm["size"].as_u64().expect("checked by the decoder");
             let end = offset.checked_add(len as u64).expect("checked by the decoder");

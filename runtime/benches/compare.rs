@@ -5,8 +5,8 @@
 //! `torch.testing.assert_close` on the same data, in one run. torch gets the tensors from `.npy`
 //! files; only the `assert_close` call is timed.
 
-use golden::describe::inputs::float_tensor;
-use golden::judge::compare::{compare_all, Expected, ROUNDING_FACTOR};
+use golden::internal::describe::inputs::float_tensor;
+use golden::internal::judge::compare::{compare_all, Expected, ROUNDING_FACTOR};
 use golden_files::HostTensor;
 use std::time::{Duration, Instant};
 
@@ -75,7 +75,7 @@ fn main() {
     let (a, b) = (dir.join("port.npy"), dir.join("reference.npy"));
     golden_files::npy::write(&a, &port).unwrap();
     golden_files::npy::write(&b, &reference).unwrap();
-    let out = std::process::Command::new(golden::describe::env::python().program)
+    let out = std::process::Command::new(golden::internal::describe::env::python().program)
         .args(["-c", ASSERT_CLOSE])
         .arg(&a)
         .arg(&b)

@@ -19,8 +19,8 @@
 //! Needs Python with torch (`cargo xtask setup`). Timings include the port's and PyTorch's work;
 //! the worker is started and torch imported before anything is timed.
 
-use golden::describe::env::Mode;
-use golden::run::gradients;
+use golden::internal::describe::env::Mode;
+use golden::internal::run::gradients;
 use golden::{DimExpr, Dist, IntoOutputs, Layer, PortInputs};
 use golden::{GradMode, GradSpec};
 use std::process::Command;
@@ -82,7 +82,7 @@ print(time.perf_counter() - start)
 "#;
 
 fn gradcheck(n_in: usize, mode: &str) -> Duration {
-    let python = golden::describe::env::python();
+    let python = golden::internal::describe::env::python();
     let out = Command::new(&python.program)
         .args(["-c", GRADCHECK, mode, &n_in.to_string(), &OUT.to_string()])
         .output()

@@ -17,11 +17,11 @@
 //! All figures come from one run on one machine, so their ratios are what to read.
 //! `GOLDEN_BENCH_QUICK=1` stops the transport table at 16 MiB.
 
-use golden::describe::inputs::float_tensor;
-use golden::python::key::WorkerKey;
-use golden::python::shm;
-use golden::python::wire::TensorTable;
-use golden::python::worker::Worker;
+use golden::internal::describe::inputs::float_tensor;
+use golden::internal::python::key::WorkerKey;
+use golden::internal::python::shm;
+use golden::internal::python::wire::TensorTable;
+use golden::internal::python::worker::Worker;
 use golden_files::{HostTensor, WireDType};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -211,7 +211,7 @@ fn throughput(key: &WorkerKey, threads: usize, cases: usize, x: &HostTensor) -> 
 /// before, warm) over one whole `golden::check` of `layer` with `port`; `None` where the peaks
 /// cannot be reset (`/proc/<pid>/clear_refs` not writable).
 fn check_peak(layer: &golden::Layer, port: &golden::Port<'_>) -> Option<(u64, u64, bool)> {
-    let workers = golden::python::worker::pool().idle_pids();
+    let workers = golden::internal::python::worker::pool().idle_pids();
     let mut before = Vec::new();
     for p in std::iter::once("self".to_string()).chain(workers.iter().map(u32::to_string)) {
         std::fs::write(format!("/proc/{p}/clear_refs"), "5").ok()?;
@@ -233,7 +233,7 @@ fn memory_layer(name: &str, n: usize) -> golden::Layer {
         .dim("n", n, n)
         .arg("x", ["n"], golden::Dist::default())
         .cases(2)
-        .mode(golden::describe::env::Mode::Live)
+        .mode(golden::internal::describe::env::Mode::Live)
 }
 
 /// The paths of the memory section: (name, whether the port is right).

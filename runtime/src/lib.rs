@@ -29,9 +29,9 @@
 //! and the description a check is built from ([`Layer`] and its values). The guides are the book
 //! (`docs/` in golden's repository); the layout is `ARCHITECTURE.md`.
 //!
-//! The modules below the root are golden's layers along the data's path (describe, python,
-//! judge, answers, report, run). They are public for golden's own command line and tests only,
-//! hidden from these docs, and carry no stability promise: use the root's items.
+//! golden's layers along the data's path (describe, python, judge, answers, report, run) are
+//! private; golden's own command line and tests reach them through one hidden module, `internal`,
+//! which carries no stability promise: use the root's items.
 
 #![warn(missing_docs)]
 // `Failure` carries the whole failing case so that its message can name everything; it is built once
@@ -39,17 +39,8 @@
 #![allow(clippy::result_large_err)]
 
 #[doc(hidden)]
-pub mod answers;
-#[doc(hidden)]
-pub mod describe;
-#[doc(hidden)]
-pub mod judge;
-#[doc(hidden)]
-pub mod python;
-#[doc(hidden)]
-pub mod report;
-#[doc(hidden)]
-pub mod run;
+pub mod internal;
+pub(crate) use internal::{answers, describe, judge, python, report, run};
 
 pub use describe::checks::{GradMode, GradSpec, Kind, Loss, Optimizer, OverfitSpec};
 pub use describe::invariants::Invariant;

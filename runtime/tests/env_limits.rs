@@ -1,7 +1,7 @@
 //! Time limits from the environment (`GOLDEN_TIMEOUT`, `GOLDEN_START_TIMEOUT`): a positive number of
 //! seconds, or `0`/`inf` for no limit; anything else is an error naming the variable and the form.
 
-use golden::describe::env::parse_seconds;
+use golden::internal::describe::env::parse_seconds;
 use std::time::Duration;
 
 #[test]

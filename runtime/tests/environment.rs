@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use golden::describe::env::{Group, VARIABLES};
+use golden::internal::describe::env::{Group, VARIABLES};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

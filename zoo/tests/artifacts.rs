@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::{DType, Module};
 use common::Scratch;
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
 use std::path::PathBuf;
 use std::process::Command;
@@ -27,7 +27,7 @@ fn folder(failure: &Failure) -> PathBuf {
 }
 
 fn run_repro(dir: &std::path::Path) -> String {
-    let out = Command::new(&golden::describe::env::python().program)
+    let out = Command::new(&golden::internal::describe::env::python().program)
         .arg(dir.join("repro.py"))
         .output()
         .expect("the interpreter runs");
@@ -141,7 +141,8 @@ fn a_gradient_failure_leaves_its_cotangents_and_a_repro_py_that_prints_the_same_
         .mode(Mode::Live);
     // x · detach(x): the right square, half its gradient.
     let port = |i: &PortInputs| (i.tensor(0).detach() * i.tensor(0)).into_outputs();
-    let failure = golden::run::gradients::check(&layer, &port).expect_err("a wrong gradient");
+    let failure =
+        golden::internal::run::gradients::check(&layer, &port).expect_err("a wrong gradient");
     let msg = failure.to_string();
     let dir = folder(&failure);
     for file in [

@@ -6,7 +6,7 @@
 mod common;
 
 use common::Scratch;
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{Dist, IntoOutputs, Layer, PortInputs, Report};
 use std::sync::Mutex;
 
@@ -157,7 +157,7 @@ fn record_mode_stops_at_the_store_s_bound() {
         &layer,
     )
     .unwrap_or_else(|f| panic!("{f}"));
-    let stored = golden::answers::store::Store::load(&scratch.store(&layer))
+    let stored = golden::internal::answers::store::Store::load(&scratch.store(&layer))
         .unwrap()
         .expect("recorded");
     let run = &report.runs[0];

@@ -17,7 +17,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use candle_transformers::models::llama;
 use common::Scratch;
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{DimExpr, Dist, Failure, FailureKind, Layer, Report};
 use std::path::{Path, PathBuf};
 
@@ -30,7 +30,7 @@ fn make_checkpoint(dir: &Path, drop: Option<&str>) -> PathBuf {
 
 /// A checkpoint of `shape` (`reference_py/scale_ref/make_checkpoint.py`) in `dir`.
 fn make_shape(shape: &str, dir: &Path, drop: Option<&str>) -> PathBuf {
-    let python = golden::describe::env::python().program;
+    let python = golden::internal::describe::env::python().program;
     let mut command = std::process::Command::new(python);
     command
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../reference_py"))
@@ -121,8 +121,8 @@ fn a_tied_checkpoint_is_served_once_and_a_right_port_passes_live_and_in_replay()
     assert!(snapshot.contains("params: weights from"), "{snapshot}");
 
     // Mapped and hashed once per process: a second open is the same checkpoint.
-    let first = golden::answers::checkpoint::open(&weights).unwrap();
-    let again = golden::answers::checkpoint::open(&weights).unwrap();
+    let first = golden::internal::answers::checkpoint::open(&weights).unwrap();
+    let again = golden::internal::answers::checkpoint::open(&weights).unwrap();
     assert!(std::sync::Arc::ptr_eq(&first, &again));
     assert_eq!(first.hash_hex().len(), 32);
 
@@ -279,7 +279,7 @@ fn a_traced_failure_on_a_checkpoint_stops_shrinking_at_a_stable_divergence_and_r
     );
     let case: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).unwrap()).unwrap();
-    let file = golden::answers::checkpoint::open(&weights).unwrap();
+    let file = golden::internal::answers::checkpoint::open(&weights).unwrap();
     assert_eq!(case["checkpoint"]["hash"], file.hash_hex(), "{case:#}");
     assert_eq!(
         case["checkpoint"]["path"],
@@ -295,7 +295,7 @@ fn a_traced_failure_on_a_checkpoint_stops_shrinking_at_a_stable_divergence_and_r
         "the state_dict was copied"
     );
     // repro.py reads the file and reproduces the failure.
-    let python = golden::describe::env::python().program;
+    let python = golden::internal::describe::env::python().program;
     let out = std::process::Command::new(python)
         .arg(dir.join("repro.py"))
         .output()

@@ -3,7 +3,7 @@
 //! (each request carries an id the answer must repeat) and nothing deadlocks, also while one of the
 //! checks kills its worker.
 
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{Dist, IntoOutputs, Layer, PortInputs};
 use std::sync::Arc;
 

@@ -7,8 +7,8 @@ mod common;
 
 use candle_core::{Module, Tensor};
 use common::Scratch;
-use golden::answers::store::{self, Store};
-use golden::describe::env::Mode;
+use golden::internal::answers::store::{self, Store};
+use golden::internal::describe::env::Mode;
 use golden::{DimValue, Dist, IntoOutputs, Layer, PortInputs, Value};
 
 fn times(k: i64, dim: &str) -> DimValue {
@@ -246,9 +246,10 @@ fn a_reference_edited_since_its_store_was_recorded_is_named() {
     };
     let right = |i: &PortInputs| (i.tensor(0) * 2.0).into_outputs();
     golden::check(&layer(Mode::Record), &right).unwrap_or_else(|f| panic!("{f}"));
-    let stored = Store::load(&golden::answers::store::path(&layer(Mode::Replay), "").unwrap())
-        .unwrap()
-        .unwrap();
+    let stored =
+        Store::load(&golden::internal::answers::store::path(&layer(Mode::Replay), "").unwrap())
+            .unwrap()
+            .unwrap();
     assert!(
         stored
             .provenance

@@ -43,7 +43,7 @@ fn the_same_seed_gives_the_same_cases_and_snapshot() {
             ..golden::declared!()
         })
         // Live whatever GOLDEN_MODE says: recording would write a store into the repository.
-        .mode(golden::describe::env::Mode::Live);
+        .mode(golden::internal::describe::env::Mode::Live);
     let port = |i: &PortInputs| candle_nn::ops::silu(i.tensor(0)).into_outputs();
     let a = golden::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
     let b = golden::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));

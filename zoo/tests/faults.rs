@@ -8,7 +8,7 @@
 mod common;
 
 use common::processes;
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -57,7 +57,7 @@ fn assert_no_stray_workers() {
     let me = std::process::id();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let idle = golden::python::worker::pool().idle_pids();
+        let idle = golden::internal::python::worker::pool().idle_pids();
         let arenas = stray_arenas(&idle);
         let stray: Vec<u32> = processes::workers_of(me)
             .into_iter()
@@ -110,7 +110,7 @@ fn harmless(reference: &str) {
 /// The tests' turn, with private workers: they are this process's children, which the process
 /// table shows (the shared worker's copies are covered by `tests/shared_worker.rs`).
 fn take_turn() -> std::sync::MutexGuard<'static, ()> {
-    golden::python::shared::set_enabled(Some(false));
+    golden::internal::python::shared::set_enabled(Some(false));
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -456,7 +456,7 @@ fn printing_wrapper(dir: &std::path::Path) -> std::path::PathBuf {
         &wrapper,
         format!(
             "#!/bin/sh\necho \"Welcome to the lab's Python (module load python/3.11)\"\nexec {} \"$@\"\n",
-            golden::describe::env::python().program.display()
+            golden::internal::describe::env::python().program.display()
         ),
     )
     .unwrap();
@@ -608,11 +608,13 @@ fn large(reference: &str) -> Layer {
 fn large_tensors_travel_through_shared_memory_both_ways() {
     let _turn = take_turn();
     golden::check(&large("fault_ref.identity"), &identity).unwrap_or_else(|f| panic!("{f}"));
-    let key = golden::python::key::WorkerKey::from_env(Some(env!("CARGO_MANIFEST_DIR")));
-    let worker = golden::python::worker::pool().check_out(&key).unwrap();
+    let key = golden::internal::python::key::WorkerKey::from_env(Some(env!("CARGO_MANIFEST_DIR")));
+    let worker = golden::internal::python::worker::pool()
+        .check_out(&key)
+        .unwrap();
     assert_eq!(
         worker.shared_memory(),
-        Some(golden::python::shm::DEFAULT_MIN),
+        Some(golden::internal::python::shm::DEFAULT_MIN),
         "{}",
         worker.info
     );

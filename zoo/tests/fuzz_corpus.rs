@@ -8,7 +8,7 @@
 //! (`fuzz/make_bombs.py`: small files that would expand to gigabytes, or walk 2^64 paths) must be
 //! refused, quickly.
 
-use golden::answers::store::{seal, Store};
+use golden::internal::answers::store::{seal, Store};
 use golden_files::formats::{read_bytes_within, Contents};
 use golden_files::Budget;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -132,12 +132,12 @@ fn stand_in_arena<B: From<Vec<u8>>>(
 #[test]
 fn wire_frames() {
     let decoded = replay("wire_frame", |b| {
-        golden::python::wire::read_frame(&mut &b[..]).is_ok()
+        golden::internal::python::wire::read_frame(&mut &b[..]).is_ok()
     });
     assert!(decoded > 0, "no input of the corpus is a valid frame");
     // Frames with tensors in shared memory, as the worker's streams carry them.
     let shared = replay("wire_frame", |b| {
-        golden::python::wire::read_raw_frame(&mut &b[..])
+        golden::internal::python::wire::read_raw_frame(&mut &b[..])
             .is_ok_and(|raw| raw.has_shared() && raw.resolve(stand_in_arena).is_ok())
     });
     assert!(

@@ -9,7 +9,7 @@ mod common;
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Module, Result, Shape, Tensor, D};
 use common::must_fail_check;
-use golden::run::gradients;
+use golden::internal::run::gradients;
 use golden::GradSpec;
 use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
 

@@ -8,7 +8,7 @@ mod common;
 
 use candle_core::{DType, Result, Tensor, D};
 use common::porter_ports::{self, G_HIDDEN};
-use golden::judge::compare::Verdict;
+use golden::internal::judge::compare::Verdict;
 use golden::{DimExpr, Dist, Failure, Layer, PortInputs};
 
 /// The worst accuracy ratio (port's RMS error against float64 over the reference's own) among a
@@ -62,7 +62,7 @@ fn measure_the_gemma2_bf16_norm_margin() {
             let scratch = common::Scratch::new(&format!("h_measure_{seed}"));
             let layer = layer(&format!("h_measure_{seed}"))
                 .declared_at(scratch.declared)
-                .mode(golden::describe::env::Mode::Live);
+                .mode(golden::internal::describe::env::Mode::Live);
             let Err(f) = golden::check(&layer, &port) else {
                 println!("{what}, seed {seed}: passed (missed)");
                 continue;
@@ -220,7 +220,7 @@ fn a_norm_without_its_upcast_in_f16_leaves_its_range() {
     let f = common::must_fail(&layer("h_gemma_rms_f16"), |i| gemma_rms_port(i, true));
     let msg = f.to_string();
     println!("{msg}");
-    use golden::describe::inputs::Style;
+    use golden::internal::describe::inputs::Style;
     let (first, _) = f.shrunk_from.as_ref().expect("shrunk");
     assert!(
         matches!(first.style, Style::Activations | Style::Large | Style::Tiny),

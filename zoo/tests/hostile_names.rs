@@ -6,9 +6,9 @@
 mod common;
 
 use common::Scratch;
-use golden::answers::store;
-use golden::describe::env::Mode;
-use golden::python::wire;
+use golden::internal::answers::store;
+use golden::internal::describe::env::Mode;
+use golden::internal::python::wire;
 use golden::{Dist, IntoOutputs, Layer, PortInputs};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -65,7 +65,7 @@ fn a_store_whose_names_are_paths_is_refused_and_writes_nothing() {
     let outside = std::env::temp_dir().join(format!("golden-outside-{}", std::process::id()));
     std::fs::create_dir_all(&outside).unwrap();
     // Where `../../../climbed` leads from a failure's `reference/` folder.
-    let climbed = golden::describe::env::target_dir()
+    let climbed = golden::internal::describe::env::target_dir()
         .unwrap()
         .join("golden/failures/climbed.npy");
     let _ = std::fs::remove_file(&climbed);
@@ -148,7 +148,7 @@ fn a_live_answer_s_names_are_escaped_inside_the_artifacts_folder() {
 #[test]
 fn a_check_named_with_dots_and_slashes_writes_only_inside_its_folders() {
     let scratch = Scratch::new("hostile_check");
-    let target = golden::describe::env::target_dir().unwrap();
+    let target = golden::internal::describe::env::target_dir().unwrap();
     // Where `../../escaped_check` leads from `target/golden/results/<crate>/` and from the
     // snapshots folder.
     let escaped_results = target.join("golden/escaped_check.json");

@@ -70,7 +70,7 @@ fn run_checks(target: &Path) -> PathBuf {
         "o_mlp_sgd_right",
         common::overfit_mlp::custom(common::overfit_mlp::sgd_step(1.0, None)),
     );
-    common::must_pass_check(golden::run::overfit::check, &training, |i| {
+    common::must_pass_check(golden::internal::run::overfit::check, &training, |i| {
         common::overfit_mlp::mlp(i.var_builder(), i.tensor(0), false)
     });
     common::must_fail(&common::tiny_lm::layer("t_tiny_lm_block2"), |i| {

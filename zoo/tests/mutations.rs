@@ -11,8 +11,8 @@ mod common;
 
 use common::mutation_ports::{self, MutationPort};
 use common::variant_ports::{self, callable, BoxedPort};
-use golden::describe::env::Mode;
-use golden::judge::mutations::MutationMatch;
+use golden::internal::describe::env::Mode;
+use golden::internal::judge::mutations::MutationMatch;
 use golden::{Dist, Layer};
 
 /// Declared variants off: the diagnosis must stand on its own.
@@ -127,7 +127,7 @@ fn replay_diagnoses_where_python_is_reachable() {
     variants_off();
     let wrong = mutation_ports::attention_scaled_by_one_over_d();
     let layer = wrong.layer.named("m_attn_one_over_d_replay");
-    let mode = match golden::describe::env::mode() {
+    let mode = match golden::internal::describe::env::mode() {
         Ok(Mode::Record) => Mode::Record,
         _ => Mode::Replay,
     };

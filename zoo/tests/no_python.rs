@@ -4,7 +4,7 @@
 
 mod common;
 
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{Dist, FailureKind, IntoOutputs, Layer, PortInputs};
 
 fn no_python() {

@@ -6,7 +6,7 @@ mod common;
 
 use candle_core::Module;
 use candle_nn::linear;
-use golden::run::overfit;
+use golden::internal::run::overfit;
 use golden::{DimExpr, Dist, Failure, IntoOutputs, Layer, PortInputs};
 use golden::{Optimizer, OverfitSpec};
 

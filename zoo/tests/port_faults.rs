@@ -6,8 +6,8 @@
 mod common;
 
 use candle_core::{DType, Module, Tensor};
-use golden::describe::env::Mode;
-use golden::run::{gradients, overfit};
+use golden::internal::describe::env::Mode;
+use golden::internal::run::{gradients, overfit};
 use golden::{DimExpr, Dist, GradSpec, IntoOutputs, Layer, OverfitSpec, PortInputs};
 
 /// A port that never returns: what a deadlock or an endless loop in a port looks like.

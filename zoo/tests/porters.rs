@@ -8,8 +8,8 @@
 mod common;
 
 use common::porter_ports::{self, PorterPort};
-use golden::describe::env::Mode;
-use golden::judge::mutations::MutationMatch;
+use golden::internal::describe::env::Mode;
+use golden::internal::judge::mutations::MutationMatch;
 
 /// The port's check, live, variants off; `Some` with the failure.
 fn check(p: &PorterPort) -> Option<golden::Failure> {

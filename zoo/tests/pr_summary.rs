@@ -17,7 +17,7 @@
 
 use candle_core::{Tensor, D};
 use candle_nn::{linear_no_bias, Module};
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{DimExpr, DimValue, Dist, GradSpec, IntoOutputs, Layer, PortInputs, Report, Value};
 use golden_cli::summary::{Summary, GITHUB_LIMIT};
 use std::path::{Path, PathBuf};
@@ -175,8 +175,8 @@ fn write_snapshot(dir: &Path, report: &Report) {
 
 /// A copy of the store `name` in which transformers' recorded version is `version`.
 fn with_transformers(store: &Path, version: &str) {
-    use golden::answers::store;
-    use golden::python::wire;
+    use golden::internal::answers::store;
+    use golden::internal::python::wire;
     let bytes = std::fs::read(store).unwrap();
     let mut body = &bytes[20..];
     let mut frame = wire::read_frame(&mut body).unwrap();
@@ -186,7 +186,7 @@ fn with_transformers(store: &Path, version: &str) {
 
 /// Move the example crate's results of the last checks into `to` (as the results folder of a run).
 fn take_results(to: &Path) {
-    let from = golden::describe::env::target_dir()
+    let from = golden::internal::describe::env::target_dir()
         .unwrap()
         .join("golden/results/port_llama");
     let _ = std::fs::remove_dir_all(to);
@@ -308,7 +308,7 @@ fn figure_line<'a>(text: &'a str, group: &str, label: &str) -> &'a str {
 
 /// `R` of `R× allowed` in a figure line.
 fn ratio(line: &str) -> f64 {
-    golden::report::snapshot::figures_of(line)
+    golden::internal::report::snapshot::figures_of(line)
         .and_then(|f| f.ratio)
         .unwrap_or_else(|| panic!("no ratio in {line}"))
 }
@@ -370,7 +370,9 @@ fn a_reviewer_reads_each_change_with_its_factor_in_markdown_that_renders() {
     let runs = runs();
     let summary = Summary::build(&runs.head_results, Some(&runs.base_snapshots)).unwrap();
     let markdown = summary.markdown(GITHUB_LIMIT);
-    let target = golden::describe::env::target_dir().unwrap().join("golden");
+    let target = golden::internal::describe::env::target_dir()
+        .unwrap()
+        .join("golden");
     std::fs::create_dir_all(&target).unwrap();
     std::fs::write(target.join("pr-summary.md"), &markdown).unwrap();
     println!("{markdown}");
@@ -442,7 +444,10 @@ fn a_reviewer_reads_each_change_with_its_factor_in_markdown_that_renders() {
     );
     assert_eq!(
         rms[4],
-        format!("{}× worse", golden::report::snapshot::figure(factor))
+        format!(
+            "{}× worse",
+            golden::internal::report::snapshot::figure(factor)
+        )
     );
     // The first change listed is the worst one.
     assert_eq!(changed[0][0], "norm__rms_norm", "{changed:?}");

@@ -49,7 +49,7 @@ fn a_module_that_fails_to_import_shows_the_import_error() {
         "importlib's frames are left out: {msg}"
     );
     // The interpreter golden used, and the commands that add the missing package to it.
-    let python = golden::describe::env::python()
+    let python = golden::internal::describe::env::python()
         .program
         .display()
         .to_string();
@@ -60,7 +60,7 @@ fn a_module_that_fails_to_import_shows_the_import_error() {
              reference_py/requirements.txt beside your Cargo.toml and run `golden setup`, or \
              install it into that interpreter: {python} -m pip install \
              a_dependency_that_is_not_installed",
-            golden::describe::env::python().source
+            golden::internal::describe::env::python().source
         )),
         "{msg}"
     );
@@ -75,7 +75,7 @@ fn a_package_that_does_not_exist_names_the_import_roots() {
         "the roots searched are listed: {msg}"
     );
     assert!(msg.contains("GOLDEN_REFERENCE_PATH"), "{msg}");
-    let python = golden::describe::env::python()
+    let python = golden::internal::describe::env::python()
         .program
         .display()
         .to_string();
@@ -272,7 +272,7 @@ fn unseeded_noise_is_reported_as_a_nondeterministic_reference() {
             .dim("b", 1, 3)
             .dim("n", 1, 16)
             .arg("x", ["b", "n"], Dist::default())
-            .mode(golden::describe::env::Mode::Live);
+            .mode(golden::internal::describe::env::Mode::Live);
         let msg = failure(&layer, &identity).to_string();
         assert!(
             msg.contains(&format!(
@@ -356,7 +356,7 @@ fn a_crate_whose_path_holds_a_colon_runs_its_references() {
         .arg("x", ["n"], Dist::default())
         .cases(4)
         .declared_at(declared)
-        .mode(golden::describe::env::Mode::Live);
+        .mode(golden::internal::describe::env::Mode::Live);
     let port = |i: &PortInputs| (i.tensor(0) * 2.0).into_outputs();
     let result = golden::check(&layer, &port);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -374,7 +374,7 @@ fn noise_in_a_buffer_the_reference_returns_is_reported_as_nondeterministic() {
         .dim("b", 1, 3)
         .dim("n", 1, 16)
         .arg("x", ["b", "n"], Dist::default())
-        .mode(golden::describe::env::Mode::Live);
+        .mode(golden::internal::describe::env::Mode::Live);
     let msg = failure(&layer, &identity).to_string();
     assert!(
         msg.contains(&format!(
@@ -409,7 +409,7 @@ fn drift_that_starts_after_the_second_call_is_not_rounding() {
     ] {
         let layer = vector("v_drift", reference)
             .cases(8)
-            .mode(golden::describe::env::Mode::Live);
+            .mode(golden::internal::describe::env::Mode::Live);
         let msg = must_fail(&layer, |i| i.tensor(0) + 10.0).to_string();
         assert!(
             msg.contains(&format!("its reference `{reference}` is not deterministic")),
@@ -428,7 +428,7 @@ fn a_reference_that_computes_otherwise_in_float64_widens_nothing() {
     let layer = |name| {
         vector(name, "verdict_ref.gelu_tanh_when_watched")
             .cases(8)
-            .mode(golden::describe::env::Mode::Live)
+            .mode(golden::internal::describe::env::Mode::Live)
     };
     let msg = must_fail(&layer("v_f64_branch_tanh"), |i| i.tensor(0).gelu()).to_string();
     assert!(msg.contains("leaf `out`"), "{msg}");
@@ -446,7 +446,7 @@ fn a_reference_that_computes_otherwise_in_float64_widens_nothing() {
 fn nan_that_only_the_case_dtype_gives_is_never_agreement() {
     let layer = vector("v_nan_overflow", "verdict_ref.nan_where_float64_is_not")
         .cases(4)
-        .mode(golden::describe::env::Mode::Live);
+        .mode(golden::internal::describe::env::Mode::Live);
     let msg = must_fail(&layer, |i| i.tensor(0) * f64::NAN).to_string();
     assert!(msg.contains("golden cannot judge the port there"), "{msg}");
     assert!(msg.contains("the reference is NaN or ±Inf at"), "{msg}");

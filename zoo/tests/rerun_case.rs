@@ -3,7 +3,7 @@
 
 mod common;
 
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{Dist, IntoOutputs, Layer, PortInputs};
 
 #[test]

@@ -15,7 +15,7 @@
 mod common;
 
 use common::Scratch;
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{Dist, IntoOutputs, Layer, PortInputs, Report};
 use std::sync::Mutex;
 

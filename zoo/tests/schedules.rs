@@ -418,7 +418,7 @@ fn a_sampler_consuming_its_random_numbers_in_another_order_is_named() {
 #[test]
 #[ignore = "a benchmark: cargo xtask bench-schedules"]
 fn schedule_cost() {
-    use golden::describe::env::Mode;
+    use golden::internal::describe::env::Mode;
     let fixed = |layer: Layer| {
         layer
             .dim("b", 1, 1)

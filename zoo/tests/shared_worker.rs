@@ -572,8 +572,8 @@ fn a_daemon_that_never_answers_is_named_after_seconds_not_minutes() {
     std::fs::create_dir_all(&shared.dir).unwrap();
     std::fs::set_permissions(&shared.dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     // The socket the child's daemon would listen on, held by this test, which accepts nothing.
-    let key = golden::python::key::WorkerKey::from_env(None);
-    let name = golden::python::shared::socket_path(&key)
+    let key = golden::internal::python::key::WorkerKey::from_env(None);
+    let name = golden::internal::python::shared::socket_path(&key)
         .expect("a target folder")
         .file_name()
         .unwrap()

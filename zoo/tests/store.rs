@@ -4,8 +4,8 @@ mod common;
 
 use candle_core::Module;
 use common::Scratch;
-use golden::answers::store::{self, Store};
-use golden::describe::env::Mode;
+use golden::internal::answers::store::{self, Store};
+use golden::internal::describe::env::Mode;
 use golden::{Dist, Failure, IntoOutputs, Layer, PortInputs};
 
 fn gelu(scratch: &Scratch) -> Layer {
@@ -256,9 +256,13 @@ fn a_partial_store_replays_what_it_holds_and_skips_the_snapshot() {
 /// The store's frame, its header edited by `edit`, sealed again (an edit its checksum cannot see).
 fn edit_header(path: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let bytes = std::fs::read(path).unwrap();
-    let mut frame = golden::python::wire::read_frame(&mut &bytes[20..]).unwrap();
+    let mut frame = golden::internal::python::wire::read_frame(&mut &bytes[20..]).unwrap();
     edit(&mut frame.header);
-    std::fs::write(path, store::seal(&golden::python::wire::encode(&frame))).unwrap();
+    std::fs::write(
+        path,
+        store::seal(&golden::internal::python::wire::encode(&frame)),
+    )
+    .unwrap();
 }
 
 /// Every expected value of a store's entries set to zero, and the store saved again with `limit`.

@@ -39,7 +39,7 @@ fn lm(i: &PortInputs, bugs: LmBugs) -> Result<Outputs, String> {
 /// The configurations a passing check covered and how many cases each got, from its cases (the
 /// snapshot lists the same, when the declared cases ran: checked too).
 fn covered(report: &Report) -> Vec<(String, usize)> {
-    let covered = golden::describe::sweep::covered(
+    let covered = golden::internal::describe::sweep::covered(
         report.runs[0]
             .cases
             .iter()
@@ -189,8 +189,9 @@ fn a_case_token_carries_its_configuration_and_reruns_it() {
         "b=1,t=2,h=1,q=1,head_dim=#1:declared:0x1",
         "b=1,t=2,h=1,q=1,head_dim=#0:declared:0x1",
     ] {
-        let case = golden::describe::inputs::CaseParams::parse(token, &layer).unwrap();
-        let again = golden::describe::inputs::CaseParams::parse(&case.token(), &layer).unwrap();
+        let case = golden::internal::describe::inputs::CaseParams::parse(token, &layer).unwrap();
+        let again =
+            golden::internal::describe::inputs::CaseParams::parse(&case.token(), &layer).unwrap();
         assert_eq!(again, case, "{token}");
         assert_eq!(case.config.len(), 1);
         let resolved = case.layer(&layer);
@@ -204,13 +205,16 @@ fn a_case_token_carries_its_configuration_and_reruns_it() {
         let expected = if token.contains("#1") { 4 } else { 2 };
         assert_eq!(head_dim, Some(Value::Int(expected)), "{token}");
     }
-    let err = golden::describe::inputs::CaseParams::parse("b=1,t=2,h=1,q=1:declared:0x1", &layer)
-        .unwrap_err();
+    let err = golden::internal::describe::inputs::CaseParams::parse(
+        "b=1,t=2,h=1,q=1:declared:0x1",
+        &layer,
+    )
+    .unwrap_err();
     assert!(
         err.contains("the swept value `head_dim` is missing"),
         "{err}"
     );
-    let err = golden::describe::inputs::CaseParams::parse(
+    let err = golden::internal::describe::inputs::CaseParams::parse(
         "b=1,t=2,h=1,q=1,head_dim=#2:declared:0x1",
         &layer,
     )

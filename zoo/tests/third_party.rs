@@ -11,7 +11,7 @@ mod common;
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::whisper::{model::Whisper, Config};
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{DimExpr, Dist, Layer, PortInputs};
 
 const D_MODEL: usize = 16;

@@ -7,7 +7,7 @@
 mod common;
 
 use common::unseen_ports::{self, Unseen};
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 
 /// The port's check, live, variants off; `Some` with the failure.
 fn check(p: &Unseen) -> Option<golden::Failure> {
@@ -19,7 +19,12 @@ fn check(p: &Unseen) -> Option<golden::Failure> {
 }
 
 /// The wrong port fails; returns its message and the mutations named.
-fn wrong(p: Unseen) -> (String, Vec<golden::judge::mutations::MutationMatch>) {
+fn wrong(
+    p: Unseen,
+) -> (
+    String,
+    Vec<golden::internal::judge::mutations::MutationMatch>,
+) {
     let failure = check(&p).unwrap_or_else(|| panic!("the wrong port `{}` passed", p.layer.name()));
     let found = failure
         .case_failure()

@@ -5,7 +5,7 @@
 mod common;
 
 use common::variant_ports::{self, VariantPort};
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 
 /// The port must fail and be recognised as its variant, the best fit of those that match.
 /// (Close variants can fit the same case: eps 1e-6 and 1e-12 on unit-variance inputs.) The

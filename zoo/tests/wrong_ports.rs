@@ -10,7 +10,7 @@
 mod common;
 
 use candle_core::{Module, D};
-use golden::judge::compare::Verdict;
+use golden::internal::judge::compare::Verdict;
 use golden::{Dist, Failure, Layer};
 
 use common::must_fail;

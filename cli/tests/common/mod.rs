@@ -68,7 +68,7 @@ for d in (a, b):
 
 /// Python with torch (golden's venv, or GOLDEN_PYTHON): the tests need real PyTorch.
 pub fn python() -> PathBuf {
-    golden::describe::env::python().program
+    golden::internal::describe::env::python().program
 }
 
 /// Run a Python script with arguments; panics with its stderr if it fails.

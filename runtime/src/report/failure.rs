@@ -9,12 +9,9 @@ use crate::judge::compare::{Leaf, Verdict};
 use crate::judge::diagnose::Diagnosis;
 use crate::judge::mutations::MutationMatch;
 use crate::python::worker::{RemoteKind, WorkerError};
+use crate::report::issues::{GradientIssue, ScheduleIssue, TrainingIssue};
 use golden_files::HostTensor;
 use std::fmt::{self, Write as _};
-
-/// How a gradient failure's finding starts when the port's forward already differs on that case
-/// (`run/gradients.rs`): the headline says so.
-pub const FORWARD_DIFFERS: &str = "the forward differs too";
 
 /// Why a check failed.
 #[derive(Debug)]
@@ -97,16 +94,16 @@ pub struct CaseFailure {
     pub mutations: Vec<MutationMatch>,
     /// The gradient check: what is wrong with the port's gradients beyond their values (missing
     /// or extra gradients, finite differences, zero cotangent, determinism).
-    pub gradient_issues: Vec<String>,
+    pub gradient_issues: Vec<GradientIssue>,
     /// The gradient check: the cotangent of each float output leaf (`L = Σ sum(out ·
     /// cotangent)`), left in the failure's artifacts for its repro.py.
     pub cotangents: Vec<(String, HostTensor)>,
     /// The overfit check: what went wrong in training (no overfit, a parameter never updated, a
     /// step where the port's training parts from PyTorch's) and the gradient-health flags.
-    pub training_issues: Vec<String>,
+    pub training_issues: Vec<TrainingIssue>,
     /// A check with a schedule: what the port does wrong beyond its steps' values (padding that
     /// leaks into valid outputs, a free-running generation that parts from the reference's).
-    pub schedule_issues: Vec<String>,
+    pub schedule_issues: Vec<ScheduleIssue>,
     /// The overfit check: its figures (losses, parity with PyTorch), as a passing training
     /// records them, for the results file.
     pub figures: Vec<(String, f64)>,
@@ -174,13 +171,13 @@ impl CaseFailure {
             return e.clone();
         }
         if let Some(g) = self.gradient_issues.first() {
-            return g.clone();
+            return g.to_string();
         }
         if let Some(t) = self.training_issues.first() {
-            return t.clone();
+            return t.to_string();
         }
         if let Some(t) = self.schedule_issues.first() {
-            return t.clone();
+            return t.to_string();
         }
         if let Some(t) = self.unknown_taps.first() {
             return t.clone();
@@ -261,8 +258,8 @@ impl Failure {
     /// The likely cause in one line, when the failure tells one (for summaries such as
     /// `golden report --markdown`): the reference's operation the port matches once changed, on
     /// both failing cases; else the first cause the numbers confirm on two failing cases; else a
-    /// known variant of the reference the port matches; else a cause the gradient, training or
-    /// schedule check names. Failing those, evidence from one failing case (a replay that had no
+    /// known variant of the reference the port matches; else a cause the gradient or training
+    /// check names. Failing those, evidence from one failing case (a replay that had no
     /// second recorded case to confirm it on), said to be only that.
     pub fn likely_cause(&self) -> Option<String> {
         let c = self.case_failure()?;
@@ -297,9 +294,12 @@ impl Failure {
         let named = c
             .gradient_issues
             .iter()
-            .chain(&c.training_issues)
-            .chain(&c.schedule_issues)
-            .find_map(|i| i.strip_prefix("likely cause: "));
+            .find_map(GradientIssue::likely_cause)
+            .or_else(|| {
+                c.training_issues
+                    .iter()
+                    .find_map(TrainingIssue::likely_cause)
+            });
         if let Some(cause) = named {
             return Some(cause.to_string());
         }
@@ -704,7 +704,7 @@ impl fmt::Display for Failure {
                 let forward = c
                     .gradient_issues
                     .first()
-                    .is_some_and(|g| g.starts_with(FORWARD_DIFFERS));
+                    .is_some_and(GradientIssue::is_forward_differs);
                 writeln!(
                     out,
                     "golden: the gradients of `{}` do not match{} (reference `{}`){dtype}",

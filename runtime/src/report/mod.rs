@@ -3,6 +3,7 @@
 
 pub mod artifacts;
 pub mod failure;
+pub mod issues;
 pub mod passed;
 pub mod results;
 pub mod snapshot;

@@ -15,6 +15,7 @@ use crate::python::worker::WorkerError;
 use crate::report::failure::{
     CaseFailure, Failure, FailureKind, LeafDiagnosis, PortFault, VariantMatch,
 };
+use crate::report::issues::ScheduleIssue;
 use crate::report::passed::{CaseRecord, Report};
 use crate::run::check::{self, CaseRunner, Outcome, Port};
 use crate::run::port::{PortFailure, PortThread};
@@ -678,7 +679,7 @@ fn schedule_checks(
     first_run: &[(String, HostTensor)],
     reference: &ReferenceOutputs,
     run: &dyn Fn(Vec<candle_core::Tensor>, PortSchedule) -> Result<Outputs, PortFailure>,
-) -> (Vec<String>, Vec<crate::report::passed::Note>) {
+) -> (Vec<ScheduleIssue>, Vec<crate::report::passed::Note>) {
     let plan = &schedule.plan;
     let mut issues = Vec::new();
     let mut notes = Vec::new();
@@ -711,16 +712,16 @@ fn schedule_checks(
             let mut moved = tensors.to_vec();
             match swapped.to_candle(&Device::Cpu) {
                 Ok(t) => moved[plan.arg] = t,
-                Err(e) => issues.push(format!(
+                Err(e) => issues.push(ScheduleIssue::CouldNotRun(format!(
                     "golden could not build the leakage check's input: {e}"
-                )),
+                ))),
             }
             match run(moved, fresh()).map_err(|f| f.message).and_then(host) {
                 Ok(second) => issues.extend(schedule::leakage(first_run, &second, plan)),
-                Err(e) => issues.push(format!(
+                Err(e) => issues.push(ScheduleIssue::CouldNotRun(format!(
                     "with other tokens at the padded positions (the leakage check), the port \
                      failed: {e}"
-                )),
+                ))),
             }
         }
     }
@@ -746,9 +747,9 @@ fn schedule_checks(
                     Err(issue) => issues.push(issue),
                 }
             }
-            Err(e) => issues.push(format!(
+            Err(e) => issues.push(ScheduleIssue::CouldNotRun(format!(
                 "generating on its own (free-running), the port failed: {e}"
-            )),
+            ))),
         }
     }
     (issues, notes)

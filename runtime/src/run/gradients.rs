@@ -33,7 +33,8 @@ use crate::describe::numbers::num;
 use crate::describe::outputs::Outputs;
 use crate::judge::compare::unravel;
 use crate::python::worker::WorkerError;
-use crate::report::failure::{CaseFailure, Failure, PortFault, FORWARD_DIFFERS};
+use crate::report::failure::{CaseFailure, Failure, PortFault};
+use crate::report::issues::{FdDisagreement, GradientIssue};
 use crate::report::passed::{reference_notes, CaseRecord, Note, Report};
 use crate::run::check::{self, CaseRunner, Outcome, Port};
 use crate::run::forward::call_port;
@@ -161,15 +162,7 @@ struct Case64 {
 
 /// What finite differences found: per target the figure `|analytic − numeric| / allowed`, and the
 /// disagreements.
-type FdFindings = (Vec<(String, f64)>, Vec<FdIssue>);
-
-/// A disagreement between the port's analytic gradient and finite differences.
-struct FdIssue {
-    /// The input or parameter.
-    target: String,
-    /// What was found, with the numbers.
-    text: String,
-}
+type FdFindings = (Vec<(String, f64)>, Vec<FdDisagreement>);
 
 impl GradRunner<'_> {
     fn targets(&self, state_dict: &Named, buffers: &[String], aliases: &[Vec<String>]) -> Targets {
@@ -462,7 +455,9 @@ impl CaseRunner for GradRunner<'_> {
                     if agreed {
                         notes.push(self.fd_note(&issue, &args, &forward, &cotangents, params));
                     } else {
-                        failure.gradient_issues.push(issue.text);
+                        failure
+                            .gradient_issues
+                            .push(GradientIssue::FiniteDifferences(issue));
                     }
                 }
             }
@@ -471,10 +466,10 @@ impl CaseRunner for GradRunner<'_> {
                     fault.report(&mut failure, params);
                     return Outcome::Fail(Box::new(failure));
                 }
-                _ => failure.gradient_issues.push(format!(
+                _ => failure.gradient_issues.push(GradientIssue::Other(format!(
                     "finite differences run the port in float64, and there it fails: {e} (a fused \
                      kernel without an f64 version? cast to the input's dtype rather than to f32)"
-                )),
+                ))),
             },
         }
         if failure.params.is_empty()
@@ -532,7 +527,9 @@ impl CaseRunner for GradRunner<'_> {
         // more, now computing the Jacobian of each pair that disagrees, to say which entry.
         if let Some(case) = failure.case.as_ref().filter(|_| {
             self.spec.mode == GradMode::Fast
-                && c.gradient_issues.iter().any(|i| fd_target(i).is_some())
+                && c.gradient_issues
+                    .iter()
+                    .any(GradientIssue::is_finite_differences)
         }) {
             self.locate.set(true);
             let again = self.run(source, dtype, case);
@@ -548,32 +545,43 @@ impl CaseRunner for GradRunner<'_> {
             let reported: Vec<String> = c
                 .gradient_issues
                 .iter()
-                .filter_map(|i| fd_target(i).map(str::to_string))
+                .filter_map(|i| i.target().map(str::to_string))
                 .collect();
             for issue in first.gradient_issues {
-                let known = fd_target(&issue).is_some_and(|t| reported.iter().any(|r| r == t))
-                    || issue.starts_with(FORWARD_DIFFERS);
+                let known = issue
+                    .target()
+                    .is_some_and(|t| reported.iter().any(|r| r == t))
+                    || issue.is_forward_differs();
                 if !known && !c.gradient_issues.contains(&issue) {
-                    c.gradient_issues
-                        .push(format!("on another failing case ({case}): {issue}"));
+                    c.gradient_issues.push(GradientIssue::OnAnotherCase {
+                        case: case.clone(),
+                        issue: Box::new(issue),
+                    });
                 }
             }
         }
         // A backward that disagrees with the port's own finite differences is a bug in a
         // backward when the forward is right: say so, and where such bugs usually are. When the
         // forward differs, that comes first, and the finite differences may just see the port's
-        // own precision (an f32 softmax against float64 steps): no blame on the backward.
+        // own precision (an f32 softmax against float64 steps): no blame on the backward. Only
+        // the smallest case's own disagreements blame it: another case's come without its
+        // forward's verdict (a forward that differs there is not carried over).
         let forward_first = c
             .gradient_issues
             .iter()
-            .position(|i| i.starts_with(FORWARD_DIFFERS));
+            .position(GradientIssue::is_forward_differs);
         match forward_first {
             Some(at) => {
                 let issue = c.gradient_issues.remove(at);
                 c.gradient_issues.insert(0, issue);
             }
-            None if c.gradient_issues.iter().any(|i| fd_target(i).is_some()) => {
-                c.gradient_issues.push(BACKWARD_CAUSE.to_string());
+            None if c
+                .gradient_issues
+                .iter()
+                .any(GradientIssue::is_finite_differences) =>
+            {
+                c.gradient_issues
+                    .push(GradientIssue::LikelyCause(BACKWARD_CAUSE.to_string()));
             }
             None => {}
         }
@@ -587,7 +595,7 @@ fn forward_differs(
     outputs: &Outputs,
     forward: &ReferenceOutputs,
     tol: Option<crate::describe::layer::Tol>,
-) -> Option<String> {
+) -> Option<GradientIssue> {
     let port: Vec<(String, HostTensor)> = outputs
         .0
         .iter()
@@ -608,31 +616,16 @@ fn forward_differs(
             _ => format!("`{}`", l.name),
         })
         .collect();
-    (!differ.is_empty()).then(|| {
-        format!(
-            "{FORWARD_DIFFERS}: the port's outputs {} differ from the reference's on this case, so \
-             the port computes another function and its gradients cannot match; fix the forward \
-             first (its forward check names the cause), then check the gradients again",
-            differ.join(", ")
-        )
-    })
+    (!differ.is_empty()).then_some(GradientIssue::ForwardDiffers(differ))
 }
 
 /// The likely cause of a port whose backward is not the derivative of its own forward.
-const BACKWARD_CAUSE: &str = "likely cause: the port's backward is not the derivative of its own \
+const BACKWARD_CAUSE: &str = "the port's backward is not the derivative of its own \
     forward (its backward against its own finite differences, above), so the bug is in how it \
     differentiates: a `detach()` or a value taken out of the graph (`to_vec`, a tensor built \
     anew), a custom op's `bwd`, or a candle op whose backward is wrong at these shapes (candle \
     0.11.1's `conv1d` backward is one); check the port's steps one at a time with `grad` to find \
     which";
-
-/// The input or parameter a finite-difference finding is about: its text starts with the name in
-/// backquotes and a colon (`` `x`: ∂out[0]/∂x[1] is … ``, `` `x`: the port's derivative … ``).
-fn fd_target(issue: &str) -> Option<&str> {
-    let rest = issue.strip_prefix('`')?;
-    let (name, after) = rest.split_once('`')?;
-    after.starts_with(':').then_some(name)
-}
 
 impl GradRunner<'_> {
     /// The port's gradients in the case dtype against PyTorch's float64 gradients, allowing the
@@ -676,16 +669,18 @@ impl GradRunner<'_> {
                 .map(|(_, t)| t);
             let all_zero = |t: &HostTensor| t.to_f64().iter().all(|v| *v == 0.0);
             match (grad, theirs) {
-                (None, Some(t)) if !all_zero(t) => failure.gradient_issues.push(format!(
-                    "`{name}` gets a gradient in PyTorch and none in the port: the gradient stops \
-                     somewhere, usually at a fused op without backward (candle's \
-                     LayerNorm::forward, ops::layer_norm, ops::rms_norm, ops::softmax_last_dim, \
-                     ops::sdpa) or at a detach"
-                )),
-                (Some(g), None) => failure.gradient_issues.push(format!(
+                (None, Some(t)) if !all_zero(t) => {
+                    failure.gradient_issues.push(GradientIssue::Other(format!(
+                        "`{name}` gets a gradient in PyTorch and none in the port: the gradient \
+                         stops somewhere, usually at a fused op without backward (candle's \
+                         LayerNorm::forward, ops::layer_norm, ops::rms_norm, \
+                         ops::softmax_last_dim, ops::sdpa) or at a detach"
+                    )))
+                }
+                (Some(g), None) => failure.gradient_issues.push(GradientIssue::Other(format!(
                     "the port produces a gradient for `{name}` (max |g| {}) where PyTorch has none",
                     num(g.to_f64().iter().fold(0.0, |m, v| m.max(v.abs())))
-                )),
+                ))),
                 (Some(g), Some(_)) => present.push((leaf, g)),
                 _ => {}
             }
@@ -853,11 +848,11 @@ impl GradRunner<'_> {
         let first = gradients_of(None)?;
         let second = gradients_of(None)?;
         if first != second {
-            failure.gradient_issues.push(
+            failure.gradient_issues.push(GradientIssue::Other(
                 "two backward passes on the same inputs give different gradients: the backward is \
                  not deterministic"
                     .into(),
-            );
+            ));
         }
         // A zero cotangent must give zero gradients.
         {
@@ -878,11 +873,11 @@ impl GradRunner<'_> {
                     g.to_f64().iter().fold(0.0f64, |m, x| m.max(x.abs()))
                 });
                 if max != 0.0 {
-                    failure.gradient_issues.push(format!(
+                    failure.gradient_issues.push(GradientIssue::Other(format!(
                         "a zero cotangent gives `{name}` a non-zero gradient (max |g| {}): the backward \
                          does not scale with the incoming gradient",
                         num(max)
-                    ));
+                    )));
                 }
             }
         }
@@ -920,7 +915,7 @@ impl GradRunner<'_> {
                     let allowed = spec.atol + spec.rtol * n.abs();
                     if (per_leaf - n).abs() > allowed || spec.mode == GradMode::Full {
                         let directional = format!(
-                            "`{name}`: the port's derivative of sum(`{leaf}` · cotangent) along a \
+                            "the port's derivative of sum(`{leaf}` · cotangent) along a \
                              random unit direction is {} in its backward, {} by finite differences \
                              — {}× outside atol {} + rtol {}·|numeric| (eps {})",
                             num(per_leaf),
@@ -937,14 +932,14 @@ impl GradRunner<'_> {
                         } else {
                             None
                         };
-                        let text = match located {
-                            Some(text) => text,
+                        let finding = match located {
+                            Some(finding) => finding,
                             None if ratio > 1.0 => directional,
                             None => continue,
                         };
-                        issues.push(FdIssue {
+                        issues.push(FdDisagreement {
                             target: name.clone(),
-                            text,
+                            finding,
                         });
                     }
                 }
@@ -959,7 +954,7 @@ impl GradRunner<'_> {
     /// disagree), or PyTorch defines the gradient by convention.
     fn fd_note(
         &self,
-        issue: &FdIssue,
+        issue: &FdDisagreement,
         args: &[HostTensor],
         forward: &ReferenceOutputs,
         cotangents: &Named,
@@ -1027,14 +1022,15 @@ impl GradRunner<'_> {
             issue.target
         );
         Note {
-            detail: format!("{summary}. {} — likely reason: {reason}", issue.text),
+            detail: format!("{summary}. {issue} — likely reason: {reason}"),
             summary,
         }
     }
 
     /// The Jacobian of `leaf` with respect to `name`, analytic (a backward per output element)
     /// against central differences (two forward passes per input element): the worst entry, if it
-    /// is outside `atol + rtol·|numeric|`.
+    /// is outside `atol + rtol·|numeric|` (a finding about `name`, said without it: see
+    /// [`FdDisagreement`]).
     fn jacobian(
         &self,
         case: &Case64,
@@ -1066,7 +1062,7 @@ impl GradRunner<'_> {
         if let Err(e) = inputs::within_budget(n_out as u128 * w0.len() as u128, || {
             (
                 format!(
-                    "`{name}`: grad(mode = full) compares whole Jacobians, and the one of `{leaf}` \
+                    "grad(mode = full) compares whole Jacobians, and the one of `{leaf}` \
                      with respect to `{name}` ({n_out} × {} entries) is too large",
                     w0.len()
                 ),
@@ -1170,7 +1166,7 @@ impl GradRunner<'_> {
             String::new()
         };
         Ok(Some(format!(
-            "`{name}`: ∂{leaf}{:?}/∂{name}{:?} is {} in the port's backward, {} by finite differences{ratio} — {}× outside atol {} + rtol {}·|numeric|",
+            "∂{leaf}{:?}/∂{name}{:?} is {} in the port's backward, {} by finite differences{ratio} — {}× outside atol {} + rtol {}·|numeric|",
             unravel(i, &out_dims),
             unravel(j, &w.shape),
             num(a),

@@ -26,6 +26,7 @@ use crate::describe::layer::{Form, Layer};
 use crate::describe::numbers::num;
 use crate::python::worker::WorkerError;
 use crate::report::failure::{CaseFailure, Failure, FailureKind, PortFault};
+use crate::report::issues::TrainingIssue;
 use crate::report::passed::{CaseRecord, DTypeRun, Report};
 use crate::report::results;
 use crate::run::check::{self, Port};
@@ -692,13 +693,13 @@ fn run(
     // A NaN loss does not reach the bound either.
     let too_weak = torch_last.is_nan() || torch_last >= bound;
     if last.is_nan() || last >= bound {
-        issues.push(format!(
+        issues.push(TrainingIssue::DoesNotOverfit(format!(
             "the port does not overfit one batch: its loss went {} (it must end below {}); \
              PyTorch's went {}",
             curve(&training.losses),
             num(bound),
             curve(&torch_losses)
-        ));
+        )));
     }
     // Parameters never updated (a tensor whose every gradient is rounding noise need not move:
     // SGD's steps of lr × noise round away).
@@ -710,11 +711,11 @@ fn run(
     {
         let all_inert = !grads.max_abs.is_empty() && grads.inert().iter().all(|i| *i);
         if before == after && !all_inert {
-            issues.push(format!(
+            issues.push(TrainingIssue::Other(format!(
                 "`{name}` was never updated in {} steps: the optimizer does not get it, or no \
                  gradient reaches it (a detach, a fused op without backward)",
                 spec.steps
-            ));
+            )));
         }
     }
     // Parity with PyTorch, step by step.
@@ -730,7 +731,7 @@ fn run(
         .map(|(p, t)| (p - t).abs() / t.abs().max(f64::MIN_POSITIVE))
         .fold(0.0f64, f64::max);
     if let Some(step) = diverged {
-        issues.push(format!(
+        issues.push(TrainingIssue::Other(format!(
             "the training parts from PyTorch's at step {step}: loss {} in the port, {} in PyTorch \
              (allowed relative difference {}); before: {}",
             num(training.losses[step]),
@@ -741,20 +742,19 @@ fn run(
             } else {
                 format!("step {} agreed", step - 1)
             }
-        ));
+        )));
     }
     // An update that goes uphill where PyTorch's goes down is the wrong sign, whatever else differs.
     if let ([p0, p1, ..], [t0, t1, ..]) = (&training.losses[..], &torch_losses[..]) {
         if p1 > p0 && t1 < t0 {
-            issues.push(format!(
-                "likely cause: the port's first update raised the loss ({} → {}) where PyTorch's \
-                 lowered it ({} → {}): the update has the wrong sign (`w + lr·g` instead of \
-                 `w − lr·g`)",
+            issues.push(TrainingIssue::LikelyCause(format!(
+                "the port's first update raised the loss ({} → {}) where PyTorch's lowered it ({} \
+                 → {}): the update has the wrong sign (`w + lr·g` instead of `w − lr·g`)",
                 num(*p0),
                 num(*p1),
                 num(*t0),
                 num(*t1)
-            ));
+            )));
         }
     }
     let updates = update_parity(&training, &torch.expected);
@@ -763,12 +763,12 @@ fn run(
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .filter(|(_, r)| r.is_nan() || *r > PARITY_UPDATE_RTOL);
     if let (None, Some((name, rel))) = (diverged, worst) {
-        issues.push(format!(
+        issues.push(TrainingIssue::Other(format!(
             "the losses agree with PyTorch's at every step but the weights moved differently: \
              `{name}`'s total update differs from PyTorch's by {} of its size (allowed {})",
             num(*rel),
             num(PARITY_UPDATE_RTOL)
-        ));
+        )));
     }
     // Gradient health.
     for p in &training.grads {
@@ -826,12 +826,7 @@ fn run(
     // When PyTorch itself does not get there and the port trains like it, the settings are too
     // weak for this model: say so, with the steps PyTorch needs, rather than blame the port.
     let like_pytorch = diverged.is_none();
-    if too_weak
-        && like_pytorch
-        && issues
-            .iter()
-            .all(|i| i.starts_with("the port does not overfit"))
-    {
+    if too_weak && like_pytorch && issues.iter().all(TrainingIssue::is_does_not_overfit) {
         let probe_steps = (spec.steps.saturating_mul(PROBE_FACTOR)).min(PROBE_MAX_STEPS);
         let probe = ask(&Request::Train {
             args: &args,
@@ -889,7 +884,7 @@ fn run(
     } else {
         case.training_issues = issues;
         case.training_issues
-            .extend(health.iter().map(|h| format!("gradient health: {h}")));
+            .extend(health.iter().cloned().map(TrainingIssue::Health));
         case.figures = figures;
         Err(failure(FailureKind::Case(Box::new(case))))
     }

@@ -5,6 +5,7 @@
 //! diagnosis of a failing case by mistakes in how a model is driven (`explain`).
 
 use crate::describe::schedule::step_of;
+use crate::report::issues::ScheduleIssue;
 use golden_files::HostTensor;
 use std::sync::Arc;
 
@@ -284,7 +285,7 @@ pub(crate) fn leakage(
     first: &[(String, HostTensor)],
     second: &[(String, HostTensor)],
     plan: &crate::describe::schedule::Plan,
-) -> Option<String> {
+) -> Option<ScheduleIssue> {
     for (name, a) in first.iter().filter(|(n, _)| step_of(n).is_some()) {
         let Some(b) = find(second, name) else {
             continue;
@@ -297,7 +298,7 @@ pub(crate) fn leakage(
         let i = (0..x.len().min(y.len()))
             .find(|&i| x[i].to_bits() != y[i].to_bits())
             .unwrap_or(0);
-        return Some(format!(
+        return Some(ScheduleIssue::PaddingLeaks(format!(
             "padding leaks into valid outputs: with other tokens at the padded positions, \
              `{name}` ({}) moves at {:?} from {} to {} — only padding changed, so a valid output \
              must not move by a single bit: padded keys not masked, position ids not derived from \
@@ -306,7 +307,7 @@ pub(crate) fn leakage(
             crate::judge::compare::unravel(i, &a.shape),
             crate::describe::numbers::num(x.get(i).copied().unwrap_or(f64::NAN)),
             crate::describe::numbers::num(y.get(i).copied().unwrap_or(f64::NAN)),
-        ));
+        )));
     }
     None
 }
@@ -322,10 +323,12 @@ pub(crate) fn free_running(
     reference: &crate::answers::live::ReferenceOutputs,
     plan: &crate::describe::schedule::Plan,
     tol: Option<crate::describe::layer::Tol>,
-) -> Result<crate::report::passed::Note, String> {
+) -> Result<crate::report::passed::Note, ScheduleIssue> {
     use crate::describe::numbers::num;
     let (Some(ours), Some(theirs)) = (find(port, TOKENS), forced) else {
-        return Err("the free-running pass produced no tokens".into());
+        return Err(ScheduleIssue::FreeRunning(
+            "the free-running pass produced no tokens".into(),
+        ));
     };
     let (ours, theirs) = (ours.to_i64(), theirs.to_i64());
     let generate = plan.steps.generate;
@@ -345,10 +348,10 @@ pub(crate) fn free_running(
                 .is_some_and(|(s, rest)| s == k && (rest.ends_with("logits") || rest == "out"))
     });
     let Some((leaf, logits)) = logits else {
-        return Err(format!(
+        return Err(ScheduleIssue::FreeRunning(format!(
             "free-running, the port's token {j} of row {row} is {} where the reference's is {}",
             ours[at], theirs[at]
-        ));
+        )));
     };
     let vocab = (*logits.shape.last().unwrap_or(&1)).max(1);
     let batch = logits.shape.first().copied().unwrap_or(1).max(1);
@@ -396,13 +399,13 @@ pub(crate) fn free_running(
             summary,
         });
     }
-    Err(format!(
+    Err(ScheduleIssue::FreeRunning(format!(
         "{what}, more than the {} the tolerance allows for both: the teacher-forced steps \
          matched, so on its own tokens the port computes other logits than on the same tokens \
          fed — state that depends on how a token arrived (a cache written twice, generated tokens \
          at the wrong position)",
         num(bound)
-    ))
+    )))
 }
 
 /// The diagnosis of a schedule's failing case: the reference driven with each porting mistake of

@@ -12,7 +12,7 @@
 #[path = "models.rs"]
 mod models;
 
-use golden::describe::env::Mode;
+use golden::internal::describe::env::Mode;
 use golden::{DimExpr, Dist, IntoOutputs, Layer};
 use models::{peak_rss, Model, Shape};
 use std::time::Instant;
@@ -80,7 +80,7 @@ fn main() {
     let started = Instant::now();
     let result = golden::check(&layer, &port);
     let wall = started.elapsed().as_secs_f64();
-    let peak_worker = golden::python::worker::pool()
+    let peak_worker = golden::internal::python::worker::pool()
         .idle_pids()
         .iter()
         .filter_map(|p| peak_rss(&p.to_string()))
@@ -95,7 +95,7 @@ fn main() {
                 .flat_map(|r| &r.cases)
                 .flat_map(|c| &c.leaves)
                 .filter_map(|l| match &l.verdict {
-                    golden::judge::compare::Verdict::Values(v) => Some(v.worst_ratio),
+                    golden::internal::judge::compare::Verdict::Values(v) => Some(v.worst_ratio),
                     _ => None,
                 })
                 .fold(0.0f64, f64::max);

@@ -29,7 +29,7 @@ fn identity_check(reference: &str, timeout: Option<f64>) -> String {
         .dim("n", n.unwrap_or(1), n.unwrap_or(4))
         .arg("x", ["n"], Dist::default())
         .cases(4)
-        .mode(golden::describe::env::Mode::Live);
+        .mode(golden::internal::describe::env::Mode::Live);
     if let Some(t) = timeout {
         layer = layer.timeout(t);
     }
@@ -45,8 +45,8 @@ fn main() {
     let how = args.first().map(String::as_str).unwrap_or_default();
     match how {
         "info" => {
-            let key = golden::python::key::WorkerKey::from_env(None);
-            let worker = golden::python::worker::pool()
+            let key = golden::internal::python::key::WorkerKey::from_env(None);
+            let worker = golden::internal::python::worker::pool()
                 .check_out(&key)
                 .expect("a worker");
             println!("{}", worker.info);
@@ -65,7 +65,7 @@ fn main() {
                 };
                 println!("{}\n----", identity_check(reference, timeout));
             }
-            let idle = golden::python::worker::pool().idle_pids();
+            let idle = golden::internal::python::worker::pool().idle_pids();
             let stray: Vec<u32> = processes::workers_of(std::process::id())
                 .into_iter()
                 .filter(|p| !idle.contains(p))
@@ -84,7 +84,7 @@ fn main() {
     // Private workers are children of this process; the shared worker's copies are the daemon's,
     // each with a log file in the (per-test) shared folder.
     let shared_copies = || -> Vec<u32> {
-        let Some(dir) = golden::python::shared::directory() else {
+        let Some(dir) = golden::internal::python::shared::directory() else {
             return Vec::new();
         };
         std::fs::read_dir(dir)
@@ -100,7 +100,7 @@ fn main() {
             .collect()
     };
     let workers = loop {
-        let w = if golden::python::shared::enabled() {
+        let w = if golden::internal::python::shared::enabled() {
             shared_copies()
         } else {
             processes::workers_of(me)

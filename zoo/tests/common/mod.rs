@@ -43,7 +43,7 @@ impl Scratch {
 
     /// The golden store of a check named `layer` declared here.
     pub fn store(&self, layer: &golden::Layer) -> PathBuf {
-        golden::answers::store::path(layer, "").expect("declared")
+        golden::internal::answers::store::path(layer, "").expect("declared")
     }
 }
 

@@ -4,7 +4,7 @@
 
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{linear, VarBuilder};
-use golden::describe::checks::Step;
+use golden::internal::describe::checks::Step;
 use golden::{DimExpr, Dist, Layer};
 use golden::{Optimizer, OverfitSpec};
 use std::sync::Arc;
