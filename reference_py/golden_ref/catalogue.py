@@ -392,6 +392,8 @@ def _sdpa_options(c):
             out.append(label)
     if c.get("is_causal", False):
         out.append("not causal")
+        if q.shape[-2] > 1:
+            out += ["diagonal+1", "diagonal-1"]
     elif c.get("attn_mask") is None and q.shape[-2] > 1:
         out.append("causal")
     if c.get("attn_mask") is not None:
@@ -403,6 +405,14 @@ def _sdpa_apply(c, label):
     d = c.get("query").shape[-1]
     if label in ("1/d", "1", "1/√d"):
         return c.run(scale={"1/d": 1.0 / d, "1": 1.0, "1/√d": 1.0 / math.sqrt(d)}[label])
+    if label.startswith("diagonal"):
+        # The causal mask written out with its diagonal moved: query i sees keys j ≤ i ± 1 (the
+        # queries are the last of the keys, as with a cache).
+        q, k = c.get("query"), c.get("key")
+        length, keys = q.shape[-2], k.shape[-2]
+        shift = int(label[len("diagonal"):])
+        mask = torch.ones(length, keys, dtype=torch.bool, device=q.device).tril(keys - length + shift)
+        return c.run(is_causal=False, attn_mask=mask)
     if label == "not causal":
         return c.run(is_causal=False)
     if label == "causal":
@@ -413,6 +423,10 @@ def _sdpa_apply(c, label):
 def _sdpa_what(c, label):
     if label in ("1/d", "1", "1/√d"):
         return f"{c.name}(scale={label})"
+    if label.startswith("diagonal"):
+        more = label.endswith("+1")
+        return (f"{c.name} with its causal mask's diagonal {'one further' if more else 'one nearer'} "
+                f"(query i sees keys j ≤ i {'+' if more else '−'} 1)")
     return {"not causal": f"{c.name} without the causal mask (is_causal=False)",
             "causal": f"{c.name} with a causal mask (is_causal=True)",
             "no mask": f"{c.name} without its attn_mask"}[label]
@@ -425,6 +439,8 @@ def _sdpa_instead(c, label):
         names = {1.0 / d: "1/d", 1.0: "1", 1.0 / math.sqrt(d): "1/√d"}
         name = next((n for v, n in names.items() if math.isclose(v, current, rel_tol=1e-6)), _fmt(current))
         return f"scale={name}"
+    if label.startswith("diagonal"):
+        return "is_causal=True: keys j ≤ i"
     return {"not causal": "is_causal=True", "causal": "no mask", "no mask": "the mask applied"}[label]
 
 
@@ -432,6 +448,9 @@ def _sdpa_fix(c, label):
     if label in ("1/d", "1", "1/√d"):
         return f"scale the scores as the reference does ({_sdpa_instead(c, label)}, head_dim " \
                f"{c.get('query').shape[-1]}): (q.matmul(&k.t()?)? * scale)?"
+    if label.startswith("diagonal"):
+        return ("the causal mask is one diagonal off: query i attends to keys j ≤ i, the diagonal included "
+                "(candle: a mask of (j > i) filled with -inf, e.g. from Tensor::tril2 of ones)")
     return {"not causal": "mask the scores above the diagonal with -inf before the softmax "
                           "(a tril mask and where_cond)",
             "causal": "this attention is not causal: do not mask",

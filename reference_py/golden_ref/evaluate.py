@@ -119,6 +119,9 @@ class Case:
         # (`golden_ref.states.State`); the module is built from it once and shared by the case's
         # evaluations (see `build_module` and `shared`).
         self.checkpoint = None
+        # `around(target, run)` runs `run()`, one whole call of the reference (its driving
+        # included), and returns its result: the mutation diagnosis runs it under a mutation.
+        self.around = None
 
     @property
     def shared(self) -> bool:
@@ -261,7 +264,9 @@ def build_module(case: Case, dtype: str | None = None):
     target = torch_dtype(torch, name)
     half = name in ("f16", "bf16")
     with _default_dtype(torch, target if half else None):
-        module = construct(case)
+        # With a state to load, every parameter is replaced: their random init is wasted time
+        # (most of a tiny model's construction, and of the diagnosis, which builds it per mistake).
+        module = construct(case) if case.state is None else _construct_uninitialised(case)
     if case.state is not None:
         load_state(module, case.state, case.backend)
     if not half:
@@ -327,8 +332,15 @@ def _construct_uninitialised(case: Case):
 
     class SkipInit(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in initialisers and args and isinstance(args[0], torch.nn.Parameter):
-                return args[0]
+            # torch.nn.init's functions are dispatched with their tensor as a keyword.
+            tensor = args[0] if args else (kwargs or {}).get("tensor")
+            # torch.nn.init's functions dispatch to the mode themselves (and what they call then
+            # does not reach it): `nn.Linear`'s kaiming_uniform_, transformers' `_init_weights`
+            # (which keeps torch's originals while it patches the module's names).
+            initialiser = func in initialisers or (
+                getattr(func, "__module__", None) == "torch.nn.init" and func.__name__.endswith("_"))
+            if initialiser and isinstance(tensor, torch.nn.Parameter):
+                return tensor
             return func(*args, **(kwargs or {}))
 
     with SkipInit():
@@ -362,6 +374,15 @@ def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
     y = np.ascontiguousarray(b).reshape(-1).view(as_bits)
     step = max(_CHUNK // as_bits.itemsize, 1)
     return all(np.array_equal(x[i:i + step], y[i:i + step]) for i in range(0, x.size, step))
+
+
+def call(case: Case, target, args, phase: str):
+    """Call the reference `target` on the native inputs `args` as the case says: once, or driven
+    through its schedule (a cached decode, a submodule given what its model builds); returns its
+    leaves, (name, native value) pairs, with the trace's when tracing."""
+    if case.around is not None:
+        return case.around(target, lambda: _call(case, target, args, phase))
+    return _call(case, target, args, phase)
 
 
 def _call(case: Case, target, args, phase: str):
@@ -658,7 +679,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     backend = case.backend
     if private:
         native = [backend.to_native(a) for a in args]
-        leaves = _call(case, module if module is not None else case.obj, native, phase)
+        leaves = call(case, module if module is not None else case.obj, native, phase)
         if limit is not None:
             limit(leaves)
         return [(name, backend.from_native(v, case.dtype)) for name, v in leaves], []
@@ -672,7 +693,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     else:
         target = copy.deepcopy(module) if module is not None else case.obj
     with under if under is not None else contextlib.nullcontext():
-        leaves = _call(case, target, native, phase)
+        leaves = call(case, target, native, phase)
     if limit is not None:
         limit(leaves)
     outputs = _owned_outputs(backend, leaves, case.dtype)
@@ -829,11 +850,11 @@ def _evaluate64(case: Case, module, args, phase: str):
         # No float64 copy of a whole model: its parameters are upcast as each operation reads them
         # (`promoted(upcast=True)`), the largest one at a time.
         with promoted(backend, upcast=True):
-            return _call(case, module, native, phase)
+            return call(case, module, native, phase)
     if module is not None:
         target = copy.deepcopy(module).to(backend.torch.float64)
     with promoted(backend):
-        return _call(case, target, native, phase)
+        return call(case, target, native, phase)
 
 
 def _nudge_in_place(case: Case, module, rng):

@@ -30,6 +30,8 @@ those it matches on two failing cases.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import sys
 import time
 import weakref
@@ -38,10 +40,10 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import structure
-from .backends import OutputError, bf16_bits_to_f32, flatten_outputs
+from . import configs, rewrites, structure  # noqa: F401  (rewrites: registers its mutations)
+from .backends import OutputError, bf16_bits_to_f32
 from .catalogue import CATALOGUE, Call, mutation  # noqa: F401  (mutation: re-exported)
-from .evaluate import Case, ReferenceRaised, forward
+from .evaluate import Case, ReferenceRaised, call, construct, forward, reference_module
 from .families import CASTS, ELEMENTWISE, NONLINEAR
 from .sites import INTERNAL as _INTERNAL  # noqa: F401  (tests mark their own file internal)
 from .sites import join_places, site_of
@@ -52,7 +54,7 @@ SWAPPABLE = frozenset(("linear", "matmul", "conv1d", "conv2d", "bmm"))
 _ADDS = frozenset(("add", "__add__", "__radd__", "add_", "__iadd__"))
 
 # The kinds of candidate, in the order they are tried when the evidence says nothing in particular.
-KINDS = ("catalogue", "yours", "activation", "drop", "constant", "axes", "precision", "operands",
+KINDS = ("catalogue", "yours", "config", "activation", "drop", "constant", "axes", "precision", "operands",
          "boundary", "structure", "inputs")
 
 
@@ -191,7 +193,7 @@ class Candidate:
     message's words, `kind` its family."""
 
     def __init__(self, key, what, instead, fix, where, targets=None, mutation=None, label=None,
-                 swap=None, args=None, kind="catalogue", code=None, plan=None, modules=()):
+                 swap=None, args=None, kind="catalogue", code=None, plan=None, modules=(), config=None):
         self.key = key
         self.what = what
         self.instead = instead
@@ -206,10 +208,13 @@ class Candidate:
         self.code = code
         self.plan = plan  # a structure.Plan
         self.modules = set(modules)  # the submodules its sites run in
+        self.config = config  # a configs.Change: the reference built from another configuration
 
     def case(self, case: Case, ops, sites, sizes) -> Case:
         if self.args is not None:
             return case.derived(case.obj, args=self.args)
+        if self.config is not None:
+            return _configured(case, self.config)
         return _wrapped(case, lambda: _Session(self, ops, sites, sizes))
 
 
@@ -297,6 +302,10 @@ def _wrapped(case: Case, session, built=None) -> Case:
                 super().__init__()
                 holder = {}
 
+                watch = getattr(session(), "watch_config", None)
+                if watch is not None:
+                    args, init = watch(args, init)
+
                 def build():
                     holder["inner"] = cls(*args, **init)
 
@@ -306,9 +315,14 @@ def _wrapped(case: Case, session, built=None) -> Case:
                     built.append(self)
 
             def forward(self, *args, **kwargs):
-                return session().run(lambda: self.inner(*args, **kwargs), root=self.inner)
+                return self.inner(*args, **kwargs)
 
-        obj = Mutated
+        derived = case.derived(Mutated)
+        # The whole call runs in the session: the module's forward and what the driving builds
+        # for it from its configuration (a submodule's rotary tables and mask, every step of a
+        # schedule), as a whole model's own code would build them.
+        derived.around = lambda target, run: session().run(run, root=reference_module(target))
+        return derived
     else:
         fn = case.obj
 
@@ -317,6 +331,48 @@ def _wrapped(case: Case, session, built=None) -> Case:
 
         obj.golden_inner = fn  # what golden's schedules read the signature of
     return case.derived(obj)
+
+
+class _ConfigBuilder:
+    """A configuration class as `evaluate.constructor_arguments` calls it, building the
+    configuration with one change (`configs.Change`)."""
+
+    def __init__(self, config_class, change):
+        self.config_class = config_class
+        self.change = change
+        self.__name__ = getattr(config_class, "__name__", "config")
+
+    def __call__(self, **keywords):
+        return self.change.build(self.config_class, keywords)
+
+
+def _configured(case: Case, change) -> Case:
+    """The case with its reference built from the configuration with `change`."""
+    derived = case.derived(case.obj)
+    config_class, keywords = case.config
+    derived.config = (_ConfigBuilder(config_class, change), keywords)
+    if case.schedule is not None:
+        # What the driving builds from the configuration once per case (a submodule's rotary
+        # embedding) is built again from this one; the tokens a generation was fed stay.
+        derived.schedule = copy.copy(case.schedule)
+        derived.schedule.rotary = None
+    return derived
+
+
+def _fits(case: Case) -> bool:
+    """Whether the case's state fits the module the case builds: the same names and shapes,
+    worked out on torch's meta device (no memory, no initialisation)."""
+    if case.state is None or case.form != "module":
+        return True
+    torch = case.backend.torch
+    try:
+        with torch.device("meta"):
+            module = construct(case)
+        have = {name: tuple(t.shape) for name, t in reference_module(module).state_dict().items()}
+    except Exception:
+        return False
+    wanted = {name: tuple(t.array.shape) for name, t in case.state}
+    return have == wanted
 
 
 class Recording:
@@ -339,9 +395,30 @@ class Recording:
         self.recorder = None
         self.flow = None
         self.seconds = 0.0
+        # The configuration's fields the reference reads (module form built from a configuration).
+        self.reads = configs.Reads()
 
     def session(self):
         return self
+
+    def watch_config(self, args, init):
+        """The constructor's arguments with its configuration object watched (`configs.Reads`)."""
+        if "config" in init:
+            init = {**init, "config": self.reads.watch(init["config"])}
+        elif args:
+            args = (self.reads.watch(args[0]), *args[1:])
+        return args, init
+
+    def config_candidates(self, case: Case) -> list:
+        """A candidate per configuration mistake (`configs.changes`) of the fields read, but those
+        under which the case's weights no longer fit the module (a size that shapes a weight)."""
+        out = []
+        for change in configs.changes(self.reads, case.config[0]):
+            if not _fits(_configured(case, change)):
+                continue
+            out.append(Candidate(change.key, change.what(), change.instead(), change.fix(), change.where(),
+                                 kind="config", code=change.code(), config=change))
+        return out
 
     def run(self, call_reference, constructing=False, root=None):
         self.constructing = constructing
@@ -531,6 +608,15 @@ def _as_f64(t: WireTensor) -> np.ndarray:
 _FAR = 1e15
 
 
+def _digest(leaves) -> bytes:
+    """The bits of a candidate's outputs, hashed: equal for mutants that compute the same."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, t in leaves:
+        h.update(f"{name}\0{t.dtype}\0{np.shape(t.array)}\0".encode())
+        h.update(np.ascontiguousarray(t.array).view(np.uint8).reshape(-1))
+    return h.digest()
+
+
 def distance(leaves, port: dict) -> float:
     """RMS distance between the outputs `leaves` and `port` (name -> WireTensor): NaN matches NaN,
     an infinity only itself; any other non-finite pair, or a shape that differs, is far."""
@@ -613,6 +699,20 @@ def order_of_kinds(found: list) -> list:
     return out
 
 
+# Comparisons say a bound as the reference's code says it (`kv_idx <= q_idx`): of the equivalent
+# spellings of an off-by-one, they are named first.
+_COMPARISONS = frozenset(("le", "lt", "ge", "gt", "__le__", "__lt__", "__ge__", "__gt__", "less", "less_equal",
+                          "greater", "greater_equal"))
+
+
+def _plainer(candidate, recording) -> int:
+    """0 for the candidates that name a mistake most plainly among equivalent ones, else 1."""
+    targets = candidate.targets or ()
+    if candidate.kind == "boundary" and any(recording.sites[k].op in _COMPARISONS for k in targets):
+        return 0
+    return 1
+
+
 def _focused(candidate, focus) -> bool:
     """Whether the candidate's sites run in the submodule `focus` (a trace point's name)."""
     if not focus:
@@ -634,12 +734,13 @@ def _cheap(case: Case, target, candidate, ops, sites, sizes):
     # The CPU generator only: torch.manual_seed also queues a CUDA re-seed, and on a CUDA build
     # that records a stack trace each time (~1 ms, the cheap pass's largest cost).
     torch.default_generator.manual_seed(case.seed)
-    with backend.no_grad():
-        if session is None:
-            out = target(*args, **case.kwargs)
-        else:
-            out = session.run(lambda: target(*args, **case.kwargs), root=root)
-    return [(name, backend.from_native(value, case.dtype)) for name, value in flatten_outputs(out, backend)]
+    # Driven as the reference is (a schedule's steps, a submodule's position embeddings and mask):
+    # a bare call would answer for another computation, or not at all.
+    if session is None:
+        leaves = call(case, target, args, "the diagnosis's cheap pass")
+    else:
+        leaves = session.run(lambda: call(case, target, args, "the diagnosis's cheap pass"), root=root)
+    return [(name, backend.from_native(value, case.dtype)) for name, value in leaves]
 
 
 def config_sizes(case: Case) -> list:
@@ -694,6 +795,7 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
     recording = Recording(catalogue_for(case.obj), sizes)
     built = []
     base = forward(_wrapped(case, recording.session, built), precise=False)
+    recording.reads.stop()
     # The cheap pass reuses the reference as forward() built it (its weights included), unless a
     # mutation is in its constructor.
     target = case.obj if case.form != "module" else (built[-1].inner if built else None)
@@ -701,6 +803,8 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
     base_expected = dict(base["expected"])
     base_distance = distance(base["expected"], port)
     candidates = recording.candidates() + _input_candidates(case, names)
+    if case.config is not None:
+        candidates += recording.config_candidates(case)
     ops = recording.ops
     # A full evaluation runs the reference 2 + 2 × perturbations times (case dtype, float64, and
     # each nudge in both).
@@ -726,9 +830,10 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
     # Which leaves differ: a mutant that moves a leaf the port already matches is not the port.
     agreed = [name for name, t in base["expected"] if name in port and _agrees(t, port[name])]
     rank = {kind: i for i, kind in enumerate(order)}
-    candidates.sort(key=lambda c: (not _focused(c, focus), rank.get(c.kind, len(rank))))
+    candidates.sort(key=lambda c: (not _focused(c, focus), rank.get(c.kind, len(rank)), _plainer(c, recording)))
     reserve = min(clock.seconds / 2, keep * full_cost)
     scored = []
+    seen = set()
     truncated, stage = False, None
     tried = 0
     for candidate in candidates:
@@ -738,7 +843,8 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
         tried += 1
         counts[candidate.kind][1] += 1
         try:
-            if target is None or (candidate.targets and candidate.targets & recording.construction):
+            if (target is None or candidate.config is not None
+                    or (candidate.targets and candidate.targets & recording.construction)):
                 expected = forward(candidate.case(case, ops, recording.sites, sizes), precise=False)["expected"]
             else:
                 expected = _cheap(case, target, candidate, ops, recording.sites, sizes)
@@ -747,6 +853,13 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
         moved = distance(expected, base_expected)
         if moved == 0.0:
             continue  # a mutation that changes nothing explains nothing
+        # Two spellings of one mistake (a key absent and its fallback value; a mask's bound moved
+        # in the comparison or in the positions it compares) compute the same: the first named of
+        # its kind says it.
+        digest = (candidate.kind, _digest(expected))
+        if digest in seen:
+            continue
+        seen.add(digest)
         if any(not _agrees(t, base_expected[name]) for name, t in expected if name in agreed):
             continue
         d = distance(expected, port)

@@ -1,0 +1,212 @@
+"""The diagnosis names configuration mistakes and structural rewrites, on the kinds of check a
+transformers model is checked with: a submodule driven with what its model builds (position
+embeddings, a mask), a decoder layer, a whole model. Each port here is the reference's own
+computation with one porting mistake written out in torch (or, for a configuration mistake, the
+reference built from the mistaken configuration), and the search must name that mistake, with
+where the reference makes the choice.
+"""
+
+import unittest
+
+import numpy as np
+
+try:
+    import torch
+    import transformers
+except ImportError:  # the numpy-only set-up: nothing here can run
+    torch = None
+
+HIDDEN, HEADS = 32, 2
+HEAD = HIDDEN // HEADS
+CONFIG = dict(vocab_size=32, hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=HEADS, max_position_embeddings=64, rotary_pct=0.25,
+              use_parallel_residual=True)
+
+
+@unittest.skipIf(torch is None, "needs torch and transformers")
+class CausesTest(unittest.TestCase):
+    def setUp(self):
+        from golden_ref.backends import TorchBackend
+
+        self.backend = TorchBackend()
+        self.rng = np.random.default_rng(1)
+
+    def wire(self, a, dtype="f32"):
+        from golden_ref.wire import WireTensor
+
+        return WireTensor(dtype, np.ascontiguousarray(a))
+
+    def case(self, cls, args, config, init=None):
+        """A module-form case of a GPT-NeoX class from `config`, with weights drawn here (norm
+        weights near one)."""
+        from golden_ref.evaluate import Case, build_module
+
+        case = Case(cls, "module", self.backend, args, {}, init or {}, 3, "f32")
+        case.config = (transformers.GPTNeoXConfig, dict(config))
+        generator = torch.Generator().manual_seed(0)
+        state = []
+        for name, t in build_module(case).state_dict().items():
+            value = torch.randn(t.shape, generator=generator) * 0.3
+            if "norm" in name and name.endswith("weight"):
+                value += 1.0
+            state.append((name, self.wire(value.numpy())))
+        case.state = state
+        return case
+
+    def outputs(self, case, config=None):
+        """The case's outputs, or those of the reference built from `config` on the same weights."""
+        from golden_ref.evaluate import forward
+
+        if config is not None:
+            other = case.derived(case.obj)
+            other.config = (case.config[0], dict(config))
+            case = other
+        return forward(case.derived(case.obj), precise=False)["expected"]
+
+    def named(self, case, port, names):
+        """The mutants the port matches within a float32 tolerance, as (kind, what, where)."""
+        from golden_ref import mutations
+
+        _, found = mutations.search(case, port, names, budget=60)
+        port = dict(port)
+        out = []
+        for candidate, result in found:
+            fits = True
+            for name, t in result["expected"]:
+                a, b = np.asarray(t.array, np.float64), np.asarray(port[name].array, np.float64)
+                fits &= a.shape == b.shape and bool((np.abs(a - b) <= 2e-5 + 1e-4 * np.abs(a)).all())
+            if fits:
+                out.append((candidate.kind, candidate.what, candidate.where))
+        return out
+
+    def attention(self, implementation):
+        from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention
+
+        x = self.rng.standard_normal((2, 5, HIDDEN)).astype(np.float32)
+        config = {**CONFIG, "attn_implementation": implementation}
+        return self.case(GPTNeoXAttention, [self.wire(x)], config, {"layer_idx": 0}), x
+
+    def attention_port(self, case, x, mistake):
+        """GPT-NeoX's attention written out, as a port of it would be, with one `mistake`."""
+        w = {name: torch.tensor(t.array) for name, t in case.state}
+        b, t = x.shape[:2]
+        rotary = HEAD if mistake == "whole head rotated" else HEAD // 4
+        qkv = torch.tensor(x) @ w["query_key_value.weight"].T + w["query_key_value.bias"]
+        if mistake == "split per tensor":
+            q, k, v = (a.view(b, t, HEADS, HEAD).transpose(1, 2) for a in qkv.chunk(3, -1))
+        else:
+            q, k, v = qkv.view(b, t, HEADS, 3 * HEAD).transpose(1, 2).chunk(3, -1)
+        freqs = torch.arange(t).float()[:, None] / 10000 ** (torch.arange(0, rotary, 2).float() / rotary)
+        interleaved = mistake == "interleaved pairs"
+        angles = torch.repeat_interleave(freqs, 2, -1) if interleaved else torch.cat([freqs, freqs], -1)
+
+        def rope(a):
+            r, rest = a[..., :rotary], a[..., rotary:]
+            if interleaved:
+                turned = torch.stack([-r[..., 1::2], r[..., 0::2]], -1).flatten(-2)
+            else:
+                turned = torch.cat([-r[..., rotary // 2:], r[..., :rotary // 2]], -1)
+            return torch.cat([r * angles.cos() + turned * angles.sin(), rest], -1)
+
+        scale = 1 / HEAD if mistake == "scale 1/d" else HEAD ** -0.5
+        scores = rope(q) @ rope(k).transpose(-1, -2) * scale
+        diagonal = 1 if mistake == "mask one further" else 0
+        allowed = torch.ones(t, t).tril(diagonal).bool()
+        probs = scores.masked_fill(~allowed, torch.finfo(torch.float32).min).softmax(-1)
+        out = (probs @ v).transpose(1, 2).reshape(b, t, HIDDEN) @ w["dense.weight"].T + w["dense.bias"]
+        leaves = [("out.0", self.wire(out.numpy())), ("out.1", self.wire(probs.numpy()))]
+        return leaves[:len(self.outputs(case))]
+
+    def test_the_right_attention_port_is_the_reference(self):
+        for implementation in ("eager", "sdpa"):
+            case, x = self.attention(implementation)
+            for (name, a), (_, b) in zip(self.attention_port(case, x, None), self.outputs(case)):
+                np.testing.assert_allclose(a.array, b.array, atol=2e-6, err_msg=f"{implementation} {name}")
+
+    def test_a_driven_submodule_is_mutated_as_it_is_driven(self):
+        # The attention module takes the position embeddings and the mask its model builds: every
+        # mutant must be run with them, or none of them answers (the cheap pass called it bare).
+        for implementation, words in (("eager", "Tensor.mul by 0.0625"),
+                                      ("sdpa", "F.scaled_dot_product_attention(scale=1/d)")):
+            case, x = self.attention(implementation)
+            found = self.named(case, self.attention_port(case, x, "scale 1/d"), ["hidden_states"])
+            self.assertTrue(any(words in what for _, what, _ in found), f"{implementation}: {found}")
+
+    def test_a_fused_projection_split_per_tensor(self):
+        case, x = self.attention("sdpa")
+        found = self.named(case, self.attention_port(case, x, "split per tensor"), ["hidden_states"])
+        self.assertTrue(found, "nothing named")
+        kind, what, where = found[0]
+        self.assertEqual(kind, "structure")
+        self.assertIn("fused projection split per tensor ([3, 2, 16]", what)
+        self.assertIn("transformers/models/gpt_neox/modeling_gpt_neox.py:", where)
+
+    def test_rotary_on_interleaved_pairs_with_tables_the_driving_builds(self):
+        case, x = self.attention("eager")
+        found = self.named(case, self.attention_port(case, x, "interleaved pairs"), ["hidden_states"])
+        self.assertTrue(any("interleaved pairs" in what for _, what, _ in found), found)
+
+    def test_a_causal_mask_one_diagonal_off(self):
+        for implementation, words in (("eager", "`kv_idx <= q_idx`"),
+                                      ("sdpa", "causal mask's diagonal one further")):
+            case, x = self.attention(implementation)
+            found = self.named(case, self.attention_port(case, x, "mask one further"), ["hidden_states"])
+            self.assertTrue(any(words in what for _, what, _ in found), f"{implementation}: {found}")
+
+    def test_the_partial_rotary_fraction_ignored_is_a_configuration_mistake(self):
+        case, x = self.attention("sdpa")
+        found = self.named(case, self.attention_port(case, x, "whole head rotated"), ["hidden_states"])
+        self.assertTrue(found, "nothing named")
+        kind, what, where = found[0]
+        self.assertEqual(kind, "config")
+        self.assertEqual(what, "`rope_parameters['partial_rotary_factor']` were 1.0")
+        self.assertIn("transformers/models/gpt_neox/modeling_gpt_neox.py:", where)
+
+    def test_configuration_mistakes_of_a_layer_and_of_a_whole_model(self):
+        from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXLayer
+
+        x = self.rng.standard_normal((2, 5, HIDDEN)).astype(np.float32)
+        ids = np.array([[1, 5, 7, 3, 9], [2, 4, 6, 8, 1]], dtype=np.int64)
+        checks = (
+            (GPTNeoXLayer, [self.wire(x)], {"layer_idx": 0}, ["hidden_states"]),
+            (transformers.GPTNeoXForCausalLM, [self.wire(ids, "i64")], {}, ["input_ids"]),
+        )
+        mistakes = (("use_parallel_residual", False, "`use_parallel_residual` were False"),
+                    ("hidden_act", "gelu_pytorch_tanh", "`hidden_act` were 'gelu_pytorch_tanh'"),
+                    ("layer_norm_eps", 1e-6, "`layer_norm_eps` were 1e-6"))
+        for cls, args, init, names in checks:
+            case = self.case(cls, args, {**CONFIG, "attn_implementation": "sdpa"}, init)
+            for field, value, words in mistakes:
+                port = self.outputs(case, {**CONFIG, "attn_implementation": "sdpa", field: value})
+                found = self.named(case, port, names)
+                self.assertTrue(found, f"{cls.__name__} {field}: nothing named")
+                kind, what, where = found[0]
+                self.assertEqual((kind, what), ("config", words), f"{cls.__name__}: {found}")
+                self.assertIn("transformers/models/gpt_neox/", where)
+
+    def test_a_right_port_is_matched_by_no_mutant(self):
+        from golden_ref import mutations
+
+        case, x = self.attention("sdpa")
+        _, found = mutations.search(case, self.attention_port(case, x, None), ["hidden_states"], budget=60)
+        self.assertEqual(found, [])
+
+    def test_the_fields_read_and_where(self):
+        from golden_ref import mutations
+        from golden_ref.evaluate import forward
+
+        case, _ = self.attention("eager")
+        recording = mutations.Recording(mutations.catalogue_for(case.obj))
+        forward(mutations._wrapped(case, recording.session), precise=False)
+        fields = recording.reads.fields
+        # Read by the module, and by the rotary embedding the driving builds from the configuration.
+        self.assertIn(("rope_parameters", "partial_rotary_factor"), fields)
+        self.assertIn(("rope_parameters", "rope_theta"), fields)
+        self.assertTrue(fields[("attention_bias",)].places[0].startswith(
+            "transformers/models/gpt_neox/modeling_gpt_neox.py:"))
+        # Fields that say nothing about the computation are not watched.
+        self.assertNotIn(("use_cache",), fields)
+
+
+if __name__ == "__main__":
+    unittest.main()
