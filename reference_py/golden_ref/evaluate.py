@@ -138,18 +138,24 @@ class Case:
         case.config = self.config
         case.schedule = self.schedule
         case.checkpoint = self.checkpoint
+        case.around = self.around
         return case
 
 
 def reference_module(module):
-    """The reference module inside one of golden's wrappers (variants, gradients), or itself."""
-    return module.inner if getattr(type(module), "golden_wrapper", False) else module
+    """The reference module inside golden's wrappers (variants, gradients, mutations, which may
+    wrap one another), or itself."""
+    while getattr(type(module), "golden_wrapper", False):
+        module = module.inner
+    return module
 
 
 def reference_class(obj):
-    """The reference's class behind one of golden's wrapper classes (variants, gradients,
-    mutations), or `obj` itself."""
-    return getattr(obj, "golden_inner", obj)
+    """The reference's class behind golden's wrapper classes (variants, gradients, mutations, which
+    may wrap one another), or `obj` itself."""
+    while hasattr(obj, "golden_inner"):
+        obj = obj.golden_inner
+    return obj
 
 
 def _takes_config_keyword(cls) -> bool:

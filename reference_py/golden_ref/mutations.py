@@ -43,7 +43,7 @@ from torch.overrides import TorchFunctionMode
 from . import configs, rewrites, structure  # noqa: F401  (rewrites: registers its mutations)
 from .backends import OutputError, bf16_bits_to_f32
 from .catalogue import CATALOGUE, Call, mutation  # noqa: F401  (mutation: re-exported)
-from .evaluate import Case, ReferenceRaised, call, construct, forward, reference_module
+from .evaluate import Case, ReferenceRaised, call, construct, forward, reference_class, reference_module
 from .families import CASTS, ELEMENTWISE, NONLINEAR
 from .sites import INTERNAL as _INTERNAL  # noqa: F401  (tests mark their own file internal)
 from .sites import join_places, site_of
@@ -320,8 +320,15 @@ def _wrapped(case: Case, session, built=None) -> Case:
         derived = case.derived(Mutated)
         # The whole call runs in the session: the module's forward and what the driving builds
         # for it from its configuration (a submodule's rotary tables and mask, every step of a
-        # schedule), as a whole model's own code would build them.
-        derived.around = lambda target, run: session().run(run, root=reference_module(target))
+        # schedule), as a whole model's own code would build them. Inside a mutation made before
+        # (a second mistake on top of a first), both apply.
+        before = case.around
+
+        def around(target, run):
+            inner = run if before is None else (lambda: before(target, run))
+            return session().run(inner, root=reference_module(target))
+
+        derived.around = around
         return derived
     else:
         fn = case.obj
@@ -778,8 +785,21 @@ class Budget:
         return self.seconds - (time.monotonic() - self.started)
 
 
+def _record(case: Case, sizes, names):
+    """Run the reference once under the recording: (the recording, the modules it built, its
+    result, the candidates it admits)."""
+    recording = Recording(catalogue_for(reference_class(case.obj)), sizes)
+    built = []
+    result = forward(_wrapped(case, recording.session, built), precise=False)
+    recording.reads.stop()
+    candidates = recording.candidates() + _input_candidates(case, names)
+    if case.config is not None:
+        candidates += recording.config_candidates(case)
+    return recording, built, result, candidates
+
+
 def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, perturbations: int = 4,
-           only=None, sizes=(), focus=None):
+           only=None, sizes=(), focus=None, base=None):
     """Find the mutations of the reference that move it toward the port on this case, within
     `budget` seconds.
 
@@ -788,23 +808,28 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
     Returns a summary (calls, sites, candidates of each kind and how many were tried, whether the
     budget ran out and where) and, for the `keep` closest candidates, (candidate, result of
     `forward`). With `only` (candidate keys, those that matched on another case), just those are
-    evaluated, in full, without the cheap pass."""
+    evaluated, in full, without the cheap pass. With `base` (a candidate's key), the search is of
+    a second mistake on top of that one: every candidate is evaluated with `base` made too (a port
+    with two mistakes, the first named on a smaller case)."""
     clock = Budget(budget)
     sizes = [(name, value, "config") for name, value in config_sizes(case)] + [
         (str(n), int(v), "case") for n, v in sizes]
-    recording = Recording(catalogue_for(case.obj), sizes)
-    built = []
-    base = forward(_wrapped(case, recording.session, built), precise=False)
-    recording.reads.stop()
+    first = None
+    if base is not None:
+        recording, _, _, candidates = _record(case, sizes, names)
+        first = next((c for c in candidates if c.key == base), None)
+        if first is None:
+            raise OutputError(f"the mutation {base!r} does not apply to this case")
+        case = first.case(case, recording.ops, recording.sites, sizes)
+    recording, built, base, candidates = _record(case, sizes, names)
+    if first is not None:
+        candidates = [c for c in candidates if c.key != first.key]
     # The cheap pass reuses the reference as forward() built it (its weights included), unless a
     # mutation is in its constructor.
     target = case.obj if case.form != "module" else (built[-1].inner if built else None)
     port = dict(port)
     base_expected = dict(base["expected"])
     base_distance = distance(base["expected"], port)
-    candidates = recording.candidates() + _input_candidates(case, names)
-    if case.config is not None:
-        candidates += recording.config_candidates(case)
     ops = recording.ops
     # A full evaluation runs the reference 2 + 2 × perturbations times (case dtype, float64, and
     # each nudge in both).

@@ -208,6 +208,7 @@ class Worker:
             only=header.get("only"),
             sizes=[(str(n), int(v)) for n, v in header.get("sizes", [])],
             focus=header.get("focus"),
+            base=header.get("base"),
         )
         table = wire.TensorTable()
         summary["mutants"] = [

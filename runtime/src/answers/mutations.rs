@@ -86,6 +86,9 @@ pub struct Ask<'a> {
     pub budget: f64,
     /// Just these mutations, evaluated in full.
     pub only: Option<&'a [String]>,
+    /// A mutation (its key) made in every candidate: the search is of a second mistake on top
+    /// of it.
+    pub base: Option<&'a str>,
 }
 
 impl Live {
@@ -120,6 +123,9 @@ impl Live {
         header["sizes"] = json!(sizes);
         if let Some(keys) = ask.only {
             header["only"] = json!(keys);
+        }
+        if let Some(base) = ask.base {
+            header["base"] = json!(base);
         }
         if let Some(focus) = ask.focus {
             header["focus"] = json!(focus);

@@ -342,6 +342,9 @@ pub enum ParamIssue {
         name: String,
         /// Its shape.
         shape: Vec<usize>,
+        /// The shape of the `weight` beside it (`<prefix>.weight`), when there is one: which kind
+        /// of layer a bias belongs to.
+        weight: Option<Vec<usize>>,
     },
     /// The port reads a name of a tied tensor that a checkpoint of the module does not hold
     /// (`lm_head.weight`, which `save_pretrained` leaves out where the configuration ties it to
@@ -420,16 +423,29 @@ impl fmt::Display for ParamIssue {
                  weight than the reference's — where the configuration ties them (e.g. \
                  tie_word_embeddings), use `{saved}` (candle: the embedding's weight as the LM head)"
             ),
-            ParamIssue::Unused { name, shape } => {
+            ParamIssue::Unused {
+                name,
+                shape,
+                weight,
+            } => {
                 write!(
                     f,
                     "the reference's state_dict has `{name}` {shape:?}, which the port never reads"
                 )?;
                 if name.ends_with("bias") {
-                    write!(
-                        f,
-                        " — a forgotten bias? (candle_nn::linear_no_bias drops it)"
-                    )?;
+                    // The layer it belongs to, by the shape of the weight beside it.
+                    let hint = match weight.as_ref().map(Vec::len) {
+                        Some(2) => "a forgotten bias? (candle_nn::linear_no_bias drops it)",
+                        Some(1) => {
+                            "a norm's forgotten bias? (candle_nn::LayerNorm::new takes it; \
+                             LayerNorm::new_no_bias and RmsNorm have none)"
+                        }
+                        Some(_) => {
+                            "a convolution's forgotten bias? (candle_nn::conv*_no_bias drops it)"
+                        }
+                        None => "a forgotten bias?",
+                    };
+                    write!(f, " — {hint}")?;
                 }
                 Ok(())
             }
@@ -846,6 +862,17 @@ impl StateDict {
             .collect()
     }
 
+    /// The names of the entries the port never read (every name of a tied group).
+    pub fn unused_names(&self) -> Vec<String> {
+        let reads = self.inner.reads.lock().unwrap();
+        self.inner
+            .names
+            .iter()
+            .filter(|n| !reads.contains(*n))
+            .cloned()
+            .collect()
+    }
+
     /// Entries the port never read, in state_dict order (a tied group once, by its first name).
     pub fn unused(&self) -> Vec<ParamIssue> {
         let reads = self.inner.reads.lock().unwrap();
@@ -861,9 +888,13 @@ impl StateDict {
                 continue;
             }
             reported.push(n);
+            let beside = n
+                .rsplit_once('.')
+                .map_or_else(|| "weight".to_string(), |(p, _)| format!("{p}.weight"));
             out.push(ParamIssue::Unused {
                 name: n.clone(),
                 shape: data[n].dims().to_vec(),
+                weight: data.get(&beside).map(|t| t.dims().to_vec()),
             });
         }
         out

@@ -156,6 +156,12 @@ impl CaseFailure {
         remote_kind(self.reference_error.as_ref()) == Some(&RemoteKind::Schedule)
     }
 
+    /// Whether the port returns other output leaves than the reference (a leaf one side has and
+    /// the other has not): no case changes that, so it is not shrunk, nor diagnosed.
+    pub fn outputs_differ_in_structure(&self) -> bool {
+        crate::report::structure::mismatch(&self.leaves).is_some()
+    }
+
     /// One line for proptest's own bookkeeping.
     pub fn headline(&self) -> String {
         if let Some(p) = self.params.first() {
@@ -263,22 +269,7 @@ impl Failure {
     /// second recorded case to confirm it on), said to be only that.
     pub fn likely_cause(&self) -> Option<String> {
         let c = self.case_failure()?;
-        let matched = |m: &MutationMatch| {
-            let site = if m.site.is_empty() {
-                String::new()
-            } else {
-                format!(" at {}", m.site)
-            };
-            let instead = if m.instead.is_empty() || m.what.contains(" instead of ") {
-                String::new()
-            } else {
-                format!(" (instead of {})", m.instead)
-            };
-            format!(
-                "the port matches the reference with {}{site}{instead}",
-                m.what
-            )
-        };
+        let matched = MutationMatch::claim;
         if let Some(m) = c.mutations.iter().find(|m| m.both_cases) {
             return Some(format!("{} — fix: {}", matched(m), m.fix));
         }
@@ -717,6 +708,13 @@ impl fmt::Display for Failure {
                     self.reference
                 )?;
             }
+            FailureKind::Case(c) if c.outputs_differ_in_structure() => {
+                writeln!(
+                    out,
+                    "golden: `{}` returns outputs of another structure than its reference `{}`{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
             FailureKind::Case(_) if self.check == crate::describe::checks::Kind::Overfit => {
                 writeln!(
                     out,
@@ -876,6 +874,16 @@ impl fmt::Display for Failure {
                 for leaf in failing {
                     write_leaf(&mut out, leaf)?;
                 }
+            }
+            if let Some((port, reference)) = crate::report::structure::mismatch(&c.leaves) {
+                writeln!(
+                    out,
+                    "  the port returns {}, the reference {} — fix: {} (said on the first case: no \
+                     case changes what a port returns)",
+                    crate::report::structure::describe(&port),
+                    crate::report::structure::describe(&reference),
+                    crate::report::structure::fix(&reference)
+                )?;
             }
             let (causes, evidence): (Vec<&LeafDiagnosis>, Vec<&LeafDiagnosis>) =
                 c.diagnoses.iter().partition(|d| d.confirmed);
@@ -1106,28 +1114,27 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
 /// failing cases (max diff …), where the reference reads \`CODE\` — fix: FIX"; the second and
 /// third read "or: ...". A match on one failing case alone reads as evidence, without a fix.
 fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result {
-    let site = if m.site.is_empty() {
-        String::new()
-    } else {
-        format!(" at {}", m.site)
-    };
     let code = m
         .code
         .as_ref()
         .map(|c| format!(", where the reference reads `{c}`"))
         .unwrap_or_default();
-    let instead = if m.instead.is_empty() || m.what.contains(" instead of ") {
-        String::new()
-    } else {
-        format!(" (instead of {})", m.instead)
-    };
+    if m.second.is_some() {
+        return writeln!(
+            out,
+            "  and a second mistake, made together with the first on the other failing case: {} \
+             (max diff {}){code} — fix: {}",
+            m.claim(),
+            num(m.fit.max_diff),
+            m.fix
+        );
+    }
     if !m.both_cases {
         let lead = if i == 0 { "evidence" } else { "or" };
         return writeln!(
             out,
-            "  {lead}: on one failing case the port matches the reference with {}{site}{instead} \
-             (max diff {}){code}, which would mean: {}",
-            m.what,
+            "  {lead}: on one failing case {} (max diff {}){code}, which would mean: {}",
+            m.claim(),
             num(m.fit.max_diff),
             m.fix
         );
@@ -1135,9 +1142,8 @@ fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result 
     let lead = if i == 0 { "likely cause" } else { "or" };
     writeln!(
         out,
-        "  {lead}: the port matches the reference with {}{site}{instead} on both failing cases \
-         (max diff {}){code} — fix: {}",
-        m.what,
+        "  {lead}: {} on both failing cases (max diff {}){code} — fix: {}",
+        m.claim(),
         num(m.fit.max_diff),
         m.fix
     )

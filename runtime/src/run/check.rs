@@ -678,6 +678,12 @@ fn run_dtype(
                     "the reference cannot follow the schedule",
                 ))
             }
+            // Outputs of another structure than the reference's (a leaf one side returns and the
+            // other does not) are so on every case: said on the first, not shrunk.
+            Outcome::Fail(f) if f.outputs_differ_in_structure() => {
+                *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));
+                Err(TestCaseError::fail("the outputs differ in structure"))
+            }
             // A port that did not return is not shrunk: each try would wait the whole timeout.
             Outcome::Fail(f) if matches!(f.port, Some(PortFault::TimedOut(_))) => {
                 *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));

@@ -644,6 +644,7 @@ impl GradRunner<'_> {
     ) -> Result<(), String> {
         let (run, state) =
             self.run_port(args, &forward.state_dict, &forward.aliases, dtype, targets)?;
+        let never_read = state.as_ref().map(|s| s.unused_names()).unwrap_or_default();
         if let Some(state) = &state {
             failure.params = state.request_issues();
             failure.params.extend(crate::answers::params::without_kept(
@@ -669,6 +670,14 @@ impl GradRunner<'_> {
                 .map(|(_, t)| t);
             let all_zero = |t: &HostTensor| t.to_f64().iter().all(|v| *v == 0.0);
             match (grad, theirs) {
+                (None, Some(_)) if never_read.contains(&name) => {
+                    // The port never reads it (said above, with the parameters): nothing stops
+                    // its gradient, there is none to stop.
+                    failure.gradient_issues.push(GradientIssue::Other(format!(
+                        "`{name}` gets a gradient in PyTorch and none in the port: the port never \
+                         reads it"
+                    )))
+                }
                 (None, Some(t)) if !all_zero(t) => {
                     failure.gradient_issues.push(GradientIssue::Other(format!(
                         "`{name}` gets a gradient in PyTorch and none in the port: the gradient \

@@ -69,6 +69,7 @@ pub(crate) fn explain(
         focus: focus.as_deref(),
         budget: left(if other.is_some() { 0.75 } else { 1.0 }),
         only: None,
+        base: None,
     };
     let (matches, search) = match matches_on(layer, dtype, source, case, c, ask) {
         Ok(found) => found,
@@ -100,6 +101,7 @@ pub(crate) fn explain(
             focus: focus.as_deref(),
             budget: left(1.0),
             only: Some(&keys),
+            base: None,
         };
         if ask.budget <= 0.0 {
             second_out_of_time = true;
@@ -116,7 +118,37 @@ pub(crate) fn explain(
             }
         }
     }
-    let matches = both(matches, confirmed.as_deref(), SHOWN);
+    let unconfirmed = confirmed
+        .as_ref()
+        .is_some_and(|found| !matches.iter().any(|m| found.iter().any(|f| f.key == m.key)));
+    let mut matches = both(matches, confirmed.as_deref(), SHOWN);
+    if let (true, Some((params, f)), Some(first)) = (unconfirmed, other, matches.first()) {
+        // The smallest case's mistake does not explain the other case alone: a port with two
+        // mistakes shows both there. Search the other case for a second mistake on top of it.
+        let key = first.key.clone();
+        let ask = Ask {
+            focus: focus.as_deref(),
+            budget: left(1.0),
+            only: None,
+            base: Some(&key),
+        };
+        if ask.budget > 0.0 {
+            if let Ok((found, search)) = matches_on(layer, dtype, source, params, f, ask) {
+                if let Some(second) = found.into_iter().next() {
+                    let mut first = matches.swap_remove(0);
+                    first.both_cases = true;
+                    first.fit.worst_ratio = first.fit.worst_ratio.max(second.fit.worst_ratio);
+                    first.fit.max_diff = first.fit.max_diff.max(second.fit.max_diff);
+                    let second = MutationMatch {
+                        second: Some(first.claim()),
+                        ..second
+                    };
+                    matches = vec![first, second];
+                }
+                searched.push(search);
+            }
+        }
+    }
     let FailureKind::Case(c) = &mut failure.kind else {
         return;
     };
@@ -161,6 +193,7 @@ pub(crate) fn explain(
 fn differs_in_values(c: &CaseFailure) -> bool {
     c.reference.is_some()
         && c.port.is_none()
+        && !c.outputs_differ_in_structure()
         && c.leaves
             .iter()
             .any(|l| !l.passes() && !trace::is_trace(&l.name))
@@ -297,6 +330,7 @@ fn matches_on(
                 code: m.code.clone(),
                 fit,
                 both_cases: false,
+                second: None,
             })
         })
         .collect();

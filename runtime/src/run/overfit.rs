@@ -165,6 +165,8 @@ struct Training {
     grads: Vec<ParamGrads>,
     initial: Named,
     final_weights: Named,
+    /// The parameters the port never read (no gradient can reach them: not a detach).
+    never_read: Vec<String>,
 }
 
 /// One parameter's gradients over the training, for the health flags.
@@ -363,6 +365,7 @@ fn train_port(
         grads: param_grads,
         initial,
         final_weights: snapshot(&vars)?,
+        never_read: state.unused_names(),
     })
 }
 
@@ -710,7 +713,14 @@ fn run(
         .zip(&training.grads)
     {
         let all_inert = !grads.max_abs.is_empty() && grads.inert().iter().all(|i| *i);
-        if before == after && !all_inert {
+        if before == after && training.never_read.contains(name) {
+            // Said by the forward check as what it is; no gradient can reach what is not read.
+            issues.push(TrainingIssue::Other(format!(
+                "`{name}` was never updated in {} steps: the port never reads it (the reference \
+                 uses it; see the forward check)",
+                spec.steps
+            )));
+        } else if before == after && !all_inert {
             issues.push(TrainingIssue::Other(format!(
                 "`{name}` was never updated in {} steps: the optimizer does not get it, or no \
                  gradient reaches it (a detach, a fused op without backward)",

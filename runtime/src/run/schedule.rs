@@ -468,6 +468,7 @@ pub(crate) fn explain(
             code: None,
             fit,
             both_cases: false,
+            second: None,
         }
     };
     let smallest: Vec<_> = smallest.into_iter().map(|(m, f)| as_match(m, f)).collect();
