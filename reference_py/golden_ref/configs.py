@@ -39,7 +39,7 @@ _IGNORED = frozenset((
     "base_model_tp_plan", "base_model_pp_plan", "attn_implementation",
 ))
 _IGNORED_SUFFIXES = ("_token_id", "_token_ids", "dropout", "_dropout_prob", "_dropout_rate",
-                     "_init_std", "_initializer_range")
+                     "_init_std", "_initializer_range", "_plan", "dtype")
 # The activations a port picks among (transformers' names).
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu", "quick_gelu", "gelu_fast")
 # Values a rotary base, an eps take in other models of the same families.
@@ -50,6 +50,7 @@ _FACTOR_WORDS = ("factor", "pct", "fraction", "ratio", "multiplier", "scale", "s
 # Files whose reads are the configuration's own (validation, serialisation, derived defaults).
 _CONFIG_FILES = ("configuration_utils.py", os.path.join("huggingface_hub", "dataclasses.py"))
 _DRIVING = os.path.join("golden_ref", "schedule.py")
+_ATTENTION_KINDS = ("full_attention", "sliding_attention")
 # Lists of one entry per layer whose entries select what a layer does (`layer_types`).
 _PER_LAYER_WORDS = ("layer_types", "layers_block_type", "block_types", "attention_types")
 
@@ -174,7 +175,7 @@ class Reads:
         return config
 
     def note(self, path, value, frame):
-        if not self.active or _ignored(path[0]):
+        if not self.active or any(_ignored(p) for p in path):
             return
         place, code = _reading_place(frame, self._config_file)
         if place is None:
@@ -204,12 +205,13 @@ def _ignored(name: str) -> bool:
 
 class Change:
     """One configuration mistake: `values` ((path, value) pairs, usually one) set on the
-    configuration the reference is built from."""
+    configuration the reference is built from; `whys` says what each value is to a port (the class
+    default, the switch the other way, ...); `reads` is the Read of each path."""
 
-    def __init__(self, values, why, reads):
+    def __init__(self, values, whys, reads):
         self.values = values
-        self.why = why
-        self.reads = reads  # the Read of each path
+        self.whys = whys
+        self.reads = reads
 
     @property
     def key(self) -> str:
@@ -243,17 +245,17 @@ class Change:
 
     def fix(self) -> str:
         parts = []
-        for (path, value), read in zip(self.values, self.reads):
-            field = _path_text(path)
-            said = f"read `{field}` from the configuration ({_fmt(read.value)} here)"
+        nested = None
+        for (path, value), why in zip(self.values, self.whys):
+            parts.append(f"{_fmt(value)} for `{_path_text(path)}` is {why}")
             if len(path) == 2:
-                said += (f": transformers 5 keeps it inside `{path[0]}`, in config.json too, and a port that reads a "
-                         f"top-level `{path[1]}` gets its default")
-            parts.append(said)
-        text = "; ".join(parts)
-        if self.why:
-            text = f"{text} — the port's value is {self.why}"
-        return text + ", and use it where the reference does"
+                nested = path
+        text = "the port's " + "; its ".join(parts)
+        text += " — read the value from the configuration and use it where the reference does"
+        if nested is not None:
+            text += (f" (transformers 5 keeps `{nested[1]}` inside `{nested[0]}`, in config.json too: a port "
+                     f"that reads a top-level `{nested[1]}` gets its default)")
+        return text
 
     def build(self, config_class, keywords):
         """The configuration object with this change: built from the keywords with the changed
@@ -312,11 +314,14 @@ def _numeric(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def alternatives(read: Read, config_class, reads: dict) -> list:
-    """The values a port plausibly reads for this field instead, as (value, why)."""
+def alternatives(read: Read, config_class, reads: dict, given=None) -> list:
+    """The values a port plausibly reads for this field instead, as (value, why). `given`: the
+    keywords the configuration was built from (a value given there that the configuration sets
+    aside — a window with `use_sliding_window: false` — is what a port reading config.json gets)."""
     path, value = read.path, read.value
     name = path[-1]
     out = []
+    raw = (given or {}).get(name) if len(path) == 1 else None
 
     def add(v, why):
         if v is _ABSENT and len(path) == 1:
@@ -329,13 +334,26 @@ def alternatives(read: Read, config_class, reads: dict) -> list:
             out.append((v, why))
 
     default = _default_of(config_class, path)
+    if raw is not None and not isinstance(raw, bool) and _numeric(raw) and raw != value:
+        switch = _switch_for(config_class, given, name, raw)
+        aside = f" because `{switch[0]}` is {switch[1]}" if switch else ""
+        add(raw, f"the value given ({_fmt(raw)}), which the configuration sets aside{aside}")
+        if isinstance(raw, int):
+            add(raw + 1, f"one more than the value given ({_fmt(raw)}), which the configuration sets aside{aside}")
+            if raw > 1:
+                add(raw - 1, f"one less than the value given ({_fmt(raw)}), which the configuration sets "
+                             f"aside{aside}")
     if isinstance(value, bool):
         add(not value, "the switch the other way")
         return out
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         if name in _PER_LAYER_WORDS or name.endswith("_types"):
-            for kind in dict.fromkeys(value):
-                add([kind] * len(value), f"'{kind}' on every layer, where the configuration selects some")
+            kinds = list(dict.fromkeys(value))
+            if all(k.endswith("_attention") for k in kinds):
+                # The two kinds of attention layer every model with windows has.
+                kinds += [k for k in _ATTENTION_KINDS if k not in kinds]
+            for kind in kinds:
+                add([kind] * len(value), f"'{kind}' on every layer, where the configuration selects per layer")
         return out
     if isinstance(value, str):
         if name.endswith(("act", "activation", "act_fn")):
@@ -390,6 +408,26 @@ def alternatives(read: Read, config_class, reads: dict) -> list:
     return out
 
 
+def _switch_for(config_class, given, name, raw):
+    """The switch (a boolean field, and its value) under which the configuration sets aside the
+    value `raw` given for `name` (`use_sliding_window` False for `sliding_window`), or None."""
+    try:
+        config = config_class(**given)
+    except Exception:
+        return None
+    for field in sorted(_field_names(config)):
+        current = getattr(config, field, None)
+        if not isinstance(current, bool) or _ignored(field):
+            continue
+        try:
+            flipped = config_class(**{**given, field: not current})
+        except Exception:
+            continue
+        if getattr(flipped, name, None) == raw:
+            return field, current
+    return None
+
+
 def _siblings(a: str, b: str) -> bool:
     """Fields of the same kind: sharing their last word (`*_heads`, `*_eps`, `*_size`), or a
     scale's scalar and a head's size."""
@@ -400,23 +438,50 @@ def _siblings(a: str, b: str) -> bool:
     return pair == {"query_pre_attn_scalar", "head_dim"}
 
 
-def changes(reads: Reads, config_class, limit: int = 400) -> list:
+def _feature_words(kinds) -> set:
+    """The words that name what a per-layer list selects (`sliding` of 'sliding_attention')."""
+    generic = {"attention", "full", "layer", "layers", "type", "types", "block"}
+    return {w for kind in kinds for w in str(kind).split("_")} - generic
+
+
+def changes(reads: Reads, config_class, given=None, limit: int = 400) -> list:
     """Every configuration mistake to try: one value changed for each field the reference read;
-    and, for a switch that turns a per-layer feature on (`use_sliding_window`), the switch with the
-    feature on every layer."""
+    then a per-layer feature ported as one thing on every layer (`layer_types` all
+    'sliding_attention'), together with how the port reads the fields of that feature (a switch
+    that turns it on, its size one more or less): a port that windows every layer with its own
+    reading of the window, where the configuration windows some (or, with `use_sliding_window:
+    false`, none)."""
     fields = reads.fields
     out = []
+    for read in fields.values():
+        for value, why in alternatives(read, config_class, fields, given):
+            out.append(Change([(read.path, value)], [why], [read]))
     per_layer = [r for r in fields.values() if len(r.path) == 1 and isinstance(r.value, list)
                  and (r.path[0] in _PER_LAYER_WORDS or r.path[0].endswith("_types"))]
-    for read in fields.values():
-        for value, why in alternatives(read, config_class, fields):
-            out.append(Change([(read.path, value)], why, [read]))
-            if isinstance(value, bool):
-                for layers in per_layer:
-                    for kinds, _ in alternatives(layers, config_class, fields):
-                        out.append(Change([(read.path, value), (layers.path, kinds)],
-                                          "the switch the other way, and the feature on every layer",
-                                          [read, layers]))
+    for layers in per_layer:
+        for kinds, layer_why in alternatives(layers, config_class, fields, given):
+            words = _feature_words(kinds)
+            # The feature's fields, read or not: a layer reads its window only where it has one.
+            group = [r for r in fields.values() if r is not layers and len(r.path) == 1
+                     and words & set(_words(r.path[0]))]
+            if reads.config is not None:
+                named = {r.path[0] for r in group} | {layers.path[0]}
+                for name in sorted(_field_names(reads.config)):
+                    if name not in named and not _ignored(name) and words & set(_words(name)):
+                        group.append(Read((name,), reads.config.__dict__.get(name)))
+            # Every combination of one reading (or none) per field of the feature's group.
+            combos = [[]]
+            for read in group:
+                options = [(read, v, why) for v, why in alternatives(read, config_class, fields, given)
+                           if not (v is None or v is _ABSENT)]
+                combos = [c + [o] for c in combos for o in [None, *options]][:64]
+            for combo in combos:
+                chosen = [o for o in combo if o is not None]
+                if not chosen:
+                    continue
+                values = [(r.path, v) for r, v, _ in chosen] + [(layers.path, kinds)]
+                whys = [w for _, _, w in chosen] + [layer_why]
+                out.append(Change(values, whys, [r for r, _, _ in chosen] + [layers]))
     return out[:limit]
 
 

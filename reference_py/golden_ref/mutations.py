@@ -218,12 +218,31 @@ class Candidate:
         return _wrapped(case, lambda: _Session(self, ops, sites, sizes))
 
 
+def _ops_of(candidate, ops, sites) -> frozenset:
+    """The ops a candidate's session must see: those of the sites it mutates (a call site is
+    worked out from the Python stack, the largest cost of running a mutant), the negations a
+    rotation's pattern reads, and, for a formula's replacement or a pattern spread over several
+    calls, every elementwise op (the formula a call ends is followed through them)."""
+    c = candidate
+    if c.plan is not None:
+        return _ADDS
+    keys = set(c.targets or ()) | set(c.swap or ())
+    if not keys:
+        return ops
+    narrowed = {sites[k].op for k in keys if k in sites} | {"neg", "__neg__"}
+    if c.mutation is not None:
+        narrowed |= c.mutation.ops
+        if c.kind == "activation" or c.mutation.joint:
+            narrowed |= ELEMENTWISE
+    return frozenset(narrowed) & ops
+
+
 class _Session:
     """One invocation of the reference under a candidate (a prepass first, for swaps)."""
 
     def __init__(self, candidate, ops, sites, sizes=()):
         self.candidate = candidate
-        self.ops = ops
+        self.ops = _ops_of(candidate, ops, sites)
         self.sites = sites
         self.sizes = sizes
 
@@ -420,7 +439,7 @@ class Recording:
         """A candidate per configuration mistake (`configs.changes`) of the fields read, but those
         under which the case's weights no longer fit the module (a size that shapes a weight)."""
         out = []
-        for change in configs.changes(self.reads, case.config[0]):
+        for change in configs.changes(self.reads, case.config[0], case.config[1]):
             if not _fits(_configured(case, change)):
                 continue
             out.append(Candidate(change.key, change.what(), change.instead(), change.fix(), change.where(),
@@ -613,6 +632,10 @@ def _as_f64(t: WireTensor) -> np.ndarray:
 
 
 _FAR = 1e15
+# A mutant this much closer to the port than the reference is reproduces it to rounding; once
+# `_ENOUGH` of them are found, the cheap pass stops.
+_EXACT = 1e-4
+_ENOUGH = 2
 
 
 def _digest(leaves) -> bytes:
@@ -730,6 +753,18 @@ def _focused(candidate, focus) -> bool:
     return False
 
 
+def _stepwise(case: Case) -> Case:
+    """The case with its schedule's steps only: the cheap pass ranks candidates by the cached
+    steps, without the one-shot run of the whole sequence after them (a copy of the module and a
+    forward more per candidate, a third of a decode's search)."""
+    if case.schedule is None or not case.schedule.oneshot:
+        return case
+    derived = case.derived(case.obj)
+    derived.schedule = copy.copy(case.schedule)
+    derived.schedule.oneshot = False
+    return derived
+
+
 def _cheap(case: Case, target, candidate, ops, sites, sizes):
     """The candidate's outputs in the case dtype only, on fresh copies of the inputs, with the
     reference `target` as built for the recording: the cheap pass that picks the few candidates
@@ -741,6 +776,7 @@ def _cheap(case: Case, target, candidate, ops, sites, sizes):
     # The CPU generator only: torch.manual_seed also queues a CUDA re-seed, and on a CUDA build
     # that records a stack trace each time (~1 ms, the cheap pass's largest cost).
     torch.default_generator.manual_seed(case.seed)
+    case = _stepwise(case)
     # Driven as the reference is (a schedule's steps, a submodule's position embeddings and mask):
     # a bare call would answer for another computation, or not at all.
     if session is None:
@@ -870,7 +906,8 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
         try:
             if (target is None or candidate.config is not None
                     or (candidate.targets and candidate.targets & recording.construction)):
-                expected = forward(candidate.case(case, ops, recording.sites, sizes), precise=False)["expected"]
+                expected = forward(_stepwise(candidate.case(case, ops, recording.sites, sizes)),
+                                   precise=False)["expected"]
             else:
                 expected = _cheap(case, target, candidate, ops, recording.sites, sizes)
         except Exception:  # a mutated reference that raises cannot be the port
@@ -890,6 +927,10 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
         d = distance(expected, port)
         if d < 0.5 * base_distance:
             scored.append((d, candidate))
+        if sum(1 for e, _ in scored if e <= _EXACT * base_distance) >= _ENOUGH:
+            # Mutants that are the port to rounding, in the order the evidence ranks the kinds:
+            # the rest could only add other spellings of them.
+            break
     scored.sort(key=lambda s: s[0])
     evaluated = []
     for d, candidate in scored[:keep]:
