@@ -210,3 +210,51 @@ class CausesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(torch is None, "needs torch and transformers")
+class BranchesTest(unittest.TestCase):
+    """Two residual branches in parallel where the reference runs them in sequence (a Llama decoder
+    layer ported GPT-J's way): a structural rewrite of the submodule calls, named without any
+    configuration switch to flip."""
+
+    def test_a_sequential_block_ported_in_parallel(self):
+        from golden_ref import mutations
+        from golden_ref.backends import TorchBackend
+        from golden_ref.evaluate import Case, build_module, forward
+        from golden_ref.wire import WireTensor
+        from transformers.models.llama import modeling_llama
+
+        config = dict(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        x = np.random.default_rng(1).standard_normal((2, 5, 16)).astype(np.float32)
+        case = Case(modeling_llama.LlamaDecoderLayer, "module", TorchBackend(), [WireTensor("f32", x)], {},
+                    {"layer_idx": 0}, 3, "f32")
+        case.config = (transformers.LlamaConfig, config)
+        generator = torch.Generator().manual_seed(0)
+        case.state = [(name, WireTensor("f32", (torch.randn(t.shape, generator=generator) * 0.3
+                                                + (1.0 if "norm" in name else 0.0)).numpy()))
+                      for name, t in build_module(case).state_dict().items()]
+
+        def parallel(layer, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                     use_cache=False, cache_position=None, position_embeddings=None, **kwargs):
+            attention, _ = layer.self_attn(
+                hidden_states=layer.input_layernorm(hidden_states), attention_mask=attention_mask,
+                position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
+                cache_position=cache_position, position_embeddings=position_embeddings, **kwargs)
+            return hidden_states + attention + layer.mlp(layer.post_attention_layernorm(hidden_states))
+
+        right = modeling_llama.LlamaDecoderLayer.forward
+        modeling_llama.LlamaDecoderLayer.forward = parallel
+        try:
+            port = forward(case.derived(case.obj), precise=False)["expected"]
+        finally:
+            modeling_llama.LlamaDecoderLayer.forward = right
+        _, found = mutations.search(case, port, ["hidden_states"], budget=60)
+        expected = dict(port)
+        fits = [c for c, result in found
+                if all(np.allclose(t.array, expected[n].array, rtol=1e-4, atol=2e-5) for n, t in result["expected"])]
+        self.assertTrue(fits, "nothing named")
+        self.assertEqual(fits[0].kind, "structure")
+        self.assertIn("two branches in parallel where the reference runs them in sequence", fits[0].what)
+        self.assertIn("transformers/models/llama/modeling_llama.py:", fits[0].where)
