@@ -5,6 +5,7 @@ pub mod decoder;
 pub mod gpt2;
 pub mod llama;
 pub mod mutation_ports;
+pub mod neox_ports;
 pub mod overfit_mlp;
 pub mod porter_ports;
 pub mod processes;
@@ -166,4 +167,40 @@ pub fn causal_mask(
         .flat_map(|r| (0..t).map(move |c| if c <= r { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
     candle_core::Tensor::from_vec(mask, (t, t), device)
+}
+
+/// Asserts that a failure names the cause a user needs (issue #30, "say why, not only where"): a
+/// line of `msg` starting `likely cause:` that contains `words` and the reference's `site`, a
+/// `file.py:line` — written in full, or as `:line` after the same file earlier in the line (golden
+/// lists several sites of one file as `modeling_x.py:12, :14`). An empty `site` is a cause with no
+/// line of the reference (a mistake in how the port is driven through time).
+#[track_caller]
+pub fn assert_named(msg: &str, words: &str, site: &str) {
+    let (file, line) = if site.is_empty() {
+        ("", "")
+    } else {
+        site.rsplit_once(':')
+            .unwrap_or_else(|| panic!("a site is `file.py:line`, not `{site}`"))
+    };
+    let at_site = |l: &str| {
+        if site.is_empty() {
+            return true;
+        }
+        let Some(start) = l.find(file) else {
+            return false;
+        };
+        let rest = &l[start..];
+        let needle = format!(":{line}");
+        rest.match_indices(&needle)
+            .any(|(i, _)| !rest[i + needle.len()..].starts_with(|c: char| c.is_ascii_digit()))
+    };
+    let named = msg
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with("likely cause:"))
+        .any(|l| l.contains(words) && at_site(l));
+    assert!(
+        named,
+        "no `likely cause:` line says `{words}` at `{site}`:\n{msg}"
+    );
 }

@@ -1,0 +1,478 @@
+//! Issue #30 ("say why, not only where"), reproduced: a newcomer's GPT-NeoX port
+//! (`tests/common/neox_ports.rs`), a model golden had never been run on, against transformers'
+//! own `GPTNeoXForCausalLM` and its submodules. The right port passes every kind of check; each of
+//! ten realistic mistakes, planted alone, must be caught by every check where it shows, and the
+//! failure must say *why*: the likely cause and the reference's line.
+//!
+//! Where golden names the cause today the test asserts it. Where it does not, the test asserts
+//! the cause a user needs (`common::assert_named`) and is ignored until the diagnosis can say it
+//! (`cargo test --test neox -- --include-ignored` runs them). Every test prints golden's whole
+//! message and how long the failing check took. Live, variants off, as `tests/porters.rs`: the
+//! diagnosis needs the reference running.
+
+mod common;
+
+use common::assert_named;
+use common::neox_ports::{self as neox, Neox, Port};
+use golden::internal::describe::env::Mode;
+use golden::{Failure, GradSpec, Layer};
+use std::time::{Duration, Instant};
+
+/// The kinds of check a port of a whole model goes through.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// `GPTNeoXAttention` on its own.
+    Attention,
+    /// `GPTNeoXMLP` on its own.
+    Mlp,
+    /// `GPTNeoXLayer` (the block) on its own.
+    Block,
+    /// `GPTNeoXForCausalLM`'s logits.
+    Model,
+    /// The same with `trace`.
+    Trace,
+    /// The same through `decode(...)`.
+    Decode,
+}
+
+impl Kind {
+    /// The kind a test is named after (`attention`, `mlp`, …).
+    fn named(name: &str) -> Kind {
+        Kind::ALL
+            .into_iter()
+            .find(|k| format!("{k:?}").eq_ignore_ascii_case(name))
+            .unwrap_or_else(|| panic!("no kind of check `{name}`"))
+    }
+
+    const ALL: [Kind; 6] = [
+        Kind::Attention,
+        Kind::Mlp,
+        Kind::Block,
+        Kind::Model,
+        Kind::Trace,
+        Kind::Decode,
+    ];
+
+    fn check(self, name: &str, o: Neox) -> (Layer, Port) {
+        let name = format!("x_{name}_{self:?}").to_lowercase();
+        match self {
+            Kind::Attention => (neox::attention_layer(&name), neox::attention(o)),
+            Kind::Mlp => (neox::mlp_layer(&name), neox::mlp(o)),
+            Kind::Block => (neox::block_layer(&name), neox::block(o)),
+            Kind::Model => (neox::causal_lm_layer(&name), neox::causal_lm(o)),
+            Kind::Trace => (neox::traced_layer(&name), neox::causal_lm(o)),
+            Kind::Decode => (neox::decode_layer(&name), neox::decode(o)),
+        }
+    }
+}
+
+/// The check of `kind` on the port with mistakes `o`, live, variants off: its failure, if any,
+/// and how long it took.
+fn run(kind: Kind, name: &str, o: Neox) -> (Option<Failure>, Duration) {
+    std::env::set_var("GOLDEN_VARIANTS", "off");
+    let (layer, port) = kind.check(name, o);
+    let scratch = common::Scratch::new(layer.name());
+    let layer = common::declared_with_store(&layer, &scratch).mode(Mode::Live);
+    let start = Instant::now();
+    let result = golden::check(&layer, &move |i: &golden::PortInputs| port(i)).err();
+    (result, start.elapsed())
+}
+
+/// The wrong port fails its check of `kind`; returns the message (printed, with the time).
+fn caught(kind: Kind, name: &str, o: Neox) -> String {
+    let (failure, took) = run(kind, name, o);
+    let failure = failure.unwrap_or_else(|| panic!("`{name}` passed its {kind:?} check"));
+    let msg = failure.to_string();
+    println!(
+        "{name} ({kind:?}), caught in {:.1} s:\n{msg}\n",
+        took.as_secs_f64()
+    );
+    msg
+}
+
+/// The first line that says why, for the table of the issue: the first likely cause, else the
+/// note of the mutation search, else the last note.
+fn first_cause(msg: &str) -> String {
+    let lines = || msg.lines().map(str::trim_start);
+    lines()
+        .find(|l| l.starts_with("likely cause"))
+        .or_else(|| lines().find(|l| l.starts_with("note: no single mutation")))
+        .or_else(|| lines().filter(|l| l.starts_with("note:")).last())
+        .unwrap_or("(nothing)")
+        .chars()
+        .take(400)
+        .collect()
+}
+
+/// The mistake named `name`.
+fn mistake(name: &str) -> Neox {
+    mistakes()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("no mistake `{name}`"))
+        .1
+}
+
+/// The ten mistakes, by name.
+fn mistakes() -> Vec<(&'static str, Neox)> {
+    let d = Neox::default();
+    vec![
+        (
+            "qkv_split_other_order",
+            Neox {
+                qkv_split_other_order: true,
+                ..d
+            },
+        ),
+        (
+            "rotary_whole_head",
+            Neox {
+                rotary_whole_head: true,
+                ..d
+            },
+        ),
+        (
+            "rotary_interleaved",
+            Neox {
+                rotary_interleaved: true,
+                ..d
+            },
+        ),
+        (
+            "sequential_residual",
+            Neox {
+                sequential_residual: true,
+                ..d
+            },
+        ),
+        (
+            "mask_one_diagonal_off",
+            Neox {
+                mask_one_diagonal_off: true,
+                ..d
+            },
+        ),
+        (
+            "scale_one_over_d",
+            Neox {
+                scale_one_over_d: true,
+                ..d
+            },
+        ),
+        (
+            "gelu_tanh",
+            Neox {
+                gelu_tanh: true,
+                ..d
+            },
+        ),
+        (
+            "layer_norm_eps_1e6",
+            Neox {
+                layer_norm_eps_1e6: true,
+                ..d
+            },
+        ),
+        (
+            "rope_theta_default",
+            Neox {
+                rope_theta_default: true,
+                ..d
+            },
+        ),
+        (
+            "heads_merged_untransposed",
+            Neox {
+                heads_merged_untransposed: true,
+                ..d
+            },
+        ),
+    ]
+}
+
+// --- the mistakes, check by check ------------------------------------------------------------
+
+/// `mistake_tests!(name { kind: (words, file, line), ... })`: a module of tests `name::kind`,
+/// each asserting that the port with the mistake `name` fails its check of `kind` and that a
+/// `likely cause:` line of the failure says `words` at `file:line` of the reference. A kind under
+/// `#[ignore]` is one golden does not name yet (issue #30); the rest it names today.
+macro_rules! mistake_tests {
+    ($($mistake:ident { $( $(#[$attr:meta])* $kind:ident: ($words:expr, $file:expr, $line:literal), )* })*) => {$(
+        mod $mistake {
+            use super::*;
+            $(
+                #[test]
+                $(#[$attr])*
+                fn $kind() {
+                    let name = stringify!($mistake);
+                    let msg = caught(Kind::named(stringify!($kind)), name, mistake(name));
+                    assert_named(&msg, $words, &format!("{}:{}", $file, $line));
+                }
+            )*
+        }
+    )*};
+}
+
+const MODELING: &str = "transformers/models/gpt_neox/modeling_gpt_neox.py";
+const SDPA: &str = "transformers/integrations/sdpa_attention.py";
+
+mistake_tests! {
+    // Where transformers views the fused projection per head, `[q_h | k_h | v_h]`, and chunks it:
+    // `query_states, key_states, value_states = qkv.chunk(3, dim=-1)`.
+    qkv_split_other_order {
+        #[ignore = "issue #30: not named yet"]
+        attention: ("chunk", MODELING, 196),
+        #[ignore = "issue #30: not named yet"]
+        block: ("chunk", MODELING, 196),
+        #[ignore = "issue #30: not named yet"]
+        model: ("chunk", MODELING, 196),
+        #[ignore = "issue #30: not named yet"]
+        trace: ("chunk", MODELING, 196),
+        #[ignore = "issue #30: not named yet"]
+        decode: ("chunk", MODELING, 196),
+    }
+
+    // Where transformers rotates only the first `rotary_dim` dims of each head:
+    // `q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]` (`rotary_dim` is
+    // `int(head_dim * partial_rotary_factor)`, the rotary tables' width).
+    rotary_whole_head {
+        #[ignore = "issue #30: not named yet"]
+        attention: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 130),
+        #[ignore = "issue #30: not named yet"]
+        block: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 130),
+        #[ignore = "issue #30: not named yet"]
+        model: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 130),
+        #[ignore = "issue #30: not named yet"]
+        trace: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 130),
+        #[ignore = "issue #30: not named yet"]
+        decode: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 130),
+    }
+
+    // Where transformers rotates the two halves: `rotate_half`'s `torch.cat((-x2, x1), dim=-1)`.
+    rotary_interleaved {
+        #[ignore = "issue #30: not named yet"]
+        attention: ("rotary embeddings on interleaved pairs", MODELING, 104),
+        #[ignore = "issue #30: not named yet"]
+        block: ("rotary embeddings on interleaved pairs", MODELING, 104),
+        model: ("rotary embeddings on interleaved pairs", MODELING, 104),
+        trace: ("rotary embeddings on interleaved pairs", MODELING, 104),
+        #[ignore = "issue #30: not named yet"]
+        decode: ("rotary embeddings on interleaved pairs", MODELING, 104),
+    }
+
+    // Where transformers picks the parallel residual: `if self.use_parallel_residual:`.
+    sequential_residual {
+        #[ignore = "issue #30: not named yet"]
+        block: ("`use_parallel_residual` were False", MODELING, 260),
+        #[ignore = "issue #30: not named yet"]
+        model: ("`use_parallel_residual` were False", MODELING, 260),
+        #[ignore = "issue #30: not named yet"]
+        trace: ("`use_parallel_residual` were False", MODELING, 260),
+        #[ignore = "issue #30: not named yet"]
+        decode: ("`use_parallel_residual` were False", MODELING, 260),
+    }
+
+    // transformers' causal rule, `kv_idx <= q_idx` (under sdpa without padding, the kernel's
+    // `is_causal`, which keeps the same diagonal).
+    mask_one_diagonal_off {
+        #[ignore = "issue #30: not named yet"]
+        attention: ("diagonal", "transformers/masking_utils.py", 76),
+        #[ignore = "issue #30: not named yet"]
+        block: ("diagonal", "transformers/masking_utils.py", 76),
+        #[ignore = "issue #30: not named yet"]
+        model: ("diagonal", "transformers/masking_utils.py", 76),
+        #[ignore = "issue #30: not named yet"]
+        trace: ("diagonal", "transformers/masking_utils.py", 76),
+        #[ignore = "issue #30: not named yet"]
+        decode: ("diagonal", "transformers/masking_utils.py", 76),
+    }
+
+    // The attention kernel, called with the module's `scaling` (`head_size**-0.5`).
+    scale_one_over_d {
+        #[ignore = "issue #30: not named yet"]
+        attention: ("F.scaled_dot_product_attention(scale=1/d)", SDPA, 193),
+        #[ignore = "issue #30: not named yet"]
+        block: ("F.scaled_dot_product_attention(scale=1/d)", SDPA, 193),
+        model: ("F.scaled_dot_product_attention(scale=1/d)", SDPA, 193),
+        trace: ("F.scaled_dot_product_attention(scale=1/d)", SDPA, 193),
+        #[ignore = "issue #30: not named yet"]
+        decode: ("F.scaled_dot_product_attention(scale=1/d)", SDPA, 193),
+    }
+
+    // GELUActivation (`hidden_act = "gelu"`), called from the MLP.
+    gelu_tanh {
+        mlp: ("F.gelu(approximate='tanh')", "transformers/activations.py", 89),
+        #[ignore = "issue #30: not named yet"]
+        block: ("F.gelu(approximate='tanh')", "transformers/activations.py", 89),
+        model: ("F.gelu(approximate='tanh')", "transformers/activations.py", 89),
+        trace: ("F.gelu(approximate='tanh')", "transformers/activations.py", 89),
+        #[ignore = "issue #30: not named yet"]
+        decode: ("F.gelu(approximate='tanh')", "transformers/activations.py", 89),
+    }
+
+    // The first LayerNorm of a layer, `self.input_layernorm(hidden_states)`.
+    layer_norm_eps_1e6 {
+        #[ignore = "issue #30: not named yet"]
+        block: ("F.layer_norm(eps=1e-06)", MODELING, 250),
+        model: ("F.layer_norm(eps=1e-06)", MODELING, 250),
+        trace: ("F.layer_norm(eps=1e-06)", MODELING, 250),
+        #[ignore = "issue #30: not named yet"]
+        decode: ("F.layer_norm(eps=1e-06)", MODELING, 250),
+    }
+
+    // The rotary embedding's frequencies, `base ** (torch.arange(0, dim, 2) / dim)`.
+    rope_theta_default {
+        #[ignore = "issue #30: not named yet"]
+        attention: ("with 10000 instead of 1000", MODELING, 86),
+        #[ignore = "issue #30: not named yet"]
+        block: ("with 10000 instead of 1000", MODELING, 86),
+        model: ("with 10000 instead of 1000", MODELING, 86),
+        trace: ("with 10000 instead of 1000", MODELING, 86),
+        decode: ("with 10000 instead of 1000", MODELING, 86),
+    }
+
+    // The kernel's output transposed back before the heads are merged.
+    heads_merged_untransposed {
+        #[ignore = "issue #30: not named yet"]
+        attention: ("Tensor.transpose(1, 2) dropped", SDPA, 206),
+        #[ignore = "issue #30: not named yet"]
+        block: ("Tensor.transpose(1, 2) dropped", SDPA, 206),
+        model: ("Tensor.transpose(1, 2) dropped", SDPA, 206),
+        trace: ("Tensor.transpose(1, 2) dropped", SDPA, 206),
+        #[ignore = "issue #30: not named yet"]
+        decode: ("Tensor.transpose(1, 2) dropped", SDPA, 206),
+    }
+}
+
+/// Every (mistake, kind of check): caught or not, what golden names first, how long it took. The
+/// issue's "before" table (`--ignored --nocapture`).
+#[test]
+#[ignore = "prints the table of every mistake and check"]
+fn print_the_table() {
+    let mut rows = Vec::new();
+    for (name, o) in mistakes() {
+        for kind in Kind::ALL {
+            let (failure, took) = run(kind, name, o);
+            let (caught, said) = match &failure {
+                None => ("passed", String::new()),
+                Some(f) => {
+                    let msg = f.to_string();
+                    println!("{name} ({kind:?}), {:.1} s:\n{msg}\n", took.as_secs_f64());
+                    ("caught", first_cause(&msg))
+                }
+            };
+            rows.push(format!(
+                "| {name} | {kind:?} | {caught} | {:.1} s | {said} |",
+                took.as_secs_f64()
+            ));
+        }
+    }
+    println!("| mistake | check | verdict | time | first likely cause or note |");
+    println!("|---|---|---|---|---|");
+    for row in rows {
+        println!("{row}");
+    }
+}
+
+// --- the right port ------------------------------------------------------------------------------
+
+fn right(kind: Kind) {
+    let (failure, took) = run(kind, "right", Neox::default());
+    if let Some(f) = failure {
+        panic!("the right port failed its {kind:?} check:\n{f}");
+    }
+    println!(
+        "the right port passes its {kind:?} check ({:.1} s)",
+        took.as_secs_f64()
+    );
+}
+
+#[test]
+fn the_right_attention_passes() {
+    right(Kind::Attention);
+}
+
+#[test]
+fn the_right_mlp_passes() {
+    right(Kind::Mlp);
+}
+
+#[test]
+fn the_right_block_passes() {
+    right(Kind::Block);
+}
+
+#[test]
+fn the_right_causal_lm_passes() {
+    right(Kind::Model);
+}
+
+#[test]
+fn the_right_causal_lm_passes_its_trace() {
+    right(Kind::Trace);
+}
+
+#[test]
+fn the_right_causal_lm_passes_every_step_of_decode() {
+    right(Kind::Decode);
+}
+
+/// The MLP and the block (the attention inside it); the attention on its own is below.
+#[test]
+fn the_right_port_passes_its_gradient_checks() {
+    std::env::set_var("GOLDEN_VARIANTS", "off");
+    for (layer, port) in [
+        (
+            neox::mlp_layer("x_right_mlp_grad"),
+            neox::mlp(Neox::default()),
+        ),
+        (
+            neox::block_layer("x_right_block_grad"),
+            neox::block(Neox::default()),
+        ),
+    ] {
+        let layer = layer.grad(GradSpec::default());
+        let scratch = common::Scratch::new(layer.name());
+        let layer = common::declared_with_store(&layer, &scratch).mode(Mode::Live);
+        if let Err(f) = golden::check_gradients(&layer, &move |i: &golden::PortInputs| port(i)) {
+            panic!("the right port failed its gradient check:\n{f}");
+        }
+    }
+}
+
+// --- defects of golden found on the way (not issue #30's words; reproduced for the lead) --------
+
+/// On a case of one token and values ×100, PyTorch's float32 gradient of the attention's fused
+/// projection is -0.11 at elements where its float64 gradient — and the port's — is 0 (a softmax
+/// over one key has no gradient): golden takes the float64 disagreement for "not the same
+/// computation" (as with `finfo(dtype).min`), drops the rounding term and fails the right port
+/// against the float32 reference's rounding error.
+#[test]
+#[ignore = "found with issue #30: a right attention fails its gradient check on float32 rounding"]
+fn the_right_attention_passes_its_gradient_check() {
+    std::env::set_var("GOLDEN_VARIANTS", "off");
+    let layer = neox::attention_layer("x_right_attention_grad").grad(GradSpec::default());
+    let scratch = common::Scratch::new(layer.name());
+    let layer = common::declared_with_store(&layer, &scratch).mode(Mode::Live);
+    let port = neox::attention(Neox::default());
+    if let Err(f) = golden::check_gradients(&layer, &move |i: &golden::PortInputs| port(i)) {
+        panic!("the right attention failed its gradient check:\n{f}");
+    }
+}
+
+/// The training check calls a submodule without the inputs its model builds for it (the forward
+/// and gradient checks give `GPTNeoXLayer` its `position_embeddings` and mask): the reference
+/// raises `TypeError: cannot unpack non-iterable NoneType object` on every case, and the failure
+/// reads as the reference failing on a generated case.
+#[test]
+#[ignore = "found with issue #30: the training check gives a submodule no position_embeddings"]
+fn the_right_block_trains_like_its_reference() {
+    std::env::set_var("GOLDEN_VARIANTS", "off");
+    let layer = neox::block_layer("x_right_block_overfit").overfit(golden::OverfitSpec::default());
+    let scratch = common::Scratch::new(layer.name());
+    let layer = common::declared_with_store(&layer, &scratch).mode(Mode::Live);
+    let port = neox::block(Neox::default());
+    if let Err(f) = golden::check_overfit(&layer, &move |i: &golden::PortInputs| port(i)) {
+        panic!("the right block failed its training check:\n{f}");
+    }
+}
