@@ -225,11 +225,13 @@ fn caught(
         + Sync
         + 'static,
 ) -> String {
+    let start = std::time::Instant::now();
     let msg = match check(layer, port) {
         Ok(_) => panic!("candle-transformers' model passed `{}`", layer.name()),
         Err(f) => f.to_string(),
     };
-    println!("{msg}");
+    let took = start.elapsed().as_secs_f64();
+    println!("{} caught in {took:.1} s:\n{msg}", layer.name());
     assert!(
         msg.contains(&format!(
             "leaves its reference `{}` at step",
