@@ -97,7 +97,7 @@ fn first_cause(msg: &str) -> String {
     lines()
         .find(|l| l.starts_with("likely cause"))
         .or_else(|| lines().find(|l| l.starts_with("note: no single mutation")))
-        .or_else(|| lines().filter(|l| l.starts_with("note:")).last())
+        .or_else(|| lines().rfind(|l| l.starts_with("note:")))
         .unwrap_or("(nothing)")
         .chars()
         .take(400)

@@ -65,7 +65,7 @@ fn assert_unread_bias_not_misnamed(msg: &str) {
 fn unread_forward() -> String {
     caught(
         golden::check,
-        neox::causal_lm_layer("w_unread_bias"),
+        neox::causal_lm_layer("ww_unread_bias"),
         bias_unread(),
     )
 }
@@ -99,7 +99,7 @@ fn a_layer_norm_bias_never_read_is_named_as_such_by_the_forward_check() {
 fn unread_gradients() -> String {
     caught(
         golden::check_gradients,
-        neox::causal_lm_layer("w_unread_bias_grad").grad(GradSpec::default()),
+        neox::causal_lm_layer("ww_unread_bias_grad").grad(GradSpec::default()),
         bias_unread(),
     )
 }
@@ -120,7 +120,7 @@ fn a_layer_norm_bias_never_read_is_named_as_such_by_the_gradient_check() {
 fn unread_overfit() -> String {
     caught(
         golden::check_overfit,
-        neox::causal_lm_layer("w_unread_bias_overfit").overfit(OverfitSpec::default()),
+        neox::causal_lm_layer("ww_unread_bias_overfit").overfit(OverfitSpec::default()),
         bias_unread(),
     )
 }
@@ -150,7 +150,7 @@ fn assert_named_before_any_case(msg: &str) {
 fn probabilities_returned() -> String {
     caught(
         golden::check,
-        neox::attention_layer("w_attention_probs"),
+        neox::attention_layer("ww_attention_probs"),
         neox::attention_with_probabilities(),
     )
 }
@@ -179,7 +179,7 @@ fn attention_probabilities_where_the_reference_returns_none_are_named() {
 fn bare_logits() -> String {
     caught(
         golden::check,
-        neox::causal_lm_layer("w_bare_logits"),
+        neox::causal_lm_layer("ww_bare_logits"),
         neox::causal_lm_bare_tensor(),
     )
 }
