@@ -15,7 +15,7 @@ use candle_core::Tensor;
 use common::decoder::{self, Bugs};
 use common::gpt2;
 use common::{declared_with_store, Scratch};
-use golden::{Decode, Failure, Layer, Report};
+use golden::{Decode, DimExpr, DimValue, Failure, Layer, Report};
 
 fn run(layer: &Layer, window: Option<usize>, bugs: Bugs) -> Result<Report, Failure> {
     let scratch = Scratch::new(layer.name());
@@ -404,6 +404,63 @@ fn a_sampler_consuming_its_random_numbers_in_another_order_is_named() {
     assert!(
         msg.contains(
             "the loop run with its per-step inputs (random numbers) taken in reverse order"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_loop_that_can_have_no_steps_is_refused_before_any_case() {
+    // A loop of 0 steps compares nothing: refused by the declaration's validation, before any
+    // case is drawn (so on every seed, not only on those that draw k = 0).
+    let layer = sampler("s_sampler_no_steps").dim("k", 0, 8);
+    let msg = golden::check(&layer, &|i: &golden::PortInputs| {
+        golden::IntoOutputs::into_outputs(ddpm_step(i, false))
+    })
+    .expect_err("a loop of no steps")
+    .to_string();
+    assert!(
+        msg.contains(
+            "`steps(over = k)`: the loop has as many steps as `k`, which can be 0 (`k` is \
+             declared 0..=8): a loop of no steps compares nothing; start `k` at 1"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_sequence_that_can_be_empty_is_refused_before_any_case() {
+    let port = decoder::port(None, Bugs::default());
+    let layer = llama("s_llama_empty_prompt").dim("n", 0, 6);
+    let msg = golden::check(&layer, &port)
+        .expect_err("an empty prompt")
+        .to_string();
+    assert!(
+        msg.contains(
+            "`decode` splits `input_ids` along axis 1, whose length `n` can be 0 (`n` is declared \
+             0..=6): a schedule of no positions drives nothing; start `n` at 1"
+        ),
+        "{msg}"
+    );
+    // A length computed from the dims is refused where it reaches 0 as well.
+    let layer = llama("s_llama_empty_prompt_expr").arg(
+        "input_ids",
+        [
+            DimExpr::from("b"),
+            DimExpr::Expr(DimValue::Sub(
+                Box::new(DimValue::dim("n")),
+                Box::new(DimValue::Lit(2)),
+            )),
+        ],
+        golden::Dist::int(0, decoder::VOCAB as i64),
+    );
+    let msg = golden::check(&layer, &port)
+        .expect_err("an empty prompt")
+        .to_string();
+    assert!(
+        msg.contains(
+            "`decode` splits `input_ids` along axis 1, whose length `n - 2` can be 0 (at n=2): a \
+             schedule of no positions drives nothing"
         ),
         "{msg}"
     );
