@@ -260,6 +260,26 @@ class _Builder:
         )
 
 
+def _owned(backend, values):
+    """Copies of a call's tensor arguments: a step that writes into its inputs (`x.mul_(2)`, a
+    carried state updated in place) changes neither what golden kept of the steps before it nor
+    what it gives the steps after it. The port's side does the same (`run/steps.rs`)."""
+    return [_copy(backend, v) for v in values]
+
+
+def _kept(backend, leaves):
+    """A step's leaves as golden keeps them: copies, taken as the step returns. A module that
+    returns a buffer it writes again at its next call (`self.buf.copy_(...)`) would otherwise
+    change the answer of the step before."""
+    return [(name, _copy(backend, value)) for name, value in leaves]
+
+
+def _copy(backend, value):
+    if not backend.is_tensor(value):
+        return value
+    return value.clone() if hasattr(value, "clone") else value.copy()
+
+
 def _tensor_leaves(out, backend, prefix: str):
     """The tensors of a step's output, named like a forward's (the cache object a model returns,
     `past_key_values`, is state, not an output: `flatten_outputs` leaves it out)."""
@@ -372,7 +392,7 @@ def _run_loop(case, plan, target, args, phase_error):
         takes_step = False
     leaves = []
     for k in range(count):
-        call_args = list(state)
+        call_args = _owned(case.backend, state)
         kwargs = dict(case.kwargs)
         if takes_step:
             kwargs["step"] = k
@@ -382,7 +402,7 @@ def _run_loop(case, plan, target, args, phase_error):
             if isinstance(e, KeyboardInterrupt):
                 raise
             raise phase_error(f"step {k} of {count}", e) from None
-        step_leaves = flatten_outputs(out, case.backend, prefix="out")
+        step_leaves = _kept(case.backend, flatten_outputs(out, case.backend, prefix="out"))
         for i, leaf in carry:
             value = dict(step_leaves).get(leaf)
             if value is None:
@@ -435,6 +455,8 @@ def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_e
             chunk = token.reshape([batch] + [1] * (x.dim() - 1)).to(x.dtype)
         call_args = list(args)
         call_args[plan.arg] = chunk
+        call_args = _owned(backend, call_args)
+        chunk = call_args[plan.arg]
         kwargs = dict(case.kwargs)
         kwargs.update(builder.kwargs(chunk, past, t, use_cache=plan.cached))
         # `no-cache` for a module that keeps its own state: a fresh one at every call.
@@ -449,7 +471,7 @@ def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_e
                 raise
             raise phase_error(f"step {k} of the schedule ({_describe(k, past, t, prompt)})", e) from None
         prefix = "out" if plan.plain else f"step.{k}.out"
-        step_leaves = _tensor_leaves(out, backend, prefix)
+        step_leaves = _kept(backend, _tensor_leaves(out, backend, prefix))
         step_leaves = _zero_padding(torch, step_leaves, mask if past < prompt else None, plan.axis, past, t)
         if plan.generate and past + t >= prompt and len(generated) < plan.generate:
             generated.append(_next_token(plan, _logits(step_leaves, k), plan.axis, len(generated)))

@@ -15,9 +15,10 @@
 //! A cache passed in and out (`forward(x, index_pos, &mut cache)`) is captured the same way. Each
 //! [`Step`] carries the step's chunk of the sequence input, the number of positions already seen
 //! (`offset`: candle-transformers' `seqlen_offset`, `index_pos`), the position ids and, in a padded
-//! batch, the attention mask so far. Outputs become `step.<k>.<leaf>`; outputs at padded positions
-//! are zeros (only valid positions are compared, as on the reference's side). With generation,
-//! the steps after the prompt feed back the reference's greedy tokens (teacher forcing), or, on the
+//! batch, the attention mask so far; each step gets copies of its inputs. Outputs become
+//! `step.<k>.<leaf>`, kept as copies taken when the step returns; outputs at padded positions are
+//! zeros (only valid positions are compared, as on the reference's side). With generation, the
+//! steps after the prompt feed back the reference's greedy tokens (teacher forcing), or, on the
 //! free-running pass, the port's own.
 //!
 //! Without a schedule (the gradient and training checks of the same port), one step runs the
@@ -180,6 +181,7 @@ pub fn drive(
         schedule.at.store(k, Ordering::Relaxed);
         let chunk = if past < prompt {
             x.narrow(plan.axis, past, len)
+                .and_then(|c| c.copy())
                 .map_err(|e| err(k, e.to_string()))?
         } else {
             let token = &generated[past - prompt];
@@ -190,7 +192,7 @@ pub fn drive(
                 .and_then(|t| t.reshape(shape))
                 .map_err(|e| err(k, e.to_string()))?
         };
-        let mut tensors = inputs.tensors.clone();
+        let mut tensors = fresh(&inputs.tensors).map_err(|e| err(k, e.to_string()))?;
         tensors[plan.arg] = chunk;
         let device = x.device();
         let (step_mask, step_positions) = (|| -> candle_core::Result<_> {
@@ -220,7 +222,14 @@ pub fn drive(
             dims: dims.clone(),
         };
         let outputs = stepper.step(&step).map_err(|e| err(k, e))?;
-        let mut outputs = outputs.0;
+        // Kept as the step returned them: a port that writes its next output into this one's
+        // memory (`slice_set` into a buffer it reuses) changes nothing golden kept.
+        let mut outputs = outputs
+            .0
+            .into_iter()
+            .map(|(name, t)| Ok((name, t.copy()?)))
+            .collect::<candle_core::Result<Vec<_>>>()
+            .map_err(|e| err(k, e.to_string()))?;
         if past < prompt {
             if let Some(m) = &mask {
                 outputs = zero_padding(outputs, m, batch, prompt, plan.axis, past, len)
@@ -250,6 +259,14 @@ pub fn drive(
         leaves.push(("tokens".to_string(), tokens));
     }
     Ok(Outputs(leaves))
+}
+
+/// Copies of a step's inputs, storage of their own: a port that writes into its inputs
+/// (`slice_set`, an in-place op on their storage) changes neither the inputs of the steps after it
+/// nor what golden kept of the steps before it (a step loop's carried state is the previous step's
+/// output). The reference's side does the same (`golden_ref/schedule.py`).
+pub(crate) fn fresh(tensors: &[Tensor]) -> candle_core::Result<Vec<Tensor>> {
+    tensors.iter().map(Tensor::copy).collect()
 }
 
 /// The mask of positions `0..end` of each row (the prompt's, then 1 for generated positions).
