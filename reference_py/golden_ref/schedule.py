@@ -300,7 +300,11 @@ def _logits(leaves, step: int):
 
 
 def _zero_padding(torch, leaves, mask, axis: int, past: int, t: int):
-    """Outputs at padded positions become zeros: a port is judged on valid positions only."""
+    """Outputs at padded positions become zeros: a port is judged on valid positions only. An
+    output holds the step's positions when its first axis is the batch and its sequence axis has the
+    step's length (what the reference was given): the one rule by which padded positions are
+    excluded on both sides (the runtime's `Plan::positional`; a port's outputs are zeroed at the
+    positions the reference's leaf of the same name holds, all of them or the last)."""
     if mask is None:
         return leaves
     valid = mask[:, past:past + t].bool()

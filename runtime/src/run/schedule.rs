@@ -4,7 +4,7 @@
 //! time can fail (`leakage` of padding into valid outputs, `free_running` generation), and the
 //! diagnosis of a failing case by mistakes in how a model is driven (`explain`).
 
-use crate::describe::schedule::step_of;
+use crate::describe::schedule::{step_of, Holds};
 use crate::report::issues::ScheduleIssue;
 use golden_files::HostTensor;
 use std::sync::Arc;
@@ -24,10 +24,17 @@ pub(crate) fn port_schedule(
         .iter()
         .find(|(n, _)| n == TOKENS)
         .map(|(_, t)| t.clone());
+    let shapes = reference
+        .expected
+        .iter()
+        .filter(|(n, _)| n.starts_with("step."))
+        .map(|(n, t)| (n.clone(), t.shape.clone()))
+        .collect();
     Some(crate::describe::schedule::PortSchedule {
         plan,
         forced,
         at: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        reference_shapes: shapes,
     })
 }
 
@@ -88,17 +95,12 @@ pub(crate) fn align(
             continue;
         };
         let axis = plan.axis;
-        if expected.shape == t.shape || expected.shape.len() <= axis {
+        if expected.shape == t.shape
+            || plan.holds(k, &expected.shape, &t.shape) != Some(Holds::Last)
+        {
             continue;
         }
         let len = expected.shape[axis];
-        let mut without = expected.shape.clone();
-        without.remove(axis);
-        let mut one = expected.shape.clone();
-        one[axis] = 1;
-        if t.shape != without && t.shape != one {
-            continue;
-        }
         let shape = t.shape.clone();
         for leaf in [name.clone(), format!("oneshot.{k}.{rest}")] {
             map_leaf(&mut r, &leaf, |h| {
