@@ -41,9 +41,9 @@ from .backends import flatten_outputs
 # Porting mistakes in how a model is driven through time, made in the reference's driving for the
 # diagnosis of a failing port (the runtime's `describe/schedule.rs` names them and their fixes):
 # position ids that restart at 0 in every call, position ids that count padding, no padding mask,
-# no cache, a sliding window one key wider or narrower, a sliding window not applied to the cached
-# keys (a cache never trimmed, no mask on a one-token step).
-MISTAKES = ("positions-restart", "positions-unpadded", "mask-unpadded", "no-cache",
+# both (the padding treated as tokens), no cache, a sliding window one key wider or narrower, a
+# sliding window not applied to the cached keys (a cache never trimmed, no mask on a one-token step).
+MISTAKES = ("positions-restart", "positions-unpadded", "mask-unpadded", "padding-ignored", "no-cache",
             "window-wider", "window-narrower", "window-uncached", "inputs-reversed", "inputs-ahead")
 
 
@@ -213,7 +213,7 @@ class _Builder:
         mask = self.mask_upto(past + t)
         if self.plan.mistake == "positions-restart":
             return torch.arange(0, t).unsqueeze(0).expand(self.batch, t)
-        if mask is None or self.plan.mistake == "positions-unpadded":
+        if mask is None or self.plan.mistake in ("positions-unpadded", "padding-ignored"):
             return torch.arange(past, past + t).unsqueeze(0).expand(self.batch, t)
         positions = mask.long().cumsum(-1) - 1
         positions = positions.masked_fill(mask == 0, 1)
@@ -224,7 +224,8 @@ class _Builder:
         torch = self.torch
         out = {}
         positions = self.positions(past, t)
-        mask2d = None if self.plan.mistake == "mask-unpadded" else self.mask_upto(past + t)
+        unmasked = self.plan.mistake in ("mask-unpadded", "padding-ignored")
+        mask2d = None if unmasked else self.mask_upto(past + t)
         if self.plan.mistake == "no-cache":
             use_cache = False
             mask2d = None if mask2d is None else mask2d[:, past:]

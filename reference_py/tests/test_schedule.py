@@ -129,6 +129,29 @@ class ScheduleTest(unittest.TestCase):
         np.testing.assert_allclose(out["step.0.out.logits"][1, 2:], alone["step.0.out.logits"][0], atol=1e-5)
         np.testing.assert_allclose(out["step.2.out.logits"][1], alone["step.2.out.logits"][0], atol=1e-5)
 
+    def test_the_padding_ignored_mistake_runs_the_padded_rows_as_if_their_padding_were_tokens(self):
+        from transformers import LlamaForCausalLM
+
+        from golden_ref.evaluate import forward
+
+        mask = np.ones((2, 5), dtype=np.int64)
+        mask[1, :2] = 0  # left padding
+        ids = self.ids(2, 5)
+        case = self.case(LlamaForCausalLM, [ids], _llama_config(), chunks=[3, 1, 1], mask=mask)
+        case.schedule.mistake = "padding-ignored"
+        ignored = self.leaves(forward(case, precise=False))
+        unpadded = self.leaves(forward(self.case(LlamaForCausalLM, [ids], _llama_config(), chunks=[3, 1, 1]),
+                                       precise=False))
+        # The valid positions are what the batch gives unpadded (padded positions are zeros).
+        np.testing.assert_allclose(ignored["step.0.out.logits"][1, 2:], unpadded["step.0.out.logits"][1, 2:],
+                                   atol=1e-6)
+        for k in (1, 2):
+            np.testing.assert_allclose(ignored[f"step.{k}.out.logits"], unpadded[f"step.{k}.out.logits"], atol=1e-6)
+        # And not what the padded batch gives.
+        case = self.case(LlamaForCausalLM, [ids], _llama_config(), chunks=[3, 1, 1], mask=mask)
+        padded = self.leaves(forward(case, precise=False))
+        self.assertGreater(np.abs(padded["step.2.out.logits"][1] - ignored["step.2.out.logits"][1]).max(), 1e-4)
+
     def test_generation_keeps_the_first_evaluations_tokens(self):
         from transformers import LlamaForCausalLM
 

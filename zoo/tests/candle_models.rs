@@ -258,6 +258,30 @@ fn candle_mistral_given_the_padding_mask_passes_padded_batches() {
     assert!(snapshot.contains(", one-token "), "{snapshot}");
 }
 
+#[test]
+fn candle_mistral_attending_to_padded_keys_fails_on_the_padding() {
+    let layer = mistral_padded("c_mistral_padding_leaks");
+    let msg = match check(&layer, mistral_padded_port(false)) {
+        Ok(_) => panic!("a Mistral attending to padded keys passed"),
+        Err(f) => f.to_string(),
+    };
+    println!("{msg}");
+    // candle's rotary positions are the offset's: without the padding mask the padded tokens are
+    // tokens, positions and all — named so, with the fix that candle's API allows.
+    assert!(
+        msg.contains(
+            "likely cause: the port matches the reference with the schedule driven with the \
+             padding treated as tokens: no padding mask, and position ids counting the padding"
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("on both failing cases"), "{msg}");
+    assert!(
+        msg.contains("candle-transformers' Mistral and Gemma take one through `forward_embeds`"),
+        "{msg}"
+    );
+}
+
 /// candle-transformers' Gemma through `forward_embeds` with the padding mask (its LM head is its
 /// embedding, as `tie_word_embeddings` makes transformers' one).
 #[test]

@@ -379,6 +379,9 @@ pub enum Mistake {
     PositionsUnpadded,
     /// The padding mask is not applied: padded keys are attended to.
     MaskUnpadded,
+    /// Padding treated as tokens: no padding mask, and position ids counting the padding (a
+    /// model driven as if the batch were not padded).
+    PaddingIgnored,
     /// Every call sees only its own tokens: the cache is not read.
     NoCache,
     /// The sliding window keeps one key more.
@@ -396,13 +399,14 @@ pub enum Mistake {
 
 impl Mistake {
     /// Every mistake, in the order they are tried.
-    pub const ALL: [Mistake; 9] = [
+    pub const ALL: [Mistake; 10] = [
         Mistake::InputsReversed,
         Mistake::InputsAhead,
         Mistake::PositionsRestart,
         Mistake::NoCache,
         Mistake::PositionsUnpadded,
         Mistake::MaskUnpadded,
+        Mistake::PaddingIgnored,
         Mistake::WindowWider,
         Mistake::WindowNarrower,
         Mistake::WindowUncached,
@@ -414,6 +418,7 @@ impl Mistake {
             Mistake::PositionsRestart => "positions-restart",
             Mistake::PositionsUnpadded => "positions-unpadded",
             Mistake::MaskUnpadded => "mask-unpadded",
+            Mistake::PaddingIgnored => "padding-ignored",
             Mistake::NoCache => "no-cache",
             Mistake::WindowWider => "window-wider",
             Mistake::WindowNarrower => "window-narrower",
@@ -433,7 +438,9 @@ impl Mistake {
         match self {
             Mistake::InputsReversed | Mistake::InputsAhead => false,
             Mistake::PositionsRestart | Mistake::NoCache => several,
-            Mistake::PositionsUnpadded | Mistake::MaskUnpadded => steps.padding != Padding::None,
+            Mistake::PositionsUnpadded | Mistake::MaskUnpadded | Mistake::PaddingIgnored => {
+                steps.padding != Padding::None
+            }
             Mistake::WindowWider => window.is_some(),
             Mistake::WindowNarrower => window.is_some_and(|w| w > 1),
             Mistake::WindowUncached => window.is_some() && several,
@@ -472,6 +479,19 @@ impl Mistake {
                 "no padding mask: padded keys are attended to".to_string(),
                 "padded keys masked out".to_string(),
                 "mask the keys where `step.attention_mask()` is 0, in every call".to_string(),
+            ),
+            Mistake::PaddingIgnored => (
+                "the padding treated as tokens: no padding mask, and position ids counting the \
+                 padding"
+                    .to_string(),
+                "padded keys masked out, positions counted over each row's valid tokens"
+                    .to_string(),
+                "mask the keys where `step.attention_mask()` is 0, in every call (a model that \
+                 takes no mask cannot be given a padded batch: candle-transformers' Mistral and \
+                 Gemma take one through `forward_embeds`); position ids from `step.positions()`, \
+                 or for rotary positions `step.offset()` once the padding is masked (rotary \
+                 attention depends on positions' differences only)"
+                    .to_string(),
             ),
             Mistake::WindowWider => (
                 format!("a sliding window of {} keys", w + 1),
