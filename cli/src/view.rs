@@ -11,10 +11,20 @@
 //! shows: a window per axis or of the flat order, at most [`MAX_CELLS`] at a time, each marked if
 //! it is outside the tolerance; it may also ask where a value or a range occurs.
 //!
+//! Who may ask: the server answers only requests that name it as `127.0.0.1:PORT` or
+//! `localhost:PORT` in their `Host` (a page of another site that points a name of its own at
+//! 127.0.0.1 — DNS rebinding — sends its own name), that come from no other site (`Origin`,
+//! `Sec-Fetch-Site`), and that carry this launch's token: the page's address holds it
+//! (`/?token=…`, printed at start), and the page sends it with every request to `/api/` in the
+//! `X-Golden-Token` header, which a page of another site can neither read nor send without asking
+//! the server first (a CORS preflight, which it does not answer). A refused request gets a 403
+//! that says why.
+//!
 //! Safety: uploads go into private temporary folders (`scratch.rs`) removed when replaced and at
 //! exit (Ctrl-C included), are opened with the same limits as files on disk (`side.rs`,
 //! `unpack.rs`: read budget, traversal, links, bombs; pickles that are not tensors are skipped and
-//! named) and may be at most `--max-upload` bytes. HTTP is axum's (on hyper): a malformed request
+//! named) and may be at most `--max-upload` bytes, refused by their length before a byte is
+//! written; they go one at a time (another while one runs gets a 429). HTTP is axum's (on hyper): a malformed request
 //! gets a 4xx, a request this server does not understand a 4xx with a message, and nothing a
 //! request holds can stop the server. The page writes every name as text, never as markup.
 
@@ -25,8 +35,9 @@ use crate::read::ReadOptions;
 use crate::scratch::Scratch;
 use crate::side::Side;
 use axum::body::Body;
-use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -88,6 +99,107 @@ struct App {
 struct Server {
     config: Config,
     app: Mutex<App>,
+    /// This launch's token (hex).
+    token: String,
+    /// The port it listens on.
+    port: u16,
+    /// Held while an upload runs: uploads go one at a time.
+    uploading: tokio::sync::Semaphore,
+}
+
+/// The header the page sends the token in.
+pub const TOKEN_HEADER: &str = "x-golden-token";
+
+/// A new launch's token: 24 random bytes, in hex.
+fn new_token() -> Result<String, String> {
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).map_err(|e| format!("cannot draw a token: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Whether two strings are equal, in a time that does not depend on where they differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+impl Server {
+    /// Why a request may not be answered, if it may not: see the module's doc.
+    fn refusal(&self, uri: &Uri, headers: &HeaderMap) -> Option<String> {
+        let port = self.port;
+        let text = |name: header::HeaderName| {
+            headers
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
+        let host = text(header::HOST).unwrap_or_default();
+        let ours = [format!("127.0.0.1:{port}"), format!("localhost:{port}")];
+        if !ours.contains(&host.to_ascii_lowercase()) {
+            return Some(format!(
+                "golden view answers only requests for http://127.0.0.1:{port}/ or                  http://localhost:{port}/, and this one names the Host `{host}`: a page of                  another site that points a name of its own at this machine (DNS rebinding)                  is refused; open the address golden view printed"
+            ));
+        }
+        if let Some(origin) = text(header::ORIGIN) {
+            if origin.to_ascii_lowercase() != format!("http://{}", host.to_ascii_lowercase()) {
+                return Some(format!(
+                    "a request from another site (Origin `{origin}`) is refused: only golden                      view's own page may ask"
+                ));
+            }
+        }
+        if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site")) {
+            if !matches!(site.as_str(), "same-origin" | "none") {
+                return Some(format!(
+                    "a request from another site (Sec-Fetch-Site `{site}`) is refused: only                      golden view's own page may ask"
+                ));
+            }
+        }
+        let path = uri.path();
+        let token = if path == "/" {
+            // The page: its address carries the token.
+            uri.query()
+                .into_iter()
+                .flat_map(|q| q.split('&'))
+                .find_map(|kv| kv.strip_prefix("token="))
+                .map(str::to_string)
+                .or_else(|| text(header::HeaderName::from_static(TOKEN_HEADER)))
+        } else if path.starts_with("/api/") {
+            text(header::HeaderName::from_static(TOKEN_HEADER))
+        } else {
+            // The page's script and style: the same for everyone, nothing of the dumps.
+            return None;
+        };
+        match token {
+            Some(t) if same_secret(&t, &self.token) => None,
+            Some(_) => Some(
+                "this launch's token is not the one given: open the address golden view                  printed (each launch has its own)"
+                    .into(),
+            ),
+            None => Some(
+                "no token: open the address golden view printed, which carries this launch's                  token"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// Every request passes here first: see [`Server::refusal`].
+async fn guard(State(server): State<Shared>, request: Request, next: Next) -> Response {
+    match server.refusal(request.uri(), request.headers()) {
+        None => next.run(request).await,
+        Some(why) if request.uri().path().starts_with("/api/") => error(StatusCode::FORBIDDEN, why),
+        Some(why) => (
+            StatusCode::FORBIDDEN,
+            [
+                (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            format!("golden view: {why}\n"),
+        )
+            .into_response(),
+    }
 }
 
 type Shared = Arc<Server>;
@@ -214,6 +326,7 @@ fn side_index(side: &str) -> Option<usize> {
 async fn upload(
     State(server): State<Shared>,
     Query(q): Query<UploadQuery>,
+    headers: HeaderMap,
     body: Body,
 ) -> Response {
     let Some(index) = side_index(&q.side) else {
@@ -221,6 +334,27 @@ async fn upload(
     };
     let Some(name) = safe_name(&q.name) else {
         return error(StatusCode::BAD_REQUEST, "the upload has no file name");
+    };
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "`{name}` is larger than {} (golden view --max-upload SIZE)",
+                golden_files::budget::size(server.config.max_upload)
+            ),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > server.config.max_upload) {
+        return too_large();
+    }
+    let Ok(_uploading) = server.uploading.try_acquire() else {
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "uploads go one at a time: another one is running; try again when it is done",
+        );
     };
     let scratch = match Scratch::new("upload") {
         Ok(s) => s,
@@ -245,13 +379,7 @@ async fn upload(
         if let Ok(data) = frame.into_data() {
             written += data.len() as u64;
             if written > server.config.max_upload {
-                return error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "`{name}` is larger than {} (golden view --max-upload SIZE)",
-                        golden_files::budget::size(server.config.max_upload)
-                    ),
-                );
+                return too_large();
             }
             if let Err(e) = file.write_all(&data).await {
                 return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
@@ -537,7 +665,8 @@ async fn find(State(server): State<Shared>, Query(q): Query<FindQuery>) -> Respo
     let sides = sides.to_vec();
     let found = tokio::task::spawn_blocking(move || {
         let n = t.a.numel();
-        let first = q.after.map_or(0, |a| a.saturating_add(1));
+        // After any index, even the largest there is: wrapped into the tensor first.
+        let first = q.after.map_or(0, |a| a % n.max(1) + 1);
         let hit = |x: f64| match q.hi {
             Some(hi) => x >= q.lo.min(hi) && x <= q.lo.max(hi),
             None => t.rule.admits(q.lo, x),
@@ -595,6 +724,7 @@ fn router(server: Shared) -> Router {
         .route("/api/values", get(values))
         .route("/api/find", get(find))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(server.clone(), guard))
         .with_state(server)
 }
 
@@ -632,16 +762,7 @@ pub fn run(sides: [Option<&Path>; 2], config: Config) -> Result<(), String> {
             });
         }
     }
-    let server: Shared = Arc::new(Server {
-        config: config.clone(),
-        app: Mutex::new(App {
-            sides: loaded,
-            generation: 0,
-            comparison: Comparison::Waiting,
-            opened: None,
-        }),
-    });
-    compare_sides(&server);
+    let token = new_token()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -653,10 +774,26 @@ pub fn run(sides: [Option<&Path>; 2], config: Config) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot listen on {address}: {e}"))?;
         let bound = listener.local_addr().map_err(|e| e.to_string())?;
+        let server: Shared = Arc::new(Server {
+            config: config.clone(),
+            app: Mutex::new(App {
+                sides: loaded,
+                generation: 0,
+                comparison: Comparison::Waiting,
+                opened: None,
+            }),
+            token: token.clone(),
+            port: bound.port(),
+            uploading: tokio::sync::Semaphore::new(1),
+        });
+        compare_sides(&server);
         {
             use std::io::Write as _;
             let mut out = std::io::stdout();
-            let _ = writeln!(out, "golden view: http://{bound}/ (Ctrl-C stops it)");
+            let _ = writeln!(
+                out,
+                "golden view: http://{bound}/?token={token} (Ctrl-C stops it)"
+            );
             let _ = out.flush();
         }
         axum::serve(listener, router(server))
