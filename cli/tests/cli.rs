@@ -983,3 +983,32 @@ fn newlines_in_names_never_reach_the_terminal_in_listings_and_notes() {
     let note = clean("diff against an archive", &out);
     assert!(note.contains(&format!("2_w\\n{forged}")), "{note}");
 }
+
+/// `golden --version` says the version of the golden it is and the folder it was built from: the
+/// CI recipe installs golden's command line when the one it has cached is not the one its crate
+/// depends on (an upgrade, another git revision), and only `golden --version` can tell (#31 item
+/// 6). The command line's version is the runtime's.
+#[test]
+fn version_says_which_golden_and_where_it_was_built_from() {
+    let out = golden(&["--version"]);
+    assert!(out.status.success());
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../runtime/Cargo.toml"
+    ))
+    .unwrap();
+    let runtime = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("version = "))
+        .map(|v| v.trim_matches('"'))
+        .unwrap();
+    assert_eq!(
+        runtime,
+        env!("CARGO_PKG_VERSION"),
+        "golden-cli's version is golden's"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        format!("golden {runtime} ({})", env!("CARGO_MANIFEST_DIR"))
+    );
+}
