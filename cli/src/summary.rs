@@ -9,8 +9,11 @@
 //! noise and not listed), a tolerance, the cases, dims, dtypes, reference or inputs, the versions
 //! and sources its golden store was recorded with (`transformers 5.22.0 → 5.23.0`), a store
 //! re-recorded; and, in the run itself, a snapshot that differs from the one committed (insta
-//! fails the test on it until it is accepted). Failures first, new ones before old ones, then the
-//! changes worst first; the unchanged checks in a collapsed table.
+//! fails the test on it until it is accepted). Failures first, new ones before old ones, each
+//! tagged with what the base says of it and counted as a change unless it failed there too with
+//! the same figures; then the changes worst first; the unchanged checks in a collapsed table.
+//! Every piece of data is written inert (`markdown.rs`): no link, image, HTML or emphasis comes
+//! from a name, a message or the base's snapshot text.
 //!
 //! The markdown stays under GitHub's limit for a comment (65,536 characters): rows that do not
 //! fit are left out and counted, and a table is never cut. `--json` holds everything, untruncated.
