@@ -9,7 +9,9 @@
 //! pair reads its two tensors then — not at upload — lined up as the comparison lined them up
 //! (`pair::align`: shards joined, B in A's shape and order), and the page asks for the values it
 //! shows: a window per axis or of the flat order, at most [`MAX_CELLS`] at a time, each marked if
-//! it is outside the tolerance; it may also ask where a value or a range occurs.
+//! it is outside the tolerance; it may also ask where a value or a range occurs. A file changed
+//! since the comparison read it (its length or time of change) is not shown beside the old
+//! figures: the pair is refused with why (409) and the sides are compared again.
 //!
 //! Who may ask: the server answers only requests that name it as `127.0.0.1:PORT` or
 //! `localhost:PORT` in their `Host` (a page of another site that points a name of its own at
@@ -83,8 +85,20 @@ struct Loaded {
 enum Comparison {
     Waiting,
     Running { done: usize, total: usize },
-    Ready(Arc<Diff>),
+    Ready(Arc<Diff>, Arc<Stamps>),
     Failed(String),
+}
+
+/// What a file was when the comparison began to read it: its length and its time of change.
+type Stamp = Option<(u64, std::time::SystemTime)>;
+
+/// The stamps of both sides' files, taken before the comparison read them: a pair opened later
+/// is read from the same files, or refused (its values would not be those of its figures).
+type Stamps = std::collections::HashMap<PathBuf, Stamp>;
+
+fn stamp(path: &Path) -> Stamp {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()?))
 }
 
 struct App {
@@ -226,6 +240,13 @@ fn compare_sides(server: &Shared) {
     let (a, b) = (a.side.clone(), b.side.clone());
     app.comparison = Comparison::Running { done: 0, total: 0 };
     drop(app);
+    let stamps: Arc<Stamps> = Arc::new(
+        a.files
+            .iter()
+            .chain(&b.files)
+            .map(|(_, path)| (path.clone(), stamp(path)))
+            .collect(),
+    );
     let server = server.clone();
     std::thread::spawn(move || {
         let progress = |done: usize, total: usize| {
@@ -245,7 +266,7 @@ fn compare_sides(server: &Shared) {
         let mut app = lock(&server);
         if app.generation == generation {
             app.comparison = match result {
-                Ok(d) => Comparison::Ready(Arc::new(d)),
+                Ok(d) => Comparison::Ready(Arc::new(d), stamps),
                 Err(e) => Comparison::Failed(e),
             };
         }
@@ -274,7 +295,7 @@ async fn state(State(server): State<Shared>) -> Response {
             JsonValue::Null,
             JsonValue::Null,
         ),
-        Comparison::Ready(d) => ("ready", JsonValue::Null, JsonValue::Null, d.json()),
+        Comparison::Ready(d, _) => ("ready", JsonValue::Null, JsonValue::Null, d.json()),
         Comparison::Failed(e) => ("failed", JsonValue::Null, json!(e), JsonValue::Null),
     };
     let tolerance = server.config.options.tolerance;
@@ -417,9 +438,9 @@ async fn upload(
 
 /// The row `row` of the current comparison, lined up (read now, then kept until another opens).
 async fn aligned(server: &Shared, row: usize) -> Result<(Arc<Diff>, Arc<Aligned>), Response> {
-    let (generation, diff, cached) = {
+    let (generation, diff, stamps, cached) = {
         let app = lock(server);
-        let Comparison::Ready(diff) = &app.comparison else {
+        let Comparison::Ready(diff, stamps) = &app.comparison else {
             return Err(error(StatusCode::CONFLICT, "the comparison is not ready"));
         };
         let cached = app
@@ -427,7 +448,7 @@ async fn aligned(server: &Shared, row: usize) -> Result<(Arc<Diff>, Arc<Aligned>
             .as_ref()
             .filter(|(g, r, _)| *g == app.generation && *r == row)
             .map(|(_, _, a)| a.clone());
-        (app.generation, diff.clone(), cached)
+        (app.generation, diff.clone(), stamps.clone(), cached)
     };
     let Some(r) = diff.rows.get(row) else {
         return Err(error(
@@ -449,10 +470,26 @@ async fn aligned(server: &Shared, row: usize) -> Result<(Arc<Diff>, Arc<Aligned>
         server.config.read.clone(),
         server.config.options.tolerance,
     );
-    let lined = tokio::task::spawn_blocking(move || line_up(&r, &read, tol))
+    let lined = tokio::task::spawn_blocking(move || line_up(&r, &read, tol, &stamps))
         .await
         .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+        .map_err(|e| match e {
+            Unread::Changed(path) => {
+                // Compared again, unless a newer comparison already runs.
+                if lock(server).generation == generation {
+                    compare_sides(server);
+                }
+                error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "{} changed since the comparison read it: its values would not be those \
+                         of the figures shown, so the two sides are compared again",
+                        path.display()
+                    ),
+                )
+            }
+            Unread::Error(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e),
+        })?;
     let lined = Arc::new(lined);
     let mut app = lock(server);
     if app.generation == generation {
@@ -461,25 +498,50 @@ async fn aligned(server: &Shared, row: usize) -> Result<(Arc<Diff>, Arc<Aligned>
     Ok((diff, lined))
 }
 
-/// Read a row's tensors and line them up as its comparison did.
-fn line_up(r: &Row, read: &ReadOptions, tol: pair::Tolerance) -> Result<Aligned, String> {
-    let load = |files: &[(PathBuf, String)]| -> Result<Vec<HostTensor>, String> {
+/// Why a row's tensors were not read.
+enum Unread {
+    /// A file is not what the comparison read.
+    Changed(PathBuf),
+    /// A file could not be read, or the pair not lined up.
+    Error(String),
+}
+
+/// Read a row's tensors and line them up as its comparison did, from the files it read (`stamps`).
+fn line_up(
+    r: &Row,
+    read: &ReadOptions,
+    tol: pair::Tolerance,
+    stamps: &Stamps,
+) -> Result<Aligned, Unread> {
+    let load = |files: &[(PathBuf, String)]| -> Result<Vec<HostTensor>, Unread> {
         files
             .iter()
             .map(|(path, name)| {
-                let mut f = read.open(path)?;
+                let same = || stamps.get(path).is_none_or(|s| *s == stamp(path));
+                if !same() {
+                    return Err(Unread::Changed(path.clone()));
+                }
+                let mut f = read.open(path).map_err(Unread::Error)?;
                 let i = if f.entries().len() == 1 {
                     0
                 } else {
-                    f.find(name)
-                        .ok_or_else(|| format!("{}: no tensor `{name}`", path.display()))?
+                    f.find(name).ok_or_else(|| {
+                        Unread::Error(format!("{}: no tensor `{name}`", path.display()))
+                    })?
                 };
-                f.load(i).map_err(|e| format!("{}: {e}", path.display()))
+                let t = f
+                    .load(i)
+                    .map_err(|e| Unread::Error(format!("{}: {e}", path.display())))?;
+                // Changed while it was read: not the comparison's either.
+                if !same() {
+                    return Err(Unread::Changed(path.clone()));
+                }
+                Ok(t)
             })
             .collect()
     };
     let (a, b) = (load(&r.source.a)?, load(&r.source.b)?);
-    pair::align(&a, &b, r.explained(), tol)
+    pair::align(&a, &b, r.explained(), tol).map_err(Unread::Error)
 }
 
 #[derive(Deserialize)]

@@ -537,3 +537,42 @@ fn other_hosts_other_sites_and_requests_without_the_token_are_refused() {
     assert_eq!(server.interrupt().code(), Some(130));
     assert!(empty(&tmp));
 }
+
+/// A dump rewritten after the comparison read it: opening its pair read the new values and showed
+/// them beside the old figures. Now the pair is refused with why, and the comparison runs again
+/// (#31, minor items).
+#[test]
+fn a_dump_changed_since_the_comparison_is_compared_again_not_shown_beside_old_figures() {
+    let d = Dir::new("view-changed");
+    let (a, b) = small_dumps(d.path());
+    let tmp = d.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let server = Server::start(&[a.to_str().unwrap(), b.to_str().unwrap()], &tmp);
+    let state = server.settled_state();
+    assert_eq!(state["diff"]["tensors"][0]["max_abs"], 45.0, "{state}");
+    // B's x.npy now differs from A by 1000 at element 5.
+    let mut values: Vec<f64> = (0..8).map(f64::from).collect();
+    values[5] = 1005.0;
+    let file = b.join("x.npy");
+    golden_files::npy::write(&file, &golden_files::HostTensor::from_f64(vec![8], &values)).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let (status, body) = server.get("/api/values?row=0&flat=true&start=0&end=8");
+    assert_eq!(status, 409, "new values beside the old figures: {body}");
+    assert!(
+        body.contains("changed since the comparison read it") && body.contains("x.npy"),
+        "{body}"
+    );
+    // Compared again: the figures and the values agree.
+    let state = server.settled_state();
+    assert_eq!(state["diff"]["tensors"][0]["max_abs"], 1000.0, "{state}");
+    let (status, body) = server.get("/api/values?row=0&flat=true&start=0&end=8");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["cells"][5][3], 1005.0, "{body}");
+    assert_eq!(server.interrupt().code(), Some(130));
+}
