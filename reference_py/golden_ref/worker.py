@@ -13,7 +13,9 @@ or forked copy outlives it; the runtime kills the group of a worker it kills.
 
 Requests (`op` in the JSON header):
 
-* `hello` -> versions of Python, NumPy and (if the backend asked for it) torch
+* `hello` -> versions of Python, NumPy and (if the backend asked for it) torch; a copy of the shared
+  worker is sent the environment of its test process with it (`environ`), and takes it as its own
+  (:func:`adopt_environment`) before it imports any reference
 * `load`  -> resolve a reference (import errors are reported with their traceback)
 * `params` -> what the runtime needs to draw a module's parameters (:func:`golden_ref.evaluate.param_spec`)
 * `state` -> load a checkpoint's state from its file and keep it by id (:mod:`golden_ref.states`);
@@ -98,6 +100,8 @@ class Worker:
         if op == "hello":
             import numpy
 
+            if header.get("environ") is not None:
+                adopt_environment(header["environ"])
             info = {"python": sys.version.split()[0], "numpy": numpy.__version__, "pid": os.getpid()}
             info.update(getattr(self, "extra_info", {}))
             info.update(self.session.hello())
@@ -240,6 +244,20 @@ def _outputs_json(result: dict, table) -> dict:
         if result.get(key):
             response[key] = result[key]
     return response
+
+
+def adopt_environment(pairs: list) -> None:
+    """Make the environment exactly `pairs` (each name and value as the hex of its bytes): the
+    environment the runtime would start a private worker with. A copy of the shared worker takes
+    its test process's this way, in place of the daemon's, before it imports any reference; the
+    C library's environment changes with it (`os.environb` sets and unsets it)."""
+    wanted = {bytes.fromhex(name): bytes.fromhex(value) for name, value in pairs}
+    for name in list(os.environb):
+        if name not in wanted:
+            del os.environb[name]
+    for name, value in wanted.items():
+        if os.environb.get(name) != value:
+            os.environb[name] = value
 
 
 class UnknownState(Exception):

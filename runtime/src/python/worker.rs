@@ -26,7 +26,8 @@
 //! thread in the worker notices its parent is gone even while a reference is busy.
 
 use crate::describe::env::{self, Python};
-use crate::python::key::{pythonpath, WorkerKey};
+use crate::python::key::{worker_environment, WorkerKey};
+use crate::python::shared;
 use crate::python::shm;
 use crate::python::wire::{self, Frame, RawFrame, WireError};
 use bytes::Bytes;
@@ -466,7 +467,7 @@ impl Process {
                 // Once the daemon has reaped the copy (and killed its group) the pid is free for
                 // any process to take.
                 if !exit.exists() {
-                    crate::python::shared::kill(*pid);
+                    shared::kill(*pid);
                 }
                 let _ = stream.shutdown(std::net::Shutdown::Both);
             }
@@ -490,7 +491,7 @@ impl Process {
     fn stderr_tail(&self) -> String {
         match self {
             Process::Private { stderr, .. } => stderr.lock().unwrap().text(),
-            Process::Shared { log, .. } => crate::python::shared::tail(log, STDERR_TAIL),
+            Process::Shared { log, .. } => shared::tail(log, STDERR_TAIL),
         }
     }
 
@@ -655,26 +656,17 @@ impl Worker {
     /// A worker for `key`: from the shared worker daemon when sharing is on and it can be reached,
     /// else a private one.
     pub fn start(key: &WorkerKey) -> Result<Worker, WorkerError> {
-        use crate::python::shared;
-        // A daemon found stuck is not tried again by this process: each try would wait.
-        static STUCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if shared::enabled() && !STUCK.load(std::sync::atomic::Ordering::SeqCst) {
-            match shared::connect(key) {
-                Ok(stream) => {
-                    let probe = stream.try_clone().ok();
-                    match Worker::over_socket(key, stream) {
-                        Err(WorkerError::Timeout { starting: true, .. }) => {
-                            STUCK.store(true, std::sync::atomic::Ordering::SeqCst);
-                            let why = probe.as_ref().map_or_else(
-                                || "the shared worker daemon did not answer".to_string(),
-                                shared::stuck,
-                            );
-                            shared::note_fallback(&why);
-                        }
-                        other => return other,
-                    }
+        // A daemon that did not serve this process (stuck, not golden's, not the one it needs) is
+        // not tried again by it: each try would wait, or fail the same way.
+        static AVOIDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if shared::enabled() && !AVOIDED.load(std::sync::atomic::Ordering::SeqCst) {
+            let served = shared::connect(key).and_then(|c| Worker::over_socket(key, c));
+            match served {
+                Ok(worker) => return Ok(worker),
+                Err(why) => {
+                    AVOIDED.store(true, std::sync::atomic::Ordering::SeqCst);
+                    shared::note_fallback(&why);
                 }
-                Err(why) => shared::note_fallback(&why),
             }
         }
         Worker::spawn(key)
@@ -682,11 +674,11 @@ impl Worker {
 
     /// Start a private worker (a child of this process) and wait for its `hello`.
     pub fn spawn(key: &WorkerKey) -> Result<Worker, WorkerError> {
-        let pythonpath = pythonpath(key).map_err(WorkerError::ImportRoots)?;
+        let environment = worker_environment(key).map_err(WorkerError::ImportRoots)?;
         let mut child = Command::new(&key.python.program)
             .args(["-u", "-B", "-m", "golden_ref.worker"])
-            .env("PYTHONPATH", pythonpath)
-            .env("GOLDEN_PARENT_PID", std::process::id().to_string())
+            .env_clear()
+            .envs(environment)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -731,14 +723,18 @@ impl Worker {
             shm: None,
             info: Json::Null,
         };
-        worker.hello(env::start_limit())
+        worker.hello(env::start_limit(), json!({}))
     }
 
-    /// A worker served by the shared worker daemon over `stream`.
-    fn over_socket(key: &WorkerKey, stream: UnixStream) -> Result<Worker, WorkerError> {
-        let io_error = |e: std::io::Error| WorkerError::Protocol(format!("the shared worker: {e}"));
+    /// A worker served by the shared worker daemon over `connection`, given this process's
+    /// environment; `Err` says why the process at the socket cannot serve it (a private worker
+    /// then does).
+    fn over_socket(key: &WorkerKey, connection: shared::Connection) -> Result<Worker, String> {
+        let io_error = |e: std::io::Error| format!("the shared worker's connection: {e}");
+        let stream = connection.stream.try_clone().map_err(io_error)?;
         let to_worker = writer_thread(stream.try_clone().map_err(io_error)?);
         let from_worker = reader_thread(stream.try_clone().map_err(io_error)?);
+        let environment = worker_environment(key)?;
         let worker = Worker {
             key: key.clone(),
             // Until `hello` names the served copy, errors have no pid or log to point at.
@@ -757,8 +753,35 @@ impl Worker {
         };
         // A daemon's copy answers at once: one that does not within seconds is stuck (`start`
         // falls back to a private worker), whatever GOLDEN_START_TIMEOUT allows a start-up.
-        let limit = crate::python::shared::HELLO_TIMEOUT.min(env::start_limit());
-        let mut worker = worker.hello(limit)?;
+        let limit = shared::HELLO_TIMEOUT.min(env::start_limit());
+        // The environment the copy takes as its own before it imports anything: the one a
+        // private worker would be started with (every name and value as bytes, in hex).
+        let hex = |s: &std::ffi::OsStr| {
+            s.as_encoded_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        let environ: Vec<[String; 2]> = environment
+            .iter()
+            .map(|(name, value)| [hex(name), hex(value)])
+            .collect();
+        let mut worker = match worker.hello(limit, json!({"environ": environ})) {
+            Ok(worker) => worker,
+            Err(WorkerError::Timeout { .. }) => return Err(shared::stuck(&connection.stream)),
+            Err(WorkerError::NotGolden { bytes, .. }) => {
+                return Err(connection.not_golden(&format!(
+                    "it answered golden's hello with {}",
+                    quote(&bytes)
+                )))
+            }
+            Err(WorkerError::Exited { .. }) => {
+                return Err(connection
+                    .not_golden("it closed the connection without answering golden's hello"))
+            }
+            Err(e) => return Err(connection.not_golden(&format!("its answer to hello: {e}"))),
+        };
+        connection.verify(&worker.info)?;
         if let Process::Shared { pid, log, exit, .. } = &mut worker.process {
             *pid = worker.info["pid"].as_u64().unwrap_or(0) as u32;
             *log = PathBuf::from(worker.info["log"].as_str().unwrap_or_default());
@@ -767,15 +790,17 @@ impl Worker {
         Ok(worker)
     }
 
-    /// Ask the worker for `hello`, offering it this process's shared memory; keep the link if the
-    /// worker answers with its own, which must be its own (its pid) and a sealed memfd.
-    fn hello(mut self, limit: Duration) -> Result<Worker, WorkerError> {
+    /// Ask the worker for `hello` (the request `header` adds to it), offering it this process's
+    /// shared memory; keep the link if the worker answers with its own, which must be its own (its
+    /// pid) and a sealed memfd.
+    fn hello(mut self, limit: Duration, mut header: Json) -> Result<Worker, WorkerError> {
         if env::shared_memory() == Ok(env::SharedMemory::Auto) {
             self.shm = shm::Link::offer()
                 .map_err(|e| shm::note_unavailable(&format!("memfd_create: {e}")))
                 .ok();
         }
-        let (info, _) = self.request(json!({"op": "hello"}), Vec::new(), limit, "starting up")?;
+        header["op"] = json!("hello");
+        let (info, _) = self.request(header, Vec::new(), limit, "starting up")?;
         self.info = info;
         if let Some(link) = &mut self.shm {
             let pid = self.info["pid"]
