@@ -161,6 +161,53 @@ fn a_crash_in_the_float64_evaluation_is_named_as_such() {
     );
 }
 
+/// Only a failure of the port, reproducible from its case, is saved in proptest's regressions
+/// file for the check to replay first: a timeout, a dead worker or a reference that raises were
+/// saved too, and the user asked to commit them (#31 item 13).
+#[test]
+fn only_the_port_s_failures_are_saved_for_replay() {
+    let _turn = take_turn();
+    let scratch = common::Scratch::new("f_regressions");
+    let saved = || {
+        std::fs::read_to_string(scratch.dir.join("proptest-regressions/check.txt"))
+            .unwrap_or_default()
+    };
+    let declared = |l: Layer| l.declared_at(scratch.declared);
+    let slow_port = |i: &PortInputs| {
+        std::thread::sleep(Duration::from_secs(4));
+        i.tensor(0).clone().into_outputs()
+    };
+    for (layer, port) in [
+        (
+            layer("fault_ref.sleeps").timeout(2.0),
+            &identity as &golden::Port<'_>,
+        ),
+        (layer("fault_ref.exits"), &identity),
+        (layer("fault_ref.raises"), &identity),
+        (layer("fault_ref.identity").timeout(1.0), &slow_port),
+    ] {
+        let reference = layer.reference().to_string();
+        let failure =
+            golden::check(&declared(layer), port).expect_err(&format!("`{reference}` must fail"));
+        assert!(
+            saved().is_empty(),
+            "`{reference}` ({failure}) saved a case:\n{}",
+            saved()
+        );
+    }
+    // A wrong port's failure is the port's: saved, once.
+    let wrong = |i: &PortInputs| i.tensor(0).affine(2.0, 0.0).into_outputs();
+    assert!(golden::check(&declared(layer("fault_ref.identity")), &wrong).is_err());
+    let lines: Vec<String> = saved()
+        .lines()
+        .filter(|l| l.starts_with("cc "))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    next_check_works();
+    assert_no_stray_workers();
+}
+
 #[test]
 fn a_reference_that_hangs_is_killed_at_the_check_s_timeout() {
     let started = std::time::Instant::now();

@@ -450,8 +450,9 @@ fn announce_saved(layer: &Layer, kind: Kind, settings: &Settings) {
     );
 }
 
-/// The proptest configuration of a check, and what its regressions file holds for it.
-fn runner_config(layer: &Layer, kind: Kind, settings: &Settings) -> (Config, Saved) {
+/// The proptest configuration of a check, what its regressions file holds for it, and the file,
+/// which saves the failure proptest hands over only when told to ([`Regressions::keep`]).
+fn runner_config(layer: &Layer, kind: Kind, settings: &Settings) -> (Config, Saved, Regressions) {
     let source_file = layer.declared.map(|d| d.source_file);
     let regressions = regressions(layer, kind, settings);
     let saved = if settings.explicit_seed {
@@ -462,13 +463,13 @@ fn runner_config(layer: &Layer, kind: Kind, settings: &Settings) -> (Config, Sav
     let config = Config {
         cases: settings.cases,
         source_file,
-        failure_persistence: Some(Box::new(regressions)),
+        failure_persistence: Some(Box::new(regressions.clone())),
         rng_seed: RngSeed::Fixed(layer_seed(settings.seed, layer)),
         max_shrink_iters: 1024,
         max_shrink_time: 120_000,
         ..Config::default()
     };
-    (config, saved)
+    (config, saved, regressions)
 }
 
 /// Record mode, first pass: the reference on every case the check will generate, port unseen,
@@ -484,7 +485,8 @@ fn record_generated(
     description: &str,
 ) -> Result<Option<usize>, String> {
     let limit = crate::answers::store::limit_bytes()?;
-    let (config, saved) = runner_config(layer, kind, settings);
+    // Its failures are never saved: the port does not run.
+    let (config, saved, _) = runner_config(layer, kind, settings);
     let replays = saved.replayed();
     let mut proptest = TestRunner::new(config);
     let seen = Cell::new(0usize);
@@ -610,7 +612,7 @@ fn run_dtype(
     settings: &Settings,
     recorded: Option<usize>,
 ) -> Result<DTypeRun, Failure> {
-    let (config, saved) = runner_config(layer, kind, settings);
+    let (config, saved, persistence) = runner_config(layer, kind, settings);
     let replays = saved.replayed();
     let partial = matches!(&source.via, Via::Replay(store) | Via::Verify(_, store) if store.partial.is_some());
     let generated = Cell::new(0usize);
@@ -777,8 +779,13 @@ fn run_dtype(
                     minimal,
                 ));
             };
+            // Whether the smallest case failed again: only then is the failure its case's.
+            let mut reproduced = false;
             let mut f = match run_caught(runner, source, dtype, &minimal) {
-                Outcome::Fail(c) => failure(FailureKind::Case(c), minimal.clone()),
+                Outcome::Fail(c) => {
+                    reproduced = true;
+                    failure(FailureKind::Case(c), minimal.clone())
+                }
                 Outcome::Fatal(e) => failure(FailureKind::Worker(e), minimal.clone()),
                 Outcome::Pass(_) | Outcome::Unrecorded => {
                     // Not reproducible: show the first failure as it happened.
@@ -845,6 +852,10 @@ fn run_dtype(
                             .display()
                             .to_string())
                 ));
+            }
+            // The seed proptest handed over is saved for replay only for the port's own failure.
+            if crate::run::regressions::persistable(&f, reproduced) {
+                persistence.keep();
             }
             f.shrunk_from = Some((first, shrink_steps.get()));
             f.passed_before = passed_before as u32;
