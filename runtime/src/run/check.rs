@@ -12,7 +12,7 @@ use crate::describe::env;
 use crate::describe::inputs::{self, CaseParams};
 use crate::describe::layer::dtype_name;
 use crate::describe::layer::Layer;
-use crate::python::worker::WorkerError;
+use crate::python::worker::{RemoteKind, WorkerError};
 use crate::report::artifacts;
 use crate::report::failure::{CaseFailure, Failure, FailureKind, PortFault};
 use crate::report::passed::{CaseRecord, DTypeRun, Report};
@@ -41,7 +41,7 @@ pub(crate) enum Outcome {
 impl Outcome {
     /// The reference's outputs for a case, or what the case comes to without them: not in the
     /// store, a failing case when the reference raised (`failure` with its error), or fatal when
-    /// the worker itself is gone.
+    /// the worker itself is gone or the checkpoint cannot serve (changed on disk: no case does).
     pub(crate) fn reference_outputs(
         answer: Answer,
         failure: &mut CaseFailure,
@@ -49,6 +49,9 @@ impl Outcome {
         match answer {
             Answer::Outputs(r) => Ok(r),
             Answer::Unrecorded => Err(Outcome::Unrecorded),
+            Answer::Failed(WorkerError::Remote(e)) if e.kind == RemoteKind::Weights => {
+                Err(Outcome::Fatal(WorkerError::Remote(e)))
+            }
             Answer::Failed(e @ WorkerError::Remote(_)) => {
                 failure.reference_error = Some(e);
                 Err(Outcome::Fail(Box::new(std::mem::take(failure))))
@@ -539,13 +542,15 @@ fn record_generated(
 /// Run a case, catching a panic that escapes the runner: it happened while the case ran (in code
 /// the port's graph runs outside its own calls, or in golden's), and fails that case like a
 /// panicking port, with its message.
+/// A checkpoint that changed on disk while the case ran stops the check: whatever the case found
+/// was found on bytes golden did not hash.
 fn run_caught(
     runner: &impl CaseRunner,
     source: &Source,
     dtype: DType,
     params: &CaseParams,
 ) -> Outcome {
-    catching(|| runner.run(source, dtype, params)).unwrap_or_else(|message| {
+    let outcome = catching(|| runner.run(source, dtype, params)).unwrap_or_else(|message| {
         Outcome::Fail(Box::new(CaseFailure {
             port: Some(PortFault::Panicked(format!(
                 "{message} (while golden ran the case, outside the port's own calls: the \
@@ -553,7 +558,11 @@ fn run_caught(
             ))),
             ..CaseFailure::default()
         }))
-    })
+    });
+    match outcome {
+        fatal @ Outcome::Fatal(_) => fatal,
+        other => source.checkpoint_changed().map_or(other, Outcome::Fatal),
+    }
 }
 
 /// Up to `wanted` failing cases other than `smallest`, run again: the first failing case when
