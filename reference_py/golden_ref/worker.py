@@ -30,6 +30,11 @@ Requests (`op` in the JSON header):
 
 Large tensors travel through shared memory when both sides can map it (:mod:`golden_ref.shm`):
 `hello` carries the runtime's offer, and the answer this worker's arena or why it has none.
+
+While it answers a request, the worker says which of golden's evaluations of the reference it is
+in: a frame `{"progress": stage, "phase": ...}` with the request's id and no `ok` before each
+(:class:`Progress`), so that the runtime can say where a worker died or hung however it ended
+(a crash in any thread, an exit, the out-of-memory killer), which a Python stack does not always.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class Worker:
         self.backends = {}
         self.session = session or shm.Session(None)
         self.states = States()
+        # Told where the request being answered is (see `Progress`); None: nobody listens.
+        self.progress = None
 
     def backend(self, name: str):
         if name not in BACKENDS:
@@ -175,6 +182,7 @@ class Worker:
             case.config = (self.config_class(config["class"]), config.get("values", {}))
         case.trace = bool(header.get("trace", False))
         case.twice = bool(header.get("twice", False))
+        case.progress = self.progress
         if header.get("state_dict") is not None:
             case.state = [(name, t) for name, t in wire.resolve_refs(header["state_dict"], tensors)]
         if header.get("state_ref") is not None:
@@ -262,6 +270,22 @@ def adopt_environment(pairs: list) -> None:
 
 class UnknownState(Exception):
     """A request names a checkpoint's state this worker does not hold (the runtime sends it)."""
+
+
+class Progress:
+    """Tells the runtime which evaluation of the reference request `request_id` is in: one frame
+    per change, written at once (the worker may die in the next instant)."""
+
+    def __init__(self, stream, request_id: int):
+        self.stream = stream
+        self.request_id = request_id
+        self.last = None
+
+    def __call__(self, stage: str, phase: str) -> None:
+        if (stage, phase) == self.last:
+            return
+        self.last = (stage, phase)
+        wire.write_frame(self.stream, self.request_id, {"progress": stage, "phase": phase}, [])
 
 
 def error_response(error: BaseException) -> dict:
@@ -395,6 +419,7 @@ def _serve(worker, session, proto_in, proto_out) -> int:
             return 0
         request_id, header, tensors = frame
         session.request(header.pop("$shm", None))
+        worker.progress = Progress(proto_out, request_id)
         try:
             body, out_tensors = worker.handle(header, tensors)
             response = {"ok": True, **body}

@@ -156,7 +156,37 @@ fn a_crash_in_the_float64_evaluation_is_named_as_such() {
     let msg = fault(&layer("fault_ref.segfaults_in_float64"), &identity);
     assert!(msg.contains("died with signal 11 (SIGSEGV)"), "{msg}");
     assert!(
-        msg.contains("it crashed in golden's float64 evaluation of the reference"),
+        msg.contains("it died in golden's float64 evaluation of the reference"),
+        "{msg}"
+    );
+}
+
+/// A reference that ends only in golden's float64 evaluation without a Python stack (an exit, a
+/// SIGKILL from the out-of-memory killer) was reported like any death, with nothing to say that it
+/// runs in the case dtype (#31, minor): the stack on stderr is no longer how golden tells the
+/// phase; the worker says where it is as it goes.
+#[test]
+fn a_death_in_the_float64_evaluation_is_named_as_such_without_a_stack() {
+    for (reference, status) in [
+        ("fault_ref.exits_in_float64", "died with exit code 3"),
+        (
+            "fault_ref.killed_in_float64",
+            "died with signal 9 (SIGKILL)",
+        ),
+    ] {
+        let msg = fault(&layer(reference), &identity);
+        assert!(msg.contains(status), "{msg}");
+        assert!(
+            msg.contains("it died in golden's float64 evaluation of the reference"),
+            "{msg}"
+        );
+    }
+    let msg = fault(
+        &layer("fault_ref.sleeps_in_float64").timeout(2.0),
+        &identity,
+    );
+    assert!(
+        msg.contains("did not answer within 2 s") && msg.contains("in golden's float64 evaluation"),
         "{msg}"
     );
 }

@@ -173,6 +173,8 @@ pub enum WorkerError {
         status: String,
         /// What it was doing.
         during: String,
+        /// Which of golden's evaluations of the reference it was in, as the worker said it went.
+        stage: Option<Stage>,
         /// The end of its stderr.
         stderr: String,
     },
@@ -182,6 +184,8 @@ pub enum WorkerError {
         limit: Duration,
         /// What it was doing.
         during: String,
+        /// Which of golden's evaluations of the reference it was in, as the worker said it went.
+        stage: Option<Stage>,
         /// The end of its stderr.
         stderr: String,
         /// Whether the worker was starting or importing the reference (`GOLDEN_START_TIMEOUT`),
@@ -251,6 +255,7 @@ impl fmt::Display for WorkerError {
                 python,
                 status,
                 during,
+                stage,
                 stderr,
             } => {
                 write!(
@@ -261,8 +266,8 @@ impl fmt::Display for WorkerError {
                     python.source,
                     indent_tail(stderr)
                 )?;
-                if let Some(phase) = crashed_in(stderr) {
-                    write!(f, "\n  it crashed in {phase}")?;
+                if let Some(stage) = stage {
+                    write!(f, "\n  it died in {}", stage.explained())?;
                 }
                 if stderr.contains("No module named 'numpy'")
                     || stderr.contains("No module named 'golden_ref'")
@@ -281,15 +286,19 @@ impl fmt::Display for WorkerError {
             WorkerError::Timeout {
                 limit,
                 during,
+                stage,
                 stderr,
                 starting: false,
             } => write!(
                 f,
-                "the reference did not answer within {} s while {during}; the worker was killed \
+                "the reference did not answer within {} s while {during}{}; the worker was killed \
                  and will be replaced.\n  its stderr ended with:\n{}\n  \
                  fix: if the reference is just slow, give it more time: `timeout = <seconds>` in \
                  the check's attribute, or GOLDEN_TIMEOUT for every check",
                 crate::describe::numbers::num(limit.as_secs_f64()),
+                stage
+                    .as_ref()
+                    .map_or_else(String::new, |s| format!(", in {}", s.name())),
                 indent_tail(stderr)
             ),
             WorkerError::Timeout {
@@ -297,6 +306,7 @@ impl fmt::Display for WorkerError {
                 during,
                 stderr,
                 starting: true,
+                ..
             } => write!(
                 f,
                 "the Python worker did not finish {during} within {} s; it was killed.\n  its \
@@ -353,42 +363,51 @@ impl fmt::Display for WorkerError {
 
 impl std::error::Error for WorkerError {}
 
-/// Which of golden's evaluations of the reference a crash happened in, from the Python stack
-/// faulthandler printed on the worker's stderr (its current thread, most recent call first): the
-/// first frame of golden's `evaluate.py` that names one. A crash in the float64 or a nudged
-/// evaluation says that the reference itself runs in the case dtype.
-fn crashed_in(stderr: &str) -> Option<&'static str> {
-    let stack = &stderr[stderr.rfind("Fatal Python error")?..];
-    let current = &stack[stack.find("Current thread").unwrap_or(0)..];
-    let golden = current
-        .lines()
-        .take_while(|l| !l.trim().is_empty() || l.contains("Current thread"))
-        .filter(|l| l.contains("golden_ref") && l.contains("evaluate.py"));
-    let mut nudged = false;
-    for frame in golden {
-        let function = frame.rsplit(" in ").next().unwrap_or("").trim();
-        match function {
-            "_evaluate64" => {
-                return Some(
-                    "golden's float64 evaluation of the reference (it runs the reference again in \
-                     float64, its upcasts promoted, to estimate the rounding error): the reference \
-                     runs in the case dtype; a kernel without a float64 version should raise, \
-                     which golden takes as no estimate (assert_close's bound), rather than crash",
-                )
+/// Which of golden's evaluations of the reference a worker is in, as it says while it goes (a
+/// `progress` frame before each: see `golden_ref.worker`): what a death or a hang is reported in,
+/// however the worker ended (a crash, an exit, a SIGKILL from the out-of-memory killer, in any
+/// thread), where a Python stack may not say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stage {
+    /// `case` (an evaluation in the case dtype), `float64`, `construct`, or a stage a newer worker
+    /// names.
+    pub stage: String,
+    /// The evaluation, as the worker's errors name it (`the forward pass in f32`, `a nudged
+    /// evaluation`).
+    pub phase: String,
+}
+
+impl Stage {
+    /// The evaluation in a few words.
+    pub fn name(&self) -> String {
+        match self.stage.as_str() {
+            "float64" => "golden's float64 evaluation of the reference".into(),
+            "construct" => "the construction of the reference module".into(),
+            "case" if self.phase.starts_with("a nudged") => {
+                "one of golden's nudged evaluations of the reference".into()
             }
-            "_evaluate_once" if nudged => {}
-            "_evaluate_once" => nudged = true,
-            "_precise" if nudged => {
-                return Some(
-                    "one of golden's nudged evaluations of the reference (in the case dtype, on \
-                     inputs moved by one ulp, to estimate the rounding error)",
-                )
-            }
-            "construct" => return Some("the construction of the reference module"),
-            _ => {}
+            _ => self.phase.clone(),
         }
     }
-    None
+
+    /// The evaluation and what it tells: golden's float64 and nudged evaluations are golden's own,
+    /// on a reference that runs in the case dtype.
+    pub fn explained(&self) -> String {
+        let name = self.name();
+        match self.stage.as_str() {
+            "float64" => format!(
+                "{name} (it runs the reference again in float64, its upcasts promoted, to \
+                 estimate the rounding error): the reference runs in the case dtype; a kernel \
+                 without a float64 version should raise, which golden takes as no estimate \
+                 (assert_close's bound), rather than crash"
+            ),
+            "case" if self.phase.starts_with("a nudged") => format!(
+                "{name} (in the case dtype, on inputs moved by one ulp, to estimate the rounding \
+                 error)"
+            ),
+            _ => name,
+        }
+    }
 }
 
 /// Bytes as a message quotes them: text in quotes with escapes, at most [`QUOTED_BYTES`].
@@ -522,6 +541,8 @@ pub struct Worker {
     from_worker: Answers,
     next_id: u64,
     healthy: bool,
+    /// Where the request being answered is, as the worker last said ([`Stage`]).
+    stage: Option<Stage>,
     /// Shared memory with the worker, when both sides can map it.
     shm: Option<shm::Link>,
     /// The worker's answer to `hello`: versions of Python and NumPy, its pid (and, from the shared
@@ -720,6 +741,7 @@ impl Worker {
             from_worker,
             next_id: 1,
             healthy: true,
+            stage: None,
             shm: None,
             info: Json::Null,
         };
@@ -748,6 +770,7 @@ impl Worker {
             from_worker,
             next_id: 1,
             healthy: true,
+            stage: None,
             shm: None,
             info: Json::Null,
         };
@@ -877,6 +900,7 @@ impl Worker {
             python: self.key.python.clone(),
             status,
             during: during.to_string(),
+            stage: self.stage.take(),
             stderr: self.stderr_tail(),
         }
     }
@@ -897,6 +921,7 @@ impl Worker {
         }
         // Starting and importing the reference are bounded by GOLDEN_START_TIMEOUT, and say so.
         let starting = matches!(header["op"].as_str(), Some("hello" | "load"));
+        self.stage = None;
         let id = self.next_id;
         self.next_id += 1;
         let payload: usize = tensors.iter().map(|t| t.data.len()).sum();
@@ -975,6 +1000,7 @@ impl Worker {
                 return Err(WorkerError::Timeout {
                     limit: timeout,
                     during: during.to_string(),
+                    stage: self.stage.take(),
                     stderr: self.stderr_tail(),
                     starting,
                 });
@@ -1052,9 +1078,10 @@ enum Waited {
 }
 
 impl Worker {
-    /// Wait up to `timeout` for the next frame, looking every [`WATCH_INTERVAL`] whether the
+    /// Wait up to `timeout` for the next answer, looking every [`WATCH_INTERVAL`] whether the
     /// worker is still alive: a worker that died is noticed at once, even when its pipes stay open
-    /// (a process it started holds them).
+    /// (a process it started holds them). The worker's `progress` frames on the way are kept as
+    /// its [`Stage`].
     fn answer(&mut self, timeout: Duration) -> Result<Result<RawFrame, WireError>, Waited> {
         let deadline = Instant::now().checked_add(timeout);
         loop {
@@ -1065,21 +1092,44 @@ impl Worker {
                 None => WATCH_INTERVAL,
             };
             match self.from_worker.recv_timeout(slice) {
+                Ok(Ok(frame)) if self.progressed(&frame) => continue,
                 Ok(frame) => return Ok(frame),
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Err(Waited::Disconnected),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
             if self.process.ended().is_some() {
-                // An answer it wrote just before it ended is still an answer.
-                return match self.from_worker.recv_timeout(Duration::from_millis(50)) {
-                    Ok(Ok(frame)) => Ok(Ok(frame)),
-                    _ => Err(Waited::Ended),
-                };
+                // An answer it wrote just before it ended is still an answer; what it said before
+                // is where it ended.
+                loop {
+                    match self.from_worker.recv_timeout(Duration::from_millis(50)) {
+                        Ok(Ok(frame)) if self.progressed(&frame) => {}
+                        Ok(Ok(frame)) => return Ok(Ok(frame)),
+                        _ => return Err(Waited::Ended),
+                    }
+                }
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Waited::TimedOut);
             }
         }
+    }
+}
+
+impl Worker {
+    /// Whether `frame` is a `progress` frame (`{"progress": stage, "phase": ...}`, no `ok`), kept
+    /// as the worker's [`Stage`].
+    fn progressed(&mut self, frame: &RawFrame) -> bool {
+        let Some(stage) = frame.header.get("progress").and_then(Json::as_str) else {
+            return false;
+        };
+        if frame.header.get("ok").is_some() {
+            return false;
+        }
+        self.stage = Some(Stage {
+            stage: stage.to_string(),
+            phase: frame.header["phase"].as_str().unwrap_or_default().to_string(),
+        });
+        true
     }
 }
 
