@@ -48,7 +48,7 @@ import threading
 import time
 import traceback
 
-from . import shm, wire
+from . import shm, variables, wire
 from .backends import BACKENDS, BackendError, OutputError
 from .evaluate import Case, NotDeterministic, ReferenceRaised, forward, gradient_case, param_spec, variants
 from .limits import AnswerTooLarge
@@ -371,7 +371,11 @@ def main() -> int:
     # quotes in its message.
     faulthandler.enable(file=sys.stderr)
 
-    parent = int(os.environ.get("GOLDEN_PARENT_PID", os.getppid()))
+    parent = variables.whole_number(
+        "GOLDEN_PARENT_PID", os.getppid(), 1, 2**31 - 1,
+        "a process id: golden sets it on the Python workers it starts (the test process whose end "
+        "ends them); unset it",
+    )
     if os.getppid() != parent:
         return 0
     watch_parent(parent)

@@ -659,6 +659,23 @@ fn a_timeout_of_zero_or_inf_means_no_limit() {
     }
 }
 
+/// `GOLDEN_MAX_FRAME=-1` and `GOLDEN_PARENT_PID=abc` were ignored without a word (#31, minor):
+/// every variable golden declares is read before any case, and a value it cannot read is named.
+#[test]
+fn an_unreadable_internal_variable_is_named_too() {
+    for (name, value) in [
+        ("GOLDEN_MAX_FRAME", "-1"),
+        ("GOLDEN_MAX_FRAME", "lots"),
+        ("GOLDEN_PARENT_PID", "abc"),
+    ] {
+        let msg = with_env(name, value);
+        assert!(
+            msg.contains(&format!("{name}={value:?}")) && !msg.starts_with("pass"),
+            "{name}={value}: {msg}"
+        );
+    }
+}
+
 #[test]
 fn an_invalid_worker_count_names_the_variable() {
     for value in ["abc", "0", "-2"] {

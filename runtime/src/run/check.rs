@@ -122,7 +122,7 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
         // The port's timeout as well as the reference's.
         env::timeout()?;
     }
-    env::check_read_later()?;
+    env::check_all()?;
     let case = env::case().map(|v| golden_case(&v, layer)).transpose()?;
     inputs::largest_case_fits(layer)?;
     Ok(Settings {
