@@ -192,10 +192,7 @@ impl Checkpoint {
                 now.inode.1, self.inode.1
             )
         } else if now.size < self.size {
-            format!(
-                "was truncated from {} to {} bytes",
-                self.size, now.size
-            )
+            format!("was truncated from {} to {} bytes", self.size, now.size)
         } else if now.size > self.size {
             format!("grew from {} to {} bytes", self.size, now.size)
         } else {
@@ -359,7 +356,11 @@ impl Checkpoint {
 /// of it ([`Checkpoint::changed`]), and the failure it came with, if any (the worker dead of
 /// SIGBUS reading a page of the file that was cut off). A configuration error of the checkpoint
 /// (`weights`), never a verdict on the port.
-pub fn changed_error(checkpoint: &Checkpoint, what: &str, with: Option<&WorkerError>) -> WorkerError {
+pub fn changed_error(
+    checkpoint: &Checkpoint,
+    what: &str,
+    with: Option<&WorkerError>,
+) -> WorkerError {
     let died = match with {
         Some(WorkerError::Exited { status, .. }) if status.contains("SIGBUS") => format!(
             "; the reference's worker died reading it ({status}: a mapped page past the end of a \

@@ -1127,7 +1127,10 @@ impl Worker {
         }
         self.stage = Some(Stage {
             stage: stage.to_string(),
-            phase: frame.header["phase"].as_str().unwrap_or_default().to_string(),
+            phase: frame.header["phase"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
         });
         true
     }
