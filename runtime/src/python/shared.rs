@@ -12,7 +12,7 @@
 //!
 //! **Whose environment.** A copy runs with the environment of the test process it serves, not the
 //! daemon's: the `hello` carries the environment a private worker would get, and the copy makes it
-//! its own before it imports anything ([`worker_environment`]). Only what was read as the daemon
+//! its own before it imports anything (`key::worker_environment`). Only what was read as the daemon
 //! started (a thread pool's size, torch's switches, the locale) cannot be given afterwards: those
 //! variables choose the daemon instead.
 //!
@@ -114,7 +114,7 @@ const READ_AS_PYTHON_STARTS: &[&str] = &[
 
 /// Whether the variable `name` is read as the daemon's interpreter starts (see
 /// [`READ_AS_PYTHON_STARTS`]): its value is part of the daemon's identity.
-pub fn read_as_python_starts(name: &[u8]) -> bool {
+fn read_as_python_starts(name: &[u8]) -> bool {
     READ_AS_PYTHON_STARTS
         .iter()
         .any(|prefix| name.starts_with(prefix.as_bytes()))
