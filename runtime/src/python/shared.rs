@@ -6,7 +6,7 @@
 //! imported torch once, and forks a copy of itself for each connection, which then serves it like a
 //! private worker (a crash or a hang ends that copy only). One daemon per interpreter, import path
 //! (the whole `PYTHONPATH` a worker gets), working directory, the variables an interpreter reads
-//! as it starts and imports torch ([`read_as_python_starts`]) and version of golden's Python side
+//! as it starts and imports torch (`READ_AS_PYTHON_STARTS`) and version of golden's Python side
 //! (hashed into the socket's name). The daemon imports no reference: each copy imports its own
 //! after the fork, so an edited reference is what the next test process runs.
 //!
