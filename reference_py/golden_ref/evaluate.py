@@ -119,6 +119,10 @@ class Case:
         # (`golden_ref.states.State`); the module is built from it once and shared by the case's
         # evaluations (see `build_module` and `shared`).
         self.checkpoint = None
+        # Told `(stage, phase)` before each of golden's evaluations of the reference (`case`: in
+        # the case dtype, `float64`, `construct`), so that a worker that dies or hangs in one is
+        # reported in it, whatever killed it: `golden_ref.worker` sends it to the runtime.
+        self.progress = None
 
     @property
     def shared(self) -> bool:
@@ -135,7 +139,14 @@ class Case:
         case.config = self.config
         case.schedule = self.schedule
         case.checkpoint = self.checkpoint
+        case.progress = self.progress
         return case
+
+
+def _progress(case: Case, stage: str, phase: str) -> None:
+    """Tell whoever listens (`Case.progress`) which evaluation of the reference comes next."""
+    if case.progress is not None:
+        case.progress(stage, phase)
 
 
 def reference_module(module):
@@ -184,6 +195,7 @@ def constructor_arguments(case: Case):
 def construct(case: Case):
     """Construct the reference module under the case seed, in eval mode (module's own dtype)."""
     torch = case.backend.torch
+    _progress(case, "construct", "constructing the module")
     case.backend.seed(case.seed)
     args, kwargs = constructor_arguments(case)
     try:
@@ -656,6 +668,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     again, and nobody asks what was changed in them (`mutated` is empty). `under`: a context the
     reference runs in (`_confirm`'s inert TorchFunctionMode)."""
     backend = case.backend
+    _progress(case, "case", phase)
     if private:
         native = [backend.to_native(a) for a in args]
         leaves = _call(case, module if module is not None else case.obj, native, phase)
@@ -817,6 +830,7 @@ def _evaluate64(case: Case, module, args, phase: str):
     """One float64 evaluation (under `promoted`) on fresh upcast copies of `args`; `module` is the
     case's module in the case dtype, copied and upcast."""
     backend = case.backend
+    _progress(case, "float64", phase)
     native = []
     for a in args:
         view = backend.to_native(a)
