@@ -282,9 +282,13 @@ def build_module(case: Case, dtype: str | None = None):
     target = torch_dtype(torch, name)
     half = name in ("f16", "bf16")
     with _default_dtype(torch, target if half else None):
-        # With a state to load, every parameter is replaced: their random init is wasted time
-        # (most of a tiny model's construction, and of the diagnosis, which builds it per mistake).
+        # With a state that replaces every parameter, their random init is wasted time (most of a
+        # tiny model's construction, and of the diagnosis, which builds it per mistake); a
+        # parameter the state does not hold (one a module leaves out of its state_dict) keeps the
+        # value its constructor gives it.
         module = construct(case) if case.state is None else _construct_uninitialised(case)
+        if case.state is not None and not _state_covers(module, case.state):
+            module = construct(case)
     if case.state is not None:
         load_state(module, case.state, case.backend)
     if not half:
@@ -333,6 +337,13 @@ def _shared_module(case: Case):
         owner._buffers[key] = value  # as build_module: computed buffers keep their code's dtype
     modules[key] = module
     return module
+
+
+def _state_covers(module, state) -> bool:
+    """Whether `state` ((name, tensor) pairs) holds every parameter of the module."""
+    names = {name for name, _ in state}
+    inner = reference_module(module)
+    return all(name in names for name, _ in inner.named_parameters(remove_duplicate=False))
 
 
 def _construct_uninitialised(case: Case):

@@ -59,6 +59,17 @@ KINDS = ("catalogue", "yours", "config", "activation", "drop", "constant", "axes
          "boundary", "structure", "inputs")
 
 
+def mechanisms() -> tuple:
+    """Every mechanism of the diagnosis, by the name a candidate's key starts with: the catalogue's
+    and the families' mutations, the structural plans, configuration changes, the inputs' and
+    outputs' exchanges, and the mistakes of driving a schedule (the book's table lists each,
+    `tests/test_docs.py`)."""
+    from .schedule import MISTAKES
+
+    return (tuple(m.key for m in CATALOGUE) + structure.PLAN_KINDS
+            + ("config", "outputs-swapped", "input-transposed", "inputs-swapped") + MISTAKES)
+
+
 def catalogue_for(reference) -> list:
     """The mutations to try on a reference: the catalogue's named mistakes, then the operator-level
     families, then those a user registered (for every reference or for this one), whatever order
@@ -564,7 +575,7 @@ class Recording:
                         else:
                             what = f"the outputs of two {op} calls swapped"
                         out.append(Candidate(
-                            f"swap|{op}|{self._id(a)}|{self._id(b)}",
+                            f"outputs-swapped|{op}|{self._id(a)}|{self._id(b)}",
                             what,
                             "each where it is",
                             "the port exchanges these two results (e.g. SwiGLU's gate and up "

@@ -21,6 +21,9 @@ import torch
 
 from .sites import frame_of_call, display_path, join_places, source_line
 
+# The kinds of `Plan`, as a candidate's key starts.
+PLAN_KINDS = ("skip", "swap", "post-norm", "pre-norm", "residual-after-norm", "sequential", "parallel")
+
 _DIGITS = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 
 

@@ -96,7 +96,7 @@ class MutationTest(unittest.TestCase):
             t = torch.tensor(x, dtype=torch.float32)
             port = m.down(F.silu(m.up(t)) * m.gate(t)).numpy()
         _, found = self.search(self.case(Swiglu, [x], form="module"), port)
-        self.assertTrue(found and found[0][0].key.startswith("swap|linear|"), [c.key for c, _ in found])
+        self.assertTrue(found and found[0][0].key.startswith("outputs-swapped|linear|"), [c.key for c, _ in found])
 
     def test_a_reference_module_of_torch_is_sited_in_torch(self):
         from golden_ref import mutations

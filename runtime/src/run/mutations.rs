@@ -147,44 +147,17 @@ pub(crate) fn explain(
     let other: Option<&(CaseParams, Box<CaseFailure>)> = refuted.or(others.first().copied());
     let unconfirmed = refuted.is_some();
     let mut matches = both(matches, confirmed.as_deref(), SHOWN);
-    if let (true, Some((params, f)), Some(first)) = (unconfirmed, refuted, matches.first()) {
-        // The smallest case's mistake does not explain the other case alone: a port with two
-        // mistakes shows both there. Search the other case for a second mistake on top of it.
-        let key = first.key.clone();
-        // A mistake of driving together with it first (a window on every layer, not applied to
-        // the cache either: candle's Gemma 2), each as cheap as one evaluation; then a mistake of
-        // the reference's own calls or configuration.
-        if let Some(second) = driving_together(layer, dtype, source, params, f, &key, &left) {
-            let mut first = matches.swap_remove(0);
-            first.both_cases = true;
-            let second = MutationMatch {
-                second: Some(first.claim()),
-                ..second
-            };
-            matches = vec![first, second];
-        }
-        let ask = Ask {
+    if let (true, Some((params, f))) = (unconfirmed, refuted) {
+        let on = Refuted {
+            layer,
+            dtype,
+            source,
             focus: focus.as_deref(),
-            budget: left(1.0),
-            only: None,
-            base: Some(&key),
-            mistake: None,
+            smallest: (case, &**c),
+            refuting: (params, f),
         };
-        if ask.budget > 0.0 && matches.iter().all(|m| m.second.is_none()) {
-            if let Ok((found, search)) = matches_on(layer, dtype, source, params, f, ask) {
-                if let Some(second) = found.into_iter().next() {
-                    let mut first = matches.swap_remove(0);
-                    first.both_cases = true;
-                    first.fit.worst_ratio = first.fit.worst_ratio.max(second.fit.worst_ratio);
-                    first.fit.max_diff = first.fit.max_diff.max(second.fit.max_diff);
-                    let second = MutationMatch {
-                        second: Some(first.claim()),
-                        ..second
-                    };
-                    matches = vec![first, second];
-                }
-                searched.push(search);
-            }
+        if let Some(found) = on.explain(&matches, &left, &mut searched) {
+            matches = found;
         }
     }
     let FailureKind::Case(c) = &mut failure.kind else {
@@ -223,6 +196,116 @@ pub(crate) fn explain(
     }
     if let FailureKind::Case(c) = &mut failure.kind {
         c.mutations = matches;
+    }
+}
+
+/// The smallest case's matches, refuted by another failing case: what that case says instead.
+struct Refuted<'a> {
+    layer: &'a Layer,
+    dtype: DType,
+    source: &'a Source,
+    focus: Option<&'a str>,
+    smallest: (&'a CaseParams, &'a CaseFailure),
+    refuting: (&'a CaseParams, &'a CaseFailure),
+}
+
+impl Refuted<'_> {
+    /// In order: the refuting case's own matches that hold on the smallest case too (the smallest
+    /// case could not tell them from what it matched: a window one key wider and no window at
+    /// all, on four positions); else the smallest case's first match together with a second
+    /// mistake, of driving or of the reference's calls (a port with two mistakes shows both on a
+    /// larger case). `None` when neither is found.
+    fn explain(
+        &self,
+        matches: &[MutationMatch],
+        left: &dyn Fn(f64) -> f64,
+        searched: &mut Vec<Search>,
+    ) -> Option<Vec<MutationMatch>> {
+        let (params, f) = self.refuting;
+        let (case, c) = self.smallest;
+        fn ask<'a>(
+            focus: Option<&'a str>,
+            budget: f64,
+            only: Option<&'a [String]>,
+            base: Option<&'a str>,
+        ) -> Ask<'a> {
+            Ask {
+                focus,
+                budget,
+                only,
+                base,
+                mistake: None,
+            }
+        }
+        // Half of what is left for the refuting case's own search.
+        if let Ok((found, search)) = matches_on(
+            self.layer,
+            self.dtype,
+            self.source,
+            params,
+            f,
+            ask(self.focus, left(1.0) / 2.0, None, None),
+        ) {
+            searched.push(search);
+            let keys: Vec<String> = found.iter().map(|m| m.key.clone()).collect();
+            if !keys.is_empty() && left(1.0) > 0.0 {
+                if let Ok((back, _)) = matches_on(
+                    self.layer,
+                    self.dtype,
+                    self.source,
+                    case,
+                    c,
+                    ask(self.focus, left(1.0), Some(&keys), None),
+                ) {
+                    let held: Vec<MutationMatch> = common(found, &back)
+                        .into_iter()
+                        .map(|m| MutationMatch {
+                            both_cases: true,
+                            ..m
+                        })
+                        .collect();
+                    if !held.is_empty() {
+                        return Some(held);
+                    }
+                }
+            }
+        }
+        let first = matches.first()?;
+        let key = first.key.clone();
+        let paired = |second: MutationMatch| {
+            let mut first = first.clone();
+            first.both_cases = true;
+            first.fit.worst_ratio = first.fit.worst_ratio.max(second.fit.worst_ratio);
+            first.fit.max_diff = first.fit.max_diff.max(second.fit.max_diff);
+            let second = MutationMatch {
+                second: Some(first.claim()),
+                ..second
+            };
+            vec![first, second]
+        };
+        // A mistake of driving together with it first (a window on every layer, not applied to
+        // the cache either: candle's Gemma 2), each as cheap as one evaluation; then a mistake of
+        // the reference's own calls or configuration.
+        if let Some(second) =
+            driving_together(self.layer, self.dtype, self.source, params, f, &key, left)
+        {
+            return Some(paired(second));
+        }
+        let budget = left(1.0);
+        if budget <= 0.0 {
+            return None;
+        }
+        let (found, search) = matches_on(
+            self.layer,
+            self.dtype,
+            self.source,
+            params,
+            f,
+            ask(self.focus, budget, None, Some(&key)),
+        )
+        .ok()?;
+        searched.push(search);
+        found.into_iter().next().map(paired)
     }
 }
 
