@@ -1,6 +1,11 @@
 """Structural rewrites of the reference's recorded calls: layouts and pairings a port gets the other
 way round, generic over architectures.
 
+* ``switch-flipped`` — a call's boolean switch the other way (`F.batch_norm(training=True)`, a
+  resampling's `align_corners`);
+* ``scale-inserted`` — the input of a softmax scaled where the reference does not scale it;
+* ``prefix-as-whole`` — an op applied to the whole of the last axis where the reference applies it
+  to a prefix (`x[..., :r]`) and passes the rest through;
 * ``fused`` — a fused projection (query/key/value, gate/up) split in the other order: the reference
   lays its output out per head (`[heads, 3, head_dim]`: GPT-NeoX's `view(..., heads, 3 * head_dim)`
   then `chunk(3)`) and the port per tensor (`[3, heads, head_dim]`: chunk first, then split the
@@ -145,3 +150,120 @@ def _fused_split_fix(c, label):
 _add(Mutation("fused-split", ("chunk", "split", "tensor_split"), options=_fused_split_options,
               apply=_fused_split_apply, what=_fused_split_what, instead=lambda c, label: "", fix=_fused_split_fix,
               kind="structure"))
+
+
+# --- a switch of a call the other way -------------------------------------------------------------
+
+# Boolean arguments that change what a call computes (not how: `inplace`, `non_blocking`,
+# `keepdim`-like layout flags are left alone).
+_SWITCHES = ("training", "align_corners", "antialias", "is_causal", "use_input_stats", "ceil_mode",
+             "count_include_pad", "recompute_scale_factor", "unbiased", "normalized", "center")
+
+
+def _switch_options(c):
+    out = []
+    for name in _SWITCHES:
+        value = c.get(name)
+        if isinstance(value, bool):
+            out.append(name)
+    return out
+
+
+def _switch_apply(c, label):
+    return c.run(**{label: not c.get(label)})
+
+
+_add(Mutation("switch-flipped", ("batch_norm", "instance_norm", "interpolate", "upsample", "grid_sample",
+                                 "affine_grid", "scaled_dot_product_attention", "avg_pool1d", "avg_pool2d",
+                                 "max_pool1d", "max_pool2d", "var", "std", "var_mean", "std_mean", "stft"),
+              options=_switch_options, apply=_switch_apply,
+              what=lambda c, label: f"{c.name}({label}={not c.get(label)})",
+              instead=lambda c, label: f"{label}={c.get(label)}",
+              fix=lambda c, label: (f"call it with {label}={c.get(label)} as the reference does (a flag of the op, "
+                                    "not of the data: e.g. a BatchNorm in eval mode normalises with its running "
+                                    "statistics, `training=False`)"),
+              kind="constant"))
+
+
+# --- a scale the reference does not apply -----------------------------------------------------------
+
+
+def _inserted_scales(c):
+    """The scales a port puts before a softmax that the reference does not: 1/√n and 1/n of the
+    sizes in play (an attention's 1/√head_dim, where T5's attention has none)."""
+    x = c.input
+    if not _tensor(x) or x.dim() < 2:
+        return []
+    out = []
+    for name, n, _ in c.state.get("sizes", ()):
+        if n < 4:
+            continue
+        for form in ("1/√", "1/"):
+            label = f"{form}{name}"
+            if label not in out:
+                out.append(label)
+    return out
+
+
+def _inserted_value(c, label):
+    for form, f in (("1/√", lambda n: n ** -0.5), ("1/", lambda n: 1.0 / n)):
+        if label.startswith(form):
+            name = label[len(form):]
+            for size_name, n, _ in c.state.get("sizes", ()):
+                if size_name == name:
+                    return f(n)
+    raise ValueError(label)
+
+
+def _inserted_apply(c, label):
+    return c.run(input=c.input * _inserted_value(c, label))
+
+
+_add(Mutation("scale-inserted", ("softmax", "log_softmax"), options=_inserted_scales, apply=_inserted_apply,
+              what=lambda c, label: f"{c.name} of its input scaled by {_inserted_value(c, label):.6g} = {label}",
+              instead=lambda c, label: "the input as it is",
+              fix=lambda c, label: (f"do not scale the scores before {c.name}: the reference applies no "
+                                    f"{label} there (T5's attention, for one, folds it into its weights)"),
+              spread=True, kind="constant"))
+
+
+# --- an op on the whole of an axis, where the reference takes a prefix of it ----------------------------
+
+
+def _prefix_slice(c):
+    """(stop, size) when the call takes `x[..., :stop]` or `x[..., stop:]` of a last axis longer than
+    `stop`; else None."""
+    x = c.input
+    if not _tensor(x) or len(c.args) < 2:
+        return None
+    index = c.args[1]
+    if not isinstance(index, tuple) or len(index) != 2 or index[0] is not Ellipsis:
+        return None
+    item = index[1]
+    size = x.shape[-1]
+    if not isinstance(item, slice) or item.step not in (None, 1):
+        return None
+    if item.start in (None, 0) and isinstance(item.stop, int) and 0 < item.stop < size:
+        return ("prefix", item.stop, size)
+    if item.stop is None and isinstance(item.start, int) and 0 < item.start < size:
+        return ("rest", item.start, size)
+    return None
+
+
+def _whole_options(c):
+    return ["whole"] if _prefix_slice(c) is not None else []
+
+
+def _whole_apply(c, label):
+    part, _, _ = _prefix_slice(c)
+    return c.input if part == "prefix" else c.input[..., :0]
+
+
+_add(Mutation("prefix-as-whole", "__getitem__", options=_whole_options, apply=_whole_apply,
+              what=lambda c, label: ("the op applied to the whole of the last axis instead of its first "
+                                     f"{_prefix_slice(c)[1]} of {_prefix_slice(c)[2]}"),
+              instead=lambda c, label: "",
+              fix=lambda c, label: (f"apply it to the first {_prefix_slice(c)[1]} of the last axis only, as the "
+                                    f"reference's `x[..., :{_prefix_slice(c)[1]}]` does, and pass the rest through "
+                                    "(narrow(D::Minus1, 0, n)? then Tensor::cat with the rest)"),
+              spread=True, kind="structure"))

@@ -286,3 +286,57 @@ class KernelMaskTest(unittest.TestCase):
         _, found = mutations.search(case, [("out", WireTensor("f32", port))], ["q", "k", "v"], budget=30)
         fits = [c.what for c, r in found if np.allclose(r["expected"][0][1].array, port, atol=2e-6)]
         self.assertTrue(any("causal mask's diagonal one further" in w for w in fits), fits)
+
+
+def batch_norm_eval(x, mean, var, weight, bias):
+    return torch.nn.functional.batch_norm(x, mean, var, weight, bias, training=False, eps=1e-5)
+
+
+def unscaled_attention(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+
+
+def gated_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat([torch.nn.functional.silu(x[..., :half]), x[..., half:]], dim=-1)
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class GenericRewritesTest(unittest.TestCase):
+    """Families that apply to any reference: a call's switch the other way, a scale before a
+    softmax the reference does not have, an op on the whole of an axis the reference splits."""
+
+    def named(self, fn, arrays, port, sizes=()):
+        from golden_ref import mutations
+        from golden_ref.backends import TorchBackend
+        from golden_ref.evaluate import Case
+        from golden_ref.wire import WireTensor
+
+        case = Case(fn, "function", TorchBackend(), [WireTensor("f32", a) for a in arrays], {}, {}, 3, "f32")
+        _, found = mutations.search(case, [("out", WireTensor("f32", port))], None, budget=30, sizes=sizes)
+        return [c.what for c, r in found if np.allclose(r["expected"][0][1].array, port, atol=3e-6, rtol=1e-5)]
+
+    def test_a_batch_norm_with_the_batch_s_statistics(self):
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal((6, 4)).astype(np.float32) * 2 + 1
+        mean, var = rng.standard_normal(4).astype(np.float32), rng.uniform(0.5, 2, 4).astype(np.float32)
+        w, b = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+        t = [torch.tensor(a) for a in (x, mean, var, w, b)]
+        port = torch.nn.functional.batch_norm(t[0], None, None, t[3], t[4], training=True, eps=1e-5).numpy()
+        found = self.named(batch_norm_eval, [x, mean, var, w, b], port)
+        self.assertIn("F.batch_norm(training=True)", found)
+
+    def test_scores_scaled_where_the_reference_does_not_scale_them(self):
+        rng = np.random.default_rng(4)
+        q, k, v = (rng.standard_normal((2, 5, 16)).astype(np.float32) for _ in range(3))
+        t = [torch.tensor(a) for a in (q, k, v)]
+        port = (torch.softmax(t[0] @ t[1].transpose(-1, -2) / 4.0, dim=-1) @ t[2]).numpy()
+        found = self.named(unscaled_attention, [q, k, v], port, sizes=[("d", 16)])
+        self.assertTrue(any("scaled by 0.25 = 1/√d" in w for w in found), found)
+
+    def test_an_op_on_the_whole_axis_where_the_reference_takes_half(self):
+        x = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+        port = torch.nn.functional.silu(torch.tensor(x)).numpy()
+        found = self.named(gated_half, [x], port)
+        self.assertTrue(any("applied to the whole of the last axis instead of its first 4 of 8" in w
+                            for w in found), found)
