@@ -442,3 +442,40 @@ fn the_right_block_trains_like_its_reference() {
         panic!("the right block failed its training check:\n{f}");
     }
 }
+
+/// What the diagnosis costs on a failing whole model and a failing decode schedule of this tiny
+/// GPT-NeoX (the parallel residual computed in sequence): the same failing check without and with
+/// the mutation diagnosis, median of 3 each with a warm worker; the difference is the diagnosis.
+/// Printed, not asserted: `cargo xtask bench-mutations`.
+#[test]
+#[ignore = "a benchmark: cargo xtask bench-mutations"]
+fn diagnosis_cost() {
+    let o = mistake("sequential_residual");
+    for kind in [Kind::Model, Kind::Decode] {
+        let mut cause = String::new();
+        let mut time = |setting: &str| {
+            std::env::set_var("GOLDEN_MUTATIONS", setting);
+            let (failure, took) = run(kind, "sequential_residual_cost", o);
+            let msg = failure.expect("the wrong port fails").to_string();
+            cause = first_cause(&msg);
+            took.as_secs_f64()
+        };
+        time("off"); // a warm worker, torch and transformers imported
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            off.push(time("off"));
+            on.push(time("auto"));
+        }
+        std::env::remove_var("GOLDEN_MUTATIONS");
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (off, on) = (median(off), median(on));
+        eprintln!(
+            "a failing {kind:?} check of a 2-layer GPT-NeoX: {off:.2} s without the mutation \
+             diagnosis, {on:.2} s with it: the diagnosis costs {:.2} s\n  {cause}",
+            on - off
+        );
+    }
+}
