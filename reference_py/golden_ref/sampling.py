@@ -311,15 +311,32 @@ def process(logits, previous, u, *, temperature=None, top_k=None, top_p=None, mi
     return {"probs": probs.to(torch.float32), "tokens": tokens}
 
 
-def probe(seed: int, vocab: int):
+def probe(seed: int, vocab: int, spec: dict, previous):
     """golden's probe of a case: `vocab` logits that are whole numbers, `round(1.5 z)` for standard
-    normal z drawn from the case seed, so that ties are everywhere (at top-k's k-th token, at
-    top-p's cut, at the top), where a model's logits have none. Returns [1, vocab] float32."""
+    normal z drawn from the case seed, so that ties are everywhere (at top-k's k-th token, at the
+    top, in the draw), where a model's logits have none. Returns [1, vocab] float32.
+
+    One tie is left out: top-p's cut inside a group of equal scores. transformers sorts the scores
+    with `torch.sort`, which does not keep equal values in any stated order, so which of the tied
+    tokens it keeps there is an accident of the sort — no port can be held to it. The first draw
+    (of up to 64 from the seed) whose cut falls between two different scores is the probe."""
     import numpy as np
     import torch
 
-    rng = np.random.default_rng([seed & 0xFFFF_FFFF_FFFF_FFFF, 0x5A3])
-    return torch.from_numpy(np.round(1.5 * rng.standard_normal(vocab)).astype(np.float32)).reshape(1, vocab)
+    chain = processors(spec)
+    at = next((i for i, p in enumerate(chain) if _kind(p) == "top-p"), None)
+    for attempt in range(64):
+        rng = np.random.default_rng([seed & 0xFFFF_FFFF_FFFF_FFFF, 0x5A3, attempt])
+        logits = torch.from_numpy(np.round(1.5 * rng.standard_normal(vocab)).astype(np.float32)).reshape(1, vocab)
+        if at is None:
+            return logits
+        before = _apply(chain[:at], previous, logits.clone())
+        after = chain[at](previous, before.clone())
+        kept = torch.isfinite(after)
+        removed = ~kept & torch.isfinite(before)
+        if not bool((removed & (before == before[kept].min())).any()):
+            return logits
+    return logits
 
 
 @contextlib.contextmanager
@@ -349,6 +366,16 @@ def drawing_with(uniforms):
         torch.multinomial = original
 
 
+def _check_processors(found, spec):
+    names = [type(p).__name__ for p in found]
+    expected = [type(p).__name__ for p in transformers_processors(spec)]
+    if names != expected:
+        raise SamplingError(
+            f"generate() built the processors {names}, where the sampling parameters give {expected}: "
+            "a model's generation configuration adds processors a port of the sampler would not know of"
+        )
+
+
 def generate(model, input_ids, mask, spec: dict, uniforms):
     """`model.generate()` sampling `uniforms.shape[1]` tokens with `spec`, golden's draws in place of
     `torch.multinomial`. Returns the tokens [b, N] and, per generated token, the raw logits and the
@@ -356,19 +383,31 @@ def generate(model, input_ids, mask, spec: dict, uniforms):
     from transformers import GenerationConfig
 
     count = int(uniforms.shape[1])
+    # No end of sequence: N tokens, every one drawn from the processors of `spec` alone (a model's
+    # configuration names an eos token, Llama's 2, and `generate()` would otherwise forbid it until
+    # a minimum length, with processors a port of the sampler knows nothing about, or stop at it).
+    for config in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        if config is not None and hasattr(config, "eos_token_id"):
+            config.eos_token_id = None
     config = GenerationConfig(
         **generation_kwargs(spec),
         max_new_tokens=count,
-        min_new_tokens=count,
         num_beams=1,
         pad_token_id=0,
-        eos_token_id=None,
-        bos_token_id=None,
         output_scores=True,
         output_logits=True,
         return_dict_in_generate=True,
     )
     kwargs = {"attention_mask": mask} if mask is not None else {}
+    # The processors `generate()` builds are checked to be those of `spec` alone.
+    build = model._get_logits_processor
+
+    def checked(*args, **kw):
+        found = build(*args, **kw)
+        _check_processors(found, spec)
+        return found
+
+    model._get_logits_processor = checked
     with drawing_with(uniforms) as drawn:
         out = model.generate(input_ids, generation_config=config, **kwargs)
     tokens = out.sequences[:, input_ids.shape[1]:]

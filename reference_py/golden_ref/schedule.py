@@ -475,9 +475,9 @@ def _sample(case, torch, target, pristine, x, plan, mask, phase_error):
         leaves.append((f"sample.{j}.probs", p.to(torch.float32)))
     # The probe, after row 0's prompt (its valid tokens) and its generated tokens.
     vocab = logits[0].shape[-1]
-    probe = sampling.probe(case.seed, vocab)
     row = x[0] if mask is None else x[0][mask[0].bool()]
     previous = torch.cat([row.reshape(-1).to(torch.int64), tokens[0].to(torch.int64)]).unsqueeze(0)
+    probe = sampling.probe(case.seed, vocab, spec, previous)
     u = backend.to_native(plan.sample["probe_uniforms"]).to(torch.float64).reshape(1, -1)
     answer = sampling.process(probe, previous, u, **spec)
     leaves.append(("sample.probe.logits", probe.to(torch.float32)))

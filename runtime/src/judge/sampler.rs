@@ -61,6 +61,8 @@ pub struct SamplerFinding {
     pub causes: Vec<String>,
     /// What the diagnosis could not do (replay, a port that failed), as printed.
     pub notes: Vec<String>,
+    /// The draws it showed on: their uniforms (exact) and the sampler's tokens.
+    pub draws: (Vec<f64>, Vec<u32>),
 }
 
 impl SamplerFinding {
@@ -72,6 +74,7 @@ impl SamplerFinding {
             smallest: None,
             causes: Vec::new(),
             notes: Vec::new(),
+            draws: (Vec::new(), Vec::new()),
         }
     }
 }
