@@ -257,7 +257,7 @@ pub const OPTIONS: &[Opt] = &[
     },
     Opt {
         name: "decode",
-        form: "decode / decode(over = x, axis = N, padding, generate = N, window = N)",
+        form: "decode / decode(over = x, axis = N, padding, generate = N, window = N, sample(temperature = T, top_k = K, top_p = P, min_p = M, repetition_penalty = R))",
         doc: "drive a port that keeps state (a KV cache) through generated schedules of calls",
         module_only: Some(
             "`decode` drives a module through time: it needs the module form, whose first \

@@ -225,10 +225,50 @@ def processors(spec: dict, mistake: str | None = None, prompt: int = 1):
     return out
 
 
+@contextlib.contextmanager
+def stable_sort():
+    """While the processors run: `torch.sort` keeps equal values in index order. transformers'
+    top-p sorts with `torch.sort`, which states no order for equal values, so which of several
+    tied tokens at its cut it keeps is otherwise an accident of the sort; golden fixes it (the
+    lower index is removed first, as the ascending order has it), so that its own answers repeat.
+    No port is held to it: golden's probe never puts top-p's cut inside a tie, and shrinking never
+    keeps a vector that does (`process`'s `ambiguous`)."""
+    import torch
+
+    original = torch.sort
+
+    def sort(input, dim=-1, descending=False, stable=None, *, out=None):
+        if out is not None:
+            return original(input, dim=dim, descending=descending, stable=True, out=out)
+        return original(input, dim=dim, descending=descending, stable=True)
+
+    torch.sort = sort
+    try:
+        yield
+    finally:
+        torch.sort = original
+
+
 def _apply(chain, input_ids, scores):
-    for p in chain:
-        scores = p(input_ids, scores)
+    with stable_sort():
+        for p in chain:
+            scores = p(input_ids, scores)
     return scores
+
+
+def _ambiguous(spec, ids, logits) -> bool:
+    """Whether top-p's cut falls inside a group of equal scores (see `stable_sort`)."""
+    import torch
+
+    chain = processors(spec)
+    at = next((i for i, p in enumerate(chain) if _kind(p) == "top-p"), None)
+    if at is None:
+        return False
+    before = _apply(chain[:at], ids, logits.clone())
+    after = _apply(chain[at:at + 1], ids, before.clone())
+    kept = torch.isfinite(after)
+    removed = ~kept & torch.isfinite(before)
+    return bool((removed & (before == before[kept].min())).any())
 
 
 def inverse_cdf(probs, u):
@@ -308,7 +348,9 @@ def process(logits, previous, u, *, temperature=None, top_k=None, top_p=None, mi
     # falls past their total: the usual draw on them is the mistaken one.
     tokens = [_draw(mistake, probs[r:r + 1], u[r:r + 1]) for r in range(probs.shape[0])]
     tokens = torch.cat(tokens) if tokens else torch.zeros((0, u.shape[-1]), dtype=torch.int64)
-    return {"probs": probs.to(torch.float32), "tokens": tokens}
+    ambiguous = torch.tensor([int(_ambiguous(spec, _row_ids(previous, r), logits[r:r + 1]))
+                              for r in range(logits.shape[0])], dtype=torch.int64)
+    return {"probs": probs.to(torch.float32), "tokens": tokens, "ambiguous": ambiguous}
 
 
 def probe(seed: int, vocab: int, spec: dict, previous):
@@ -323,18 +365,10 @@ def probe(seed: int, vocab: int, spec: dict, previous):
     import numpy as np
     import torch
 
-    chain = processors(spec)
-    at = next((i for i, p in enumerate(chain) if _kind(p) == "top-p"), None)
     for attempt in range(64):
         rng = np.random.default_rng([seed & 0xFFFF_FFFF_FFFF_FFFF, 0x5A3, attempt])
         logits = torch.from_numpy(np.round(1.5 * rng.standard_normal(vocab)).astype(np.float32)).reshape(1, vocab)
-        if at is None:
-            return logits
-        before = _apply(chain[:at], previous, logits.clone())
-        after = chain[at](previous, before.clone())
-        kept = torch.isfinite(after)
-        removed = ~kept & torch.isfinite(before)
-        if not bool((removed & (before == before[kept].min())).any()):
+        if not _ambiguous(spec, previous, logits):
             return logits
     return logits
 
@@ -408,7 +442,7 @@ def generate(model, input_ids, mask, spec: dict, uniforms):
         return found
 
     model._get_logits_processor = checked
-    with drawing_with(uniforms) as drawn:
+    with drawing_with(uniforms) as drawn, stable_sort():
         out = model.generate(input_ids, generation_config=config, **kwargs)
     tokens = out.sequences[:, input_ids.shape[1]:]
     if tokens.shape[1] != count or len(drawn) != count:

@@ -416,8 +416,9 @@ fn process_layer(layer: &Layer, sampling: &Sampling, mistake: Option<SamplerMist
     derived
 }
 
-/// The reference's probabilities and draws on `vector` with `uniforms` (with `mistake` made);
-/// `None` where the source has no answer (a replay that did not record it).
+/// The reference's probabilities and draws on `vector` with `uniforms` (with `mistake` made), and
+/// whether top-p's cut falls inside a tie there (where transformers' choice is an accident of its
+/// sort); `None` where the source has no answer (a replay that did not record it).
 fn reference_draws(
     layer: &Layer,
     sampling: &Sampling,
@@ -426,7 +427,7 @@ fn reference_draws(
     params: &CaseParams,
     vector: &Vector,
     uniforms: &[f64],
-) -> Option<(Vec<f64>, Vec<u32>)> {
+) -> Option<(Vec<f64>, Vec<u32>, bool)> {
     let derived = process_layer(layer, sampling, mistake);
     let vocab = vector.logits.len();
     let logits = HostTensor::from_floats(
@@ -470,7 +471,9 @@ fn reference_draws(
         .into_iter()
         .map(|t| t as u32)
         .collect();
-    Some((probs, tokens))
+    let ambiguous =
+        find(&r.expected, "out.ambiguous").is_some_and(|a| a.to_i64().iter().any(|&v| v != 0));
+    Some((probs, tokens, ambiguous))
 }
 
 /// How many uniforms the diagnosis of an exact failure draws with (the failing one first).
@@ -494,8 +497,12 @@ fn fails_on(
         Some(u) => u.to_vec(),
         None => vec![0.5],
     };
-    let (probs, expected) =
+    let (probs, expected, ambiguous) =
         reference_draws(layer, sampling, None, source, params, vector, &uniforms)?;
+    if ambiguous {
+        // Shrinking never keeps a vector whose top-p cut splits a tie: no port is held there.
+        return Some(false);
+    }
     let uniforms = match exact {
         Some(_) => uniforms,
         None => sampling::fresh_uniforms(
@@ -638,7 +645,7 @@ pub(crate) fn explain(
             continue;
         }
         let asked = if exact { uniforms.clone() } else { vec![0.5] };
-        let Some((probs, expected)) = reference_draws(
+        let Some((probs, expected, _)) = reference_draws(
             layer,
             &sampling,
             Some(mistake),
@@ -653,7 +660,16 @@ pub(crate) fn explain(
         let fits = if exact {
             sampler::exact(&probs, &uniforms, &expected, &tokens).is_none()
         } else {
-            distribution::goodness_of_fit(&probs, &counts(&tokens, probs.len())).passes()
+            let fit = distribution::goodness_of_fit(&probs, &counts(&tokens, probs.len()));
+            // Tokens the reference cannot draw: a mistake explains them when, with it, every
+            // token the port drew could be drawn.
+            let explains_impossible = match &finding.evidence {
+                Evidence::Distribution(right) if !right.impossible.is_empty() => {
+                    fit.impossible.is_empty()
+                }
+                _ => false,
+            };
+            fit.passes() || explains_impossible
         };
         if fits {
             let (what, instead, fix) = mistake.explain();
@@ -695,7 +711,7 @@ pub(crate) fn explain(
     }
     if shrunk {
         let probs = reference_draws(layer, &sampling, None, source, params, &current, &[0.5])
-            .map(|(p, _)| p);
+            .map(|(p, _, _)| p);
         finding.smallest = Some(format!(
             "logits {} after previous tokens {:?}{}",
             sampler::values(&current.logits, 16),
