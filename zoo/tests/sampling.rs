@@ -512,3 +512,77 @@ fn candle_transformers_top_k_then_top_p_is_caught_in_distribution() {
         "{msg}"
     );
 }
+
+/// The distribution test's false-alarm rate, measured (`cargo xtask bench-sampling`): a right
+/// sampler (the one above, drawing with fresh uniforms of its own per seed) tested against
+/// transformers' probabilities on one logits vector, once per seed for 1,000 seeds, each test with
+/// the draws `judge/distribution.rs` asks; the rate of failures beside the stated one (and at two
+/// larger nominal rates, by the tests' p-values, where 1,000 seeds say more), and the time.
+#[test]
+#[ignore = "a benchmark: cargo xtask bench-sampling"]
+fn false_alarm_rate() {
+    use golden::internal::judge::distribution;
+    let python = golden::internal::describe::env::python().program;
+    let mut rng = golden::internal::describe::rng::Rng::new(1, "bench-sampling");
+    let logits: Vec<f32> = rng.normals(VOCAB).iter().map(|z| (0.8 * z) as f32).collect();
+    let previous: Vec<u32> = vec![3, 7, 7, 12];
+    let script = format!(
+        "import json, torch\nfrom golden_ref.sampling import process\n\
+         r = process(torch.tensor([{logits:?}]), torch.tensor([{previous:?}]), \
+         torch.zeros(1, 1, dtype=torch.float64), temperature=0.7, top_k=8, top_p=0.9, \
+         min_p=0.05, repetition_penalty=1.3)\nprint(json.dumps(r['probs'][0].tolist()))"
+    );
+    let out = std::process::Command::new(&python)
+        .env("PYTHONPATH", concat!(env!("CARGO_MANIFEST_DIR"), "/../reference_py"))
+        .args(["-c", &script])
+        .output()
+        .expect("python runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let probs: Vec<f64> = serde_json::from_slice(&out.stdout).expect("probabilities");
+    let draws = distribution::draws_needed(&probs) as usize;
+    let sampler = UniformSampler::new(Flaw::None);
+    let tensor = Tensor::new(logits.as_slice(), &Device::Cpu).unwrap();
+    let seeds = 1_000u64;
+    let started = std::time::Instant::now();
+    let mut p_values = Vec::new();
+    for seed in 0..seeds {
+        let mut u = golden::internal::describe::rng::Rng::new(seed, "bench-sampling.draws");
+        let mut counts = vec![0u64; probs.len()];
+        for _ in 0..draws {
+            let draw = Draw::new(tensor.clone(), previous.clone(), u.unit());
+            counts[sampler.draw(&draw).unwrap() as usize] += 1;
+        }
+        let fit = distribution::goodness_of_fit(&probs, &counts);
+        assert!(fit.impossible.is_empty(), "a right sampler drew an impossible token");
+        p_values.push(fit.p_value);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let kept: Vec<f64> = probs.iter().copied().filter(|p| *p > 0.0).collect();
+    eprintln!(
+        "bench-sampling: transformers' probabilities ({} tokens kept of {VOCAB}; temperature 0.7, \
+         top-k 8, top-p 0.9, min-p 0.05, repetition penalty 1.3); {draws} draws per test \
+         (false-alarm rate {}, a difference of {} in total variation missed at most {} of the \
+         time)",
+        kept.len(),
+        distribution::FALSE_ALARM,
+        distribution::SMALLEST_DIFFERENCE,
+        distribution::MISSED
+    );
+    for alpha in [distribution::FALSE_ALARM, 0.01, 0.05] {
+        let failed = p_values.iter().filter(|&&p| p < alpha).count();
+        let expected = alpha * seeds as f64;
+        // The 95% range of a right sampler's failures: binomial, normal approximation.
+        let spread = 1.96 * (seeds as f64 * alpha * (1.0 - alpha)).sqrt();
+        eprintln!(
+            "bench-sampling: at a rate of {alpha}: {failed} of {seeds} right samplers failed \
+             (expected {expected:.1}, 95% range {:.1}..{:.1})",
+            (expected - spread).max(0.0),
+            expected + spread
+        );
+    }
+    eprintln!(
+        "bench-sampling: {seeds} tests of {draws} draws in {elapsed:.2} s ({:.2} ms per test, \
+         the sampler's draws included)",
+        1000.0 * elapsed / seeds as f64
+    );
+}
