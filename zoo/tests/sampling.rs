@@ -133,6 +133,9 @@ fn check(
     golden::check(&layer, &port)
 }
 
+/// A sampler as the tests build them.
+type BoxedSampler = Box<dyn FnMut(&Draw) -> candle_core::Result<u32>>;
+
 /// A porting mistake the test sampler makes on purpose.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 enum Flaw {
@@ -313,10 +316,7 @@ impl UniformSampler {
     }
 }
 
-fn uniform_sampler(
-    flaw: Flaw,
-) -> impl Fn() -> Box<dyn FnMut(&Draw) -> candle_core::Result<u32>> + Clone + Send + Sync + 'static
-{
+fn uniform_sampler(flaw: Flaw) -> impl Fn() -> BoxedSampler + Clone + Send + Sync + 'static {
     move || {
         let sampler = UniformSampler::new(flaw);
         Box::new(move |draw: &Draw| sampler.draw(draw))
@@ -346,8 +346,7 @@ fn a_sampler_taking_golden_s_uniforms_draws_transformers_tokens_exactly() {
 fn candle_sampler(
     sampling: CandleSampling,
     penalty: Option<f32>,
-) -> impl Fn() -> Box<dyn FnMut(&Draw) -> candle_core::Result<u32>> + Clone + Send + Sync + 'static
-{
+) -> impl Fn() -> BoxedSampler + Clone + Send + Sync + 'static {
     move || {
         let mut processor = LogitsProcessor::from_sampling(299_792_458, sampling.clone());
         Box::new(move |draw: &Draw| {
@@ -524,7 +523,11 @@ fn false_alarm_rate() {
     use golden::internal::judge::distribution;
     let python = golden::internal::describe::env::python().program;
     let mut rng = golden::internal::describe::rng::Rng::new(1, "bench-sampling");
-    let logits: Vec<f32> = rng.normals(VOCAB).iter().map(|z| (0.8 * z) as f32).collect();
+    let logits: Vec<f32> = rng
+        .normals(VOCAB)
+        .iter()
+        .map(|z| (0.8 * z) as f32)
+        .collect();
     let previous: Vec<u32> = vec![3, 7, 7, 12];
     let script = format!(
         "import json, torch\nfrom golden_ref.sampling import process\n\
@@ -533,11 +536,18 @@ fn false_alarm_rate() {
          min_p=0.05, repetition_penalty=1.3)\nprint(json.dumps(r['probs'][0].tolist()))"
     );
     let out = std::process::Command::new(&python)
-        .env("PYTHONPATH", concat!(env!("CARGO_MANIFEST_DIR"), "/../reference_py"))
+        .env(
+            "PYTHONPATH",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../reference_py"),
+        )
         .args(["-c", &script])
         .output()
         .expect("python runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let probs: Vec<f64> = serde_json::from_slice(&out.stdout).expect("probabilities");
     let draws = distribution::draws_needed(&probs) as usize;
     let sampler = UniformSampler::new(Flaw::None);
@@ -553,7 +563,10 @@ fn false_alarm_rate() {
             counts[sampler.draw(&draw).unwrap() as usize] += 1;
         }
         let fit = distribution::goodness_of_fit(&probs, &counts);
-        assert!(fit.impossible.is_empty(), "a right sampler drew an impossible token");
+        assert!(
+            fit.impossible.is_empty(),
+            "a right sampler drew an impossible token"
+        );
         p_values.push(fit.p_value);
     }
     let elapsed = started.elapsed().as_secs_f64();
