@@ -1,5 +1,6 @@
 //! Sampling that matches: what `decode(generate = N, sample(...))` declares, the random numbers
-//! golden gives both sides, and the port's side of a draw ([`Draw`], [`Sampler`]).
+//! golden gives both sides, and the port's side of a draw ([`Draw`]; the `Sampler` trait is beside
+//! `Stepper`, in `run/steps.rs`).
 //!
 //! transformers' `generate(do_sample=True)` processes the logits of each generated token with its
 //! logits processors, in its own fixed order (repetition penalty, then temperature, top-k, top-p,
@@ -80,28 +81,6 @@ impl Sampling {
             "min_p": self.min_p,
             "repetition_penalty": self.repetition_penalty,
         })
-    }
-
-    /// The keywords of `golden_ref.sampling.process` for these parameters.
-    pub(crate) fn keywords(&self) -> Vec<(&'static str, crate::describe::layer::Value)> {
-        use crate::describe::layer::Value;
-        let mut out = Vec::new();
-        if let Some(t) = self.temperature {
-            out.push(("temperature", Value::Float(t)));
-        }
-        if let Some(k) = self.top_k {
-            out.push(("top_k", Value::Int(k as i64)));
-        }
-        if let Some(p) = self.top_p {
-            out.push(("top_p", Value::Float(p)));
-        }
-        if let Some(p) = self.min_p {
-            out.push(("min_p", Value::Float(p)));
-        }
-        if let Some(r) = self.repetition_penalty {
-            out.push(("repetition_penalty", Value::Float(r)));
-        }
-        out
     }
 
     /// Parameters `generate()` refuses or that make no draw, named.
@@ -281,7 +260,11 @@ impl SamplerMistake {
             SamplerMistake::TopKTiesByIndex => on.contains(&"top-k"),
             SamplerMistake::Unnormalised => truncating,
             SamplerMistake::PenaltyDividesAll => on.contains(&"repetition penalty"),
-            SamplerMistake::Skipped(p) => on.contains(&p.replace('-', " ").as_str()),
+            SamplerMistake::Skipped(p) => on.contains(&if p == "repetition-penalty" {
+                "repetition penalty"
+            } else {
+                p
+            }),
             SamplerMistake::SortedDraw | SamplerMistake::Greedy => true,
         }
     }
@@ -427,40 +410,6 @@ impl Draw {
     /// Whether the sampler took golden's uniform.
     pub(crate) fn took_uniform(&self) -> bool {
         self.read.get()
-    }
-}
-
-/// A port's sampler: one token for a draw.
-pub trait Sampler {
-    /// The token drawn.
-    fn sample(&mut self, draw: &Draw) -> Result<u32, String>;
-}
-
-impl<F, R> Sampler for F
-where
-    F: FnMut(&Draw) -> R,
-    R: IntoToken,
-{
-    fn sample(&mut self, draw: &Draw) -> Result<u32, String> {
-        self(draw).into_token()
-    }
-}
-
-/// What a sampler may return: a token, or a `Result` of one.
-pub trait IntoToken {
-    /// The token, or the sampler's error.
-    fn into_token(self) -> Result<u32, String>;
-}
-
-impl IntoToken for u32 {
-    fn into_token(self) -> Result<u32, String> {
-        Ok(self)
-    }
-}
-
-impl<E: fmt::Display> IntoToken for Result<u32, E> {
-    fn into_token(self) -> Result<u32, String> {
-        self.map_err(|e| crate::describe::outputs::without_backtrace(&e.to_string()))
     }
 }
 

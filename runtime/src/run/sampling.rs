@@ -403,11 +403,33 @@ pub(crate) fn free_running(
     )))
 }
 
+/// The keywords of `golden_ref.sampling.process` for `sampling`'s parameters.
+fn keywords(sampling: &Sampling) -> Vec<(&'static str, crate::describe::layer::Value)> {
+    use crate::describe::layer::Value;
+    let mut out = Vec::new();
+    if let Some(t) = sampling.temperature {
+        out.push(("temperature", Value::Float(t)));
+    }
+    if let Some(k) = sampling.top_k {
+        out.push(("top_k", Value::Int(k as i64)));
+    }
+    if let Some(p) = sampling.top_p {
+        out.push(("top_p", Value::Float(p)));
+    }
+    if let Some(p) = sampling.min_p {
+        out.push(("min_p", Value::Float(p)));
+    }
+    if let Some(r) = sampling.repetition_penalty {
+        out.push(("repetition_penalty", Value::Float(r)));
+    }
+    out
+}
+
 /// The reference of a logits vector: `golden_ref.sampling.process`, a function-form check of its
 /// own asked through the check's source (so recorded in its store and replayed from it).
 fn process_layer(layer: &Layer, sampling: &Sampling, mistake: Option<SamplerMistake>) -> Layer {
     let mut derived = Layer::function(layer.name(), "golden_ref.sampling.process");
-    for (k, v) in sampling.keywords() {
+    for (k, v) in keywords(sampling) {
         derived = derived.konst(k, v);
     }
     if let Some(m) = mistake {

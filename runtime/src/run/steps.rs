@@ -26,7 +26,7 @@
 //! whole input: the prefill, whose outputs keep their plain names.
 
 use crate::describe::outputs::{IntoOutputs, Outputs, PortInputs};
-use crate::describe::sampling::{Draw, DrawJob, Sampler};
+use crate::describe::sampling::{Draw, DrawJob};
 use candle_core::{DType, Tensor};
 use golden_files::HostTensor;
 use std::fmt::Display;
@@ -148,6 +148,40 @@ where
 {
     fn step(&mut self, step: &Step) -> Result<Outputs, String> {
         self(step).into_outputs()
+    }
+}
+
+/// A port's sampler: one token for a draw.
+pub trait Sampler {
+    /// The token drawn.
+    fn sample(&mut self, draw: &Draw) -> Result<u32, String>;
+}
+
+impl<F, R> Sampler for F
+where
+    F: FnMut(&Draw) -> R,
+    R: IntoToken,
+{
+    fn sample(&mut self, draw: &Draw) -> Result<u32, String> {
+        self(draw).into_token()
+    }
+}
+
+/// What a sampler may return: a token, or a `Result` of one.
+pub trait IntoToken {
+    /// The token, or the sampler's error.
+    fn into_token(self) -> Result<u32, String>;
+}
+
+impl IntoToken for u32 {
+    fn into_token(self) -> Result<u32, String> {
+        Ok(self)
+    }
+}
+
+impl<E: std::fmt::Display> IntoToken for Result<u32, E> {
+    fn into_token(self) -> Result<u32, String> {
+        self.map_err(|e| crate::describe::outputs::without_backtrace(&e.to_string()))
     }
 }
 
