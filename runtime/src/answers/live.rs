@@ -810,6 +810,13 @@ pub(crate) fn add_schedule(header: &mut Json, plan: Option<&Plan>, table: &mut T
         "mistake": plan.mistake.map(|m| m.token()),
         "oneshot": plan.looped.is_none(),
     });
+    if let Some(sample) = &plan.sample {
+        header["schedule"]["sample"] = json!({
+            "spec": sample.sampling.to_json(),
+            "uniforms": table.add(sample.uniforms.clone()),
+            "probe_uniforms": table.add(sample.probe_uniforms.clone()),
+        });
+    }
     if let Some(looped) = &plan.looped {
         header["schedule"]["loop"] = json!({
             "per_step": looped.per_step,

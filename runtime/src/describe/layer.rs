@@ -1885,6 +1885,14 @@ impl Layer {
                     decode.over
                 ));
             }
+            if let Some(sampling) = &decode.sample {
+                if decode.generate == 0 {
+                    return Err("`decode(sample(...))` samples the generated tokens: give \
+                                `generate = N` too"
+                        .into());
+                }
+                sampling.validate()?;
+            }
         }
         if self.form == Form::Function && (self.params != Params::Drawn || !self.rename.is_empty())
         {

@@ -665,6 +665,18 @@ impl fmt::Display for Failure {
                     self.layer, first.invariant, first.leaf, self.reference
                 )?;
             }
+            FailureKind::Case(c)
+                if c.schedule_issues
+                    .iter()
+                    .any(|i| matches!(i, crate::report::issues::ScheduleIssue::Sampler(_))) =>
+            {
+                writeln!(
+                    out,
+                    "golden: `{}` matches its reference `{}` step by step, but its sampler does \
+                     not draw as transformers' does{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
             FailureKind::Case(c) if !c.schedule_issues.is_empty() => {
                 writeln!(
                     out,

@@ -110,7 +110,73 @@ impl CaseRunner for ForwardRunner<'_> {
         if !schedule::explain(self.layer, dtype, source, failure, other) {
             crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, other);
         }
+        explain_sampler(self.layer, dtype, source, &self.port, failure);
         check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
+    }
+}
+
+/// A failing sampler's diagnosis (`run/sampling.rs`): its draws on the failing vector asked again
+/// of the port (built from the case's state), against the reference with each mistake of a
+/// sampler, and the vector shrunk.
+fn explain_sampler(
+    layer: &Layer,
+    dtype: DType,
+    source: &Source,
+    port: &PortThread,
+    failure: &mut Failure,
+) {
+    let (FailureKind::Case(c), Some(params)) = (&mut failure.kind, &failure.case) else {
+        return;
+    };
+    let Some(at) = c
+        .schedule_issues
+        .iter()
+        .position(|i| matches!(i, ScheduleIssue::Sampler(_)))
+    else {
+        return;
+    };
+    let (Some(reference), Some(schedule)) = (c.reference.clone(), params.plan(layer)) else {
+        return;
+    };
+    let device = Device::Cpu;
+    let prepared = (|| -> candle_core::Result<_> {
+        let tensors = c
+            .inputs
+            .iter()
+            .map(|(_, t)| t.to_candle(&device))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let state = match layer.form {
+            Form::Module => Some(StateDict::serve(
+                &reference.state_dict,
+                &reference.aliases,
+                &layer.rename,
+                dtype,
+                &device,
+            )?),
+            Form::Function => None,
+        };
+        Ok((tensors, state))
+    })();
+    let Ok((tensors, state)) = prepared else {
+        return;
+    };
+    port.enter_case(params);
+    let session = |jobs: Vec<crate::describe::sampling::DrawJob>| {
+        let n = jobs.len();
+        let draws = PortSchedule {
+            plan: schedule.clone(),
+            forced: None,
+            at: std::sync::Arc::default(),
+            reference_shapes: Vec::new(),
+            draws: Some(std::sync::Arc::new(jobs)),
+        };
+        call_port(port, tensors.clone(), state.as_ref(), false, Some(draws))
+            .map_err(|f| f.message)
+            .and_then(|(o, _)| crate::run::sampling::drawn(&o, n))
+    };
+    let params = params.clone();
+    if let ScheduleIssue::Sampler(finding) = &mut c.schedule_issues[at] {
+        crate::run::sampling::explain(layer, source, &params, finding, &session);
     }
 }
 
@@ -335,6 +401,7 @@ pub(crate) fn run_port(
     };
     // A schedule: the steps against the cached run and the one-shot forward (`run/steps.rs`).
     let first_run = schedule.as_ref().map(|_| port_host.clone());
+    let answer = reference;
     let (reference, schedule_notes) = match &schedule {
         Some(s) => {
             let (aligned, notes) = schedule::align(reference, &mut port_host, &s.plan, layer.tol);
@@ -385,7 +452,7 @@ pub(crate) fn run_port(
                 .map(|(outputs, _)| outputs)
         };
         let (issues, notes) = schedule_checks(
-            layer, dtype, params, args, &tensors, s, first_run, reference, &run,
+            layer, dtype, params, args, &tensors, s, first_run, reference, answer, &run,
         );
         failure.schedule_issues = issues;
         failure.notes.extend(notes);
@@ -679,6 +746,7 @@ fn schedule_checks(
     schedule: &PortSchedule,
     first_run: &[(String, HostTensor)],
     reference: &ReferenceOutputs,
+    answer: &ReferenceOutputs,
     run: &dyn Fn(Vec<candle_core::Tensor>, PortSchedule) -> Result<Outputs, PortFailure>,
 ) -> (Vec<ScheduleIssue>, Vec<crate::report::passed::Note>) {
     let plan = &schedule.plan;
@@ -726,6 +794,30 @@ fn schedule_checks(
             }
         }
     }
+    // A sampled generation: the port's sampler on the reference's logits (`run/sampling.rs`).
+    let mut takes_uniforms = None;
+    if plan.sample.is_some() && plan.steps.generate > 0 {
+        let session = |jobs: Vec<crate::describe::sampling::DrawJob>| {
+            let n = jobs.len();
+            let draws = PortSchedule {
+                forced: None,
+                draws: Some(std::sync::Arc::new(jobs)),
+                ..fresh()
+            };
+            run(tensors.to_vec(), draws)
+                .map_err(|f| f.message)
+                .and_then(|o| crate::run::sampling::drawn(&o, n))
+        };
+        let verdict =
+            crate::run::sampling::check(plan, answer, &args[plan.arg], params.seed, &session);
+        takes_uniforms = verdict.takes_uniforms;
+        let failed = !verdict.issues.is_empty();
+        issues.extend(verdict.issues);
+        notes.extend(verdict.notes);
+        if failed {
+            return (issues, notes);
+        }
+    }
     if plan.steps.generate > 0 {
         let free = PortSchedule {
             forced: None,
@@ -736,13 +828,17 @@ fn schedule_checks(
             .and_then(host)
         {
             Ok(outputs) => {
-                let verdict = schedule::free_running(
-                    &outputs,
-                    schedule.forced.as_ref(),
-                    reference,
-                    plan,
-                    layer.tol,
-                );
+                let verdict = if plan.sample.is_some() {
+                    crate::run::sampling::free_running(&outputs, answer, plan, takes_uniforms)
+                } else {
+                    schedule::free_running(
+                        &outputs,
+                        schedule.forced.as_ref(),
+                        reference,
+                        plan,
+                        layer.tol,
+                    )
+                };
                 match verdict {
                     Ok(note) => notes.push(note),
                     Err(issue) => issues.push(issue),
