@@ -691,3 +691,98 @@ fn a_faithful_llama_attention_passes_its_bf16_gradient_check_at_large_values() {
         common::llama::attention(&i.var_builder().pp("attn"), i.tensor(0), port)
     });
 }
+
+// --- NaN on both sides compares nothing (#31 item 2) ---------------------------------------------
+
+/// NaN matched NaN: a checkpoint with a NaN bias made every output NaN on both sides, and a port
+/// with its weight doubled passed, its snapshot saying `max |port - ref|: 0`; so did `2x·NaN`
+/// against `x·NaN`. A leaf none of whose elements is finite on both sides, in any case, compared
+/// nothing: the check fails and says so, whatever the port (the faithful one cannot pass either).
+#[test]
+fn a_leaf_nan_everywhere_on_both_sides_compared_nothing_and_fails() {
+    let layer = |name| vector(name, "verdict_ref.nonfinite.times_nan");
+    for (name, factor) in [("v_nan_doubled", 2.0), ("v_nan_faithful", 1.0)] {
+        let msg = must_fail(&layer(name), move |i| (i.tensor(0) * factor)? * f64::NAN).to_string();
+        assert!(
+            msg.contains(&format!("golden: cannot check `{name}`")),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(
+                "compared nothing at leaf `out`: no element of it is finite on both sides"
+            ),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("NaN on both sides at every one of its"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("a port off by any factor there gives the same"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn a_checkpoint_s_nan_bias_does_not_pass_a_port_with_its_weight_doubled() {
+    let layer =
+        |name| dense_layer(name).weights("tests/fixtures/verdicts/dense_nan_bias.safetensors");
+    let msg = must_fail(&layer("v_nan_bias_doubled"), |i| {
+        let vb = i.var_builder();
+        let (w, b) = (vb.get((6, 8), "dense.weight")?, vb.get(6, "dense.bias")?);
+        i.tensor(0).matmul(&(w * 2.0)?.t()?)?.broadcast_add(&b)
+    })
+    .to_string();
+    assert!(
+        msg.contains("compared nothing at leaf `out`: no element of it is finite on both sides"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("a NaN or ±Inf among the parameters the reference runs with"),
+        "{msg}"
+    );
+}
+
+/// Per leaf, not per check: a second leaf that compares does not vouch for one that does not.
+#[test]
+fn a_leaf_nan_everywhere_fails_beside_a_leaf_that_compares() {
+    use golden::IntoOutputs;
+    let scratch = common::Scratch::new("v_nan_beside_finite");
+    let layer = common::declared_with_store(
+        &vector(
+            "v_nan_beside_finite",
+            "verdict_ref.nonfinite.times_nan_and_identity",
+        ),
+        &scratch,
+    );
+    let port = |i: &PortInputs| {
+        let x = i.tensor(0);
+        let doubled = (x * 2.0).and_then(|y| y * f64::NAN);
+        doubled.map(|y| vec![y, x.clone()]).into_outputs()
+    };
+    let msg = match golden::check(&layer, &port) {
+        Ok(_) => panic!("a port whose `out.0` is twice the reference's passed"),
+        Err(f) => f.to_string(),
+    };
+    assert!(
+        msg.contains("compared nothing at leaf `out.0`: no element of it is finite on both sides"),
+        "{msg}"
+    );
+    assert!(!msg.contains("leaf `out.1`"), "{msg}");
+}
+
+/// A leaf NaN on both sides at some elements compares the others, and the snapshot says how many
+/// it could not compare.
+#[test]
+fn a_leaf_partly_nan_on_both_sides_is_judged_on_the_rest_and_says_so() {
+    let layer = |name| vector(name, "verdict_ref.nonfinite.log");
+    let report = must_pass(&layer("v_log_right"), |i| i.tensor(0).log());
+    let text = snapshot(&report);
+    assert!(
+        text.contains("    not compared: NaN or ±Inf on both sides at "),
+        "{text}"
+    );
+    let msg = must_fail(&layer("v_log_doubled"), |i| i.tensor(0).log()? * 2.0).to_string();
+    assert!(msg.contains("leaf `out`"), "{msg}");
+}

@@ -271,13 +271,15 @@ fn run_inner(
         announce_saved(layer, kind, &settings);
     }
     // Record mode: every generated case goes into the store, even those after a failing one, up
-    // to the store's size bound; the check then runs the recorded ones only.
+    // to the store's size bound. The check then runs every declared case against the live
+    // reference all the same, so that its snapshot (which describes them all) is compared and its
+    // store lines name the partial store; only when the cases were changed (`GOLDEN_CASES`, ...:
+    // no snapshot is compared) does it run the recorded ones alone.
     let mut recorded = vec![None; layer.dtypes.len()];
     if matches!(source.via, Via::Record(..)) {
         for (i, &dtype) in layer.dtypes.iter().enumerate() {
-            recorded[i] =
-                record_generated(layer, kind, dtype, runner, source, &settings, description)
-                    .map_err(config_error)?;
+            recorded[i] = record_generated(layer, kind, dtype, runner, source, &settings)
+                .map_err(config_error)?;
         }
     }
     let mut runs = Vec::new();
@@ -473,7 +475,8 @@ fn runner_config(layer: &Layer, kind: Kind, settings: &Settings) -> (Config, Sav
 
 /// Record mode, first pass: the reference on every case the check will generate, port unseen,
 /// until the store's size bound (`GOLDEN_STORE_LIMIT`) is reached. Returns how many cases were
-/// recorded when the bound stopped it (the check then runs those only), and says so.
+/// recorded when the bound stopped it and the check's cases were changed (`GOLDEN_CASES`, ...:
+/// the check then runs those only), and says so.
 fn record_generated(
     layer: &Layer,
     kind: Kind,
@@ -481,7 +484,6 @@ fn record_generated(
     runner: &impl CaseRunner,
     source: &Source,
     settings: &Settings,
-    description: &str,
 ) -> Result<Option<usize>, String> {
     let limit = crate::answers::store::limit_bytes()?;
     let (config, saved) = runner_config(layer, kind, settings);
@@ -500,7 +502,7 @@ fn record_generated(
             Some(_) => Err(TestCaseError::fail("worker failure")),
             None => Ok(()),
         };
-        if !source.recording_fits(description, limit) {
+        if !source.recording_fits() {
             full.set(Some(seen.get()));
         }
         seen.set(seen.get() + 1);
@@ -510,8 +512,8 @@ fn record_generated(
         return Ok(None);
     };
     let bound = format!(
-        "the golden store's size bound (GOLDEN_STORE_LIMIT, {:.2} MiB)",
-        limit as f64 / (1024.0 * 1024.0)
+        "the golden store's size bound (GOLDEN_STORE_LIMIT, {})",
+        crate::describe::numbers::bytes(limit as u128)
     );
     if kept == 0 {
         return Err(format!(
@@ -524,14 +526,27 @@ fn record_generated(
             }
         ));
     }
+    if settings.overridden {
+        eprintln!(
+            "golden: `{}`: {bound} is reached after {kept} of {} {} cases: recording stops there, \
+             and the check runs those {kept} only (GOLDEN_SEED, GOLDEN_CASES or GOLDEN_CASE \
+             changed the cases: no snapshot is compared)",
+            layer.name,
+            settings.cases,
+            dtype_name(dtype)
+        );
+        return Ok(Some(kept));
+    }
     eprintln!(
-        "golden: `{}`: {bound} is reached after {kept} of {} {} cases: recording stops there, and \
-         the check runs those {kept} only",
+        "golden: `{}`: {bound} is reached after {kept} of {} {} cases: the store keeps those \
+         {kept}; the check runs all {} against the live reference, so that its snapshot describes \
+         them",
         layer.name,
         settings.cases,
-        dtype_name(dtype)
+        dtype_name(dtype),
+        settings.cases
     );
-    Ok(Some(kept))
+    Ok(None)
 }
 
 /// Run a case, catching a panic that escapes the runner: it happened while the case ran (in code
@@ -866,8 +881,11 @@ fn run_dtype(
     }
 }
 
-/// Why a dtype's run proves nothing, when it does not: no case ran, or every case compared no
-/// element (every output leaf empty). `None` when something was compared.
+/// Why a dtype's run proves nothing, when it does not: no case ran; every case compared no element
+/// (every output leaf empty); or a leaf with elements compared none of them in any case — none
+/// finite on both sides (NaN matched NaN, the same ±Inf on both sides, or left out where the
+/// reference's own result is unreliable), so a port off by any factor there would pass it too.
+/// `None` when every leaf that has elements compared some.
 fn compared_nothing(
     layer: &Layer,
     kind: Kind,
@@ -877,34 +895,121 @@ fn compared_nothing(
     if kind == Kind::Overfit {
         return None;
     }
-    let compared: usize = cases
-        .iter()
-        .flat_map(|c| &c.leaves)
-        .map(|l| match &l.verdict {
-            crate::judge::compare::Verdict::Values(v) => v.numel - v.unreliable.min(v.numel),
-            _ => 0,
-        })
-        .sum();
-    let figures = cases.iter().any(|c| !c.figures.is_empty());
-    if compared > 0 || (figures && kind == Kind::Gradients && !cases.is_empty()) {
-        return None;
+    use crate::judge::compare::Verdict;
+    // Per leaf, over the cases: elements, compared, NaN/±Inf agreed on both sides, left out; and
+    // the first case in which it had elements.
+    struct Tally<'a> {
+        name: &'a str,
+        numel: usize,
+        compared: usize,
+        agreed: usize,
+        unreliable: usize,
+        nan: usize,
+        first: Option<&'a CaseParams>,
     }
-    Some(if cases.is_empty() {
-        format!(
+    let mut leaves: Vec<Tally<'_>> = Vec::new();
+    for case in cases {
+        for leaf in &case.leaves {
+            let Verdict::Values(v) = &leaf.verdict else {
+                continue;
+            };
+            let i = match leaves.iter().position(|t| t.name == leaf.name) {
+                Some(i) => i,
+                None => {
+                    leaves.push(Tally {
+                        name: &leaf.name,
+                        numel: 0,
+                        compared: 0,
+                        agreed: 0,
+                        unreliable: 0,
+                        nan: 0,
+                        first: None,
+                    });
+                    leaves.len() - 1
+                }
+            };
+            let t = &mut leaves[i];
+            t.numel += v.numel;
+            t.compared += v.compared;
+            t.agreed += v.nonfinite_agreed;
+            t.unreliable += v.unreliable;
+            t.nan += v.nan.1;
+            if v.numel > 0 {
+                t.first.get_or_insert(&case.params);
+            }
+        }
+    }
+    // A gradient check's finite-difference figures compare too (a NaN one compares nothing).
+    let figures = cases
+        .iter()
+        .flat_map(|c| &c.figures)
+        .any(|(_, v)| v.is_finite());
+    if cases.is_empty() {
+        return Some(format!(
             "`{}` ran no {} case: a check that compared nothing never passes",
             layer.name,
             dtype_name(dtype)
-        )
-    } else {
-        format!(
+        ));
+    }
+    if leaves.iter().all(|t| t.numel == 0) {
+        if figures && kind == Kind::Gradients {
+            return None;
+        }
+        return Some(format!(
             "`{}` compared no element in its {} {} cases: every output leaf was empty (0 \
              elements), so no port could fail it; give the dims that size the outputs a range \
              that reaches 1",
             layer.name,
             cases.len(),
             dtype_name(dtype)
-        )
-    })
+        ));
+    }
+    // Where a gradient check's leaf is only left out (unreliable, not NaN), its finite
+    // differences still judged the port's gradient.
+    let differenced = figures && kind == Kind::Gradients;
+    let nothing: Vec<String> = leaves
+        .iter()
+        .filter(|t| t.numel > 0 && t.compared == 0 && !(differenced && t.agreed == 0))
+        .map(|t| {
+            let how = if t.agreed == t.numel && t.nan == t.numel {
+                format!("NaN on both sides at every one of its {} elements", t.numel)
+            } else {
+                format!(
+                    "of its {} elements, {} NaN or the same ±Inf on both sides and {} left out \
+                     where the reference's own result is unreliable",
+                    t.numel, t.agreed, t.unreliable
+                )
+            };
+            let first = t
+                .first
+                .map_or(String::new(), |c| format!(", the first case {c}"));
+            format!(
+                "it compared nothing at leaf `{}`: no element of it is finite on both sides in \
+                 any of its {} {} cases ({how}{first}), and NaN matches NaN: a port off by any \
+                 factor there gives the same",
+                t.name,
+                cases.len(),
+                dtype_name(dtype)
+            )
+        })
+        .collect();
+    if nothing.is_empty() {
+        return None;
+    }
+    let cause = if layer.form == crate::describe::layer::Form::Module {
+        "the reference's own outputs are not finite there on any case: a NaN or ±Inf among the \
+         parameters the reference runs with (a checkpoint's, `weights = ...`), in its inputs or \
+         constants, or an overflow on every input"
+    } else {
+        "the reference's own outputs are not finite there on any case: a NaN or ±Inf in its \
+         inputs or constants, or an overflow on every input"
+    };
+    Some(format!(
+        "{}; {cause}. Give the reference values under which it computes a finite result (a \
+         checkpoint without NaN, a distribution it is defined on), or leave the leaf out of its \
+         outputs",
+        nothing.join("; ")
+    ))
 }
 
 /// A replay of a partial store does not compare the snapshot (which describes every case), and
