@@ -245,7 +245,10 @@ fn settings_too_weak_for_the_model_train_the_port_as_long_as_pytorch_needs() {
     );
     // A wrong port under the same settings is still blamed.
     let msg = must_fail(&layer.named("o_mlp_too_few_steps_detached"), true).to_string();
-    assert!(!msg.contains("too weak") && !msg.contains("too short"), "{msg}");
+    assert!(
+        !msg.contains("too weak") && !msg.contains("too short"),
+        "{msg}"
+    );
 }
 
 /// Where PyTorch does not overfit within the probe either (a learning rate far too small), the port

@@ -513,9 +513,8 @@ fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result
     let (source, how) = check::open_source(layer, Kind::Overfit, mode, &description)?;
     // The port's own code is caught on its thread; this catches what golden's training code
     // around it might raise, so that no panic escapes the check.
-    let result =
-        catching(|| run(layer, &port, &spec, &source, &params, dtype, true)).unwrap_or_else(
-            |message| {
+    let result = catching(|| run(layer, &port, &spec, &source, &params, dtype, true))
+        .unwrap_or_else(|message| {
             let mut f = Failure::new(
                 layer,
                 FailureKind::Case(Box::new(CaseFailure {
@@ -529,8 +528,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result
             f.dtype = Some(dtype_name(dtype));
             f.case = Some(params.clone());
             Err(f)
-        },
-        );
+        });
     check::finish_source(layer, Kind::Overfit, &source, &description)?;
     let (record, health) = result?;
     Ok(Report {
@@ -834,8 +832,7 @@ fn run(
     // the probe's bound), or, where PyTorch does not get there within it either, on its parity
     // with PyTorch at every step; the snapshot says which.
     let like_pytorch = diverged.is_none();
-    if probe && too_weak && like_pytorch && issues.iter().all(TrainingIssue::is_does_not_overfit)
-    {
+    if probe && too_weak && like_pytorch && issues.iter().all(TrainingIssue::is_does_not_overfit) {
         let probe_steps = (spec.steps.saturating_mul(PROBE_FACTOR)).min(PROBE_MAX_STEPS);
         let longer = ask(&Request::Train {
             args: &args,
