@@ -833,3 +833,118 @@ fn where_rounding_decides_the_reference_a_right_port_is_not_blamed() {
     .to_string();
     assert!(msg.contains("leaf `out`"), "{msg}");
 }
+
+// --- Every weight and every configuration value matters (#31 item 16) ----------------------------
+
+const LM_VOCAB: usize = 32;
+const LM_HIDDEN: usize = 16;
+
+/// transformers' tiny Llama (its default `rope_theta`, 10000), driven through prefills and decode
+/// steps as `tests/candle_models.rs` drives it.
+fn tiny_llama(name: &str) -> Layer {
+    Layer::module(name, "transformers.LlamaForCausalLM")
+        .config("transformers.LlamaConfig")
+        .config_value("vocab_size", LM_VOCAB)
+        .config_value("hidden_size", LM_HIDDEN)
+        .config_value("intermediate_size", 24usize)
+        .config_value("num_hidden_layers", 2usize)
+        .config_value("num_attention_heads", 4usize)
+        .config_value("num_key_value_heads", 2usize)
+        .config_value("max_position_embeddings", 64usize)
+        .config_value("rms_norm_eps", 1e-6)
+        .config_value("tie_word_embeddings", false)
+        .dim("b", 1, 2)
+        .dim("n", 2, 8)
+        .arg(
+            "input_ids",
+            [DimExpr::from("b"), DimExpr::from("n")],
+            Dist::int(0, LM_VOCAB as i64),
+        )
+        .decode(golden::Decode::over("input_ids"))
+        .cases(12)
+        .timeout(180.0)
+}
+
+/// candle-transformers' Llama with `rope_theta` as given.
+fn candle_llama(
+    rope_theta: f32,
+) -> impl Fn(&PortInputs) -> std::result::Result<golden::Outputs, String> + Clone + Send + Sync {
+    use candle_transformers::models::llama;
+    let config = llama::Config {
+        hidden_size: LM_HIDDEN,
+        intermediate_size: 24,
+        vocab_size: LM_VOCAB,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        use_flash_attn: false,
+        rms_norm_eps: 1e-6,
+        rope_theta,
+        bos_token_id: None,
+        eos_token_id: None,
+        rope_scaling: None,
+        max_position_embeddings: 64,
+        tie_word_embeddings: false,
+    };
+    common::stepping(
+        "logits",
+        move |vb| {
+            let model = llama::Llama::load(vb, &config)?;
+            let cache = llama::Cache::new(true, DType::F32, &config, &candle_core::Device::Cpu)?;
+            Ok((model, cache))
+        },
+        |(model, cache): &mut (llama::Llama, llama::Cache), step: &golden::Step| {
+            model.forward(step.input("input_ids")?, step.offset(), cache)
+        },
+    )
+}
+
+/// The largest `|port − ref| / allowed` over a failure's leaves.
+fn worst_ratio(failure: &golden::Failure) -> f64 {
+    let golden::FailureKind::Case(c) = &failure.kind else {
+        panic!("not a case's failure:\n{failure}")
+    };
+    c.leaves
+        .iter()
+        .filter_map(|l| match &l.verdict {
+            golden::internal::judge::compare::Verdict::Values(v) => Some(v.worst_ratio),
+            _ => None,
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Weights drawn at the initialiser's scale (Hugging Face's std 0.02) leave attention almost
+/// uniform: a port with `rope_theta` 500000 for the reference's 10000 failed by 10.7× its
+/// tolerance in the issue's crate, and here passed 7 of 12 cases before failing one by 1.04×.
+/// Drawn parameters now have every weight at unit gain (a spread of at least 1/√fan_in, an
+/// embedding's rows 1): the same wrong port fails every case, the right one passes, and the
+/// snapshot says how the parameters were drawn.
+#[test]
+fn a_wrong_rope_theta_fails_by_a_wide_margin() {
+    let check = |name: &str, theta: f32| {
+        let scratch = common::Scratch::new(name);
+        let layer = common::declared_with_store(&tiny_llama(name), &scratch);
+        golden::check(&layer, &candle_llama(theta))
+    };
+    let report = check("v_llama_theta_right", 10_000.0)
+        .unwrap_or_else(|f| panic!("the right port failed:\n{f}"));
+    assert!(
+        snapshot(&report).contains(
+            "params: drawn per case, seeded like the inputs (every float entry of the \
+             state_dict), at unit gain: every weight's spread at least 1/√fan_in, an embedding's \
+             rows 1"
+        ),
+        "{}",
+        snapshot(&report)
+    );
+    let failure = match check("v_llama_theta_wrong", 500_000.0) {
+        Ok(_) => panic!("a port with rope_theta 500000 for 10000 passed"),
+        Err(f) => f,
+    };
+    // Every case shows it: the first one fails (7 of 12 passed before), and even the smallest
+    // failing case (one decode step at position 1, where the two thetas differ least) is far
+    // outside the tolerance (1.04× before; a case of 8 tokens is 1,165× now, it passed before).
+    assert_eq!(failure.passed_before, 0, "{failure}");
+    let ratio = worst_ratio(&failure);
+    assert!(ratio > 50.0, "{ratio}× allowed:\n{failure}");
+}

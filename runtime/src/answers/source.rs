@@ -305,9 +305,12 @@ impl Source {
                 self.checkpoint(layer, &spec)
                     .map_err(|problems| remote(RemoteKind::Weights, problems.join("\n")))?,
             ),
-            _ => {
-                ModuleState::Drawn(spec.draw(params.seed, dtype, layer.params == Params::DrawnAll))
-            }
+            _ => ModuleState::Drawn(spec.draw(
+                params.seed,
+                dtype,
+                layer.params == Params::DrawnAll,
+                layer.param_scale(),
+            )),
         };
         Ok(Some((state, spec)))
     }
