@@ -337,7 +337,7 @@ fn the_work_after_a_failure_is_bounded_by_the_output_s_size() {
     let run = |port: fn(&PortInputs) -> Result<golden::Outputs, String>| {
         let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         std::env::set_var("GOLDEN_FAILURE_BUDGET", "1");
-        let result = golden::check(&layer, &port);
+        let result = golden::check(&layer, &port).map_err(Box::new);
         std::env::remove_var("GOLDEN_FAILURE_BUDGET");
         result
     };

@@ -924,7 +924,7 @@ fn a_wrong_rope_theta_fails_by_a_wide_margin() {
     let check = |name: &str, theta: f32| {
         let scratch = common::Scratch::new(name);
         let layer = common::declared_with_store(&tiny_llama(name), &scratch);
-        golden::check(&layer, &candle_llama(theta))
+        golden::check(&layer, &candle_llama(theta)).map_err(Box::new)
     };
     let report = check("v_llama_theta_right", 10_000.0)
         .unwrap_or_else(|f| panic!("the right port failed:\n{f}"));

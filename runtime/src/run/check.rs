@@ -97,7 +97,7 @@ pub const DEFAULT_FAILURE_BUDGET: f64 = 32.0;
 /// failing 200 MB output ran past 200 s after its failure. It is bounded by the output's size:
 /// `GOLDEN_FAILURE_BUDGET` million elements in all (default [`DEFAULT_FAILURE_BUDGET`]), a case
 /// counted by its output's elements. A check's usual outputs (thousands of elements) never reach
-/// it; one of millions gets what fits, and the failure says what was skipped ([`Self::note`]).
+/// it; one of millions gets what fits, and the failure says what was skipped.
 pub struct AfterFailure {
     budget: u128,
     /// `GOLDEN_FAILURE_BUDGET` as set (`None`: the default).
