@@ -213,9 +213,10 @@ pub const OPTIONS: &[Opt] = &[
     },
     Opt {
         name: "params",
-        form: "params = drawn | init | drawn_all",
-        doc: "where the module's parameters come from: drawn per case (the default), its own \
-              init, or drawn including frozen ones and buffers computed at init",
+        form: "params = drawn | init | drawn_all | init_scale",
+        doc: "where the module's parameters come from: drawn per case at unit gain (the default), \
+              its own init, drawn including frozen ones and buffers computed at init, or drawn at \
+              each entry's own initial scale",
         module_only: Some(
             "`params` is about the reference module's parameters: it needs the module form, whose \
              first parameter is a `VarBuilder`",

@@ -497,15 +497,19 @@ pub fn timeout(key: &Ident, input: ParseStream) -> Result<f64> {
     Ok(seconds)
 }
 
-/// `= init`, `= drawn` or `= drawn_all`.
+/// `= init`, `= drawn`, `= drawn_all` or `= init_scale`.
 pub fn params(input: ParseStream) -> Result<Ident> {
     let how: Ident = equals(input)?;
-    if how != "init" && how != "drawn" && how != "drawn_all" {
+    if !["init", "drawn", "drawn_all", "init_scale"]
+        .iter()
+        .any(|h| how == h)
+    {
         return Err(Error::new(
             how.span(),
             "expected `params = init` (the module's own initialisation), `params = drawn` (the \
-             default: drawn per case, frozen parameters and buffers computed at init kept) or \
-             `params = drawn_all` (those drawn too)",
+             default: drawn per case at unit gain, frozen parameters and buffers computed at init \
+             kept), `params = drawn_all` (those drawn too) or `params = init_scale` (drawn at \
+             each entry's own initial scale)",
         ));
     }
     Ok(how)

@@ -336,6 +336,7 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
         .and_then(|(_, how)| match how.to_string().as_str() {
             "init" => Some(quote!(.params_init())),
             "drawn_all" => Some(quote!(.params_drawn_all())),
+            "init_scale" => Some(quote!(.params_init_scale())),
             _ => None,
         });
     let weights = attr

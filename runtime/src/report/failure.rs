@@ -87,6 +87,9 @@ pub struct CaseFailure {
     pub port_outputs: Vec<(String, HostTensor)>,
     /// Likely causes that fit the numbers (see `diagnose.rs`).
     pub diagnoses: Vec<LeafDiagnosis>,
+    /// How many other failing cases the diagnoses were tested on (a hypothesis is a cause when it
+    /// holds on two).
+    pub other_cases: usize,
     /// Known variants of the reference that the port matches (`golden_ref.variants`).
     pub variants: Vec<VariantMatch>,
     /// Mutants of the reference (one torch call turned into a common porting mistake) that the
@@ -903,10 +906,14 @@ impl fmt::Display for Failure {
                 }
             }
             if !evidence.is_empty() {
+                let why = if c.other_cases == 0 {
+                    "no other failing case to test it on"
+                } else {
+                    "it does not hold on the other"
+                };
                 writeln!(
                     out,
-                    "  evidence from one failing case only (it does not hold on the other, so it \
-                     names no cause):"
+                    "  evidence from one failing case only ({why}, so it names no cause):"
                 )?;
                 for d in evidence {
                     let on = d

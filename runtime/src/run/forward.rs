@@ -17,7 +17,7 @@ use crate::report::failure::{
 };
 use crate::report::issues::ScheduleIssue;
 use crate::report::passed::{CaseRecord, Report};
-use crate::run::check::{self, CaseRunner, Outcome, Port};
+use crate::run::check::{self, AfterFailure, CaseRunner, Outcome, Port};
 use crate::run::port::{PortFailure, PortThread};
 use crate::run::schedule;
 use candle_core::{DType, Device};
@@ -98,8 +98,9 @@ impl CaseRunner for ForwardRunner<'_> {
         dtype: DType,
         failure: &mut Failure,
         others: Vec<(CaseParams, Box<CaseFailure>)>,
+        after: &AfterFailure,
     ) {
-        explain(self.layer, dtype, source, failure, &others);
+        explain(self.layer, dtype, source, failure, &others, after);
         let passes = |params: &CaseParams| {
             let outcome = run_case(self.layer, dtype, params, &self.port, source, None);
             matches!(outcome, Outcome::Pass(_))
@@ -108,10 +109,17 @@ impl CaseRunner for ForwardRunner<'_> {
         // A schedule's failure is first matched against mistakes in how a model is driven
         // through time; the reference's own calls are searched when none fits.
         if !schedule::explain(self.layer, dtype, source, failure, other) {
-            crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, other);
+            // Each mutant is an evaluation of the case: within the bound after a failure.
+            let wanted = !matches!(
+                crate::describe::env::mutations(),
+                Ok(crate::describe::env::Mutations::Off)
+            );
+            if wanted && after.take(1, 0, "the mutation diagnosis") {
+                crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, other);
+            }
         }
         explain_sampler(self.layer, dtype, source, &self.port, failure);
-        check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
+        check::leave_artifacts(self.layer, Kind::Forward, dtype, failure, after);
     }
 }
 
@@ -503,6 +511,7 @@ fn explain(
     source: &Source,
     failure: &mut Failure,
     others: &[(CaseParams, Box<CaseFailure>)],
+    after: &AfterFailure,
 ) {
     if let FailureKind::Case(c) = &failure.kind {
         failure.notes.extend(far_position(layer, c));
@@ -511,7 +520,18 @@ fn explain(
         return;
     };
     let smallest = diagnoses(layer, c, case, false);
-    c.variants = variant_matches(layer, dtype, source, case, c);
+    c.other_cases = others.len();
+    // Each declared variant is an evaluation of the case: within the bound after a failure.
+    let variants = crate::describe::env::variants() && source.live().is_some();
+    let variants = variants
+        && after.take(
+            1 + others.len().min(1) as u128,
+            0,
+            "the reference's declared variants (if it has any)",
+        );
+    if variants {
+        c.variants = variant_matches(layer, dtype, source, case, c);
+    }
     if source.is_replay() && crate::describe::env::variants() {
         failure.notes.push(
             "note: known variants of the reference (golden_ref.variants) are evaluated live only; \
@@ -519,7 +539,7 @@ fn explain(
                 .into(),
         );
     }
-    if let Some((other_case, other_failure)) = others.first() {
+    if let Some((other_case, other_failure)) = others.first().filter(|_| variants) {
         // A variant must explain two cases: a tiny case alone fits too many.
         let variants = variant_matches(layer, dtype, source, other_case, other_failure);
         c.variants
