@@ -605,6 +605,33 @@ def module_entries(inner):
     return buffers, [names for names in groups.values() if len(names) > 1]
 
 
+def _fan_ins(inner) -> dict:
+    """The fan-in of each weight whose module says how it is read, by state_dict name: a Linear's
+    `in_features`, a convolution's input channels per group times its kernel, Hugging Face's
+    `Conv1D` (`x @ weight`) its first dimension, and 0 for an embedding's weight (each row is an
+    activation of its own). The runtime draws such a weight at unit gain (`answers/params.rs`);
+    other weights of two or more dimensions count their last dimension as the fan-in."""
+    import math
+
+    import torch.nn as nn
+
+    out = {}
+    for name, module in inner.named_modules(remove_duplicate=False):
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, nn.Parameter) or weight.dim() < 2:
+            continue
+        key = f"{name}.weight" if name else "weight"
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            out[key] = 0
+        elif isinstance(module, nn.Linear):
+            out[key] = module.in_features
+        elif isinstance(module, nn.modules.conv._ConvNd):
+            out[key] = (module.in_channels // module.groups) * math.prod(module.kernel_size)
+        elif type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+            out[key] = int(weight.shape[0])
+    return out
+
+
 def param_spec(case: Case):
     """What the runtime needs to draw the module's parameters: every state_dict entry with its
     shape, whether it is floating point, a parameter or a buffer, the names it is tied to, and the
@@ -619,10 +646,12 @@ def param_spec(case: Case):
     and router so). Statistics come from finite values only. Kept as they are (`kept`, with their
     values): frozen parameters (`requires_grad=False`: Whisper's sinusoidal positions) and buffers
     the module computes at init from a formula (not constant, and the same when the module is
-    built under another seed): their value is their meaning."""
+    built under another seed): their value is their meaning. A weight whose module says how it is
+    read carries its `fan_in` (`_fan_ins`)."""
     torch = case.backend.torch
     inner = reference_module(_construct_marking_empty(case))
     buffers, aliases = module_entries(inner)
+    fan_ins = _fan_ins(inner)
     frozen = {n for n, p in inner.named_parameters(remove_duplicate=False) if not p.requires_grad}
     state = inner.state_dict()
     other = None  # the module under another seed, built when a buffer needs it
@@ -636,6 +665,8 @@ def param_spec(case: Case):
             entries.append(entry)
             continue
         entry["float"] = True
+        if name in fan_ins:
+            entry["fan_in"] = fan_ins[name]
         v = value.detach().to(torch.float64)
         kept = None
         if bool(torch.isnan(v).any()):

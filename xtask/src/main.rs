@@ -15,6 +15,8 @@
 //!   (the hit rate) and what it costs on a failure of a 2-layer transformer; prints the figures.
 //! * `bench-schedules` — what a check through time costs beside a single forward of the same
 //!   model (`zoo/tests/schedules.rs`); prints the figures.
+//! * `bench-sampling` — the sampler's distribution test: its false-alarm rate over 1,000 seeds of
+//!   a right sampler beside the stated one, and its time (`zoo/tests/sampling.rs`).
 //! * `bench-scale` — whole models on real-size checkpoints (SmolLM2-135M's and Qwen2.5-0.5B's
 //!   shapes, made locally) against a hand-written dump-and-compare, in one run (`bench_scale.rs`).
 //! * `workflow FILE JOB [--in DIR]` — run a GitHub Actions job's steps here, as the runner would
@@ -535,6 +537,17 @@ fn bench_schedules() -> Result<(), String> {
         .args(["--exact", "schedule_cost"]))
 }
 
+/// The distribution test's false-alarm rate over 1,000 seeds of a right sampler, beside the stated
+/// one, and its time: `zoo/tests/sampling.rs`'s ignored `false_alarm_rate` (a debug build, as the
+/// tests run).
+fn bench_sampling() -> Result<(), String> {
+    setup()?;
+    run(cargo()
+        .args(["test", "-p", "golden-zoo", "--test", "sampling", "--"])
+        .args(["--include-ignored", "--nocapture", "--test-threads", "1"])
+        .args(["--exact", "false_alarm_rate"]))
+}
+
 fn main() -> ExitCode {
     let task = std::env::args().nth(1).unwrap_or_default();
     let result = match task.as_str() {
@@ -545,13 +558,14 @@ fn main() -> ExitCode {
         "bench-diff" => bench_diff(),
         "bench-mutations" => bench_mutations(),
         "bench-schedules" => bench_schedules(),
+        "bench-sampling" => bench_sampling(),
         "bench-scale" => setup().and_then(|python| bench_scale::main(&python)),
         "book" => book::book(&root()),
         "links" => book::links(&root()),
         "workflow" => workflow::main(&std::env::args().skip(2).collect::<Vec<_>>()),
         _ => Err(
             "usage: cargo xtask setup | zoo | test | bench-suite | bench-diff | bench-mutations \
-             | bench-schedules | bench-scale | book | links | workflow <workflow.yml> <job> \
+             | bench-schedules | bench-sampling | bench-scale | book | links | workflow <workflow.yml> <job> \
              [--in <dir>]"
                 .into(),
         ),

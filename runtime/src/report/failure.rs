@@ -87,6 +87,9 @@ pub struct CaseFailure {
     pub port_outputs: Vec<(String, HostTensor)>,
     /// Likely causes that fit the numbers (see `diagnose.rs`).
     pub diagnoses: Vec<LeafDiagnosis>,
+    /// How many other failing cases the diagnoses were tested on (a hypothesis is a cause when it
+    /// holds on two).
+    pub other_cases: usize,
     /// Known variants of the reference that the port matches (`golden_ref.variants`).
     pub variants: Vec<VariantMatch>,
     /// Mutants of the reference (one torch call turned into a common porting mistake) that the
@@ -656,6 +659,18 @@ impl fmt::Display for Failure {
                     self.layer, first.invariant, first.leaf, self.reference
                 )?;
             }
+            FailureKind::Case(c)
+                if c.schedule_issues
+                    .iter()
+                    .any(|i| matches!(i, crate::report::issues::ScheduleIssue::Sampler(_))) =>
+            {
+                writeln!(
+                    out,
+                    "golden: `{}` matches its reference `{}` step by step, but its sampler does \
+                     not draw as transformers' does{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
             FailureKind::Case(c) if !c.schedule_issues.is_empty() => {
                 writeln!(
                     out,
@@ -899,10 +914,14 @@ impl fmt::Display for Failure {
                 }
             }
             if !evidence.is_empty() {
+                let why = if c.other_cases == 0 {
+                    "no other failing case to test it on"
+                } else {
+                    "it does not hold on the other"
+                };
                 writeln!(
                     out,
-                    "  evidence from one failing case only (it does not hold on the other, so it \
-                     names no cause):"
+                    "  evidence from one failing case only ({why}, so it names no cause):"
                 )?;
                 for d in evidence {
                     let on = d

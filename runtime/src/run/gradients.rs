@@ -36,7 +36,7 @@ use crate::python::worker::WorkerError;
 use crate::report::failure::{CaseFailure, Failure, PortFault};
 use crate::report::issues::{FdDisagreement, GradientIssue};
 use crate::report::passed::{reference_notes, CaseRecord, Note, Report};
-use crate::run::check::{self, CaseRunner, Outcome, Port};
+use crate::run::check::{self, AfterFailure, CaseRunner, Outcome, Port};
 use crate::run::forward::call_port;
 use crate::run::port::{Heartbeat, SharedPort};
 use crate::run::port::{PortFailure, PortThread};
@@ -518,6 +518,7 @@ impl CaseRunner for GradRunner<'_> {
         dtype: DType,
         failure: &mut Failure,
         others: Vec<(CaseParams, Box<CaseFailure>)>,
+        after: &AfterFailure,
     ) {
         let first = others.into_iter().next();
         let crate::report::failure::FailureKind::Case(c) = &mut failure.kind else {
@@ -530,6 +531,11 @@ impl CaseRunner for GradRunner<'_> {
                 && c.gradient_issues
                     .iter()
                     .any(GradientIssue::is_finite_differences)
+                && after.take(
+                    1,
+                    0,
+                    "the Jacobian that says which entry of a gradient disagrees",
+                )
         }) {
             self.locate.set(true);
             let again = self.run(source, dtype, case);
@@ -585,7 +591,7 @@ impl CaseRunner for GradRunner<'_> {
             }
             None => {}
         }
-        check::leave_artifacts(self.layer, Kind::Gradients, dtype, failure);
+        check::leave_artifacts(self.layer, Kind::Gradients, dtype, failure, after);
     }
 }
 

@@ -12,6 +12,10 @@ use std::sync::Arc;
 /// The leaf of the reference's generated tokens.
 pub(crate) const TOKENS: &str = "tokens";
 
+/// The prefix of a sampled generation's leaves (`sample.<j>.logits`, `sample.<j>.probs`,
+/// `sample.probe.…`).
+pub(crate) const SAMPLE: &str = "sample.";
+
 /// The port's side of a case's schedule: its plan and the reference's tokens to feed it.
 pub(crate) fn port_schedule(
     layer: &crate::describe::layer::Layer,
@@ -35,6 +39,7 @@ pub(crate) fn port_schedule(
         forced,
         at: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         reference_shapes: shapes,
+        draws: None,
     })
 }
 
@@ -63,7 +68,9 @@ pub(crate) fn align(
     use crate::judge::compare;
     let mut r = reference.clone();
     let mut notes = Vec::new();
-    retain_leaves(&mut r, |n| n != TOKENS);
+    // The generated tokens and a sampled generation's leaves are judged by their own checks
+    // (`free_running`, `run/sampling.rs`).
+    retain_leaves(&mut r, |n| n != TOKENS && !n.starts_with(SAMPLE));
     // A step loop's free-running steps are held to the reference's trajectory, whose rounding
     // estimate (nudged inputs and float64 along the whole loop) covers the drift rounding makes.
     if plan.looped.is_some() {
@@ -595,6 +602,7 @@ mod tests {
             mask: None,
             mistake: None,
             looped: None,
+            sample: None,
         }
     }
 
