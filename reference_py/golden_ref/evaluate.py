@@ -405,16 +405,16 @@ def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
     return all(np.array_equal(x[i:i + step], y[i:i + step]) for i in range(0, x.size, step))
 
 
-def call(case: Case, target, args, phase: str):
+def call(case: Case, target, args, phase: str, grad: bool = False):
     """Call the reference `target` on the native inputs `args` as the case says: once, or driven
     through its schedule (a cached decode, a submodule given what its model builds); returns its
     leaves, (name, native value) pairs, with the trace's when tracing."""
     if case.around is not None:
-        return case.around(target, lambda: _call(case, target, args, phase))
-    return _call(case, target, args, phase)
+        return case.around(target, lambda: _call(case, target, args, phase, grad))
+    return _call(case, target, args, phase, grad)
 
 
-def _call(case: Case, target, args, phase: str):
+def _call(case: Case, target, args, phase: str, grad: bool = False):
     backend = case.backend
     backend.seed(case.seed)
     plan = _plan(case, target, args)
@@ -426,7 +426,7 @@ def _call(case: Case, target, args, phase: str):
     taps = recording(_tap_recorder(case, recorded)) if case.trace else contextlib.nullcontext()
     leaves = None
     try:
-        with backend.no_grad(), taps:
+        with (contextlib.nullcontext() if grad else backend.no_grad()), taps:
             if plan is not None:
                 # The driver wraps what the reference raises in each call; its own errors (a
                 # schedule the reference cannot follow, outputs that are no tensors) stand.
