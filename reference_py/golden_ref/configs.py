@@ -88,13 +88,20 @@ class Read:
             self.codes.append(code)
 
 
-def _reading_place(frame, config_file):
+def _own(frame, config) -> bool:
+    """Whether the frame is one of the configuration's own methods (its `__init__`, `to_dict`,
+    a property)."""
+    code = frame.f_code
+    return code.co_argcount > 0 and code.co_varnames[0] == "self" and frame.f_locals.get("self") is config
+
+
+def _reading_place(frame, config):
     """Where a read happens: the first frame outside the configuration's own code, as
     (`file:line`, source line); (None, None) for a read by torch, the standard library or golden
     (but golden's driving: masks and positions it builds from the configuration)."""
     while frame is not None:
         name = frame.f_code.co_filename
-        if name == config_file or name.endswith(_CONFIG_FILES):
+        if name.endswith(_CONFIG_FILES) or _own(frame, config):
             frame = frame.f_back
             continue
         if name.endswith(_DRIVING):
@@ -141,7 +148,6 @@ class Reads:
         self.fields = {}  # path -> Read
         self.config = None
         self.active = True
-        self._config_file = None
 
     def watch(self, config):
         """Record reads of `config` from now on (its class swapped for a watching subclass, its
@@ -165,7 +171,6 @@ class Reads:
         Watched.__name__ = cls.__name__
         Watched.__qualname__ = cls.__qualname__
         Watched.__module__ = cls.__module__
-        self._config_file = sys.modules[cls.__module__].__file__ if cls.__module__ in sys.modules else None
         for name in names:
             value = config.__dict__.get(name)
             if isinstance(value, dict) and all(isinstance(k, str) for k in value):
@@ -177,7 +182,7 @@ class Reads:
     def note(self, path, value, frame):
         if not self.active or any(_ignored(p) for p in path):
             return
-        place, code = _reading_place(frame, self._config_file)
+        place, code = _reading_place(frame, self.config)
         if place is None:
             return
         read = self.fields.get(path)

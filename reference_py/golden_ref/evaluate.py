@@ -122,6 +122,10 @@ class Case:
         # `around(target, run)` runs `run()`, one whole call of the reference (its driving
         # included), and returns its result: the mutation diagnosis runs it under a mutation.
         self.around = None
+        # The diagnosis builds the reference from a changed configuration that may have fewer
+        # parameters (a final norm a switch turns off): the state's entries it does not have are
+        # left out instead of refused.
+        self.partial_state = False
         # Told `(stage, phase)` before each of golden's evaluations of the reference (`case`: in
         # the case dtype, `float64`, `construct`), so that a worker that dies or hangs in one is
         # reported in it, whatever killed it: `golden_ref.worker` sends it to the runtime.
@@ -143,6 +147,7 @@ class Case:
         case.schedule = self.schedule
         case.checkpoint = self.checkpoint
         case.around = self.around
+        case.partial_state = self.partial_state
         case.progress = self.progress
         return case
 
@@ -220,13 +225,14 @@ def construct(case: Case):
     return module.eval()
 
 
-def load_state(module, state, backend):
+def load_state(module, state, backend, extra_ok: bool = False):
     """Load `state` ((name, wire tensor) pairs, the reference's names) into the reference module.
-    Tied parameters appear under each of their names, with equal values."""
+    Tied parameters appear under each of their names, with equal values. With `extra_ok`, entries
+    the module does not have are left out."""
     torch = backend.torch
     inner = reference_module(module)
-    wanted = {name: backend.to_native(_copy(t)) for name, t in state}
     have = inner.state_dict()
+    wanted = {name: backend.to_native(_copy(t)) for name, t in state if not extra_ok or name in have}
     missing = [n for n in have if n not in wanted]
     extra = [n for n in wanted if n not in have]
     if missing or extra:
@@ -290,7 +296,7 @@ def build_module(case: Case, dtype: str | None = None):
         if case.state is not None and not _state_covers(module, case.state):
             module = construct(case)
     if case.state is not None:
-        load_state(module, case.state, case.backend)
+        load_state(module, case.state, case.backend, extra_ok=case.partial_state)
     if not half:
         return module.to(target)
     computed = _computed_buffers(module)

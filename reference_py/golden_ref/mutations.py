@@ -389,6 +389,7 @@ def _configured(case: Case, change) -> Case:
     derived = case.derived(case.obj)
     config_class, keywords = case.config
     derived.config = (_ConfigBuilder(config_class, change), keywords)
+    derived.partial_state = True
     if case.schedule is not None:
         # What the driving builds from the configuration once per case (a submodule's rotary
         # embedding) is built again from this one; the tokens a generation was fed stay.
@@ -409,8 +410,10 @@ def _fits(case: Case) -> bool:
         have = {name: tuple(t.shape) for name, t in reference_module(module).state_dict().items()}
     except Exception:
         return False
+    # Every entry the changed module has, with the case's shape; entries it no longer has (a
+    # final norm its configuration turns off) are left out of it.
     wanted = {name: tuple(t.array.shape) for name, t in case.state}
-    return have == wanted
+    return all(wanted.get(name) == shape for name, shape in have.items())
 
 
 class Recording:

@@ -267,3 +267,61 @@ _add(Mutation("prefix-as-whole", "__getitem__", options=_whole_options, apply=_w
                                     f"reference's `x[..., :{_prefix_slice(c)[1]}]` does, and pass the rest through "
                                     "(narrow(D::Minus1, 0, n)? then Tensor::cat with the rest)"),
               spread=True, kind="structure"))
+
+
+# --- a mean subtracted, or not ------------------------------------------------------------------------
+
+
+def _centering(c):
+    """Whether the call is `x - x.mean(dim, keepdim=True)` (a norm's centering)."""
+    if c.op not in ("sub", "__sub__") or len(c.args) < 2:
+        return False
+    a, b = c.args[0], c.args[1]
+    if not (_tensor(a) and _tensor(b)) or b.dim() != a.dim() or b.shape[-1] != 1 or a.shape[-1] < 2:
+        return False
+    with torch.no_grad():
+        return bool(torch.allclose(a.mean(-1, keepdim=True), b, rtol=1e-5, atol=1e-6))
+
+
+_add(Mutation("centering-dropped", ("sub", "__sub__"), options=lambda c: ["uncentered"] if _centering(c) else [],
+              apply=lambda c, label: c.args[0],
+              what=lambda c, label: f"{c.name} of the mean left out: the input not centered (an RMS norm)",
+              instead=lambda c, label: "x − mean(x)",
+              fix=lambda c, label: ("subtract the mean as the reference does: it normalises x − mean(x) (a layer "
+                                    "norm), not x itself (an RMS norm)"),
+              spread=True, kind="drop"))
+
+
+def _other_norm_options(c):
+    return ["rms"] if c.op == "layer_norm" and _tensor(c.input) else (
+        ["layer"] if c.op == "rms_norm" and _tensor(c.input) else [])
+
+
+def _other_norm_apply(c, label):
+    x = c.input
+    shape = c.get("normalized_shape")
+    dims = tuple(range(-len(shape), 0)) if isinstance(shape, (tuple, list, torch.Size)) else (-1,)
+    eps = c.get("eps")
+    eps = 1e-5 if eps is None else eps
+    weight, bias = c.get("weight"), c.get("bias")
+    if label == "rms":
+        y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+    else:
+        centered = x - x.mean(dims, keepdim=True)
+        y = centered * torch.rsqrt(centered.pow(2).mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None and label == "rms":
+        y = y + bias
+    return y
+
+
+_add(Mutation("norm-kind", ("layer_norm", "rms_norm"), options=_other_norm_options, apply=_other_norm_apply,
+              what=lambda c, label: ("an RMS norm (no mean subtracted) in place of F.layer_norm" if label == "rms"
+                                     else "a layer norm (the mean subtracted) in place of F.rms_norm"),
+              instead=lambda c, label: "",
+              fix=lambda c, label: ("normalise x − mean(x) as the reference's layer norm does (candle_nn::LayerNorm, "
+                                    "not RmsNorm)" if label == "rms" else
+                                    "normalise by the root mean square without subtracting the mean, as the "
+                                    "reference's RMS norm does (candle_nn::RmsNorm, not LayerNorm)"),
+              spread=True, kind="catalogue"))

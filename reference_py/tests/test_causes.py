@@ -340,3 +340,155 @@ class GenericRewritesTest(unittest.TestCase):
         found = self.named(gated_half, [x], port)
         self.assertTrue(any("applied to the whole of the last axis instead of its first 4 of 8" in w
                             for w in found), found)
+
+
+def _rotate_interleaved(x):
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack([-x2, x1], dim=-1).flatten(-2)
+
+
+def rope_interleaved(x, positions):
+    """Rotary embeddings on neighbouring pairs, as Cohere and GPT-J write them."""
+    d = x.shape[-1]
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    freqs = positions[:, None].float() * inv[None]
+    emb = torch.repeat_interleave(freqs, 2, dim=-1)
+    return x * emb.cos() + _rotate_interleaved(x) * emb.sin()
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class PairingTest(unittest.TestCase):
+    def test_rotary_on_halves_where_the_reference_pairs_neighbours(self):
+        from golden_ref import mutations
+        from golden_ref.backends import TorchBackend
+        from golden_ref.evaluate import Case
+        from golden_ref.wire import WireTensor
+
+        x = np.random.default_rng(6).standard_normal((2, 5, 8)).astype(np.float32)
+        positions = np.arange(5, dtype=np.float32)
+        tx = torch.tensor(x)
+        inv = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+        emb = torch.cat([torch.arange(5).float()[:, None] * inv[None]] * 2, dim=-1)
+        port = (tx * emb.cos() + torch.cat([-tx[..., 4:], tx[..., :4]], dim=-1) * emb.sin()).numpy()
+        case = Case(rope_interleaved, "function", TorchBackend(),
+                    [WireTensor("f32", x), WireTensor("f32", positions)], {}, {}, 3, "f32")
+        _, found = mutations.search(case, [("out", WireTensor("f32", port))], ["x", "positions"], budget=30)
+        fits = [c.what for c, r in found if np.allclose(r["expected"][0][1].array, port, atol=2e-6)]
+        self.assertIn("rotary embeddings on the two halves (rotate_half, rope) instead of interleaved pairs", fits)
+
+
+def grouped_attention(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class GroupedHeadsTest(unittest.TestCase):
+    def test_key_value_heads_tiled_where_the_kernel_groups_them(self):
+        from golden_ref import mutations
+        from golden_ref.backends import TorchBackend
+        from golden_ref.evaluate import Case
+        from golden_ref.wire import WireTensor
+
+        rng = np.random.default_rng(7)
+        q = rng.standard_normal((1, 4, 3, 8)).astype(np.float32)
+        k, v = (rng.standard_normal((1, 2, 3, 8)).astype(np.float32) for _ in range(2))
+        tq, tk, tv = (torch.tensor(a) for a in (q, k, v))
+        port = torch.nn.functional.scaled_dot_product_attention(tq, tk.repeat(1, 2, 1, 1), tv.repeat(1, 2, 1, 1)).numpy()
+        case = Case(grouped_attention, "function", TorchBackend(), [WireTensor("f32", a) for a in (q, k, v)],
+                    {}, {}, 3, "f32")
+        _, found = mutations.search(case, [("out", WireTensor("f32", port))], ["q", "k", "v"], budget=30)
+        fits = [c.what for c, r in found if np.allclose(r["expected"][0][1].array, port, atol=2e-6)]
+        self.assertTrue(any("key/value heads tiled to the query heads" in w for w in fits), fits)
+
+
+def centered_norm(x, weight):
+    """A layer norm written out, without a bias (as Cohere's)."""
+    mean = x.mean(-1, keepdim=True)
+    variance = (x - mean).pow(2).mean(-1, keepdim=True)
+    return weight * ((x - mean) * torch.rsqrt(variance + 1e-5))
+
+
+def rms_norm_by_hand(x, weight):
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def layer_norm_function(x, weight, bias):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, 1e-5)
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class NormKindTest(unittest.TestCase):
+    def fits(self, fn, arrays, port):
+        from golden_ref import mutations
+        from golden_ref.backends import TorchBackend
+        from golden_ref.evaluate import Case
+        from golden_ref.wire import WireTensor
+
+        case = Case(fn, "function", TorchBackend(), [WireTensor("f32", a) for a in arrays], {}, {}, 3, "f32")
+        _, found = mutations.search(case, [("out", WireTensor("f32", port))], None, budget=30)
+        return [c.what for c, r in found if np.allclose(r["expected"][0][1].array, port, atol=3e-6, rtol=1e-5)]
+
+    def test_a_layer_norm_written_out_ported_without_its_mean(self):
+        rng = np.random.default_rng(8)
+        x = (rng.standard_normal((3, 8)) + 2).astype(np.float32)
+        w = rng.standard_normal(8).astype(np.float32)
+        tx, tw = torch.tensor(x), torch.tensor(w)
+        port = (tw * (tx * torch.rsqrt(tx.pow(2).mean(-1, keepdim=True) + 1e-5))).numpy()  # an RMS norm
+        found = self.fits(centered_norm, [x, w], port)
+        self.assertTrue(any("of the mean left out" in f for f in found), found)
+
+    def test_a_layer_norm_ported_as_an_rms_norm(self):
+        rng = np.random.default_rng(9)
+        x = (rng.standard_normal((3, 8)) + 2).astype(np.float32)
+        w, b = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+        tx = torch.tensor(x)
+        port = (tx * torch.rsqrt(tx.pow(2).mean(-1, keepdim=True) + 1e-5) * torch.tensor(w) + torch.tensor(b)).numpy()
+        found = self.fits(layer_norm_function, [x, w, b], port)
+        self.assertIn("an RMS norm (no mean subtracted) in place of F.layer_norm", found)
+
+
+if transformers is not None if torch is not None else False:
+    class SwitchConfig(transformers.PreTrainedConfig):
+        """A configuration with a switch that adds a module (and its weights)."""
+
+        model_type = "golden_switch"
+
+        def __init__(self, hidden=8, final_norm=True, **kwargs):
+            self.hidden = hidden
+            self.final_norm = final_norm
+            super().__init__(**kwargs)
+
+    class SwitchModel(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.proj = torch.nn.Linear(config.hidden, config.hidden)
+            self.norm = torch.nn.LayerNorm(config.hidden) if config.final_norm else None
+
+        def forward(self, x):
+            x = self.proj(x)
+            return self.norm(x) if self.config.final_norm else x
+
+
+@unittest.skipIf(torch is None, "needs torch and transformers")
+class SwitchedModuleTest(unittest.TestCase):
+    def test_a_switch_that_removes_a_module_is_tried_on_the_weights_left(self):
+        # The port has no final norm: the reference built with `final_norm=False` has fewer
+        # weights than the case, and is tried with those it has.
+        from golden_ref import mutations
+        from golden_ref.backends import TorchBackend
+        from golden_ref.evaluate import Case
+        from golden_ref.wire import WireTensor
+
+        rng = np.random.default_rng(10)
+        x = rng.standard_normal((2, 8)).astype(np.float32)
+        w, b = rng.standard_normal((8, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+        g, beta = (rng.standard_normal(8) + 1).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+        case = Case(SwitchModel, "module", TorchBackend(), [WireTensor("f32", x)], {}, {}, 3, "f32")
+        case.config = (SwitchConfig, {"hidden": 8})
+        case.state = [("proj.weight", WireTensor("f32", w)), ("proj.bias", WireTensor("f32", b)),
+                      ("norm.weight", WireTensor("f32", g)), ("norm.bias", WireTensor("f32", beta))]
+        port = (x @ w.T + b).astype(np.float32)
+        _, found = mutations.search(case, [("out", WireTensor("f32", port))], ["x"], budget=30)
+        fits = [(c.kind, c.what) for c, r in found if np.allclose(r["expected"][0][1].array, port, atol=2e-6)]
+        self.assertIn(("config", "`final_norm` were False"), fits)
