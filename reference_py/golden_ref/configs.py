@@ -41,7 +41,7 @@ _IGNORED = frozenset((
 _IGNORED_SUFFIXES = ("_token_id", "_token_ids", "dropout", "_dropout_prob", "_dropout_rate",
                      "_init_std", "_initializer_range", "_plan", "dtype")
 # The activations a port picks among (transformers' names).
-_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu", "quick_gelu", "gelu_fast")
+_ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "gelu_new", "silu", "relu", "quick_gelu", "gelu_fast")
 # Values a rotary base, an eps take in other models of the same families.
 _THETAS = (10000.0, 500000.0, 1000000.0)
 _EPS = (1e-5, 1e-6, 1e-12, 1e-8)

@@ -30,6 +30,7 @@ those it matches on two failing cases.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import sys
@@ -43,7 +44,7 @@ from torch.overrides import TorchFunctionMode
 from . import configs, rewrites, structure  # noqa: F401  (rewrites: registers its mutations)
 from .backends import OutputError, bf16_bits_to_f32
 from .catalogue import CATALOGUE, Call, mutation  # noqa: F401  (mutation: re-exported)
-from .evaluate import Case, ReferenceRaised, call, construct, forward, reference_class, reference_module
+from .evaluate import UNIT_ROUNDOFF, Case, ReferenceRaised, call, construct, forward, reference_class, reference_module
 from .families import CASTS, ELEMENTWISE, NONLINEAR
 from .sites import INTERNAL as _INTERNAL  # noqa: F401  (tests mark their own file internal)
 from .sites import join_places, site_of
@@ -632,10 +633,21 @@ def _as_f64(t: WireTensor) -> np.ndarray:
 
 
 _FAR = 1e15
-# A mutant this much closer to the port than the reference is reproduces it to rounding; once
-# `_ENOUGH` of them are found, the cheap pass stops.
-_EXACT = 1e-4
+# A mutant within this many units of the case dtype's rounding (at the outputs' size) of the port
+# reproduces it; once `_ENOUGH` of them are found, the cheap pass stops.
+_EXACT_UNITS = 64
 _ENOUGH = 2
+
+
+def _rms(leaves: dict) -> float:
+    """The root mean square of the outputs (finite elements), at least the smallest normal."""
+    total, count = 0.0, 0
+    for t in leaves.values():
+        a = _as_f64(t)
+        a = a[np.isfinite(a)]
+        total += float(np.sum(a * a))
+        count += a.size
+    return max(float(np.sqrt(total / count)) if count else 0.0, 1e-30)
 
 
 def _digest(leaves) -> bytes:
@@ -722,7 +734,10 @@ def order_of_kinds(found: list) -> list:
         first += ["boundary", "operands", "drop"]
     if "scaled" in found:
         first += ["constant", "drop"]
-    out = []
+    # A configuration mistake is tried first whatever the evidence: where one reproduces the port,
+    # it is the cause every kind of check names alike (the op it changes differs from check to
+    # check; the field does not).
+    out = ["config"]
     for kind in first + list(KINDS):
         if kind not in out:
             out.append(kind)
@@ -834,8 +849,34 @@ def _record(case: Case, sizes, names):
     return recording, built, result, candidates
 
 
+@contextlib.contextmanager
+def _masks_materialised():
+    """transformers' masks built as tensors on every call while the diagnosis runs: where a step has
+    no padding it lets the attention kernel imply the causal mask (`is_causal`, no tensor), and
+    builds it from `kv_idx <= q_idx` where a step has a cache. A port's mistake in its mask is then
+    a mutation of one rule, whatever the step (one diagonal further: the same comparison in a
+    prefill and in a chunk on a cache), not of two code paths."""
+    masking = sys.modules.get("transformers.masking_utils")
+    skip = getattr(masking, "_ignore_causal_mask_sdpa", None)
+    if skip is None:
+        yield
+        return
+    masking._ignore_causal_mask_sdpa = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        masking._ignore_causal_mask_sdpa = skip
+
+
 def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, perturbations: int = 4,
            only=None, sizes=(), focus=None, base=None):
+    """See `_search`; with transformers' masks materialised (`_masks_materialised`)."""
+    with _masks_materialised():
+        return _search(case, port, names, keep, budget, perturbations, only, sizes, focus, base)
+
+
+def _search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, perturbations: int = 4,
+            only=None, sizes=(), focus=None, base=None):
     """Find the mutations of the reference that move it toward the port on this case, within
     `budget` seconds.
 
@@ -891,10 +932,16 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
     # Which leaves differ: a mutant that moves a leaf the port already matches is not the port.
     agreed = [name for name, t in base["expected"] if name in port and _agrees(t, port[name])]
     rank = {kind: i for i, kind in enumerate(order)}
-    candidates.sort(key=lambda c: (not _focused(c, focus), rank.get(c.kind, len(rank)), _plainer(c, recording)))
+    # A configuration is read throughout the model: its mistakes come first with a trace's focus too.
+    candidates.sort(key=lambda c: (not (c.kind == "config" or _focused(c, focus)), rank.get(c.kind, len(rank)),
+                                   _plainer(c, recording)))
     reserve = min(clock.seconds / 2, keep * full_cost)
     scored = []
     seen = set()
+    # What reproducing the port to rounding means here: the case dtype's rounding, a few dozen
+    # units at the outputs' size (not a share of how far the port is from the reference: a port
+    # far off would make a merely closer mutant "exact").
+    exact = _EXACT_UNITS * UNIT_ROUNDOFF.get(case.dtype, 2.0**-24) * _rms(port)
     truncated, stage = False, None
     tried = 0
     for candidate in candidates:
@@ -915,25 +962,30 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
         moved = distance(expected, base_expected)
         if moved == 0.0:
             continue  # a mutation that changes nothing explains nothing
-        # Two spellings of one mistake (a key absent and its fallback value; a mask's bound moved
-        # in the comparison or in the positions it compares) compute the same: the first named of
-        # its kind says it.
-        digest = (candidate.kind, _digest(expected))
-        if digest in seen:
-            continue
-        seen.add(digest)
+        # Two values of one configuration field that compute the same (a key absent and its
+        # fallback value) are one mistake: the first named says it. Other mutants that compute
+        # the same on this case may not on another (a mask one diagonal further and no mask at
+        # all, on two positions): the other failing case tells them apart.
+        if candidate.config is not None:
+            digest = (tuple(path for path, _ in candidate.config.values), _digest(expected))
+            if digest in seen:
+                continue
+            seen.add(digest)
         if any(not _agrees(t, base_expected[name]) for name, t in expected if name in agreed):
             continue
         d = distance(expected, port)
         if d < 0.5 * base_distance:
-            scored.append((d, candidate))
-        if sum(1 for e, _ in scored if e <= _EXACT * base_distance) >= _ENOUGH:
+            scored.append((d, len(scored), candidate))
+        if sum(1 for e, _, _ in scored if e <= exact) >= _ENOUGH:
             # Mutants that are the port to rounding, in the order the evidence ranks the kinds:
             # the rest could only add other spellings of them.
             break
-    scored.sort(key=lambda s: s[0])
+    # Mutants that reproduce the port to rounding, in the order they were tried (the same order
+    # in every kind of check, so that one mistake gets one name: configuration first); then the
+    # closest of the rest. Among those that reproduce it, which fits best is rounding's choice.
+    scored.sort(key=lambda s: (s[0] > exact, s[1] if s[0] <= exact else s[0]))
     evaluated = []
-    for d, candidate in scored[:keep]:
+    for d, _, candidate in scored[:keep]:
         if clock.left() <= 0:
             truncated, stage = True, stage or "full evaluations"
             break

@@ -147,8 +147,10 @@ class CausesTest(unittest.TestCase):
         self.assertTrue(any("interleaved pairs" in what for _, what, _ in found), found)
 
     def test_a_causal_mask_one_diagonal_off(self):
-        for implementation, words in (("eager", "`kv_idx <= q_idx`"),
-                                      ("sdpa", "causal mask's diagonal one further")):
+        # Under sdpa too: transformers' mask is built (not left to the kernel's `is_causal`) while
+        # the diagnosis runs, so the rule is one comparison in every step.
+        for implementation, words in (("eager", "`kv_idx <= q_idx` with its right side + 1"),
+                                      ("sdpa", "`kv_idx <= q_idx` with its right side + 1")):
             case, x = self.attention(implementation)
             found = self.named(case, self.attention_port(case, x, "mask one further"), ["hidden_states"])
             self.assertTrue(any(words in what for _, what, _ in found), f"{implementation}: {found}")
@@ -258,3 +260,29 @@ class BranchesTest(unittest.TestCase):
         self.assertEqual(fits[0].kind, "structure")
         self.assertIn("two branches in parallel where the reference runs them in sequence", fits[0].what)
         self.assertIn("transformers/models/llama/modeling_llama.py:", fits[0].where)
+
+
+def causal_attention(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class KernelMaskTest(unittest.TestCase):
+    def test_a_kernel_s_causal_mask_one_diagonal_further(self):
+        # A reference that leaves its mask to the kernel (`is_causal=True`): the mask's diagonal
+        # is moved by writing the mask out.
+        from golden_ref import mutations
+        from golden_ref.backends import TorchBackend
+        from golden_ref.evaluate import Case
+        from golden_ref.wire import WireTensor
+
+        rng = np.random.default_rng(2)
+        q, k, v = (rng.standard_normal((1, 2, 5, 8)).astype(np.float32) for _ in range(3))
+        case = Case(causal_attention, "function", TorchBackend(), [WireTensor("f32", a) for a in (q, k, v)], {},
+                    {}, 3, "f32")
+        mask = torch.ones(5, 5, dtype=torch.bool).tril(1)
+        port = torch.nn.functional.scaled_dot_product_attention(
+            *(torch.tensor(a) for a in (q, k, v)), attn_mask=mask).numpy()
+        _, found = mutations.search(case, [("out", WireTensor("f32", port))], ["q", "k", "v"], budget=30)
+        fits = [c.what for c, r in found if np.allclose(r["expected"][0][1].array, port, atol=2e-6)]
+        self.assertTrue(any("causal mask's diagonal one further" in w for w in fits), fits)

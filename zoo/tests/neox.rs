@@ -97,7 +97,7 @@ fn first_cause(msg: &str) -> String {
     lines()
         .find(|l| l.starts_with("likely cause"))
         .or_else(|| lines().find(|l| l.starts_with("note: no single mutation")))
-        .or_else(|| lines().filter(|l| l.starts_with("note:")).last())
+        .or_else(|| lines().rfind(|l| l.starts_with("note:")))
         .unwrap_or("(nothing)")
         .chars()
         .take(400)
@@ -220,126 +220,92 @@ mistake_tests! {
     // Where transformers views the fused projection per head, `[q_h | k_h | v_h]`, and chunks it:
     // `query_states, key_states, value_states = qkv.chunk(3, dim=-1)`.
     qkv_split_other_order {
-        #[ignore = "issue #30: not named yet"]
-        attention: ("chunk", MODELING, 196),
-        #[ignore = "issue #30: not named yet"]
-        block: ("chunk", MODELING, 196),
-        #[ignore = "issue #30: not named yet"]
-        model: ("chunk", MODELING, 196),
-        #[ignore = "issue #30: not named yet"]
-        trace: ("chunk", MODELING, 196),
-        #[ignore = "issue #30: not named yet"]
-        decode: ("chunk", MODELING, 196),
+        attention: ("the fused projection split per tensor", MODELING, 195),
+        block: ("the fused projection split per tensor", MODELING, 195),
+        model: ("the fused projection split per tensor", MODELING, 195),
+        trace: ("the fused projection split per tensor", MODELING, 195),
+        decode: ("the fused projection split per tensor", MODELING, 195),
     }
 
     // Where transformers rotates only the first `rotary_dim` dims of each head:
     // `q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]` (`rotary_dim` is
     // `int(head_dim * partial_rotary_factor)`, the rotary tables' width).
     rotary_whole_head {
-        #[ignore = "issue #30: not named yet"]
-        attention: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 130),
-        #[ignore = "issue #30: not named yet"]
-        block: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 130),
-        #[ignore = "issue #30: not named yet"]
-        model: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 130),
-        #[ignore = "issue #30: not named yet"]
-        trace: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 130),
-        #[ignore = "issue #30: not named yet"]
-        decode: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 130),
+        attention: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 175),
+        block: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 175),
+        model: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 175),
+        trace: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 175),
+        decode: ("`rope_parameters['partial_rotary_factor']` were 1.0", MODELING, 175),
     }
 
     // Where transformers rotates the two halves: `rotate_half`'s `torch.cat((-x2, x1), dim=-1)`.
     rotary_interleaved {
-        #[ignore = "issue #30: not named yet"]
         attention: ("rotary embeddings on interleaved pairs", MODELING, 104),
-        #[ignore = "issue #30: not named yet"]
         block: ("rotary embeddings on interleaved pairs", MODELING, 104),
         model: ("rotary embeddings on interleaved pairs", MODELING, 104),
         trace: ("rotary embeddings on interleaved pairs", MODELING, 104),
-        #[ignore = "issue #30: not named yet"]
         decode: ("rotary embeddings on interleaved pairs", MODELING, 104),
     }
 
     // Where transformers picks the parallel residual: `if self.use_parallel_residual:`.
     sequential_residual {
-        #[ignore = "issue #30: not named yet"]
-        block: ("`use_parallel_residual` were False", MODELING, 260),
-        #[ignore = "issue #30: not named yet"]
-        model: ("`use_parallel_residual` were False", MODELING, 260),
-        #[ignore = "issue #30: not named yet"]
-        trace: ("`use_parallel_residual` were False", MODELING, 260),
-        #[ignore = "issue #30: not named yet"]
-        decode: ("`use_parallel_residual` were False", MODELING, 260),
+        block: ("`use_parallel_residual` were False", MODELING, 231),
+        model: ("`use_parallel_residual` were False", MODELING, 231),
+        trace: ("`use_parallel_residual` were False", MODELING, 231),
+        decode: ("`use_parallel_residual` were False", MODELING, 231),
     }
 
     // transformers' causal rule, `kv_idx <= q_idx` (under sdpa without padding, the kernel's
     // `is_causal`, which keeps the same diagonal).
     mask_one_diagonal_off {
-        #[ignore = "issue #30: not named yet"]
-        attention: ("diagonal", "transformers/masking_utils.py", 76),
-        #[ignore = "issue #30: not named yet"]
-        block: ("diagonal", "transformers/masking_utils.py", 76),
-        #[ignore = "issue #30: not named yet"]
-        model: ("diagonal", "transformers/masking_utils.py", 76),
-        #[ignore = "issue #30: not named yet"]
-        trace: ("diagonal", "transformers/masking_utils.py", 76),
-        #[ignore = "issue #30: not named yet"]
-        decode: ("diagonal", "transformers/masking_utils.py", 76),
+        attention: ("a mask's diagonal", "transformers/masking_utils.py", 76),
+        block: ("a mask's diagonal", "transformers/masking_utils.py", 76),
+        model: ("a mask's diagonal", "transformers/masking_utils.py", 76),
+        trace: ("a mask's diagonal", "transformers/masking_utils.py", 76),
+        decode: ("a mask's diagonal", "transformers/masking_utils.py", 76),
     }
 
     // The attention kernel, called with the module's `scaling` (`head_size**-0.5`).
     scale_one_over_d {
-        #[ignore = "issue #30: not named yet"]
         attention: ("F.scaled_dot_product_attention(scale=1/d)", SDPA, 193),
-        #[ignore = "issue #30: not named yet"]
         block: ("F.scaled_dot_product_attention(scale=1/d)", SDPA, 193),
         model: ("F.scaled_dot_product_attention(scale=1/d)", SDPA, 193),
         trace: ("F.scaled_dot_product_attention(scale=1/d)", SDPA, 193),
-        #[ignore = "issue #30: not named yet"]
         decode: ("F.scaled_dot_product_attention(scale=1/d)", SDPA, 193),
     }
 
     // GELUActivation (`hidden_act = "gelu"`), called from the MLP.
     gelu_tanh {
-        mlp: ("F.gelu(approximate='tanh')", "transformers/activations.py", 89),
-        #[ignore = "issue #30: not named yet"]
-        block: ("F.gelu(approximate='tanh')", "transformers/activations.py", 89),
-        model: ("F.gelu(approximate='tanh')", "transformers/activations.py", 89),
-        trace: ("F.gelu(approximate='tanh')", "transformers/activations.py", 89),
-        #[ignore = "issue #30: not named yet"]
-        decode: ("F.gelu(approximate='tanh')", "transformers/activations.py", 89),
+        mlp: ("`hidden_act` were 'gelu_pytorch_tanh'", MODELING, 42),
+        block: ("`hidden_act` were 'gelu_pytorch_tanh'", MODELING, 42),
+        model: ("`hidden_act` were 'gelu_pytorch_tanh'", MODELING, 42),
+        trace: ("`hidden_act` were 'gelu_pytorch_tanh'", MODELING, 42),
+        decode: ("`hidden_act` were 'gelu_pytorch_tanh'", MODELING, 42),
     }
 
     // The first LayerNorm of a layer, `self.input_layernorm(hidden_states)`.
     layer_norm_eps_1e6 {
-        #[ignore = "issue #30: not named yet"]
-        block: ("F.layer_norm(eps=1e-06)", MODELING, 250),
-        model: ("F.layer_norm(eps=1e-06)", MODELING, 250),
-        trace: ("F.layer_norm(eps=1e-06)", MODELING, 250),
-        #[ignore = "issue #30: not named yet"]
-        decode: ("F.layer_norm(eps=1e-06)", MODELING, 250),
+        block: ("`layer_norm_eps` were 1e-6", MODELING, 232),
+        model: ("`layer_norm_eps` were 1e-6", MODELING, 232),
+        trace: ("`layer_norm_eps` were 1e-6", MODELING, 232),
+        decode: ("`layer_norm_eps` were 1e-6", MODELING, 232),
     }
 
     // The rotary embedding's frequencies, `base ** (torch.arange(0, dim, 2) / dim)`.
     rope_theta_default {
-        #[ignore = "issue #30: not named yet"]
-        attention: ("with 10000 instead of 1000", MODELING, 86),
-        #[ignore = "issue #30: not named yet"]
-        block: ("with 10000 instead of 1000", MODELING, 86),
-        model: ("with 10000 instead of 1000", MODELING, 86),
-        trace: ("with 10000 instead of 1000", MODELING, 86),
-        decode: ("with 10000 instead of 1000", MODELING, 86),
+        attention: ("`rope_parameters['rope_theta']` were 10000.0", MODELING, 79),
+        block: ("`rope_parameters['rope_theta']` were 10000.0", MODELING, 79),
+        model: ("`rope_parameters['rope_theta']` were 10000.0", MODELING, 79),
+        trace: ("`rope_parameters['rope_theta']` were 10000.0", MODELING, 79),
+        decode: ("`rope_parameters['rope_theta']` were 10000.0", MODELING, 79),
     }
 
     // The kernel's output transposed back before the heads are merged.
     heads_merged_untransposed {
-        #[ignore = "issue #30: not named yet"]
         attention: ("Tensor.transpose(1, 2) dropped", SDPA, 206),
-        #[ignore = "issue #30: not named yet"]
         block: ("Tensor.transpose(1, 2) dropped", SDPA, 206),
         model: ("Tensor.transpose(1, 2) dropped", SDPA, 206),
         trace: ("Tensor.transpose(1, 2) dropped", SDPA, 206),
-        #[ignore = "issue #30: not named yet"]
         decode: ("Tensor.transpose(1, 2) dropped", SDPA, 206),
     }
 }

@@ -144,7 +144,7 @@ pub fn fit(
 }
 
 /// The matches of the smallest case that also matched on another failing case (by key), each
-/// with the worse of its two fits; best fit first, at most `limit`. When none did (or there is no
+/// with the worse of its two fits; in the worker's order, at most `limit`. When none did (or there is no
 /// other case), the smallest case's matches, as evidence (`both_cases` false): the smallest case
 /// is explained first, and a mistake that reproduces it is never dropped because another case
 /// shows more than it (a port with two mistakes).
@@ -173,7 +173,8 @@ pub fn both(
     } else {
         confirmed
     };
-    out.sort_by(|a, b| a.fit.worst_ratio.total_cmp(&b.fit.worst_ratio));
+    // In the worker's order: those that reproduce the port to rounding in the order they were
+    // tried, the same in every kind of check (which of them fits best is rounding's choice).
     // Two spellings of one mutant (eps ÷10 and eps=1e-6) read the same: keep the best.
     let mut seen = Vec::new();
     out.retain(|m| {
@@ -264,12 +265,13 @@ mod tests {
     }
 
     #[test]
-    fn both_cases_keep_the_common_matches_best_first() {
+    fn both_cases_keep_the_common_matches_in_order() {
         let smallest = vec![matched("a", 0.5), matched("b", 0.1), matched("c", 0.2)];
         let first = vec![matched("c", 0.6), matched("a", 0.1)];
         let kept = both(smallest, Some(&first), 3);
         let keys: Vec<&str> = kept.iter().map(|m| m.key.as_str()).collect();
         assert_eq!(keys, ["a", "c"]);
+        assert_eq!(kept[0].fit.worst_ratio, 0.5);
         assert_eq!(kept[1].fit.worst_ratio, 0.6);
         assert!(kept.iter().all(|m| m.both_cases));
     }
@@ -281,7 +283,7 @@ mod tests {
         let smallest = vec![matched("a", 0.5), matched("b", 0.1)];
         let kept = both(smallest, Some(&[]), 3);
         let keys: Vec<&str> = kept.iter().map(|m| m.key.as_str()).collect();
-        assert_eq!(keys, ["b", "a"]);
+        assert_eq!(keys, ["a", "b"]);
         assert!(kept.iter().all(|m| !m.both_cases));
     }
 }

@@ -115,7 +115,7 @@ impl CaseRunner for ForwardRunner<'_> {
         // A schedule's failure is first matched against mistakes in how a model is driven
         // through time; the reference's own calls are searched when none fits.
         if !schedule::explain(self.layer, dtype, source, failure, other) {
-            crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, other);
+            crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, &others);
         }
         check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
     }

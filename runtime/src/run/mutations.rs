@@ -32,14 +32,14 @@ const SHOWN: usize = 3;
 const BUDGET_ON_A_CHECKPOINT: f64 = 15.0;
 
 /// Add the mutation diagnosis (and the tiny-values note) to a failed forward check. `passes` runs
-/// the port on another case and says whether it passed; `other` is another failing case.
+/// the port on another case and says whether it passed; `others` are other failing cases.
 pub(crate) fn explain(
     layer: &Layer,
     dtype: DType,
     source: &Source,
     passes: &dyn Fn(&CaseParams) -> bool,
     failure: &mut Failure,
-    other: Option<&(CaseParams, Box<CaseFailure>)>,
+    others: &[(CaseParams, Box<CaseFailure>)],
 ) {
     let started = Instant::now();
     // On a checkpoint every mutant is a whole model's evaluation: the search gets a fixed share
@@ -61,13 +61,16 @@ pub(crate) fn explain(
     }
     let focus = trace::first_divergence(&c.leaves)
         .map(|(_, l)| l.name.trim_start_matches(trace::PREFIX).to_string());
-    let other = other.filter(|(params, f)| params != case && differs_in_values(f));
-    // The smallest case's search gets most of the budget; the other case only evaluates the
+    let others: Vec<&(CaseParams, Box<CaseFailure>)> = others
+        .iter()
+        .filter(|(params, f)| params != case && differs_in_values(f))
+        .collect();
+    // The smallest case's search gets most of the budget; the other cases only evaluate the
     // smallest case's matches.
     let left = |share: f64| (budget * share - started.elapsed().as_secs_f64()).max(0.0);
     let ask = Ask {
         focus: focus.as_deref(),
-        budget: left(if other.is_some() { 0.75 } else { 1.0 }),
+        budget: left(if others.is_empty() { 1.0 } else { 0.75 }),
         only: None,
         base: None,
     };
@@ -92,11 +95,14 @@ pub(crate) fn explain(
         }
     };
     let mut searched = vec![search];
-    let mut confirmed = None;
+    // Only the smallest case's matches can be causes: just those are evaluated on the others, and
+    // a cause must hold on every other case that was evaluated (a mistake that the smallest case
+    // cannot tell from another — no mask and a diagonal one further, on two positions — is told
+    // apart by a longer case).
+    let keys: Vec<String> = matches.iter().map(|m| m.key.clone()).collect();
+    let mut confirmed: Option<Vec<MutationMatch>> = None;
     let mut second_out_of_time = false;
-    if let Some((params, f)) = other.filter(|_| !matches.is_empty()) {
-        // Only the smallest case's matches can match on both: just those are evaluated.
-        let keys: Vec<String> = matches.iter().map(|m| m.key.clone()).collect();
+    for (params, f) in others.iter().filter(|_| !matches.is_empty()) {
         let ask = Ask {
             focus: focus.as_deref(),
             budget: left(1.0),
@@ -104,25 +110,32 @@ pub(crate) fn explain(
             base: None,
         };
         if ask.budget <= 0.0 {
-            second_out_of_time = true;
-        } else {
-            match matches_on(layer, dtype, source, params, f, ask) {
-                Ok((found, search)) => {
-                    second_out_of_time = search.truncated;
-                    searched.push(search);
-                    confirmed = Some(found);
-                }
-                Err(Skipped::OutOfTime(_)) => second_out_of_time = true,
-                // The smallest case's matches stand alone, and say so ("on one failing case").
-                Err(Skipped::Not(_)) => {}
+            second_out_of_time = confirmed.is_none();
+            break;
+        }
+        match matches_on(layer, dtype, source, params, f, ask) {
+            Ok((found, search)) => {
+                second_out_of_time |= search.truncated && confirmed.is_none();
+                searched.push(search);
+                confirmed = Some(match confirmed {
+                    None => found,
+                    Some(before) => common(before, &found),
+                });
             }
+            Err(Skipped::OutOfTime(_)) => {
+                second_out_of_time |= confirmed.is_none();
+                break;
+            }
+            // The smallest case's matches stand alone, and say so ("on one failing case").
+            Err(Skipped::Not(_)) => {}
         }
     }
+    let other = others.first();
     let unconfirmed = confirmed
         .as_ref()
         .is_some_and(|found| !matches.iter().any(|m| found.iter().any(|f| f.key == m.key)));
     let mut matches = both(matches, confirmed.as_deref(), SHOWN);
-    if let (true, Some((params, f)), Some(first)) = (unconfirmed, other, matches.first()) {
+    if let (true, Some(&(params, f)), Some(first)) = (unconfirmed, other, matches.first()) {
         // The smallest case's mistake does not explain the other case alone: a port with two
         // mistakes shows both there. Search the other case for a second mistake on top of it.
         let key = first.key.clone();
@@ -186,6 +199,19 @@ pub(crate) fn explain(
     if let FailureKind::Case(c) = &mut failure.kind {
         c.mutations = matches;
     }
+}
+
+/// The matches of `before` that are also in `found` (by key), each with the worse of the two fits.
+fn common(before: Vec<MutationMatch>, found: &[MutationMatch]) -> Vec<MutationMatch> {
+    before
+        .into_iter()
+        .filter_map(|mut m| {
+            let other = found.iter().find(|f| f.key == m.key)?;
+            m.fit.worst_ratio = m.fit.worst_ratio.max(other.fit.worst_ratio);
+            m.fit.max_diff = m.fit.max_diff.max(other.fit.max_diff);
+            Some(m)
+        })
+        .collect()
 }
 
 /// Whether the case failed on values (the port ran; a state_dict entry it never reads is named
