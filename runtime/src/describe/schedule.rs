@@ -466,6 +466,12 @@ impl Mistake {
     }
 }
 
+/// Whether a leaf is a step's output compared with the reference's one-shot forward
+/// (`oneshot.<k>.<rest>`): a copy of the port's cached step, not an output of its own.
+pub fn is_oneshot(name: &str) -> bool {
+    name.starts_with("oneshot.")
+}
+
 /// A step's leaf `step.<k>.<rest>` (compared with the one-shot forward, `oneshot.<k>.<rest>`; a
 /// step loop's free-running step, `free.<k>.<rest>`): `k` and `rest`.
 pub fn step_of(name: &str) -> Option<(usize, &str)> {
