@@ -425,6 +425,21 @@ pub(crate) fn input_ids(layer: Layer, vocab: usize, lo: usize, hi: usize) -> Lay
     )
 }
 
+/// A causal LM driven through `decode(...)` over its `input_ids` `[1, t]`, t in `2..=longest`
+/// (lengths drawn around `window`, if any), 8 cases. One row: no mistake here depends on the
+/// batch, and a schedule's failing case shrinks in fewer steps (the file's CI time).
+pub(crate) fn decoded(layer: Layer, vocab: usize, longest: usize, window: Option<usize>) -> Layer {
+    layer
+        .dim("b", 1, 1)
+        .dim("t", 2, longest)
+        .arg("input_ids", ["b", "t"], golden::Dist::int(0, vocab as i64))
+        .decode(golden::Decode {
+            window,
+            ..golden::Decode::over("input_ids")
+        })
+        .cases(8)
+}
+
 /// A rope_parameters dict: `{"rope_type": "default", "rope_theta": theta, ...more}`.
 pub(crate) fn rope(theta: f64, more: &[(&str, f64)]) -> golden::Value {
     use golden::Value;

@@ -6,8 +6,9 @@
 //! times `logit_scale`.
 
 use super::{
-    angles, attend, cause, configured, decoding, heads, hidden_states, input_ids, layer_norm, port,
-    rms_norm, rope, rotate, visible, Cache, Cause, Class, Groups, HeldOut, Kind, Lin, Pairs,
+    angles, attend, cause, configured, decoded, decoding, heads, hidden_states, input_ids,
+    layer_norm, port, rms_norm, rope, rotate, visible, Cache, Cause, Class, Groups, HeldOut, Kind,
+    Lin, Pairs,
 };
 use candle_core::{Result, Tensor, D};
 use candle_nn::VarBuilder;
@@ -78,9 +79,12 @@ fn layer(kind: Kind, name: &str) -> Layer {
             HIDDEN,
         ),
         Kind::Model => input_ids(config(name, "transformers.CohereForCausalLM"), VOCAB, 1, 8),
-        Kind::Decode => input_ids(config(name, "transformers.CohereForCausalLM"), VOCAB, 2, 8)
-            .decode(golden::Decode::over("input_ids"))
-            .cases(8),
+        Kind::Decode => decoded(
+            config(name, "transformers.CohereForCausalLM"),
+            VOCAB,
+            6,
+            None,
+        ),
     }
 }
 

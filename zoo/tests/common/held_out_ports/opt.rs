@@ -5,8 +5,8 @@
 //! before the scores (the kernel then scales by 1).
 
 use super::{
-    attend, cause, configured, decoding, heads, input_ids, layer_norm, port, visible, Cache, Cause,
-    Class, Groups, HeldOut, Kind, Lin,
+    attend, cause, configured, decoded, decoding, heads, input_ids, layer_norm, port, visible,
+    Cache, Cause, Class, Groups, HeldOut, Kind, Lin,
 };
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
@@ -66,9 +66,7 @@ fn layer(kind: Kind, name: &str) -> Layer {
     );
     match kind {
         Kind::Model => input_ids(model, VOCAB, 1, 8),
-        Kind::Decode => input_ids(model, VOCAB, 2, 8)
-            .decode(golden::Decode::over("input_ids"))
-            .cases(8),
+        Kind::Decode => decoded(model, VOCAB, 6, None),
         other => panic!("OPT's ports are checked as a whole model, not as {other:?}"),
     }
 }

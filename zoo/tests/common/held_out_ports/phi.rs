@@ -4,8 +4,9 @@
 //! tanh approximation), a final LayerNorm and an untied head.
 
 use super::{
-    angles, attend, cause, configured, decoding, heads, hidden_states, input_ids, layer_norm, port,
-    rope, rotate, visible, Cache, Cause, Class, Groups, HeldOut, Kind, Lin, Pairs,
+    angles, attend, cause, configured, decoded, decoding, heads, hidden_states, input_ids,
+    layer_norm, port, rope, rotate, visible, Cache, Cause, Class, Groups, HeldOut, Kind, Lin,
+    Pairs,
 };
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
@@ -78,9 +79,7 @@ fn layer(kind: Kind, name: &str) -> Layer {
             HIDDEN,
         ),
         Kind::Model => input_ids(config(name, "transformers.PhiForCausalLM"), VOCAB, 1, 8),
-        Kind::Decode => input_ids(config(name, "transformers.PhiForCausalLM"), VOCAB, 2, 8)
-            .decode(golden::Decode::over("input_ids"))
-            .cases(8),
+        Kind::Decode => decoded(config(name, "transformers.PhiForCausalLM"), VOCAB, 6, None),
     }
 }
 

@@ -5,12 +5,12 @@
 //! of 2, window 4). candle-transformers' `qwen3` refuses a sliding window; this port has one.
 
 use super::{
-    angles, attend, cause, configured, decoding, heads, hidden_states, input_ids, port, rms_norm,
-    rope, rotate, visible, Cache, Cause, Class, Groups, HeldOut, Kind, Lin, Pairs,
+    angles, attend, cause, configured, decoded, decoding, heads, hidden_states, input_ids, port,
+    rms_norm, rope, rotate, visible, Cache, Cause, Class, Groups, HeldOut, Kind, Lin, Pairs,
 };
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
-use golden::{Decode, Layer};
+use golden::Layer;
 use std::collections::BTreeMap;
 
 const VOCAB: usize = 64;
@@ -78,13 +78,13 @@ fn layer(kind: Kind, name: &str) -> Layer {
             HIDDEN,
         ),
         Kind::Model => input_ids(config(name, "transformers.Qwen3ForCausalLM"), VOCAB, 1, 8),
-        // Lengths up to 2w + 2, drawn around the window.
-        Kind::Decode => input_ids(config(name, "transformers.Qwen3ForCausalLM"), VOCAB, 2, 10)
-            .decode(Decode {
-                window: Some(WINDOW),
-                ..Decode::over("input_ids")
-            })
-            .cases(8),
+        // Lengths up to 2w + 1, drawn around the window.
+        Kind::Decode => decoded(
+            config(name, "transformers.Qwen3ForCausalLM"),
+            VOCAB,
+            2 * WINDOW + 1,
+            Some(WINDOW),
+        ),
     }
 }
 
