@@ -37,8 +37,14 @@ function setStatus(text) {
   $("status").textContent = text;
 }
 
+// This launch's token, from the page's address (the one golden view printed): every request to
+// the server carries it in a header, which no page of another site can send without asking first.
+const TOKEN = new URLSearchParams(location.search).get("token") || "";
+
 async function getJson(url, options) {
-  const r = await fetch(url, options);
+  const o = Object.assign({}, options || {});
+  o.headers = Object.assign({ "X-Golden-Token": TOKEN }, o.headers || {});
+  const r = await fetch(url, o);
   let body = null;
   try {
     body = await r.json();

@@ -877,19 +877,19 @@ impl Diff {
     pub fn text(&self) -> String {
         use std::fmt::Write as _;
         let num = |x: f64| golden::internal::describe::numbers::num(x);
-        let mut s = String::new();
+        // Line by line: no name can forge a line (`shown::Lines`).
+        let mut s = shown::Lines::default();
         let tol = match self.tolerance.explicit() {
             Some(t) => format!("atol {} + rtol {}·|A|", num(t.atol), num(t.rtol)),
             None => "torch.testing.assert_close's default for each dtype".into(),
         };
-        let _ = writeln!(
-            s,
+        s.line(format_args!(
             "golden diff: {} (A, reference) against {} (B); {} tensors {}; tolerance: {tol}",
             shown::path(&self.a),
             shown::path(&self.b),
             self.rows.len(),
             self.order.describe()
-        );
+        ));
         // Names as they are shown: control characters escaped (`shown.rs`).
         let names: Vec<String> = self
             .rows
@@ -902,11 +902,10 @@ impl Diff {
             .max()
             .unwrap_or(4)
             .clamp(4, 60);
-        let _ = writeln!(
-            s,
+        s.line(format_args!(
             "{:>5}  {:<width$}  {:<16} {:<9} {:>9} {:>9} {:>9} {:>10} {:>7}  status",
             "#", "name", "shape", "dtype", "max|Δ|", "mean|Δ|", "max rel", "cosine", "NaN A/B"
-        );
+        ));
         let first = self.first_divergence().map(|(i, _)| i);
         let guessed = self.candidates.len() > 1;
         for (i, r) in self.rows.iter().enumerate() {
@@ -970,15 +969,14 @@ impl Diff {
                 ),
                 _ => format!("{:>9} {:>9} {:>9} {:>10} {:>7}", "", "", "", "", ""),
             };
-            let _ = writeln!(
-                s,
+            s.line(format_args!(
                 "{:>5}  {name:<width$}  {:<16} {dtype:<9} {figures}  {status}",
                 i + 1,
                 match (&r.a, &r.b) {
                     (Some((x, _)), Some((y, _))) if x != y => format!("{x:?} / {y:?}"),
                     _ => shape(r.a.as_ref().map_or(&r.b, |_| &r.a)),
                 },
-            );
+            ));
         }
         // How a divergent row differs, after its name.
         let how = |r: &Row| -> String {
@@ -1010,54 +1008,53 @@ impl Diff {
         };
         match self.candidates.as_slice() {
             [] if self.nothing_compared().is_some() => {
-                let _ = writeln!(s, "{}", self.nothing_compared().unwrap_or_default());
+                s.line(format_args!(
+                    "{}",
+                    self.nothing_compared().unwrap_or_default()
+                ));
             }
             [] if self.all_match() => {
-                let _ = writeln!(s, "all {} tensors match", self.rows.len());
+                s.line(format_args!("all {} tensors match", self.rows.len()));
             }
             [] => {
-                let _ = writeln!(s, "no tensor both sides have differs");
+                s.line(format_args!("no tensor both sides have differs"));
             }
             [i] => {
                 let r = &self.rows[*i];
-                let _ = writeln!(
-                    s,
+                s.line(format_args!(
                     "first divergence: `{}` (#{}){}",
                     names[*i],
                     i + 1,
                     how(r)
-                );
+                ));
             }
             several => {
-                let _ = writeln!(
-                    s,
+                s.line(format_args!(
                     "first divergence: not known. These names carry no order (no {MANIFEST} \
                      beside the dumps, no number of their own on each), and only layer numbers \
                      are taken as one: the first divergence is one of these {}, which golden \
                      cannot order:",
                     several.len()
-                );
+                ));
                 for &i in several.iter().take(12) {
                     let r = &self.rows[i];
-                    let _ = writeln!(s, "  `{}` (#{}){}", names[i], i + 1, how(r));
+                    s.line(format_args!("  `{}` (#{}){}", names[i], i + 1, how(r)));
                 }
                 if several.len() > 12 {
-                    let _ = writeln!(s, "  … and {} more", several.len() - 12);
+                    s.line(format_args!("  … and {} more", several.len() - 12));
                 }
-                let _ = writeln!(
-                    s,
+                s.line(format_args!(
                     "  golden's guess from the usual stage names is `{}`; to know, dump with \
                      numbered names (`000_embed`, `001_…`) or write {MANIFEST} beside the dumps: \
                      their names, one a line, in the order they were computed",
                     names[several[0]]
-                );
+                ));
             }
         }
         if !self.all_match() {
             {
                 let count = |f: fn(&Row) -> bool| self.rows.iter().filter(|r| f(r)).count();
-                let _ = writeln!(
-                    s,
+                s.line(format_args!(
                     "{} tensors: {} match, {} differ, {} differ in shape, {} only in A, {} only \
                      in B, {} unreadable",
                     self.rows.len(),
@@ -1067,7 +1064,7 @@ impl Diff {
                     count(|r| matches!(r.outcome, Outcome::Only(true))),
                     count(|r| matches!(r.outcome, Outcome::Only(false))),
                     count(|r| matches!(r.outcome, Outcome::Error(_))),
-                );
+                ));
             }
         }
         // What the files hold that is not a tensor, file by file.
@@ -1084,17 +1081,16 @@ impl Diff {
                 .filter(|k| k.side == side && k.file == file)
                 .map(|k| shown(&k.skipped.to_string()).into_owned())
                 .collect();
-            let _ = writeln!(
-                s,
+            s.line(format_args!(
                 "skipped in {side} ({}), not tensors: {}",
                 shown::path(file),
                 what.join(", ")
-            );
+            ));
         }
         for note in &self.notes {
-            let _ = writeln!(s, "note: {}", shown(note));
+            s.line(format_args!("note: {}", shown(note)));
         }
-        s
+        s.into_string()
     }
 
     /// The diff as JSON (`--json`).

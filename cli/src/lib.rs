@@ -11,6 +11,7 @@
 pub mod diff;
 pub mod layout;
 pub mod mapping;
+pub mod markdown;
 pub mod natural;
 pub mod pair;
 pub mod pairing;

@@ -27,10 +27,20 @@ use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// What `golden --version` says: the version and the folder it was built from, so that a CI
+/// recipe can tell a cached `golden` of another version or source from the one its crate depends
+/// on (`examples/port-llama/.github/workflows/golden.yml`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("CARGO_MANIFEST_DIR"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "golden",
-    version,
+    version = VERSION,
     about = "Set up golden's Python side; compare and inspect tensors; build golden's HTML report"
 )]
 struct Cli {

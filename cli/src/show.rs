@@ -7,7 +7,7 @@
 //! tensor of any size takes no memory beyond its own; `--bins` is bounded by [`MAX_BINS`].
 
 use crate::read::ReadOptions;
-use crate::shown::shown;
+use crate::shown::{shown, Lines};
 use crate::side::Side;
 use golden::internal::describe::numbers::num;
 use golden_files::HostTensor;
@@ -379,7 +379,7 @@ pub fn run(
 
 /// The tensors of a folder or archive, file by file, reading none.
 fn list(side: &Side, read: &ReadOptions) -> Result<String, String> {
-    let mut out = String::new();
+    let mut out = Lines::default();
     let mut rows: Vec<(String, String, String, String)> = Vec::new();
     let mut skipped = Vec::new();
     for (key, file) in &side.files {
@@ -394,7 +394,7 @@ fn list(side: &Side, read: &ReadOptions) -> Result<String, String> {
                         format!("{key}/{}", e.name)
                     };
                     rows.push((
-                        name,
+                        shown(&name).into_owned(),
                         e.dtype.name().to_string(),
                         format!("{:?}", e.shape),
                         golden_files::budget::size(bytes),
@@ -402,18 +402,22 @@ fn list(side: &Side, read: &ReadOptions) -> Result<String, String> {
                 }
                 skipped.extend(f.skipped().iter().map(|k| format!("{key}: {k}")));
             }
-            Err(e) => rows.push((key.clone(), "-".into(), format!("ERROR {e}"), String::new())),
+            Err(e) => rows.push((
+                shown(key).into_owned(),
+                "-".into(),
+                format!("ERROR {e}"),
+                String::new(),
+            )),
         }
     }
     rows.sort_by(|x, y| crate::natural::compare(&x.0, &y.0));
-    let _ = writeln!(
-        out,
+    out.line(format_args!(
         "{} ({}): {} tensors in {} files (name one to see it)",
         side.origin.display(),
         side.describe(),
         rows.len(),
         side.files.len()
-    );
+    ));
     let width = rows
         .iter()
         .map(|r| r.0.chars().count())
@@ -421,15 +425,20 @@ fn list(side: &Side, read: &ReadOptions) -> Result<String, String> {
         .unwrap_or(4)
         .min(60);
     for (name, dtype, shape, bytes) in rows {
-        let _ = writeln!(out, "  {name:<width$}  {dtype:<5} {shape:<16} {bytes}");
+        out.line(format_args!(
+            "  {name:<width$}  {dtype:<5} {shape:<16} {bytes}"
+        ));
     }
     if !skipped.is_empty() {
-        let _ = writeln!(out, "  skipped, not tensors: {}", skipped.join(", "));
+        out.line(format_args!(
+            "  skipped, not tensors: {}",
+            skipped.join(", ")
+        ));
     }
     for note in &side.notes {
-        let _ = writeln!(out, "  note: {note}");
+        out.line(format_args!("  note: {note}"));
     }
-    Ok(out)
+    Ok(out.into_string())
 }
 
 /// Show one file's tensor (or list the file's tensors); `label` names the file in messages.
@@ -445,7 +454,7 @@ fn show_file(
     let mut file = read
         .open(path)
         .map_err(|e| e.replace(&path.display().to_string(), &shown(label)))?;
-    let mut out = String::new();
+    let mut out = Lines::default();
     let skipped: Vec<String> = file
         .skipped()
         .iter()
@@ -496,12 +505,11 @@ fn show_file(
     };
     let Some(index) = chosen else {
         // Several tensors: list them, reading none.
-        let _ = writeln!(
-            out,
+        out.line(format_args!(
             "{}: {} tensors (name one to see it)",
             shown(label),
             entries.len()
-        );
+        ));
         let names: Vec<String> = entries
             .iter()
             .map(|e| shown(&e.name).into_owned())
@@ -514,74 +522,71 @@ fn show_file(
             .min(60);
         for (e, name) in entries.iter().zip(&names) {
             let bytes = (e.numel() as u64).saturating_mul(e.dtype.size() as u64);
-            let _ = writeln!(
-                out,
+            out.line(format_args!(
                 "  {:<width$}  {:<5} {:<16} {}",
                 name,
                 e.dtype.name(),
                 format!("{:?}", e.shape),
                 golden_files::budget::size(bytes)
-            );
+            ));
         }
         if !skipped.is_empty() {
-            let _ = writeln!(out, "  skipped, not tensors: {}", skipped.join(", "));
+            out.line(format_args!(
+                "  skipped, not tensors: {}",
+                skipped.join(", ")
+            ));
         }
-        return Ok(out);
+        return Ok(out.into_string());
     };
     let tname = shown(&entries[index].name).into_owned();
     let t = file
         .load(index)
         .map_err(|e| format!("{}: {e}", shown(label)))?;
     let s = summarise(&t);
-    let _ = writeln!(
-        out,
+    out.line(format_args!(
         "{tname}: {} {:?} ({} elements) from {}",
         t.dtype.name(),
         t.shape,
         s.count,
         shown(label)
-    );
+    ));
     if s.finite > 0 {
-        let _ = writeln!(
-            out,
+        out.line(format_args!(
             "  min {}  max {}  mean {}  std {}",
             num(s.min),
             num(s.max),
             num(s.mean),
             num(s.std)
-        );
+        ));
     }
-    let _ = writeln!(
-        out,
+    out.line(format_args!(
         "  NaN {}  +Inf {}  -Inf {}  zeros {}",
         s.nan, s.pos_inf, s.neg_inf, s.zeros
-    );
-    let _ = writeln!(out, "histogram of the finite values:");
-    out.push_str(&histogram(&t, bins));
+    ));
+    out.line(format_args!("histogram of the finite values:"));
+    out.lines(&histogram(&t, bins));
     match (slice, spec) {
         (Some(text), Some(spec)) => {
             let selection = select(&t.shape, &spec)?;
-            let _ = writeln!(out, "values [{text}]:");
-            let _ = writeln!(out, "  {}", render(&t, &selection, 1000));
+            out.line(format_args!("values [{text}]:"));
+            out.line(format_args!("  {}", render(&t, &selection, 1000)));
         }
         _ => {
             let shown = t.numel().min(10);
             let first: Vec<String> = (0..shown).map(|i| num(t.f64_at(i))).collect();
-            let _ = writeln!(
-                out,
+            out.line(format_args!(
                 "first {shown} values (flat; --slice picks others): {}",
                 first.join(", ")
-            );
+            ));
         }
     }
     if !skipped.is_empty() {
-        let _ = writeln!(
-            out,
+        out.line(format_args!(
             "the file also holds, not tensors: {}",
             skipped.join(", ")
-        );
+        ));
     }
-    Ok(out)
+    Ok(out.into_string())
 }
 
 #[cfg(test)]

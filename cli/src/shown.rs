@@ -41,6 +41,34 @@ pub fn path(p: &std::path::Path) -> String {
     shown(&p.display().to_string()).into_owned()
 }
 
+/// Text output, built line by line: only [`Lines::line`] ends a line. Whatever a line is made of,
+/// every control and bidi character in it — a newline in a tensor's, a file's or an archive
+/// entry's name among them — is escaped, so a name cannot forge a line or restyle the terminal
+/// wherever it is printed, escaped by its printer or not.
+#[derive(Debug, Default)]
+pub struct Lines(String);
+
+impl Lines {
+    /// One line (`format_args!(…)`), its controls escaped, then a line break.
+    pub fn line(&mut self, text: std::fmt::Arguments<'_>) {
+        let text = text.to_string();
+        self.0.push_str(&shown(&text));
+        self.0.push('\n');
+    }
+
+    /// Each line of `text` (golden's own lines, such as a histogram's) as [`Lines::line`].
+    pub fn lines(&mut self, text: &str) {
+        for l in text.lines() {
+            self.line(format_args!("{l}"));
+        }
+    }
+
+    /// The text.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
 /// Text golden composed, on its way out: its own newlines kept, any other control or bidi
 /// character escaped (what [`shown`] missed cannot restyle the terminal either).
 pub fn lines(s: &str) -> Cow<'_, str> {
@@ -59,5 +87,9 @@ mod tests {
         assert_eq!(shown("r\u{202E}tl"), "r\\u{202e}tl");
         assert_eq!(shown("é — ok"), "é — ok");
         assert_eq!(lines("one\ntwo\u{1b}\n"), "one\ntwo\\u{1b}\n");
+        let mut text = Lines::default();
+        text.line(format_args!("  {}  {:<4}|", "x\nforged", "y"));
+        text.lines("a\nb\n");
+        assert_eq!(text.into_string(), "  x\\nforged  y   |\na\nb\n");
     }
 }

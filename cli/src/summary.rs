@@ -9,13 +9,17 @@
 //! noise and not listed), a tolerance, the cases, dims, dtypes, reference or inputs, the versions
 //! and sources its golden store was recorded with (`transformers 5.22.0 → 5.23.0`), a store
 //! re-recorded; and, in the run itself, a snapshot that differs from the one committed (insta
-//! fails the test on it until it is accepted). Failures first, new ones before old ones, then the
-//! changes worst first; the unchanged checks in a collapsed table.
+//! fails the test on it until it is accepted). Failures first, new ones before old ones, each
+//! tagged with what the base says of it and counted as a change unless it failed there too with
+//! the same figures; then the changes worst first; the unchanged checks in a collapsed table.
+//! Every piece of data is written inert (`markdown.rs`): no link, image, HTML or emphasis comes
+//! from a name, a message or the base's snapshot text.
 //!
 //! The markdown stays under GitHub's limit for a comment (65,536 characters): rows that do not
 //! fit are left out and counted, and a table is never cut. `--json` holds everything, untruncated.
 
-use golden::internal::report::snapshot::{figures_of, lines_match, STORE_PREFIX};
+use crate::markdown::{self, Place};
+use golden::internal::report::snapshot::{figures_of, lines_match, FIGURE_FACTOR, STORE_PREFIX};
 use serde_json::{json, Value as Json};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -396,7 +400,7 @@ pub fn load_snapshots(dir: &Path) -> Result<Vec<Check>, String> {
     Ok(checks)
 }
 
-/// A base: a results folder when it holds results files, else a snapshot folder.
+/// A base: a snapshot folder when it holds snapshots (`*.snap`), else a results folder.
 pub fn load_base(dir: &Path) -> Result<Vec<Check>, String> {
     if !dir.is_dir() {
         return Err(format!(
@@ -405,18 +409,20 @@ pub fn load_base(dir: &Path) -> Result<Vec<Check>, String> {
             dir.display()
         ));
     }
-    let results = crate::walk::files_under(dir, |p| p.extension().is_some_and(|x| x == "json"))?;
-    if !results.files.is_empty() {
-        return load_results(dir).map(|(checks, _)| checks);
-    }
+    // A snapshot folder may hold other files, JSON among them; a results folder holds no
+    // snapshot.
     let checks = load_snapshots(dir)?;
-    if checks.is_empty() {
+    if !checks.is_empty() {
+        return Ok(checks);
+    }
+    let results = crate::walk::files_under(dir, |p| p.extension().is_some_and(|x| x == "json"))?;
+    if results.files.is_empty() {
         return Err(format!(
-            "--base {}: no results files (*.json) and no snapshots (*.snap) in it",
+            "--base {}: no snapshots (*.snap) and no results files (*.json) in it",
             dir.display()
         ));
     }
-    Ok(checks)
+    load_results(dir).map(|(checks, _)| checks)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -690,8 +696,44 @@ impl Entry {
         (8, worst(self.check.worst_ratio))
     }
 
+    /// What the base says of a failing check: it passed there (its results say so, or its
+    /// snapshot is committed there, which it was when it passed), it failed there too, or it was
+    /// not there (a base of results). `None`: no base, or a base of snapshots without it (a
+    /// failing check writes no snapshot, so its absence there says nothing).
+    fn in_base(&self) -> Option<&'static str> {
+        match &self.base {
+            Some(b) if b.status == Some(Status::Fail) => Some("failed in the base too"),
+            Some(_) => Some("passed in the base"),
+            None if self.changes.iter().any(|c| c.kind == "new check") => Some("not in the base"),
+            None => None,
+        }
+    }
+
+    /// A failure that is a change against the base: the base passed it or did not have it (a
+    /// base of results), or it failed there too but what it is about changed or its worst error
+    /// moved beyond the snapshot comparator's factor.
+    fn failure_changed(&self) -> bool {
+        if !self.failed() {
+            return false;
+        }
+        match &self.base {
+            None => self.changes.iter().any(|c| c.kind == "new check"),
+            Some(b) if b.status != Some(Status::Fail) => true,
+            Some(b) => !self.changes.is_empty() || moved(b.worst_ratio, self.check.worst_ratio),
+        }
+    }
+
     fn listed(&self) -> bool {
         self.rank().0 < 8
+    }
+}
+
+/// Whether a worst error moved beyond the snapshot comparator's factor (or appeared, or went).
+fn moved(before: Option<f64>, after: Option<f64>) -> bool {
+    match (before, after) {
+        (Some(b), Some(a)) => b.max(a) > b.min(a) * FIGURE_FACTOR,
+        (None, None) => false,
+        _ => true,
     }
 }
 
@@ -706,6 +748,8 @@ pub fn compare(head: &[Check], base: Option<&[Check]>) -> Vec<Entry> {
             })
             .cloned()
     };
+    // A base of snapshots only knows the checks that passed when their snapshot was accepted.
+    let snapshots = base.is_some_and(|b| b.iter().all(|c| c.status == Some(Status::Snapshot)));
     let mut entries: Vec<Entry> = head
         .iter()
         .map(|c| {
@@ -714,7 +758,7 @@ pub fn compare(head: &[Check], base: Option<&[Check]>) -> Vec<Entry> {
                 (Some(b), _) => changes(b, c),
                 // A failing check has no snapshot, so a base of snapshots never has one: its
                 // absence there says nothing; the failure itself is listed.
-                (None, Some(_)) if c.status == Some(Status::Fail) => Vec::new(),
+                (None, Some(_)) if c.status == Some(Status::Fail) && snapshots => Vec::new(),
                 (None, Some(_)) => vec![Change::new("new check", c.name.clone())],
                 (None, None) => Vec::new(),
             };
@@ -764,6 +808,8 @@ fn ratio(r: Option<f64>) -> String {
 fn factor_words(f: f64) -> String {
     if f.is_infinite() {
         "from 0".into()
+    } else if f == 1.0 {
+        "unchanged".into()
     } else if f >= 1.0 {
         format!("{}× worse", golden::internal::report::snapshot::figure(f))
     } else if f > 0.0 {
@@ -776,40 +822,20 @@ fn factor_words(f: f64) -> String {
     }
 }
 
-/// Text for a table cell: one line, pipes escaped, `<` made harmless outside code spans, at most
-/// [`CELL_CHARS`] characters (closing an open code span when it cuts one).
-fn cell(text: &str) -> String {
-    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    let mut out = String::new();
-    let mut in_code = false;
-    for (n, c) in flat.chars().enumerate() {
-        if n >= CELL_CHARS {
-            if in_code {
-                out.push('`');
-            }
-            out.push('…');
-            return out;
-        }
-        match c {
-            '`' => {
-                in_code = !in_code;
-                out.push('`');
-            }
-            '|' => out.push_str("\\|"),
-            '<' if !in_code => out.push_str("&lt;"),
-            '>' if !in_code => out.push_str("&gt;"),
-            _ => out.push(c),
-        }
-    }
-    if in_code {
-        out.push('`');
-    }
-    out
+/// A piece of data in a table cell, as code (a name, a path, a case).
+fn code(text: &str) -> String {
+    markdown::code(text, Place::Cell)
 }
 
-/// A code span holding `text` (no backticks inside), for a table cell.
-fn code(text: &str) -> String {
-    cell(&format!("`{}`", text.replace('`', "'")))
+/// A piece of data in a table cell, as text (a figure, a snapshot's line).
+fn cell(text: &str) -> String {
+    markdown::text(text, Place::Cell)
+}
+
+/// A message in a table cell (a headline, a likely cause): its code spans kept, at most
+/// [`CELL_CHARS`] characters.
+fn message(text: &str) -> String {
+    markdown::prose(text, Place::Cell, CELL_CHARS)
 }
 
 /// A markdown table that takes rows while they fit `budget` characters; rows left out are counted
@@ -981,11 +1007,13 @@ impl Summary {
                 String::new()
             }
         );
-        let changed = self
-            .entries
-            .iter()
-            .filter(|e| !e.failed() && e.listed() && !e.changes.is_empty())
-            .count();
+        let failures_changed = self.entries.iter().filter(|e| e.failure_changed()).count();
+        let changed = failures_changed
+            + self
+                .entries
+                .iter()
+                .filter(|e| !e.failed() && e.listed() && !e.changes.is_empty())
+                .count();
         let mut facts = vec![format!("**{passed} passed · {failed} failed**")];
         if unaccepted > 0 {
             facts.push(format!(
@@ -995,9 +1023,14 @@ impl Summary {
         }
         match &self.base {
             Some(base) => facts.push(format!(
-                "against the base `{}`: {changed} check{} changed",
-                base.display(),
-                if changed == 1 { "" } else { "s" }
+                "against the base {}: {changed} check{} changed{}",
+                markdown::code(&base.display().to_string(), Place::Line),
+                if changed == 1 { "" } else { "s" },
+                match failures_changed {
+                    0 => String::new(),
+                    n if n == changed => " (failing now)".into(),
+                    n => format!(" ({n} of them failing now)"),
+                }
             )),
             None => facts.push("no base given (`--base`): nothing compared".into()),
         }
@@ -1043,17 +1076,13 @@ impl Summary {
                     ),
                     (_, after) => ratio(after),
                 };
-                let new = if e.newly_failed() && e.base.is_some() {
-                    " (new)"
-                } else {
-                    ""
-                };
+                let tag = e.in_base().map(|t| format!(" ({t})")).unwrap_or_default();
                 table.row(&[
-                    format!("{}{new}", code(&e.check.name)),
+                    format!("{}{tag}", code(&e.check.name)),
                     e.check.layer.as_deref().map(code).unwrap_or_default(),
                     if case == "—" { case } else { code(&case) },
-                    cell(&f.headline),
-                    cell(f.likely_cause.as_deref().unwrap_or("—")),
+                    message(&f.headline),
+                    f.likely_cause.as_deref().map_or("—".into(), message),
                     worst,
                 ]);
             }
@@ -1091,7 +1120,12 @@ impl Summary {
                 .iter()
                 .filter(|e| e.listed() && !e.changes.is_empty())
                 .collect();
-            if changed.is_empty() {
+            if changed.is_empty() && failures_changed > 0 {
+                let _ = writeln!(
+                    out,
+                    "Nothing else changed against the base: the failures above are what changed.\n"
+                );
+            } else if changed.is_empty() {
                 let _ = writeln!(out, "Nothing changed against the base.\n");
             } else {
                 let _ = writeln!(out, "#### Changed against the base, worst first\n");
@@ -1160,6 +1194,8 @@ impl Summary {
                     "worst_ratio": f.worst_ratio,
                     "artifacts": f.artifacts,
                     "new": e.newly_failed(),
+                    "in_base": e.in_base(),
+                    "changed": e.failure_changed(),
                 })),
                 "snapshot_not_accepted": c.unaccepted,
                 "changes": e.changes.iter().map(|c| json!({
@@ -1187,9 +1223,9 @@ impl Summary {
 /// The markdown for a results folder with no results: what to look at instead.
 pub fn no_results(results: &Path) -> String {
     format!(
-        "### ❌ golden: no results\n\nNo check wrote results in `{}`: the build or the test run \
+        "### ❌ golden: no results\n\nNo check wrote results in {}: the build or the test run \
          stopped before any check ran (see the job's log).\n",
-        results.display()
+        markdown::code(&results.display().to_string(), Place::Line)
     )
 }
 
@@ -1324,11 +1360,11 @@ golden store: sha256 aaaa
     }
 
     #[test]
-    fn cells_escape_pipes_and_html_and_stay_on_one_line() {
-        assert_eq!(cell("max |port - ref|"), "max \\|port - ref\\|");
-        assert_eq!(cell("a <- b\nc"), "a &lt;- b c");
-        assert_eq!(cell("`x<y`"), "`x<y`");
-        let long = cell(&format!("`{}`", "y".repeat(1000)));
+    fn cells_escape_pipes_and_markup_and_stay_on_one_line() {
+        assert_eq!(cell("max |port - ref|"), "max \\|port \\- ref\\|");
+        assert_eq!(cell("a <- b\nc"), "a \\<\\- b c");
+        assert_eq!(message("`x<y`"), "`x<y`");
+        let long = message(&format!("`{}`", "y".repeat(1000)));
         assert!(long.ends_with("`…"), "{long}");
     }
 }

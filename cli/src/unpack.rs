@@ -10,7 +10,9 @@
 //!   entries claim or a compressed stream expands to (a bomb is refused at the limit, not after);
 //! * **where**: inside the folder, always — an absolute path or one with `..` is skipped, and so
 //!   are symlinks, hard links and devices (nothing is created that points elsewhere); files are
-//!   created new, never opened through something already there;
+//!   created new, never opened through something already there: of entries of one path, the
+//!   first is kept and the others are named (zip and tar alike), and an entry that cannot be
+//!   written (a file then a folder of the same name, a name too long) is named and left out;
 //! * **how many**: at most [`MAX_ENTRIES`] entries and [`MAX_DEPTH`] folders deep.
 //!
 //! The zip, tar and gzip formats are read by the `zip`, `tar` and `flate2` crates.
@@ -189,8 +191,11 @@ impl Writer<'_> {
             ));
         }
         let path = self.into.join(&rel);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("unpacking `{name}`: {e}"))?;
+        // An entry that cannot be written here (a file then a folder of the same name, a name
+        // longer than the file system allows) is left out, not the whole archive.
+        if let Some(Err(e)) = path.parent().map(std::fs::create_dir_all) {
+            self.skip(name, &format!("cannot be written here ({e})"));
+            return Ok(());
         }
         let mut file = match std::fs::OpenOptions::new()
             .write(true)
@@ -198,11 +203,15 @@ impl Writer<'_> {
             .open(&path)
         {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                self.skip(name, "a second entry of the same path");
+            // One rule for every archive: the first entry of a path is kept.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && path.is_file() => {
+                self.skip(name, "a second entry of the same path (the first is kept)");
                 return Ok(());
             }
-            Err(e) => return Err(format!("unpacking `{name}`: {e}")),
+            Err(e) => {
+                self.skip(name, &format!("cannot be written here ({e})"));
+                return Ok(());
+            }
         };
         // No more than the budget allows, whatever the entry declares.
         let room = self.budget.limit() - self.budget.used();
@@ -285,8 +294,14 @@ pub fn unpack(archive: &Path, kind: Kind, into: &Path, budget: Budget) -> Result
                     zip::read::ArchiveOffset::Detect
                 },
             };
-            let mut zip = zip::ZipArchive::with_config(config, std::io::BufReader::new(file))
-                .map_err(|e| format!("{shown}: not a readable zip archive ({e})"))?;
+            // Every entry of the central directory, in its order, those that repeat a name
+            // included (`ZipArchive`'s index keeps one of them, silently): the first of a path is
+            // kept and the others are named, as in a tar.
+            let unreadable =
+                |e: zip::result::ZipError| format!("{shown}: not a readable zip archive ({e})");
+            let mut zip =
+                zip::unstable::read::ZipIterable::try_new(std::io::BufReader::new(file), config)
+                    .map_err(unreadable)?;
             if zip.len() > MAX_ENTRIES {
                 return Err(format!(
                     "{shown}: the archive has {} entries, more than the {MAX_ENTRIES} golden \
@@ -294,11 +309,18 @@ pub fn unpack(archive: &Path, kind: Kind, into: &Path, budget: Budget) -> Result
                     zip.len()
                 ));
             }
-            for i in 0..zip.len() {
+            let bodies = std::fs::File::open(archive).map_err(|e| format!("{shown}: {e}"))?;
+            let mut entries = zip
+                .files_with_reader(
+                    std::io::BufReader::new(bodies),
+                    zip::read::ZipReadOptions::new(),
+                )
+                .map_err(unreadable)?;
+            let mut i = 0usize;
+            while let Some(entry) = entries.next() {
                 w.count_entry().map_err(|e| format!("{shown}: {e}"))?;
-                let mut entry = zip
-                    .by_index(i)
-                    .map_err(|e| format!("{shown}: entry {i}: {e}"))?;
+                let mut entry = entry.map_err(|e| format!("{shown}: entry {i}: {e}"))?;
+                i += 1;
                 let name = entry.name().map_or_else(
                     |_| format!("entry {i} (a name that is not text)"),
                     |n| n.to_string(),

@@ -9,12 +9,24 @@
 //! pair reads its two tensors then — not at upload — lined up as the comparison lined them up
 //! (`pair::align`: shards joined, B in A's shape and order), and the page asks for the values it
 //! shows: a window per axis or of the flat order, at most [`MAX_CELLS`] at a time, each marked if
-//! it is outside the tolerance; it may also ask where a value or a range occurs.
+//! it is outside the tolerance; it may also ask where a value or a range occurs. A file changed
+//! since the comparison read it (its length or time of change) is not shown beside the old
+//! figures: the pair is refused with why (409) and the sides are compared again.
+//!
+//! Who may ask: the server answers only requests that name it as `127.0.0.1:PORT` or
+//! `localhost:PORT` in their `Host` (a page of another site that points a name of its own at
+//! 127.0.0.1 — DNS rebinding — sends its own name), that come from no other site (`Origin`,
+//! `Sec-Fetch-Site`), and that carry this launch's token: the page's address holds it
+//! (`/?token=…`, printed at start), and the page sends it with every request to `/api/` in the
+//! `X-Golden-Token` header, which a page of another site can neither read nor send without asking
+//! the server first (a CORS preflight, which it does not answer). A refused request gets a 403
+//! that says why.
 //!
 //! Safety: uploads go into private temporary folders (`scratch.rs`) removed when replaced and at
 //! exit (Ctrl-C included), are opened with the same limits as files on disk (`side.rs`,
 //! `unpack.rs`: read budget, traversal, links, bombs; pickles that are not tensors are skipped and
-//! named) and may be at most `--max-upload` bytes. HTTP is axum's (on hyper): a malformed request
+//! named) and may be at most `--max-upload` bytes, refused by their length before a byte is
+//! written; they go one at a time (another while one runs gets a 429). HTTP is axum's (on hyper): a malformed request
 //! gets a 4xx, a request this server does not understand a 4xx with a message, and nothing a
 //! request holds can stop the server. The page writes every name as text, never as markup.
 
@@ -25,8 +37,9 @@ use crate::read::ReadOptions;
 use crate::scratch::Scratch;
 use crate::side::Side;
 use axum::body::Body;
-use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -72,8 +85,20 @@ struct Loaded {
 enum Comparison {
     Waiting,
     Running { done: usize, total: usize },
-    Ready(Arc<Diff>),
+    Ready(Arc<Diff>, Arc<Stamps>),
     Failed(String),
+}
+
+/// What a file was when the comparison began to read it: its length and its time of change.
+type Stamp = Option<(u64, std::time::SystemTime)>;
+
+/// The stamps of both sides' files, taken before the comparison read them: a pair opened later
+/// is read from the same files, or refused (its values would not be those of its figures).
+type Stamps = std::collections::HashMap<PathBuf, Stamp>;
+
+fn stamp(path: &Path) -> Stamp {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()?))
 }
 
 struct App {
@@ -88,6 +113,107 @@ struct App {
 struct Server {
     config: Config,
     app: Mutex<App>,
+    /// This launch's token (hex).
+    token: String,
+    /// The port it listens on.
+    port: u16,
+    /// Held while an upload runs: uploads go one at a time.
+    uploading: tokio::sync::Semaphore,
+}
+
+/// The header the page sends the token in.
+pub const TOKEN_HEADER: &str = "x-golden-token";
+
+/// A new launch's token: 24 random bytes, in hex.
+fn new_token() -> Result<String, String> {
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).map_err(|e| format!("cannot draw a token: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Whether two strings are equal, in a time that does not depend on where they differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+impl Server {
+    /// Why a request may not be answered, if it may not: see the module's doc.
+    fn refusal(&self, uri: &Uri, headers: &HeaderMap) -> Option<String> {
+        let port = self.port;
+        let text = |name: header::HeaderName| {
+            headers
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
+        let host = text(header::HOST).unwrap_or_default();
+        let ours = [format!("127.0.0.1:{port}"), format!("localhost:{port}")];
+        if !ours.contains(&host.to_ascii_lowercase()) {
+            return Some(format!(
+                "golden view answers only requests for http://127.0.0.1:{port}/ or                  http://localhost:{port}/, and this one names the Host `{host}`: a page of                  another site that points a name of its own at this machine (DNS rebinding)                  is refused; open the address golden view printed"
+            ));
+        }
+        if let Some(origin) = text(header::ORIGIN) {
+            if origin.to_ascii_lowercase() != format!("http://{}", host.to_ascii_lowercase()) {
+                return Some(format!(
+                    "a request from another site (Origin `{origin}`) is refused: only golden                      view's own page may ask"
+                ));
+            }
+        }
+        if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site")) {
+            if !matches!(site.as_str(), "same-origin" | "none") {
+                return Some(format!(
+                    "a request from another site (Sec-Fetch-Site `{site}`) is refused: only                      golden view's own page may ask"
+                ));
+            }
+        }
+        let path = uri.path();
+        let token = if path == "/" {
+            // The page: its address carries the token.
+            uri.query()
+                .into_iter()
+                .flat_map(|q| q.split('&'))
+                .find_map(|kv| kv.strip_prefix("token="))
+                .map(str::to_string)
+                .or_else(|| text(header::HeaderName::from_static(TOKEN_HEADER)))
+        } else if path.starts_with("/api/") {
+            text(header::HeaderName::from_static(TOKEN_HEADER))
+        } else {
+            // The page's script and style: the same for everyone, nothing of the dumps.
+            return None;
+        };
+        match token {
+            Some(t) if same_secret(&t, &self.token) => None,
+            Some(_) => Some(
+                "this launch's token is not the one given: open the address golden view                  printed (each launch has its own)"
+                    .into(),
+            ),
+            None => Some(
+                "no token: open the address golden view printed, which carries this launch's                  token"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// Every request passes here first: see [`Server::refusal`].
+async fn guard(State(server): State<Shared>, request: Request, next: Next) -> Response {
+    match server.refusal(request.uri(), request.headers()) {
+        None => next.run(request).await,
+        Some(why) if request.uri().path().starts_with("/api/") => error(StatusCode::FORBIDDEN, why),
+        Some(why) => (
+            StatusCode::FORBIDDEN,
+            [
+                (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            format!("golden view: {why}\n"),
+        )
+            .into_response(),
+    }
 }
 
 type Shared = Arc<Server>;
@@ -114,6 +240,13 @@ fn compare_sides(server: &Shared) {
     let (a, b) = (a.side.clone(), b.side.clone());
     app.comparison = Comparison::Running { done: 0, total: 0 };
     drop(app);
+    let stamps: Arc<Stamps> = Arc::new(
+        a.files
+            .iter()
+            .chain(&b.files)
+            .map(|(_, path)| (path.clone(), stamp(path)))
+            .collect(),
+    );
     let server = server.clone();
     std::thread::spawn(move || {
         let progress = |done: usize, total: usize| {
@@ -133,7 +266,7 @@ fn compare_sides(server: &Shared) {
         let mut app = lock(&server);
         if app.generation == generation {
             app.comparison = match result {
-                Ok(d) => Comparison::Ready(Arc::new(d)),
+                Ok(d) => Comparison::Ready(Arc::new(d), stamps),
                 Err(e) => Comparison::Failed(e),
             };
         }
@@ -162,7 +295,7 @@ async fn state(State(server): State<Shared>) -> Response {
             JsonValue::Null,
             JsonValue::Null,
         ),
-        Comparison::Ready(d) => ("ready", JsonValue::Null, JsonValue::Null, d.json()),
+        Comparison::Ready(d, _) => ("ready", JsonValue::Null, JsonValue::Null, d.json()),
         Comparison::Failed(e) => ("failed", JsonValue::Null, json!(e), JsonValue::Null),
     };
     let tolerance = server.config.options.tolerance;
@@ -214,6 +347,7 @@ fn side_index(side: &str) -> Option<usize> {
 async fn upload(
     State(server): State<Shared>,
     Query(q): Query<UploadQuery>,
+    headers: HeaderMap,
     body: Body,
 ) -> Response {
     let Some(index) = side_index(&q.side) else {
@@ -221,6 +355,27 @@ async fn upload(
     };
     let Some(name) = safe_name(&q.name) else {
         return error(StatusCode::BAD_REQUEST, "the upload has no file name");
+    };
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "`{name}` is larger than {} (golden view --max-upload SIZE)",
+                golden_files::budget::size(server.config.max_upload)
+            ),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > server.config.max_upload) {
+        return too_large();
+    }
+    let Ok(_uploading) = server.uploading.try_acquire() else {
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "uploads go one at a time: another one is running; try again when it is done",
+        );
     };
     let scratch = match Scratch::new("upload") {
         Ok(s) => s,
@@ -245,13 +400,7 @@ async fn upload(
         if let Ok(data) = frame.into_data() {
             written += data.len() as u64;
             if written > server.config.max_upload {
-                return error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "`{name}` is larger than {} (golden view --max-upload SIZE)",
-                        golden_files::budget::size(server.config.max_upload)
-                    ),
-                );
+                return too_large();
             }
             if let Err(e) = file.write_all(&data).await {
                 return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
@@ -289,9 +438,9 @@ async fn upload(
 
 /// The row `row` of the current comparison, lined up (read now, then kept until another opens).
 async fn aligned(server: &Shared, row: usize) -> Result<(Arc<Diff>, Arc<Aligned>), Response> {
-    let (generation, diff, cached) = {
+    let (generation, diff, stamps, cached) = {
         let app = lock(server);
-        let Comparison::Ready(diff) = &app.comparison else {
+        let Comparison::Ready(diff, stamps) = &app.comparison else {
             return Err(error(StatusCode::CONFLICT, "the comparison is not ready"));
         };
         let cached = app
@@ -299,7 +448,7 @@ async fn aligned(server: &Shared, row: usize) -> Result<(Arc<Diff>, Arc<Aligned>
             .as_ref()
             .filter(|(g, r, _)| *g == app.generation && *r == row)
             .map(|(_, _, a)| a.clone());
-        (app.generation, diff.clone(), cached)
+        (app.generation, diff.clone(), stamps.clone(), cached)
     };
     let Some(r) = diff.rows.get(row) else {
         return Err(error(
@@ -321,10 +470,26 @@ async fn aligned(server: &Shared, row: usize) -> Result<(Arc<Diff>, Arc<Aligned>
         server.config.read.clone(),
         server.config.options.tolerance,
     );
-    let lined = tokio::task::spawn_blocking(move || line_up(&r, &read, tol))
+    let lined = tokio::task::spawn_blocking(move || line_up(&r, &read, tol, &stamps))
         .await
         .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| error(StatusCode::UNPROCESSABLE_ENTITY, e))?;
+        .map_err(|e| match e {
+            Unread::Changed(path) => {
+                // Compared again, unless a newer comparison already runs.
+                if lock(server).generation == generation {
+                    compare_sides(server);
+                }
+                error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "{} changed since the comparison read it: its values would not be those \
+                         of the figures shown, so the two sides are compared again",
+                        path.display()
+                    ),
+                )
+            }
+            Unread::Error(e) => error(StatusCode::UNPROCESSABLE_ENTITY, e),
+        })?;
     let lined = Arc::new(lined);
     let mut app = lock(server);
     if app.generation == generation {
@@ -333,25 +498,50 @@ async fn aligned(server: &Shared, row: usize) -> Result<(Arc<Diff>, Arc<Aligned>
     Ok((diff, lined))
 }
 
-/// Read a row's tensors and line them up as its comparison did.
-fn line_up(r: &Row, read: &ReadOptions, tol: pair::Tolerance) -> Result<Aligned, String> {
-    let load = |files: &[(PathBuf, String)]| -> Result<Vec<HostTensor>, String> {
+/// Why a row's tensors were not read.
+enum Unread {
+    /// A file is not what the comparison read.
+    Changed(PathBuf),
+    /// A file could not be read, or the pair not lined up.
+    Error(String),
+}
+
+/// Read a row's tensors and line them up as its comparison did, from the files it read (`stamps`).
+fn line_up(
+    r: &Row,
+    read: &ReadOptions,
+    tol: pair::Tolerance,
+    stamps: &Stamps,
+) -> Result<Aligned, Unread> {
+    let load = |files: &[(PathBuf, String)]| -> Result<Vec<HostTensor>, Unread> {
         files
             .iter()
             .map(|(path, name)| {
-                let mut f = read.open(path)?;
+                let same = || stamps.get(path).is_none_or(|s| *s == stamp(path));
+                if !same() {
+                    return Err(Unread::Changed(path.clone()));
+                }
+                let mut f = read.open(path).map_err(Unread::Error)?;
                 let i = if f.entries().len() == 1 {
                     0
                 } else {
-                    f.find(name)
-                        .ok_or_else(|| format!("{}: no tensor `{name}`", path.display()))?
+                    f.find(name).ok_or_else(|| {
+                        Unread::Error(format!("{}: no tensor `{name}`", path.display()))
+                    })?
                 };
-                f.load(i).map_err(|e| format!("{}: {e}", path.display()))
+                let t = f
+                    .load(i)
+                    .map_err(|e| Unread::Error(format!("{}: {e}", path.display())))?;
+                // Changed while it was read: not the comparison's either.
+                if !same() {
+                    return Err(Unread::Changed(path.clone()));
+                }
+                Ok(t)
             })
             .collect()
     };
     let (a, b) = (load(&r.source.a)?, load(&r.source.b)?);
-    pair::align(&a, &b, r.explained(), tol)
+    pair::align(&a, &b, r.explained(), tol).map_err(Unread::Error)
 }
 
 #[derive(Deserialize)]
@@ -537,7 +727,8 @@ async fn find(State(server): State<Shared>, Query(q): Query<FindQuery>) -> Respo
     let sides = sides.to_vec();
     let found = tokio::task::spawn_blocking(move || {
         let n = t.a.numel();
-        let first = q.after.map_or(0, |a| a.saturating_add(1));
+        // After any index, even the largest there is: wrapped into the tensor first.
+        let first = q.after.map_or(0, |a| a % n.max(1) + 1);
         let hit = |x: f64| match q.hi {
             Some(hi) => x >= q.lo.min(hi) && x <= q.lo.max(hi),
             None => t.rule.admits(q.lo, x),
@@ -595,6 +786,7 @@ fn router(server: Shared) -> Router {
         .route("/api/values", get(values))
         .route("/api/find", get(find))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(server.clone(), guard))
         .with_state(server)
 }
 
@@ -632,16 +824,7 @@ pub fn run(sides: [Option<&Path>; 2], config: Config) -> Result<(), String> {
             });
         }
     }
-    let server: Shared = Arc::new(Server {
-        config: config.clone(),
-        app: Mutex::new(App {
-            sides: loaded,
-            generation: 0,
-            comparison: Comparison::Waiting,
-            opened: None,
-        }),
-    });
-    compare_sides(&server);
+    let token = new_token()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -653,10 +836,26 @@ pub fn run(sides: [Option<&Path>; 2], config: Config) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot listen on {address}: {e}"))?;
         let bound = listener.local_addr().map_err(|e| e.to_string())?;
+        let server: Shared = Arc::new(Server {
+            config: config.clone(),
+            app: Mutex::new(App {
+                sides: loaded,
+                generation: 0,
+                comparison: Comparison::Waiting,
+                opened: None,
+            }),
+            token: token.clone(),
+            port: bound.port(),
+            uploading: tokio::sync::Semaphore::new(1),
+        });
+        compare_sides(&server);
         {
             use std::io::Write as _;
             let mut out = std::io::stdout();
-            let _ = writeln!(out, "golden view: http://{bound}/ (Ctrl-C stops it)");
+            let _ = writeln!(
+                out,
+                "golden view: http://{bound}/?token={token} (Ctrl-C stops it)"
+            );
             let _ = out.flush();
         }
         axum::serve(listener, router(server))

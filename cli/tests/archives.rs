@@ -323,3 +323,72 @@ with tarfile.open(bomb, "w:gz") as t:
     );
     assert!(empty(&tmp), "a private folder was left behind");
 }
+
+/// Two entries of one path: a zip read the last silently, a tar kept the first with a note; now
+/// both keep the first and name the others. An entry that cannot be written here (a file, then a
+/// folder of the same name; a name longer than the file system allows) is left out by name, and
+/// the rest of the archive is read (#31, minor items).
+#[test]
+fn repeated_and_unwritable_entries_are_left_out_by_name_and_the_rest_is_read() {
+    let d = Dir::new("archives-repeated");
+    let tmp = d.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let long = format!("d/{}.npy", "n".repeat(300));
+    for kind in ["zip", "tar"] {
+        let path = d.path().join(format!("dump.{kind}"));
+        run_python(
+            r#"
+import io, sys, tarfile, warnings, zipfile
+import numpy as np
+out, kind, long = sys.argv[1], sys.argv[2], sys.argv[3]
+def npy(v):
+    b = io.BytesIO(); np.save(b, np.full(3, v, dtype=np.float32)); return b.getvalue()
+entries = [("d/x.npy", npy(1.0)), ("d/x.npy", npy(2.0)), ("d/a.npy", npy(3.0)),
+           ("d/a.npy/b.npy", npy(4.0)), (long, npy(5.0)), ("d/ok.npy", npy(6.0))]
+warnings.simplefilter("ignore")
+if kind == "zip":
+    with zipfile.ZipFile(out, "w") as z:
+        for n, b in entries:
+            z.writestr(n, b)
+else:
+    with tarfile.open(out, "w", format=tarfile.GNU_FORMAT) as t:
+        for n, b in entries:
+            info = tarfile.TarInfo(n); info.size = len(b); t.addfile(info, io.BytesIO(b))
+"#,
+            &[&path, Path::new(kind), Path::new(&long)],
+        );
+        let out = golden_in(&tmp, &["show", s(&path)]);
+        let listing = text(&out);
+        assert!(out.status.success(), "{kind}: {listing}");
+        for key in ["x", "a", "ok"] {
+            assert!(
+                listing.contains(&format!("\n  {key} ")),
+                "{kind}: {key} in {listing}"
+            );
+        }
+        assert!(
+            listing.contains(
+                "left out `d/x.npy`: a second entry of the same path (the first is kept)"
+            ),
+            "{kind}: {listing}"
+        );
+        assert!(
+            listing.contains("left out `d/a.npy/b.npy`: cannot be written here"),
+            "{kind}: {listing}"
+        );
+        assert!(
+            listing.contains(&format!("left out `{long}`: cannot be written here")),
+            "{kind}: {listing}"
+        );
+        // The first of the two `d/x.npy` is the one read.
+        let out = golden_in(&tmp, &["show", s(&path), "x"]);
+        let shown = text(&out);
+        assert!(
+            shown.contains("first 3 values (flat; --slice picks others): 1, 1, 1"),
+            "{kind}: {shown}"
+        );
+        let out = golden_in(&tmp, &["show", s(&path), "ok"]);
+        assert!(text(&out).contains(": 6, 6, 6"), "{kind}: {}", text(&out));
+    }
+    assert!(empty(&tmp));
+}

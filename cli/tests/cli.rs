@@ -879,3 +879,136 @@ fn control_characters_in_names_are_escaped_in_text_output() {
         assert!(!s.lines().any(|l| l.starts_with("forged")), "{s}");
     }
 }
+
+/// A safetensors file of two f32 tensors of two elements, named `names`.
+fn safetensors_named(path: &Path, names: [&str; 2]) {
+    let entries: Vec<String> = names
+        .iter()
+        .enumerate()
+        .map(|(k, n)| {
+            format!(
+                "{}:{{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[{},{}]}}",
+                serde_json::to_string(n).unwrap(),
+                8 * k,
+                8 * k + 8
+            )
+        })
+        .collect();
+    let mut header = format!("{{{}}}", entries.join(","));
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend((0..4).flat_map(|i| (i as f32).to_le_bytes()));
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// A newline in a tensor's name, a file's or a folder's, or an archive entry's, forged a line in
+/// `golden show`'s listing of a folder or archive and in `golden diff`'s "nothing was compared"
+/// (#31 item 5): every name that reaches the terminal is escaped, wherever it is printed.
+#[test]
+fn newlines_in_names_never_reach_the_terminal_in_listings_and_notes() {
+    let forged = "forged: all tensors match";
+    let a = Dir::new(&format!("nl-a\n{forged}"));
+    let b = Dir::new("nl-b");
+    let t = HostTensor::from_f64(vec![2], &[0.0, 1.0]);
+    golden_files::npy::write(&a.path().join(format!("0_y\n{forged}.npy")), &t).unwrap();
+    safetensors_named(
+        &a.path().join("1_z.safetensors"),
+        [&format!("k\n{forged}"), "v\r\u{1b}[8m"],
+    );
+    golden_files::npy::write(&b.path().join("other.npy"), &t).unwrap();
+    // An archive whose entries' names carry newlines: one a tensor file, one left out.
+    let tarball = b.path().join("dump.tar");
+    {
+        let mut tar = tar::Builder::new(std::fs::File::create(&tarball).unwrap());
+        let npy = std::fs::read(b.path().join("other.npy")).unwrap();
+        for name in [
+            format!("d/2_w\n{forged}.npy"),
+            format!("d/notes\n{forged}.txt"),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(npy.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            tar.append_data(&mut h, name, &npy[..]).unwrap();
+        }
+        tar.finish().unwrap();
+    }
+    let clean = |what: &str, out: &Output| {
+        let (stdout, stderr) = text(out);
+        for (stream, s) in [("stdout", &stdout), ("stderr", &stderr)] {
+            assert!(
+                !s.chars().any(|c| c.is_control() && c != '\n'),
+                "{what}: a raw control character on {stream}: {s:?}"
+            );
+            assert!(
+                !s.lines().any(|l| l.starts_with(forged)),
+                "{what}: a forged line on {stream}:\n{s}"
+            );
+        }
+        stdout
+    };
+    let listing = clean(
+        "show of a folder",
+        &golden(&["show", a.path().to_str().unwrap()]),
+    );
+    assert!(listing.contains(&format!("0_y\\n{forged}")), "{listing}");
+    assert!(listing.contains(&format!("1_z/k\\n{forged}")), "{listing}");
+    assert!(listing.contains(&format!("nl-a\\n{forged}")), "{listing}");
+    let listing = clean(
+        "show of an archive",
+        &golden(&["show", tarball.to_str().unwrap()]),
+    );
+    assert!(listing.contains(&format!("2_w\\n{forged}")), "{listing}");
+    assert!(
+        listing.contains(&format!("notes\\n{forged}.txt")),
+        "{listing}"
+    );
+    let out = golden(&[
+        "diff",
+        a.path().to_str().unwrap(),
+        b.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let note = clean("diff", &out);
+    assert!(note.contains("nothing was compared"), "{note}");
+    assert!(note.contains(&format!("0_y\\n{forged}")), "{note}");
+    let out = golden(&[
+        "diff",
+        a.path().to_str().unwrap(),
+        tarball.to_str().unwrap(),
+    ]);
+    let note = clean("diff against an archive", &out);
+    assert!(note.contains(&format!("2_w\\n{forged}")), "{note}");
+}
+
+/// `golden --version` says the version of the golden it is and the folder it was built from: the
+/// CI recipe installs golden's command line when the one it has cached is not the one its crate
+/// depends on (an upgrade, another git revision), and only `golden --version` can tell (#31 item
+/// 6). The command line's version is the runtime's.
+#[test]
+fn version_says_which_golden_and_where_it_was_built_from() {
+    let out = golden(&["--version"]);
+    assert!(out.status.success());
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../runtime/Cargo.toml"
+    ))
+    .unwrap();
+    let runtime = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("version = "))
+        .map(|v| v.trim_matches('"'))
+        .unwrap();
+    assert_eq!(
+        runtime,
+        env!("CARGO_PKG_VERSION"),
+        "golden-cli's version is golden's"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        format!("golden {runtime} ({})", env!("CARGO_MANIFEST_DIR"))
+    );
+}

@@ -334,3 +334,245 @@ fn a_failures_artifacts_folder_opens_as_its_reference_against_its_port() {
     assert_eq!(state["diff"]["order"]["from"], "manifest");
     assert_eq!(server.interrupt().code(), Some(130));
 }
+
+/// Two folders of one `.npy` each, `x` (0, 1, …, 7 in A; B the same but element 5 is 50).
+fn small_dumps(root: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (a, b) = (root.join("a"), root.join("b"));
+    for (dir, changed) in [(&a, false), (&b, true)] {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut values: Vec<f64> = (0..8).map(f64::from).collect();
+        if changed {
+            values[5] = 50.0;
+        }
+        let t = golden_files::HostTensor::from_f64(vec![8], &values);
+        golden_files::npy::write(&dir.join("x.npy"), &t).unwrap();
+    }
+    (a, b)
+}
+
+#[test]
+fn a_find_after_the_last_possible_index_wraps_around() {
+    let d = Dir::new("view-find-after");
+    let (a, b) = small_dumps(d.path());
+    let tmp = d.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let server = Server::start(&[a.to_str().unwrap(), b.to_str().unwrap()], &tmp);
+    assert_eq!(server.settled_state()["status"], "ready");
+    // The largest index there is: the search goes on from the start, it does not overflow.
+    let (status, body) = server.get(&format!(
+        "/api/find?row=0&side=a&lo=2&hi=3&after={}",
+        u64::MAX
+    ));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["flat"], 2, "{body}");
+    let (status, body) = server.get(&format!(
+        "/api/find?row=0&side=b&lo=50&after={}",
+        u64::MAX - 1
+    ));
+    assert_eq!(
+        (status, json(&body)["index"].clone()),
+        (200, serde_json::json!([5])),
+        "{body}"
+    );
+    assert_eq!(
+        server.get("/api/find?row=0&side=a&lo=7&after=7").1,
+        r#"{"flat":7,"index":[7]}"#
+    );
+    assert_eq!(server.interrupt().code(), Some(130));
+}
+
+#[test]
+fn other_hosts_other_sites_and_requests_without_the_token_are_refused() {
+    let d = Dir::new("view-refusals");
+    let (a, b) = small_dumps(d.path());
+    let tmp = d.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let server = Server::start(
+        &[
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+            "--max-upload",
+            "1MiB",
+        ],
+        &tmp,
+    );
+    let port = server.port;
+    // The printed address carries the launch's token: the page opens with it, and only with it.
+    let token = server
+        .token
+        .clone()
+        .unwrap_or_else(|| panic!("the printed address carries no token: {}", server.printed));
+    assert!(token.len() >= 32, "{token}");
+    assert_eq!(server.settled_state()["status"], "ready");
+    let host = format!("Host: 127.0.0.1:{port}\r\n");
+    let with_token = format!("X-Golden-Token: {token}\r\n");
+    assert_eq!(server.get_with(&format!("/?token={token}"), &host).0, 200);
+    assert_eq!(
+        server
+            .get_with(
+                &format!("/?token={token}"),
+                &format!("Host: localhost:{port}\r\n")
+            )
+            .0,
+        200
+    );
+    let (status, page) = server.get_with("/", &host);
+    assert_eq!(status, 403, "the page without the token: {page}");
+    assert!(page.contains("golden view printed"), "{page}");
+    for (what, headers) in [
+        ("no token", host.clone()),
+        (
+            "a wrong token",
+            format!("{host}X-Golden-Token: {}\r\n", "0".repeat(token.len())),
+        ),
+        ("the token in the query", host.clone()),
+    ] {
+        let path = if what == "the token in the query" {
+            format!("/api/state?token={token}")
+        } else {
+            "/api/state".into()
+        };
+        let (status, body) = server.get_with(&path, &headers);
+        assert_eq!(status, 403, "{what}: {body}");
+        assert!(
+            body.contains("token") && !body.contains("x.npy"),
+            "{what}: {body}"
+        );
+    }
+    // DNS rebinding: another name that resolves to 127.0.0.1 reaches the server with its own
+    // Host, even with the token.
+    for other in [
+        format!("evil.test:{port}"),
+        "evil.test".to_string(),
+        format!("127.0.0.1.evil.test:{port}"),
+        format!("127.0.0.1:{}", port.wrapping_add(1)),
+    ] {
+        let (status, body) =
+            server.get_with("/api/state", &format!("Host: {other}\r\n{with_token}"));
+        assert_eq!(status, 403, "Host {other}: {body}");
+        assert!(body.contains("Host") && !body.contains("x.npy"), "{body}");
+        let (status, _) =
+            server.get_with(&format!("/?token={token}"), &format!("Host: {other}\r\n"));
+        assert_eq!(status, 403, "the page for Host {other}");
+    }
+    // Cross-site requests: refused by their Origin or Sec-Fetch-Site, even with the token, and
+    // an upload is refused before a byte of it is written.
+    let npy = std::fs::read(a.join("x.npy")).unwrap();
+    for extra in [
+        "Origin: http://evil.test\r\n".to_string(),
+        format!("Origin: http://127.0.0.1:{}\r\n", port.wrapping_add(1)),
+        "Origin: null\r\n".to_string(),
+        "Sec-Fetch-Site: cross-site\r\n".to_string(),
+        "Sec-Fetch-Site: same-site\r\n".to_string(),
+    ] {
+        let headers = format!("{host}{with_token}{extra}Content-Type: text/plain\r\n");
+        let (status, body) = server.post_with("/api/upload?side=a&name=x.npy", &headers, &npy);
+        assert_eq!(status, 403, "{extra}: {body}");
+        let (status, body) = server.get_with("/api/state", &format!("{host}{with_token}{extra}"));
+        assert_eq!(status, 403, "{extra}: {body}");
+    }
+    let state = server.settled_state();
+    assert!(
+        state["sides"][0]["name"].as_str().unwrap().ends_with("/a"),
+        "a refused upload replaced A: {state}"
+    );
+    assert!(empty(&tmp), "a refused upload left files");
+    // The page's own requests pass.
+    let same = format!(
+        "{host}{with_token}Origin: http://127.0.0.1:{port}\r\nSec-Fetch-Site: same-origin\r\n"
+    );
+    assert_eq!(server.get_with("/api/state", &same).0, 200);
+    // Uploads: one at a time, and one larger than --max-upload is refused by its length, before
+    // anything is written.
+    let (status, body) = server.post_with(
+        "/api/upload?side=b&name=big.npy",
+        &format!("{host}{with_token}"),
+        &vec![0u8; (1 << 20) + 1],
+    );
+    assert_eq!(status, 413, "{body}");
+    assert!(empty(&tmp));
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    {
+        use std::io::Write as _;
+        slow.write_all(
+            format!(
+                "POST /api/upload?side=b&name=slow.npy HTTP/1.1\r\n{host}{with_token}Connection: close\r\nContent-Length: 1000\r\n\r\n0123"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while empty(&tmp) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first upload never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (status, body) = server.post("/api/upload?side=a&name=x.npy", &npy);
+    assert_eq!(status, 429, "a second upload while one is running: {body}");
+    assert!(
+        json(&body)["error"]
+            .as_str()
+            .unwrap()
+            .contains("one at a time"),
+        "{body}"
+    );
+    drop(slow);
+    // Once the first is gone (broken off), the next one goes through.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (status, body) = server.post("/api/upload?side=a&name=x.npy", &npy);
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429, "{body}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broken upload was never let go"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(server.interrupt().code(), Some(130));
+    assert!(empty(&tmp));
+}
+
+/// A dump rewritten after the comparison read it: opening its pair read the new values and showed
+/// them beside the old figures. Now the pair is refused with why, and the comparison runs again
+/// (#31, minor items).
+#[test]
+fn a_dump_changed_since_the_comparison_is_compared_again_not_shown_beside_old_figures() {
+    let d = Dir::new("view-changed");
+    let (a, b) = small_dumps(d.path());
+    let tmp = d.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let server = Server::start(&[a.to_str().unwrap(), b.to_str().unwrap()], &tmp);
+    let state = server.settled_state();
+    assert_eq!(state["diff"]["tensors"][0]["max_abs"], 45.0, "{state}");
+    // B's x.npy now differs from A by 1000 at element 5.
+    let mut values: Vec<f64> = (0..8).map(f64::from).collect();
+    values[5] = 1005.0;
+    let file = b.join("x.npy");
+    golden_files::npy::write(&file, &golden_files::HostTensor::from_f64(vec![8], &values)).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let (status, body) = server.get("/api/values?row=0&flat=true&start=0&end=8");
+    assert_eq!(status, 409, "new values beside the old figures: {body}");
+    assert!(
+        body.contains("changed since the comparison read it") && body.contains("x.npy"),
+        "{body}"
+    );
+    // Compared again: the figures and the values agree.
+    let state = server.settled_state();
+    assert_eq!(state["diff"]["tensors"][0]["max_abs"], 1000.0, "{state}");
+    let (status, body) = server.get("/api/values?row=0&flat=true&start=0&end=8");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["cells"][5][3], 1005.0, "{body}");
+    assert_eq!(server.interrupt().code(), Some(130));
+}

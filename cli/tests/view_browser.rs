@@ -42,6 +42,11 @@ struct Chrome {
 
 impl Chrome {
     fn start(profile: &Path) -> Chrome {
+        Chrome::start_with(profile, &[])
+    }
+
+    /// Chromium with more flags (`--host-resolver-rules=…`).
+    fn start_with(profile: &Path, flags: &[&str]) -> Chrome {
         use std::os::fd::AsRawFd;
         use std::os::unix::process::CommandExt;
         let (their_in, to) = std::io::pipe().unwrap();
@@ -55,6 +60,14 @@ impl Chrome {
             "--remote-debugging-pipe",
             "--window-size=1280,1800",
         ])
+        .args([
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
+        .args(flags)
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg("about:blank")
         .stdout(std::process::Stdio::null())
@@ -232,6 +245,34 @@ impl Chrome {
     }
 }
 
+impl Chrome {
+    /// A new tab, attached (its commands go to it from now on).
+    fn tab(&mut self) {
+        self.session = None;
+        let target =
+            self.call("Target.createTarget", json!({"url": "about:blank"}))["targetId"].clone();
+        let session = self.call(
+            "Target.attachToTarget",
+            json!({"targetId": target, "flatten": true}),
+        )["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        self.session = Some(session);
+        self.call("Page.enable", json!({}));
+    }
+
+    /// Evaluate an expression whose value is a promise: its result.
+    fn eval_async(&mut self, expression: &str) -> Json {
+        let r = self.call(
+            "Runtime.evaluate",
+            json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
+        );
+        assert!(r.get("exceptionDetails").is_none(), "{expression}: {r}");
+        r["result"]["value"].clone()
+    }
+}
+
 impl Drop for Chrome {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -403,4 +444,175 @@ print(json.dumps({"first": t.flatten()[:10].tolist(), "row": t[0, 2, 5, :].tolis
     drop(chrome);
     assert_eq!(server.interrupt().code(), Some(130));
     assert!(std::fs::read_dir(&tmp).unwrap().next().is_none());
+}
+
+/// A second web server, of another site: every request gets `page`. It stops when dropped.
+struct OtherSite {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl OtherSite {
+    fn start(page: String) -> OtherSite {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                let Ok((mut s, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                };
+                let _ = s.set_nonblocking(false);
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut request = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = s.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                        page.len()
+                    )
+                    .as_bytes(),
+                );
+            }
+        });
+        OtherSite {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for OtherSite {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn a_page_of_another_site_can_neither_read_the_viewer_nor_replace_a_side() {
+    let d = Dir::new("view-browser-other-site");
+    // Two dumps of one tensor, given on the command line; the attack's file is a valid .npy of
+    // the same name whose values match B's: an upload that got through would show a match.
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    for (dir, x) in [(&a, 1.0), (&b, 2.0)] {
+        std::fs::create_dir_all(dir).unwrap();
+        let t = golden_files::HostTensor::from_f64(vec![4], &[x, x, x, x]);
+        golden_files::npy::write(&dir.join("x.npy"), &t).unwrap();
+    }
+    let evil: Vec<u8> = std::fs::read(b.join("x.npy")).unwrap();
+    let tmp = d.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let server = Server::start(&[a.to_str().unwrap(), b.to_str().unwrap()], &tmp);
+    assert_eq!(server.settled_state()["status"], "ready");
+    let vp = server.port;
+    let bytes = evil
+        .iter()
+        .map(|b| b.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    // The other site's page: it tries every way a page can reach another origin without asking
+    // it first (no preflight): fetch and XHR of the state, a no-cors POST upload with a text/plain
+    // body, a form POST; each outcome is written into `window.results`.
+    let page = format!(
+        r#"<!doctype html><html><body><script>
+window.results = {{}};
+const V = "http://127.0.0.1:{vp}";
+const evil = new Uint8Array([{bytes}]);
+async function attempt(name, f) {{
+  try {{ window.results[name] = "got: " + String(await f()); }}
+  catch (e) {{ window.results[name] = "failed: " + e; }}
+}}
+(async () => {{
+  await attempt("fetch state", async () => (await fetch(V + "/api/state")).text());
+  await attempt("fetch state from localhost", async () => (await fetch("http://localhost:{vp}/api/state")).text());
+  await attempt("fetch state with a guessed token", async () => (await fetch(V + "/api/state", {{headers: {{"X-Golden-Token": "guess"}}}})).text());
+  await attempt("xhr state", () => new Promise((ok, bad) => {{
+    const x = new XMLHttpRequest(); x.open("GET", V + "/api/state");
+    x.onload = () => ok(x.responseText); x.onerror = () => bad("xhr error"); x.send(); }}));
+  await attempt("no-cors upload", async () => (await fetch(V + "/api/upload?side=a&name=x.npy",
+    {{method: "POST", mode: "no-cors", headers: {{"Content-Type": "text/plain"}}, body: evil}})).type);
+  await attempt("form upload", () => new Promise((ok) => {{
+    const sink = document.createElement("iframe"); sink.name = "sink"; document.body.append(sink);
+    const form = document.createElement("form"); form.method = "POST"; form.enctype = "text/plain";
+    form.target = "sink"; form.action = V + "/api/upload?side=b&name=x.npy";
+    const input = document.createElement("input"); input.name = "x"; input.value = "y"; form.append(input);
+    document.body.append(form); sink.onload = () => ok("submitted"); form.submit(); }}));
+  window.done = true;
+}})();
+</script></body></html>"#
+    );
+    let other = OtherSite::start(page);
+    let mut chrome = Chrome::start_with(
+        &d.path().join("profile"),
+        &["--host-resolver-rules=MAP attacker.test 127.0.0.1, MAP rebound.test 127.0.0.1"],
+    );
+    chrome.tab();
+    chrome.call(
+        "Page.navigate",
+        json!({"url": format!("http://attacker.test:{}/", other.port)}),
+    );
+    chrome.wait_for("window.done === true");
+    let results = chrome.eval("window.results");
+    println!("the other site's attempts: {results:#}");
+    for (what, outcome) in results.as_object().unwrap() {
+        let outcome = outcome.as_str().unwrap();
+        assert!(
+            !outcome.contains("x.npy") && !outcome.contains("tensors"),
+            "{what}: the other site read the viewer: {outcome}"
+        );
+    }
+
+    // DNS rebinding: a name of the attacker's that now resolves to 127.0.0.1, at the viewer's
+    // port. Its page is the attacker's origin; its script asks for the state and uploads, as the
+    // page itself does — even with the token, were it guessed.
+    chrome.tab();
+    chrome.call(
+        "Page.navigate",
+        json!({"url": format!("http://rebound.test:{vp}/")}),
+    );
+    chrome
+        .wait_for("document.readyState === 'complete' && location.host.startsWith('rebound.test')");
+    let token = server.token.clone().unwrap_or_default();
+    let read = chrome.eval_async(&format!(
+        "fetch('/api/state', {{headers: {{'X-Golden-Token': {token:?}}}}}).then(r => r.status + ' ' + r.statusText).catch(e => 'failed: ' + e)"
+    ));
+    println!("rebound read: {read}");
+    assert!(
+        read.as_str().unwrap().starts_with("403"),
+        "a rebound name read the state: {read}"
+    );
+    let upload = chrome.eval_async(&format!(
+        "fetch('/api/upload?side=a&name=x.npy', {{method: 'POST', headers: {{'X-Golden-Token': {token:?}}}, body: new Uint8Array([{bytes}])}}).then(r => String(r.status)).catch(e => 'failed: ' + e)"
+    ));
+    assert_eq!(upload, "403", "a rebound name uploaded");
+
+    // Nothing reached the viewer: its sides are what the command line gave, and no upload was
+    // written.
+    drop(chrome);
+    let state = server.settled_state();
+    for (k, dir) in [(0, &a), (1, &b)] {
+        assert_eq!(
+            state["sides"][k]["name"].as_str(),
+            Some(dir.to_str().unwrap()),
+            "a side was replaced: {state}"
+        );
+    }
+    assert_eq!(state["diff"]["match"], false, "{state}");
+    assert!(std::fs::read_dir(&tmp).unwrap().next().is_none());
+    assert_eq!(server.interrupt().code(), Some(130));
 }

@@ -43,16 +43,27 @@ pub fn golden_layer(attr: TokenStream, item: TokenStream) -> TokenStream {
             return out.into();
         }
     };
-    // Its tests go in a module of its name: one already beside it is golden's error to name
-    // (the compiler's own, E0428, says nothing of golden or the fix).
-    let clash = siblings::module_clashes(&function.sig.ident).then(|| {
-        let name = &function.sig.ident;
+    // Its tests go in a module of its name: one already beside it, or paths beside it that start
+    // with that name and mean a crate, are golden's error to name (the compiler's own, E0428 and
+    // E0659, say nothing of golden or the fix).
+    let name = &function.sig.ident;
+    let clash = siblings::clash(name).map(|clash| {
+        let what = match clash {
+            siblings::Clash::Module => format!(
+                "and this module already has a `mod {name}`: rename that module, or the function"
+            ),
+            siblings::Clash::Path(path) => format!(
+                "and `{path}` in this module starts with that name: beside a module `{name}` it \
+                 would mean that module, not the crate (under `cargo test`, rustc: \"`{name}` is \
+                 ambiguous\"). Rename the function, or write such paths from the root \
+                 (`::{name}::...`)"
+            ),
+        };
         syn::Error::new(
             name.span(),
             format!(
                 "#[golden_layer] puts the tests of `fn {name}` in a module named `{name}` beside \
-                 it (`{name}::matches_reference`), and this module already has a `mod {name}`: \
-                 rename that module, or the function"
+                 it (`{name}::matches_reference`), {what}"
             ),
         )
     });

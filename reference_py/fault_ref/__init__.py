@@ -68,6 +68,29 @@ def segfaults_in_float64(x):
     return x.clone()
 
 
+def exits_in_float64(x):
+    """Ends the interpreter only when golden evaluates it in float64, as an abort path that a
+    float64 kernel takes would: no Python stack is printed."""
+    if x.dtype == torch.float64:
+        os._exit(3)
+    return x.clone()
+
+
+def killed_in_float64(x):
+    """Killed only when golden evaluates it in float64, as the kernel's out-of-memory killer would
+    kill a float64 evaluation that takes twice the memory: nothing is printed."""
+    if x.dtype == torch.float64:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x.clone()
+
+
+def sleeps_in_float64(x):
+    """Hangs only when golden evaluates it in float64."""
+    if x.dtype == torch.float64:
+        time.sleep(3600)
+    return x.clone()
+
+
 def sleeps(x):
     time.sleep(3600)
     return x.clone()
@@ -214,3 +237,32 @@ class HostileNames(torch.nn.Module):
 
     def forward(self, x):
         return {"../escaped": x * 2, "ok": x.clone()}
+
+
+# --- a checkpoint written over while a check reads it ------------------------------------------------
+
+
+class RewritesItsCheckpoint(torch.nn.Module):
+    """A linear layer whose first forward writes over the checkpoint it is checked with (`path`),
+    as a training run saving the file again while the tests run would. `how`: `zeros` keeps the
+    file's size and header and zeroes its tensors' bytes (the pages read from then on are zeros);
+    `truncate` cuts the file to nothing (a mapped page past the end of a file is SIGBUS); `none`
+    leaves it alone. Once per file: `<path>.<how>.done` marks it done."""
+
+    def __init__(self, path: str = "", how: str = "none"):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self._path, self._how = path, how
+
+    def forward(self, x):
+        done = f"{self._path}.{self._how}.done"
+        if self._how != "none" and not os.path.exists(done):
+            open(done, "w").close()
+            if self._how == "truncate":
+                os.truncate(self._path, 0)
+            else:
+                with open(self._path, "r+b") as f:
+                    header = int.from_bytes(f.read(8), "little")
+                    f.seek(8 + header)
+                    f.write(bytes(os.path.getsize(self._path) - 8 - header))
+        return self.proj(x)

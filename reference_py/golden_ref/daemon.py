@@ -21,6 +21,12 @@ forked copy of the warm interpreter that serves it exactly like a private worker
   helper or forked process of a reference outlives its copy.
 * A copy imports its references after the fork (the daemon imports none) and forgets the import
   system's directory caches of the daemon: what it imports is what is on disk now.
+* A copy runs with the environment of the test process it serves, which the runtime sends with
+  `hello` (:func:`golden_ref.worker.adopt_environment`), not with the daemon's: the daemon was
+  started by whichever test process needed it first. The variables read as the daemon started
+  (torch's, the thread pools', Python's own) cannot be given afterwards; the runtime names the
+  daemon after their values (`--identity`), which each copy's `hello` answer says, so that a test
+  process never uses a daemon started for other values, other import roots or another golden.
 * The daemon exits after `--idle` seconds with no connection and no served copy alive (before its
   first connection, at least 30 s), or when its socket file is removed or replaced.
 """
@@ -91,7 +97,8 @@ def end_group(pgid: int) -> None:
         pass
 
 
-def _serve_connection(conn, directory: str, daemon_pid: int, client: int | None, user_umask: int) -> None:
+def _serve_connection(conn, directory: str, daemon_pid: int, client: int | None, user_umask: int,
+                      identity: str | None) -> None:
     """In the forked copy: become a worker for this connection. Never returns."""
     code = 0
     try:
@@ -112,9 +119,8 @@ def _serve_connection(conn, directory: str, daemon_pid: int, client: int | None,
             worker_module.watch_process(client)
         proto_in = conn.makefile("rb", buffering=0)
         proto_out = conn.makefile("wb", buffering=1 << 16)
-        code = worker_module.serve(
-            proto_in, proto_out, {"log": log_path, "daemon_pid": daemon_pid, "client_pid": client}, peer=client
-        )
+        info = {"log": log_path, "daemon_pid": daemon_pid, "client_pid": client, "identity": identity}
+        code = worker_module.serve(proto_in, proto_out, info, peer=client)
         # The client is done with this copy: so are the references' helpers.
         worker_module.end_group()
     except BaseException:  # noqa: BLE001 - the copy must never return into the daemon's loop
@@ -123,7 +129,7 @@ def _serve_connection(conn, directory: str, daemon_pid: int, client: int | None,
         os._exit(code)
 
 
-def run(path: str, idle: float, ready_fd: int, user_umask: int) -> int:
+def run(path: str, idle: float, ready_fd: int, user_umask: int, identity: str | None = None) -> int:
     directory = os.path.dirname(os.path.abspath(path))
     uid = os.getuid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -189,7 +195,7 @@ def run(path: str, idle: float, ready_fd: int, user_umask: int) -> int:
         child = os.fork()
         if child == 0:
             listener.close()
-            _serve_connection(conn, directory, pid, credentials[0], user_umask)
+            _serve_connection(conn, directory, pid, credentials[0], user_umask, identity)
         try:
             os.setpgid(child, child)  # as the copy does: whichever runs first
         except OSError:
@@ -244,6 +250,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True)
     parser.add_argument("--idle", type=float, default=60.0)
+    parser.add_argument("--identity", default=None, help="what the runtime named this daemon's socket after")
     args = parser.parse_args()
     # Whatever the daemon creates is its user's alone; the copies get the user's umask back.
     user_umask = os.umask(0o077)
@@ -283,7 +290,7 @@ def main() -> int:
     os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        code = run(args.socket, args.idle, ready_w, user_umask)
+        code = run(args.socket, args.idle, ready_w, user_umask, args.identity)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             code = 0

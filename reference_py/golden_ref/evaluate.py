@@ -122,6 +122,10 @@ class Case:
         # `around(target, run)` runs `run()`, one whole call of the reference (its driving
         # included), and returns its result: the mutation diagnosis runs it under a mutation.
         self.around = None
+        # Told `(stage, phase)` before each of golden's evaluations of the reference (`case`: in
+        # the case dtype, `float64`, `construct`), so that a worker that dies or hangs in one is
+        # reported in it, whatever killed it: `golden_ref.worker` sends it to the runtime.
+        self.progress = None
 
     @property
     def shared(self) -> bool:
@@ -139,7 +143,14 @@ class Case:
         case.schedule = self.schedule
         case.checkpoint = self.checkpoint
         case.around = self.around
+        case.progress = self.progress
         return case
+
+
+def _progress(case: Case, stage: str, phase: str) -> None:
+    """Tell whoever listens (`Case.progress`) which evaluation of the reference comes next."""
+    if case.progress is not None:
+        case.progress(stage, phase)
 
 
 def reference_module(module):
@@ -193,6 +204,7 @@ def constructor_arguments(case: Case):
 def construct(case: Case):
     """Construct the reference module under the case seed, in eval mode (module's own dtype)."""
     torch = case.backend.torch
+    _progress(case, "construct", "constructing the module")
     case.backend.seed(case.seed)
     args, kwargs = constructor_arguments(case)
     try:
@@ -683,6 +695,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     again, and nobody asks what was changed in them (`mutated` is empty). `under`: a context the
     reference runs in (`_confirm`'s inert TorchFunctionMode)."""
     backend = case.backend
+    _progress(case, "case", phase)
     if private:
         native = [backend.to_native(a) for a in args]
         leaves = call(case, module if module is not None else case.obj, native, phase)
@@ -844,6 +857,7 @@ def _evaluate64(case: Case, module, args, phase: str):
     """One float64 evaluation (under `promoted`) on fresh upcast copies of `args`; `module` is the
     case's module in the case dtype, copied and upcast."""
     backend = case.backend
+    _progress(case, "float64", phase)
     native = []
     for a in args:
         view = backend.to_native(a)

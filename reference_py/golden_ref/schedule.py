@@ -41,9 +41,9 @@ from .backends import flatten_outputs
 # Porting mistakes in how a model is driven through time, made in the reference's driving for the
 # diagnosis of a failing port (the runtime's `describe/schedule.rs` names them and their fixes):
 # position ids that restart at 0 in every call, position ids that count padding, no padding mask,
-# no cache, a sliding window one key wider or narrower, a sliding window not applied to the cached
-# keys (a cache never trimmed, no mask on a one-token step).
-MISTAKES = ("positions-restart", "positions-unpadded", "mask-unpadded", "no-cache",
+# both (the padding treated as tokens), no cache, a sliding window one key wider or narrower, a
+# sliding window not applied to the cached keys (a cache never trimmed, no mask on a one-token step).
+MISTAKES = ("positions-restart", "positions-unpadded", "mask-unpadded", "padding-ignored", "no-cache",
             "window-wider", "window-narrower", "window-uncached", "inputs-reversed", "inputs-ahead")
 
 
@@ -213,7 +213,7 @@ class _Builder:
         mask = self.mask_upto(past + t)
         if self.plan.mistake == "positions-restart":
             return torch.arange(0, t).unsqueeze(0).expand(self.batch, t)
-        if mask is None or self.plan.mistake == "positions-unpadded":
+        if mask is None or self.plan.mistake in ("positions-unpadded", "padding-ignored"):
             return torch.arange(past, past + t).unsqueeze(0).expand(self.batch, t)
         positions = mask.long().cumsum(-1) - 1
         positions = positions.masked_fill(mask == 0, 1)
@@ -224,7 +224,8 @@ class _Builder:
         torch = self.torch
         out = {}
         positions = self.positions(past, t)
-        mask2d = None if self.plan.mistake == "mask-unpadded" else self.mask_upto(past + t)
+        unmasked = self.plan.mistake in ("mask-unpadded", "padding-ignored")
+        mask2d = None if unmasked else self.mask_upto(past + t)
         if self.plan.mistake == "no-cache":
             use_cache = False
             mask2d = None if mask2d is None else mask2d[:, past:]
@@ -260,6 +261,26 @@ class _Builder:
         )
 
 
+def _owned(backend, values):
+    """Copies of a call's tensor arguments: a step that writes into its inputs (`x.mul_(2)`, a
+    carried state updated in place) changes neither what golden kept of the steps before it nor
+    what it gives the steps after it. The port's side does the same (`run/steps.rs`)."""
+    return [_copy(backend, v) for v in values]
+
+
+def _kept(backend, leaves):
+    """A step's leaves as golden keeps them: copies, taken as the step returns. A module that
+    returns a buffer it writes again at its next call (`self.buf.copy_(...)`) would otherwise
+    change the answer of the step before."""
+    return [(name, _copy(backend, value)) for name, value in leaves]
+
+
+def _copy(backend, value):
+    if not backend.is_tensor(value):
+        return value
+    return value.clone() if hasattr(value, "clone") else value.copy()
+
+
 def _tensor_leaves(out, backend, prefix: str):
     """The tensors of a step's output, named like a forward's (the cache object a model returns,
     `past_key_values`, is state, not an output: `flatten_outputs` leaves it out)."""
@@ -280,7 +301,11 @@ def _logits(leaves, step: int):
 
 
 def _zero_padding(torch, leaves, mask, axis: int, past: int, t: int):
-    """Outputs at padded positions become zeros: a port is judged on valid positions only."""
+    """Outputs at padded positions become zeros: a port is judged on valid positions only. An
+    output holds the step's positions when its first axis is the batch and its sequence axis has the
+    step's length (what the reference was given): the one rule by which padded positions are
+    excluded on both sides (the runtime's `Plan::positional`; a port's outputs are zeroed at the
+    positions the reference's leaf of the same name holds, all of them or the last)."""
     if mask is None:
         return leaves
     valid = mask[:, past:past + t].bool()
@@ -372,7 +397,7 @@ def _run_loop(case, plan, target, args, phase_error):
         takes_step = False
     leaves = []
     for k in range(count):
-        call_args = list(state)
+        call_args = _owned(case.backend, state)
         kwargs = dict(case.kwargs)
         if takes_step:
             kwargs["step"] = k
@@ -382,7 +407,7 @@ def _run_loop(case, plan, target, args, phase_error):
             if isinstance(e, KeyboardInterrupt):
                 raise
             raise phase_error(f"step {k} of {count}", e) from None
-        step_leaves = flatten_outputs(out, case.backend, prefix="out")
+        step_leaves = _kept(case.backend, flatten_outputs(out, case.backend, prefix="out"))
         for i, leaf in carry:
             value = dict(step_leaves).get(leaf)
             if value is None:
@@ -435,6 +460,8 @@ def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_e
             chunk = token.reshape([batch] + [1] * (x.dim() - 1)).to(x.dtype)
         call_args = list(args)
         call_args[plan.arg] = chunk
+        call_args = _owned(backend, call_args)
+        chunk = call_args[plan.arg]
         kwargs = dict(case.kwargs)
         kwargs.update(builder.kwargs(chunk, past, t, use_cache=plan.cached))
         # `no-cache` for a module that keeps its own state: a fresh one at every call.
@@ -449,7 +476,7 @@ def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_e
                 raise
             raise phase_error(f"step {k} of the schedule ({_describe(k, past, t, prompt)})", e) from None
         prefix = "out" if plan.plain else f"step.{k}.out"
-        step_leaves = _tensor_leaves(out, backend, prefix)
+        step_leaves = _kept(backend, _tensor_leaves(out, backend, prefix))
         step_leaves = _zero_padding(torch, step_leaves, mask if past < prompt else None, plan.axis, past, t)
         if plan.generate and past + t >= prompt and len(generated) < plan.generate:
             generated.append(_next_token(plan, _logits(step_leaves, k), plan.axis, len(generated)))

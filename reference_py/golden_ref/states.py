@@ -2,7 +2,7 @@
 
 The runtime resolves a checkpoint against the reference module's state_dict (every entry's name in
 the file, ties included) and sends the worker what it needs to load it itself, once: the file's
-path, size, modification time and content hash, and per state_dict entry the file's name for it
+path, size, modification time, inode and content hash, and per state_dict entry the file's name for it
 (entries the file does not hold, which the module keeps, travel as tensors). Requests then name
 the state's id (`state_ref`); a worker that does not hold it answers `unknown_state`, and the
 runtime sends it again. No request carries a checkpoint's tensors.
@@ -67,10 +67,13 @@ class State:
             st = os.stat(path)
         except OSError as e:
             raise CheckpointError(f"weights = {path!r}: {e}") from None
-        if st.st_size != int(spec["size"]) or st.st_mtime_ns != int(spec["mtime_ns"]):
+        inode = spec.get("inode")
+        replaced = inode is not None and (st.st_dev, st.st_ino) != (int(inode[0]), int(inode[1]))
+        if replaced or st.st_size != int(spec["size"]) or st.st_mtime_ns != int(spec["mtime_ns"]):
             raise CheckpointError(
                 f"weights = {path!r} changed since golden hashed it (size {spec['size']} -> "
-                f"{st.st_size}, or its modification time): run the check again"
+                f"{st.st_size}, or its modification time, or another file took its place): run the "
+                "check again"
             )
         with open(path, "rb") as f:
             self._mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)

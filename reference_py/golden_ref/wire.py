@@ -22,28 +22,28 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 
 import numpy as np
 
-from . import shm
+from . import shm, variables
 
 MAGIC = b"GLD1"
 # A tensor entry's dtype code with this bit: its bytes are in the frame's shared memory.
 SHARED = 0x80
 # A frame larger than this is refused rather than allocated: a corrupt length must not exhaust memory.
 # The runtime's limit is the same 2 GiB. GOLDEN_MAX_FRAME (bytes) can only lower it: golden's own
-# tests reach the limit with small tensors that way.
+# tests reach the limit with small tensors that way. A value it cannot read is an error, as in the
+# runtime (which reads it first, before any worker starts).
 LIMIT = 1 << 31
 
 
 def _max_frame() -> int:
-    try:
-        lowered = int(os.environ.get("GOLDEN_MAX_FRAME", LIMIT))
-    except ValueError:
-        return LIMIT
-    return lowered if 0 < lowered < LIMIT else LIMIT
+    return variables.whole_number(
+        "GOLDEN_MAX_FRAME", LIMIT, 1, LIMIT,
+        f"a frame limit: give a whole number of bytes from 1 to {LIMIT} (it can only lower the "
+        "worker's limit of 2 GiB; golden's own tests set it)",
+    )
 
 
 MAX_FRAME = _max_frame()

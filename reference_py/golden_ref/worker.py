@@ -13,7 +13,9 @@ or forked copy outlives it; the runtime kills the group of a worker it kills.
 
 Requests (`op` in the JSON header):
 
-* `hello` -> versions of Python, NumPy and (if the backend asked for it) torch
+* `hello` -> versions of Python, NumPy and (if the backend asked for it) torch; a copy of the shared
+  worker is sent the environment of its test process with it (`environ`), and takes it as its own
+  (:func:`adopt_environment`) before it imports any reference
 * `load`  -> resolve a reference (import errors are reported with their traceback)
 * `params` -> what the runtime needs to draw a module's parameters (:func:`golden_ref.evaluate.param_spec`)
 * `state` -> load a checkpoint's state from its file and keep it by id (:mod:`golden_ref.states`);
@@ -28,6 +30,11 @@ Requests (`op` in the JSON header):
 
 Large tensors travel through shared memory when both sides can map it (:mod:`golden_ref.shm`):
 `hello` carries the runtime's offer, and the answer this worker's arena or why it has none.
+
+While it answers a request, the worker says which of golden's evaluations of the reference it is
+in: a frame `{"progress": stage, "phase": ...}` with the request's id and no `ok` before each
+(:class:`Progress`), so that the runtime can say where a worker died or hung however it ended
+(a crash in any thread, an exit, the out-of-memory killer), which a Python stack does not always.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import threading
 import time
 import traceback
 
-from . import shm, wire
+from . import shm, variables, wire
 from .backends import BACKENDS, BackendError, OutputError
 from .evaluate import Case, NotDeterministic, ReferenceRaised, forward, gradient_case, param_spec, variants
 from .limits import AnswerTooLarge
@@ -59,6 +66,8 @@ class Worker:
         self.backends = {}
         self.session = session or shm.Session(None)
         self.states = States()
+        # Told where the request being answered is (see `Progress`); None: nobody listens.
+        self.progress = None
 
     def backend(self, name: str):
         if name not in BACKENDS:
@@ -98,6 +107,8 @@ class Worker:
         if op == "hello":
             import numpy
 
+            if header.get("environ") is not None:
+                adopt_environment(header["environ"])
             info = {"python": sys.version.split()[0], "numpy": numpy.__version__, "pid": os.getpid()}
             info.update(getattr(self, "extra_info", {}))
             info.update(self.session.hello())
@@ -171,6 +182,7 @@ class Worker:
             case.config = (self.config_class(config["class"]), config.get("values", {}))
         case.trace = bool(header.get("trace", False))
         case.twice = bool(header.get("twice", False))
+        case.progress = self.progress
         if header.get("state_dict") is not None:
             case.state = [(name, t) for name, t in wire.resolve_refs(header["state_dict"], tensors)]
         if header.get("state_ref") is not None:
@@ -243,8 +255,38 @@ def _outputs_json(result: dict, table) -> dict:
     return response
 
 
+def adopt_environment(pairs: list) -> None:
+    """Make the environment exactly `pairs` (each name and value as the hex of its bytes): the
+    environment the runtime would start a private worker with. A copy of the shared worker takes
+    its test process's this way, in place of the daemon's, before it imports any reference; the
+    C library's environment changes with it (`os.environb` sets and unsets it)."""
+    wanted = {bytes.fromhex(name): bytes.fromhex(value) for name, value in pairs}
+    for name in list(os.environb):
+        if name not in wanted:
+            del os.environb[name]
+    for name, value in wanted.items():
+        if os.environb.get(name) != value:
+            os.environb[name] = value
+
+
 class UnknownState(Exception):
     """A request names a checkpoint's state this worker does not hold (the runtime sends it)."""
+
+
+class Progress:
+    """Tells the runtime which evaluation of the reference request `request_id` is in: one frame
+    per change, written at once (the worker may die in the next instant)."""
+
+    def __init__(self, stream, request_id: int):
+        self.stream = stream
+        self.request_id = request_id
+        self.last = None
+
+    def __call__(self, stage: str, phase: str) -> None:
+        if (stage, phase) == self.last:
+            return
+        self.last = (stage, phase)
+        wire.write_frame(self.stream, self.request_id, {"progress": stage, "phase": phase}, [])
 
 
 def error_response(error: BaseException) -> dict:
@@ -330,7 +372,11 @@ def main() -> int:
     # quotes in its message.
     faulthandler.enable(file=sys.stderr)
 
-    parent = int(os.environ.get("GOLDEN_PARENT_PID", os.getppid()))
+    parent = variables.whole_number(
+        "GOLDEN_PARENT_PID", os.getppid(), 1, 2**31 - 1,
+        "a process id: golden sets it on the Python workers it starts (the test process whose end "
+        "ends them); unset it",
+    )
     if os.getppid() != parent:
         return 0
     watch_parent(parent)
@@ -378,6 +424,7 @@ def _serve(worker, session, proto_in, proto_out) -> int:
             return 0
         request_id, header, tensors = frame
         session.request(header.pop("$shm", None))
+        worker.progress = Progress(proto_out, request_id)
         try:
             body, out_tensors = worker.handle(header, tensors)
             response = {"ok": True, **body}

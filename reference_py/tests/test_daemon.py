@@ -50,5 +50,32 @@ class ExitRecordTest(unittest.TestCase):
                 self.assertEqual(f.read(), "exit code 3")
 
 
+class AdoptEnvironmentTest(unittest.TestCase):
+    """A served copy takes its test process's environment in place of the daemon's
+    (`worker.adopt_environment`), for Python and the C library alike."""
+
+    def test_the_environment_becomes_exactly_the_one_sent(self):
+        import ctypes
+
+        from golden_ref import worker
+
+        saved = dict(os.environb)
+        try:
+            os.environb[b"GOLDEN_TEST_DAEMONS_OWN"] = b"1"
+            os.environb[b"SCALE"] = b"2"
+            sent = {b"SCALE": b"3", b"NOT_UTF8": b"\xff\xfe", b"EMPTY": b""}
+            worker.adopt_environment([[k.hex(), v.hex()] for k, v in sent.items()])
+            self.assertEqual(dict(os.environb), sent)
+            self.assertEqual(os.environ["SCALE"], "3")
+            getenv = ctypes.CDLL(None).getenv
+            getenv.restype = ctypes.c_char_p
+            self.assertEqual(getenv(b"SCALE"), b"3")
+            self.assertIsNone(getenv(b"GOLDEN_TEST_DAEMONS_OWN"))
+        finally:
+            for name in list(os.environb):
+                del os.environb[name]
+            os.environb.update(saved)
+
+
 if __name__ == "__main__":
     unittest.main()

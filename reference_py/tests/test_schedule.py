@@ -42,6 +42,27 @@ class Stateless(torch.nn.Module if torch else object):
         return x.cumsum(1)
 
 
+class ReusedBuffer(torch.nn.Module if torch else object):
+    """A plain module that returns one buffer, written again at each call (the running sum)."""
+
+    def __init__(self):
+        super().__init__()
+        self.buffer = None
+
+    def forward(self, x):
+        step = x.cumsum(1)
+        if self.buffer is None or self.buffer.shape != step.shape:
+            self.buffer = step
+        else:
+            self.buffer.copy_(self.buffer[:, -1:] + step)
+        return self.buffer
+
+
+def doubling_in_place(x, step):
+    """A step function that writes its next state over its input and returns it."""
+    return x.mul_(2)
+
+
 @unittest.skipIf(torch is None or transformers is None, "needs torch and transformers")
 class ScheduleTest(unittest.TestCase):
     def setUp(self):
@@ -108,6 +129,29 @@ class ScheduleTest(unittest.TestCase):
         np.testing.assert_allclose(out["step.0.out.logits"][1, 2:], alone["step.0.out.logits"][0], atol=1e-5)
         np.testing.assert_allclose(out["step.2.out.logits"][1], alone["step.2.out.logits"][0], atol=1e-5)
 
+    def test_the_padding_ignored_mistake_runs_the_padded_rows_as_if_their_padding_were_tokens(self):
+        from transformers import LlamaForCausalLM
+
+        from golden_ref.evaluate import forward
+
+        mask = np.ones((2, 5), dtype=np.int64)
+        mask[1, :2] = 0  # left padding
+        ids = self.ids(2, 5)
+        case = self.case(LlamaForCausalLM, [ids], _llama_config(), chunks=[3, 1, 1], mask=mask)
+        case.schedule.mistake = "padding-ignored"
+        ignored = self.leaves(forward(case, precise=False))
+        unpadded = self.leaves(forward(self.case(LlamaForCausalLM, [ids], _llama_config(), chunks=[3, 1, 1]),
+                                       precise=False))
+        # The valid positions are what the batch gives unpadded (padded positions are zeros).
+        np.testing.assert_allclose(ignored["step.0.out.logits"][1, 2:], unpadded["step.0.out.logits"][1, 2:],
+                                   atol=1e-6)
+        for k in (1, 2):
+            np.testing.assert_allclose(ignored[f"step.{k}.out.logits"], unpadded[f"step.{k}.out.logits"], atol=1e-6)
+        # And not what the padded batch gives.
+        case = self.case(LlamaForCausalLM, [ids], _llama_config(), chunks=[3, 1, 1], mask=mask)
+        padded = self.leaves(forward(case, precise=False))
+        self.assertGreater(np.abs(padded["step.2.out.logits"][1] - ignored["step.2.out.logits"][1]).max(), 1e-4)
+
     def test_generation_keeps_the_first_evaluations_tokens(self):
         from transformers import LlamaForCausalLM
 
@@ -161,6 +205,25 @@ class ScheduleTest(unittest.TestCase):
         # A module without state gives chunks that differ from the one-shot run.
         out = self.leaves(forward(self.case(Stateless, [x], chunks=[2, 3]), precise=False))
         self.assertGreater(np.abs(out["step.1.out"] - out["oneshot.1.out"]).max(), 1e-3)
+
+    def test_what_a_step_returned_is_kept_whatever_the_next_step_writes(self):
+        from golden_ref.evaluate import Case, forward
+        from golden_ref.schedule import Plan
+        from golden_ref.wire import WireTensor
+
+        # A loop whose step function doubles its carried input in place.
+        x = np.array([[1.0, -2.0]], dtype=np.float32)
+        case = Case(doubling_in_place, "function", self.backend, [WireTensor("f32", x)], {}, {}, 7, "f32")
+        case.schedule = Plan({"arg": 0, "axis": 0, "chunks": [1, 1, 1],
+                              "loop": {"per_step": [], "carry": [[0, "out"]]}})
+        out = self.leaves(forward(case, precise=False))
+        for k in range(3):
+            np.testing.assert_array_equal(out[f"step.{k}.out"], x * 2 ** (k + 1))
+        # A module that returns the buffer it writes again at its next call.
+        x = np.array([[[1.0], [2.0], [3.0]]], dtype=np.float32)
+        out = self.leaves(forward(self.case(ReusedBuffer, [x], chunks=[1, 1, 1]), precise=False))
+        for k, total in enumerate([1.0, 3.0, 6.0]):
+            np.testing.assert_array_equal(out[f"step.{k}.out"], [[[total]]])
 
     def test_a_model_s_cache_in_its_outputs_is_state_not_a_leaf(self):
         # A plain forward of a causal LM returns its `past_key_values` beside the logits.

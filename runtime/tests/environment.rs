@@ -219,3 +219,69 @@ fn names_are_found_as_words() {
     let names: Vec<_> = names_in(text).into_iter().collect();
     assert_eq!(names, ["GOLDEN_MODE", "GOLDEN_SEED"]);
 }
+
+/// Every declared variable is read, before any case, by its own reader (`env::check_all`): a value
+/// golden cannot read is an error that names the variable, wherever the variable is read later
+/// (`GOLDEN_MAX_FRAME=-1` and `GOLDEN_PARENT_PID=abc` were ignored without a word, #31). Each
+/// variable is here with a value its reader refuses, or among those whose every value is one golden
+/// can use (a new variable must be put in one or the other).
+#[test]
+fn every_variable_names_a_value_it_cannot_read() {
+    let unreadable: &[(&str, &str)] = &[
+        ("GOLDEN_MODE", "sometimes"),
+        ("GOLDEN_SEED", "0xZZ"),
+        ("GOLDEN_CASES", "0"),
+        ("GOLDEN_TIMEOUT", "-1"),
+        ("GOLDEN_START_TIMEOUT", "soon"),
+        ("GOLDEN_MEMORY_LIMIT", "-5"),
+        ("GOLDEN_STORE_LIMIT", "0"),
+        ("GOLDEN_WORKERS", "0"),
+        ("GOLDEN_SHARED_WORKER", "maybe"),
+        ("GOLDEN_SHARED_IDLE", "-1"),
+        ("GOLDEN_SHM", "on"),
+        ("GOLDEN_MUTATIONS", "some"),
+        ("GOLDEN_VARIANTS", "yes"),
+        ("GOLDEN_PARENT_PID", "abc"),
+        ("GOLDEN_MAX_FRAME", "-1"),
+    ];
+    // Paths, names and commands; `GOLDEN_CASE`, read against each check's dims as it starts; the
+    // command line's own, which it reads and names.
+    let any_value = [
+        "GOLDEN_PYTHON",
+        "GOLDEN_VENV",
+        "GOLDEN_CASE",
+        "GOLDEN_REFERENCE_PATH",
+        "GOLDEN_RUN",
+        "GOLDEN_SHARED_DIR",
+        "GOLDEN_BOOTSTRAP_PYTHON",
+        "GOLDEN_READ_BUDGET",
+    ];
+    for v in VARIABLES {
+        match unreadable.iter().find(|(name, _)| *name == v.name) {
+            Some((name, value)) => {
+                let err = (v.check)(value)
+                    .expect_err(&format!("{name}={value:?} was read without an error"));
+                assert!(err.starts_with(&format!("{name}={value:?} ")), "{err}");
+            }
+            None => {
+                assert!(
+                    any_value.contains(&v.name),
+                    "{} is in neither list: give a value its reader refuses, or say why every value \
+                     is one golden can use",
+                    v.name
+                );
+                assert_eq!((v.check)("any text at all"), Ok(()), "{}", v.name);
+            }
+        }
+    }
+    // The readers take what the runtime's own functions take.
+    for (name, value) in [
+        ("GOLDEN_MAX_FRAME", "8388608"),
+        ("GOLDEN_PARENT_PID", "4242"),
+        ("GOLDEN_SEED", "0x2a"),
+        ("GOLDEN_TIMEOUT", "inf"),
+    ] {
+        let v = VARIABLES.iter().find(|v| v.name == name).unwrap();
+        assert_eq!((v.check)(value), Ok(()), "{name}={value}");
+    }
+}

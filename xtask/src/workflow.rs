@@ -15,6 +15,11 @@
 //! * an expression (`${{ … }}`) in a `run:` or an `env:` value is refused: the recipe must run
 //!   the same anywhere.
 //!
+//! * the job runs the pull request's code, so it must hold nothing to misuse: its token is
+//!   read-only (`permissions:` of the job or the workflow, each `read` or `none`) and every
+//!   `actions/checkout` step keeps no credential (`persist-credentials: false`); a recipe that
+//!   drops either is refused before any step runs.
+//!
 //! At the end the job's step summary is printed, and must not be empty when a step writes one.
 
 use std::collections::BTreeMap;
@@ -48,6 +53,51 @@ fn string_map(v: &Yaml, what: &str) -> Result<BTreeMap<String, String>, String> 
     Ok(out)
 }
 
+/// Why the job `spec` of the workflow `doc` could misuse what GitHub hands it, if it could: a token
+/// that may write, or a checkout that keeps its credential for the steps after it.
+fn unsafe_settings(doc: &Yaml, spec: &Yaml, job: &str) -> Option<String> {
+    let permissions = if spec["permissions"].is_badvalue() {
+        &doc["permissions"]
+    } else {
+        &spec["permissions"]
+    };
+    let read_only = match permissions {
+        Yaml::String(s) => s == "read-all" || s == "{}",
+        Yaml::Hash(h) => h
+            .values()
+            .all(|v| matches!(v.as_str(), Some("read" | "none"))),
+        _ => false,
+    };
+    if !read_only {
+        return Some(format!(
+            "jobs.{job}: its token may write (no `permissions:` of the job or the workflow, or one \
+             that is not `read` or `none`): give the workflow `permissions: contents: read`"
+        ));
+    }
+    let steps = spec["steps"]
+        .as_vec()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for step in steps {
+        let checkout = step["uses"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("actions/checkout"));
+        let kept = match &step["with"]["persist-credentials"] {
+            Yaml::Boolean(b) => *b,
+            Yaml::String(s) => s != "false",
+            _ => true,
+        };
+        if checkout && kept {
+            return Some(format!(
+                "jobs.{job}: `{}` keeps its credential in .git for the pull request's code: give \
+                 it `with: persist-credentials: false`",
+                step["uses"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    None
+}
+
 /// Run `job` of the workflow `file` in `dir`.
 pub fn run(file: &Path, job: &str, dir: &Path) -> Result<(), String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -56,6 +106,9 @@ pub fn run(file: &Path, job: &str, dir: &Path) -> Result<(), String> {
     let spec = &doc["jobs"][job];
     if spec.is_badvalue() {
         return Err(format!("{}: no job `{job}`", file.display()));
+    }
+    if let Some(why) = unsafe_settings(doc, spec, job) {
+        return Err(format!("{}: {why}", file.display()));
     }
     let mut env = string_map(&doc["env"], "env")?;
     env.extend(string_map(&spec["env"], &format!("jobs.{job}.env"))?);
@@ -209,4 +262,43 @@ pub fn main(args: &[String]) -> Result<(), String> {
         _ => return Err(usage.into()),
     };
     run(&file, job, &dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(text: &str) -> Option<String> {
+        let doc = &YamlLoader::load_from_str(text).unwrap()[0];
+        unsafe_settings(doc, &doc["jobs"]["j"], "j")
+    }
+
+    #[test]
+    fn a_job_with_a_token_that_may_write_or_a_kept_credential_is_refused() {
+        let recipe = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/port-llama/.github/workflows/golden.yml"
+        ))
+        .unwrap();
+        let doc = &YamlLoader::load_from_str(&recipe).unwrap()[0];
+        for name in ["replay", "verify"] {
+            assert_eq!(unsafe_settings(doc, &doc["jobs"][name], name), None);
+        }
+        let steps = "  j:\n    steps:\n      - uses: actions/checkout@v4\n        with:\n          persist-credentials: false\n";
+        assert_eq!(
+            job(&format!("permissions:\n  contents: read\njobs:\n{steps}")),
+            None
+        );
+        assert!(job(&format!("jobs:\n{steps}"))
+            .unwrap()
+            .contains("may write"));
+        assert!(
+            job(&format!("permissions:\n  contents: write\njobs:\n{steps}"))
+                .unwrap()
+                .contains("may write")
+        );
+        assert!(job(&format!("permissions: write-all\njobs:\n{steps}")).is_some());
+        let kept = "permissions:\n  contents: read\njobs:\n  j:\n    steps:\n      - uses: actions/checkout@v4\n";
+        assert!(job(kept).unwrap().contains("persist-credentials: false"));
+    }
 }

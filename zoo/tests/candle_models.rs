@@ -1,10 +1,11 @@
-//! Third-party ports through time: candle-transformers 0.11.1's cached models — Llama, Mistral and
-//! Qwen2, unmodified — against their transformers originals, driven through golden's schedules
-//! (`decode`): the same random weights on both sides (a tiny config), every step's logits against
-//! the reference's cached run and its one-shot forward. candle's models keep their KV cache inside
-//! (Mistral, Qwen2: `forward(input_ids, seqlen_offset)`) or in a `Cache` passed in (Llama:
-//! `forward(x, index_pos, &mut cache)`), take no attention mask (so no padded batches) and return
-//! only the last position's logits, which golden compares there and says so.
+//! Third-party ports through time: candle-transformers 0.11.1's cached models — Llama, Mistral,
+//! Gemma and Qwen2, unmodified — against their transformers originals, driven through golden's
+//! schedules (`decode`): the same random weights on both sides (a tiny config), every step's logits
+//! against the reference's cached run and its one-shot forward. candle's models keep their KV cache
+//! inside (Mistral, Gemma, Qwen2: `forward(input_ids, seqlen_offset)`) or in a `Cache` passed in
+//! (Llama: `forward(x, index_pos, &mut cache)`) and return only the last position's logits, which
+//! golden compares there and says so. Their `forward` takes no attention mask; Mistral's and Gemma's
+//! `forward_embeds` take one built by the caller, and so are checked on padded batches too.
 //!
 //! What golden finds in them is asserted here and written in the book (docs/src/). Each check has a golden
 //! store in `tests/golden/`, so the assertions hold in replay, with no Python.
@@ -20,9 +21,9 @@
 
 mod common;
 
-use candle_core::{DType, Device};
-use candle_nn::Activation;
-use candle_transformers::models::{gemma2, llama, mistral, phi3, qwen2};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{Activation, Module};
+use candle_transformers::models::{gemma, gemma2, llama, mistral, phi3, qwen2};
 use common::{assert_named, declared_with_store, Scratch};
 use golden::{Decode, DimExpr, Dist, Failure, Layer, Report, Step, Value};
 
@@ -172,6 +173,165 @@ fn candle_mistral_does_not_apply_its_sliding_window_to_the_cache() {
         "{msg}"
     );
     assert!(msg.contains("on both failing cases"), "{msg}");
+}
+
+/// The additive mask of a step for candle-transformers' `forward_embeds`, `[b, 1, t, offset + t]`,
+/// built as transformers builds its own: query i (an index of the whole sequence, padding counted)
+/// sees key j when j ≤ i, j > i − w within a sliding window w, and j is not padding
+/// (`step.attention_mask()`); elsewhere f32's minimum — finite, as transformers' masks are: a
+/// padded query whose every key is masked averages them instead of making NaNs that would reach
+/// the valid rows through the next layer's values. `padding: false` is the leaking port's mask:
+/// causal (and windowed) only.
+fn step_mask(step: &Step, window: Option<usize>, padding: bool) -> candle_core::Result<Tensor> {
+    let (offset, t) = (step.offset(), step.len());
+    let ids = step.input("input_ids")?;
+    let batch = ids.dim(0)?;
+    let valid: Vec<Vec<u8>> = match (step.attention_mask(), padding) {
+        (Some(mask), true) => mask.to_vec2::<u8>()?,
+        _ => vec![vec![1; offset + t]; batch],
+    };
+    let values: Vec<f32> = valid
+        .iter()
+        .flat_map(|row| {
+            (offset..offset + t).flat_map(move |i| {
+                (0..offset + t).map(move |j| {
+                    let seen = j <= i && window.is_none_or(|w| j + w > i) && row[j] == 1;
+                    if seen {
+                        0.0
+                    } else {
+                        f32::MIN
+                    }
+                })
+            })
+        })
+        .collect();
+    Tensor::from_vec(values, (batch, 1, t, offset + t), ids.device())
+}
+
+fn padded(layer: Layer) -> Layer {
+    let decode = layer.decoding().expect("a schedule").clone();
+    layer.decode(Decode {
+        padding: true,
+        ..decode
+    })
+}
+
+/// candle-transformers' Mistral through `forward_embeds`, given the mask a padded batch needs
+/// (`padding: false`: the causal and windowed mask without the padding — a port that leaks it).
+/// Its rotary positions are the offset's (`seqlen_offset`), padding counted, where transformers
+/// counts a row's valid tokens: rotary attention depends on positions' differences only, so the
+/// two agree within rounding.
+fn mistral_padded_port(
+    padding: bool,
+) -> impl Fn(&golden::PortInputs) -> std::result::Result<golden::Outputs, String>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    let step: fn(&mut mistral::Model, &Step) -> candle_core::Result<Tensor> = if padding {
+        |model: &mut mistral::Model, step: &Step| {
+            let xs = model.embed_tokens().forward(step.input("input_ids")?)?;
+            let mask = step_mask(step, Some(WINDOW), true)?;
+            model.forward_embeds(&xs, Some(&mask), step.offset())
+        }
+    } else {
+        |model: &mut mistral::Model, step: &Step| {
+            let xs = model.embed_tokens().forward(step.input("input_ids")?)?;
+            let mask = step_mask(step, Some(WINDOW), false)?;
+            model.forward_embeds(&xs, Some(&mask), step.offset())
+        }
+    };
+    common::stepping(
+        "logits",
+        |vb| mistral::Model::new(&mistral_config(), vb),
+        step,
+    )
+}
+
+fn mistral_padded(name: &str) -> Layer {
+    padded(causal_lm(
+        name,
+        "transformers.MistralForCausalLM",
+        "transformers.MistralConfig",
+    ))
+    .config_value("sliding_window", WINDOW)
+}
+
+#[test]
+fn candle_mistral_given_the_padding_mask_passes_padded_batches() {
+    let layer = mistral_padded("c_mistral_padded");
+    let report = check(&layer, mistral_padded_port(true)).unwrap_or_else(|f| panic!("{f}"));
+    let snapshot = report.snapshot().expect("every case ran");
+    println!("{snapshot}");
+    // Rows of a single token, whose prefill can end on padding: where the last position's logits
+    // that candle returns are padding, on both sides.
+    assert!(snapshot.contains(", one-token "), "{snapshot}");
+}
+
+#[test]
+fn candle_mistral_attending_to_padded_keys_fails_on_the_padding() {
+    let layer = mistral_padded("c_mistral_padding_leaks");
+    let msg = match check(&layer, mistral_padded_port(false)) {
+        Ok(_) => panic!("a Mistral attending to padded keys passed"),
+        Err(f) => f.to_string(),
+    };
+    println!("{msg}");
+    // candle's rotary positions are the offset's: without the padding mask the padded tokens are
+    // tokens, positions and all — named so, with the fix that candle's API allows.
+    assert!(
+        msg.contains(
+            "likely cause: the port matches the reference with the schedule driven with the \
+             padding treated as tokens: no padding mask, and position ids counting the padding"
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("on both failing cases"), "{msg}");
+    assert!(
+        msg.contains("candle-transformers' Mistral and Gemma take one through `forward_embeds`"),
+        "{msg}"
+    );
+}
+
+/// candle-transformers' Gemma through `forward_embeds` with the padding mask (its LM head is its
+/// embedding, as `tie_word_embeddings` makes transformers' one).
+#[test]
+fn candle_gemma_given_the_padding_mask_passes_padded_batches() {
+    let layer = padded(causal_lm(
+        "c_gemma_padded",
+        "transformers.GemmaForCausalLM",
+        "transformers.GemmaConfig",
+    ))
+    .config_value("head_dim", HIDDEN / HEADS)
+    .config_value("tie_word_embeddings", true);
+    let config = gemma::Config {
+        attention_bias: false,
+        head_dim: HIDDEN / HEADS,
+        hidden_act: Some(Activation::GeluPytorchTanh),
+        hidden_activation: None,
+        hidden_size: HIDDEN,
+        intermediate_size: INTERMEDIATE,
+        num_attention_heads: HEADS,
+        num_hidden_layers: LAYERS,
+        num_key_value_heads: KV_HEADS,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        vocab_size: VOCAB,
+        max_position_embeddings: POSITIONS,
+    };
+    let port = common::stepping(
+        "logits",
+        move |vb| gemma::Model::new(false, &config, vb),
+        |model: &mut gemma::Model, step: &Step| {
+            let xs = model.embed_tokens().forward(step.input("input_ids")?)?;
+            let mask = step_mask(step, None, true)?;
+            model.forward_embeds(&xs, Some(&mask), step.offset())
+        },
+    );
+    let report = check(&layer, port).unwrap_or_else(|f| panic!("{f}"));
+    let snapshot = report.snapshot().expect("every case ran");
+    println!("{snapshot}");
+    // Right padding: a short row's last position is padding.
+    assert!(snapshot.contains(", right "), "{snapshot}");
 }
 
 #[test]

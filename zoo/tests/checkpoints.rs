@@ -149,7 +149,6 @@ fn a_wrong_rope_theta_on_a_checkpoint_fails_on_the_logits() {
     let layer = llama_layer("k_llama_theta", &weights, true);
     let failure = check(&layer, &scratch, 500_000.0).expect_err("a wrong rope_theta passed");
     let msg = failure.to_string();
-    println!("{msg}");
     assert!(matches!(failure.kind, FailureKind::Case(_)), "{msg}");
     assert!(msg.contains("leaf `out`"), "{msg}");
 }
@@ -166,7 +165,6 @@ fn a_checkpoint_that_does_not_fit_fails_once_before_any_case_with_the_fix() {
     )
     .expect_err("an untied module passed on a tied checkpoint");
     let msg = failure.to_string();
-    println!("{msg}");
     assert!(matches!(failure.kind, FailureKind::Config(_)), "{msg}");
     assert!(msg.contains("has no `lm_head.weight`"), "{msg}");
     assert!(failure.case.is_none(), "{msg}");
@@ -185,7 +183,6 @@ fn a_checkpoint_that_does_not_fit_fails_once_before_any_case_with_the_fix() {
     )
     .expect_err("a checkpoint without its embedding passed");
     let msg = failure.to_string();
-    println!("{msg}");
     assert!(matches!(failure.kind, FailureKind::Config(_)), "{msg}");
     assert!(
         msg.contains("it is tied to `lm_head.weight` in the module")
@@ -254,7 +251,6 @@ fn a_traced_failure_on_a_checkpoint_stops_shrinking_at_a_stable_divergence_and_r
         .declared_at(scratch.declared);
     let failure = golden::check(&layer, &shifted_port).expect_err("shifted input ids passed");
     let msg = failure.to_string();
-    println!("{msg}");
     assert!(
         msg.lines()
             .next()
@@ -366,4 +362,98 @@ fn a_port_that_asks_whether_the_checkpoint_holds_a_tied_name_is_told_as_the_file
             .into_outputs()
     };
     golden::check(&layer, &port).unwrap_or_else(|f| panic!("{f}"));
+}
+
+/// A 4×4 linear layer's checkpoint (`proj.weight`, `proj.bias`), written with candle in `dir`;
+/// `scale` makes checkpoints of different contents (a worker keeps a checkpoint's state by its
+/// content: two files with the same bytes are one state).
+fn linear_checkpoint(dir: &Path, scale: f64) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("linear.safetensors");
+    let device = Device::Cpu;
+    let weight = Tensor::arange(0f32, 16.0, &device)
+        .and_then(|t| t.reshape((4, 4)))
+        .and_then(|t| t.affine(0.1 * scale, -0.7))
+        .unwrap();
+    let bias = Tensor::new(&[0.5f32, -1.0, 0.25, 2.0], &device).unwrap();
+    let tensors = std::collections::HashMap::from([
+        ("proj.weight".to_string(), weight),
+        ("proj.bias".to_string(), bias),
+    ]);
+    candle_core::safetensors::save(&tensors, &path).unwrap();
+    path
+}
+
+/// `fault_ref.RewritesItsCheckpoint` on the checkpoint at `weights`, which its first forward
+/// writes over as `how` says.
+fn rewriting_layer(name: &str, weights: &Path, how: &str) -> Layer {
+    let path = weights.to_str().unwrap();
+    Layer::module(name, "fault_ref.RewritesItsCheckpoint")
+        .init("path", path)
+        .init("how", how)
+        .weights(path)
+        .dim("b", 1, 3)
+        .dim("d", 4, 4)
+        .arg("x", ["b", "d"], Dist::default())
+        .cases(4)
+        .mode(Mode::Live)
+}
+
+/// The right port of `rewriting_layer`: the linear layer on the served checkpoint.
+fn linear_port(inputs: &golden::PortInputs) -> Result<golden::Outputs, String> {
+    use candle_core::Module;
+    use golden::IntoOutputs;
+    candle_nn::linear(4, 4, inputs.var_builder().pp("proj"))
+        .and_then(|l| l.forward(inputs.tensor(0)))
+        .into_outputs()
+}
+
+/// A checkpoint written over while a check read it: the reference ran on zero-filled pages and the
+/// port was blamed for it, or passed on them, and a checkpoint cut short killed the worker with
+/// SIGBUS in a message that did not name it (#31 item 11). The check now stops, names the file and
+/// what became of it, blames nothing on the port and saves no failing seed.
+#[test]
+fn a_checkpoint_written_over_during_a_check_is_named_and_the_port_not_blamed() {
+    let scratch = Scratch::new("k_rewritten");
+    let check = |name: &str, how: &str, scale: f64| {
+        let weights = linear_checkpoint(&scratch.dir.join(name), scale);
+        let layer = rewriting_layer(name, &weights, how).declared_at(scratch.declared);
+        (golden::check(&layer, &linear_port), weights)
+    };
+    // The port is right on a checkpoint left alone.
+    let (untouched, _) = check("k_untouched", "none", 1.0);
+    untouched.unwrap_or_else(|f| panic!("{f}"));
+
+    let (cut, weights) = check("k_truncated", "truncate", 3.0);
+    let msg = cut
+        .expect_err("a check on a truncated checkpoint must not pass")
+        .to_string();
+    assert!(
+        msg.contains(&format!(
+            "the checkpoint {} changed on disk while the check was reading it",
+            weights.display()
+        )) && msg.contains("truncated")
+            && msg.contains("SIGBUS"),
+        "{msg}"
+    );
+    let (zeroed, weights) = check("k_zeroed", "zeros", 2.0);
+    let failure = zeroed.expect_err("a check on a checkpoint written over must not pass");
+    let msg = failure.to_string();
+    assert!(matches!(failure.kind, FailureKind::Worker(_)), "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "the checkpoint {} changed on disk while the check was reading it",
+            weights.display()
+        )) && msg.contains("rewritten"),
+        "{msg}"
+    );
+    assert!(!msg.contains("does not match its reference"), "{msg}");
+
+    // Neither is the port's: no failing case is saved for it to replay.
+    let regressions = scratch.dir.join("proptest-regressions/check.txt");
+    assert!(
+        !regressions.exists(),
+        "{}",
+        std::fs::read_to_string(&regressions).unwrap_or_default()
+    );
 }

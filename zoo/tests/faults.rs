@@ -156,9 +156,86 @@ fn a_crash_in_the_float64_evaluation_is_named_as_such() {
     let msg = fault(&layer("fault_ref.segfaults_in_float64"), &identity);
     assert!(msg.contains("died with signal 11 (SIGSEGV)"), "{msg}");
     assert!(
-        msg.contains("it crashed in golden's float64 evaluation of the reference"),
+        msg.contains("it died in golden's float64 evaluation of the reference"),
         "{msg}"
     );
+}
+
+/// A reference that ends only in golden's float64 evaluation without a Python stack (an exit, a
+/// SIGKILL from the out-of-memory killer) was reported like any death, with nothing to say that it
+/// runs in the case dtype (#31, minor): the stack on stderr is no longer how golden tells the
+/// phase; the worker says where it is as it goes.
+#[test]
+fn a_death_in_the_float64_evaluation_is_named_as_such_without_a_stack() {
+    for (reference, status) in [
+        ("fault_ref.exits_in_float64", "died with exit code 3"),
+        (
+            "fault_ref.killed_in_float64",
+            "died with signal 9 (SIGKILL)",
+        ),
+    ] {
+        let msg = fault(&layer(reference), &identity);
+        assert!(msg.contains(status), "{msg}");
+        assert!(
+            msg.contains("it died in golden's float64 evaluation of the reference"),
+            "{msg}"
+        );
+    }
+    let msg = fault(
+        &layer("fault_ref.sleeps_in_float64").timeout(2.0),
+        &identity,
+    );
+    assert!(
+        msg.contains("did not answer within 2 s") && msg.contains("in golden's float64 evaluation"),
+        "{msg}"
+    );
+}
+
+/// Only a failure of the port, reproducible from its case, is saved in proptest's regressions
+/// file for the check to replay first: a timeout, a dead worker or a reference that raises were
+/// saved too, and the user asked to commit them (#31 item 13).
+#[test]
+fn only_the_port_s_failures_are_saved_for_replay() {
+    let _turn = take_turn();
+    let scratch = common::Scratch::new("f_regressions");
+    let saved = || {
+        std::fs::read_to_string(scratch.dir.join("proptest-regressions/check.txt"))
+            .unwrap_or_default()
+    };
+    let declared = |l: Layer| l.declared_at(scratch.declared);
+    let slow_port = |i: &PortInputs| {
+        std::thread::sleep(Duration::from_secs(4));
+        i.tensor(0).clone().into_outputs()
+    };
+    for (layer, port) in [
+        (
+            layer("fault_ref.sleeps").timeout(2.0),
+            &identity as &golden::Port<'_>,
+        ),
+        (layer("fault_ref.exits"), &identity),
+        (layer("fault_ref.raises"), &identity),
+        (layer("fault_ref.identity").timeout(1.0), &slow_port),
+    ] {
+        let reference = layer.reference().to_string();
+        let failure =
+            golden::check(&declared(layer), port).expect_err(&format!("`{reference}` must fail"));
+        assert!(
+            saved().is_empty(),
+            "`{reference}` ({failure}) saved a case:\n{}",
+            saved()
+        );
+    }
+    // A wrong port's failure is the port's: saved, once.
+    let wrong = |i: &PortInputs| i.tensor(0).affine(2.0, 0.0).into_outputs();
+    assert!(golden::check(&declared(layer("fault_ref.identity")), &wrong).is_err());
+    let lines: Vec<String> = saved()
+        .lines()
+        .filter(|l| l.starts_with("cc "))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    next_check_works();
+    assert_no_stray_workers();
 }
 
 #[test]
@@ -579,6 +656,23 @@ fn an_invalid_timeout_names_the_variable_and_the_accepted_form() {
 fn a_timeout_of_zero_or_inf_means_no_limit() {
     for value in ["0", "inf"] {
         assert_eq!(with_env("GOLDEN_TIMEOUT", value).trim(), "pass", "{value}");
+    }
+}
+
+/// `GOLDEN_MAX_FRAME=-1` and `GOLDEN_PARENT_PID=abc` were ignored without a word (#31, minor):
+/// every variable golden declares is read before any case, and a value it cannot read is named.
+#[test]
+fn an_unreadable_internal_variable_is_named_too() {
+    for (name, value) in [
+        ("GOLDEN_MAX_FRAME", "-1"),
+        ("GOLDEN_MAX_FRAME", "lots"),
+        ("GOLDEN_PARENT_PID", "abc"),
+    ] {
+        let msg = with_env(name, value);
+        assert!(
+            msg.contains(&format!("{name}={value:?}")) && !msg.starts_with("pass"),
+            "{name}={value}: {msg}"
+        );
     }
 }
 

@@ -15,7 +15,7 @@ use candle_core::Tensor;
 use common::decoder::{self, Bugs};
 use common::gpt2;
 use common::{declared_with_store, Scratch};
-use golden::{Decode, Failure, Layer, Report};
+use golden::{Decode, DimExpr, DimValue, Failure, Layer, Report};
 
 fn run(layer: &Layer, window: Option<usize>, bugs: Bugs) -> Result<Report, Failure> {
     let scratch = Scratch::new(layer.name());
@@ -404,6 +404,158 @@ fn a_sampler_consuming_its_random_numbers_in_another_order_is_named() {
     assert!(
         msg.contains(
             "the loop run with its per-step inputs (random numbers) taken in reverse order"
+        ),
+        "{msg}"
+    );
+}
+
+/// [`ddpm_step`] that keeps its state in its input's memory, as an in-place update does: the next
+/// state is written over the carried `x` (candle's `slice_set`) and `x` returned.
+fn ddpm_step_in_place(
+    i: &golden::PortInputs,
+    noise_by_timestep: bool,
+) -> candle_core::Result<Tensor> {
+    let next = ddpm_step(i, noise_by_timestep)?;
+    let x = i.tensor(0);
+    x.slice_set(&next, 0, 0)?;
+    Ok(x.clone())
+}
+
+#[test]
+fn a_sampler_writing_its_next_state_into_its_carried_input_is_judged_on_what_it_returned() {
+    // Each step returns the right state, in the memory golden carried in: what golden keeps of a
+    // step must be the value it returned, not what the next step writes there.
+    let scratch = Scratch::new("s_sampler_in_place");
+    let layer = declared_with_store(&sampler("s_sampler_in_place"), &scratch);
+    golden::check(&layer, &|i: &golden::PortInputs| {
+        golden::IntoOutputs::into_outputs(ddpm_step_in_place(i, false))
+    })
+    .unwrap_or_else(|f| panic!("the right port failed:\n{f}"));
+    // The same writes with the random numbers in the timesteps' order: named as without them.
+    let scratch = Scratch::new("s_sampler_in_place_noise_order");
+    let layer = declared_with_store(&sampler("s_sampler_in_place_noise_order"), &scratch);
+    let msg = golden::check(&layer, &|i: &golden::PortInputs| {
+        golden::IntoOutputs::into_outputs(ddpm_step_in_place(i, true))
+    })
+    .expect_err("a wrong port")
+    .to_string();
+    println!("{msg}");
+    assert!(
+        msg.contains("leaves its reference `zoo_ref.samplers.ddpm_step` at step 0 of"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(
+            "the loop run with its per-step inputs (random numbers) taken in reverse order"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_cached_port_that_writes_its_next_output_into_the_last_one_is_judged_on_what_it_returned() {
+    // A streaming port that reuses one output buffer (written with `slice_set`, as candle-nn's
+    // KV cache reuses its own) while the steps' shapes allow: golden keeps what each step returned.
+    let layer = Layer::module(
+        "s_streaming_reused_buffer",
+        "zoo_ref.streaming.StreamingConv",
+    )
+    .init("channels", 4usize)
+    .init("kernel", 3usize)
+    .dim("b", 1, 2)
+    .dim("t", 1, 10)
+    .arg(
+        "x",
+        ["b".into(), "t".into(), golden::DimExpr::Lit(4)],
+        golden::Dist::default(),
+    )
+    .decode(Decode::over("x"))
+    .cases(12);
+    let scratch = Scratch::new(layer.name());
+    let layer = declared_with_store(&layer, &scratch);
+    let port = move |inputs: &golden::PortInputs| {
+        golden::drive(inputs, |inputs| {
+            let vb = inputs.var_builder();
+            let made = (|| -> candle_core::Result<_> {
+                let mut conv = Streaming {
+                    weight: vb.get((4, 4, 3), "conv.weight")?,
+                    bias: vb.get(4, "conv.bias")?,
+                    buffer: None,
+                    forget: false,
+                };
+                let mut reused: Option<Tensor> = None;
+                Ok(move |step: &golden::Step| -> candle_core::Result<Tensor> {
+                    let out = conv.forward(step.input("x")?)?.contiguous()?;
+                    match &reused {
+                        Some(buffer) if buffer.dims() == out.dims() => {
+                            buffer.slice_set(&out, 1, 0)?;
+                            Ok(buffer.clone())
+                        }
+                        _ => {
+                            reused = Some(out.clone());
+                            Ok(out)
+                        }
+                    }
+                })
+            })();
+            golden::IntoStepper::into_stepper(made)
+        })
+    };
+    golden::check(&layer, &port).unwrap_or_else(|f| panic!("the right port failed:\n{f}"));
+}
+
+#[test]
+fn a_loop_that_can_have_no_steps_is_refused_before_any_case() {
+    // A loop of 0 steps compares nothing: refused by the declaration's validation, before any
+    // case is drawn (so on every seed, not only on those that draw k = 0).
+    let layer = sampler("s_sampler_no_steps").dim("k", 0, 8);
+    let msg = golden::check(&layer, &|i: &golden::PortInputs| {
+        golden::IntoOutputs::into_outputs(ddpm_step(i, false))
+    })
+    .expect_err("a loop of no steps")
+    .to_string();
+    assert!(
+        msg.contains(
+            "`steps(over = k)`: the loop has as many steps as `k`, which can be 0 (`k` is \
+             declared 0..=8): a loop of no steps compares nothing; start `k` at 1"
+        ),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_sequence_that_can_be_empty_is_refused_before_any_case() {
+    let port = decoder::port(None, Bugs::default());
+    let layer = llama("s_llama_empty_prompt").dim("n", 0, 6);
+    let msg = golden::check(&layer, &port)
+        .expect_err("an empty prompt")
+        .to_string();
+    assert!(
+        msg.contains(
+            "`decode` splits `input_ids` along axis 1, whose length `n` can be 0 (`n` is declared \
+             0..=6): a schedule of no positions drives nothing; start `n` at 1"
+        ),
+        "{msg}"
+    );
+    // A length computed from the dims is refused where it reaches 0 as well.
+    let layer = llama("s_llama_empty_prompt_expr").arg(
+        "input_ids",
+        [
+            DimExpr::from("b"),
+            DimExpr::Expr(DimValue::Sub(
+                Box::new(DimValue::dim("n")),
+                Box::new(DimValue::Lit(2)),
+            )),
+        ],
+        golden::Dist::int(0, decoder::VOCAB as i64),
+    );
+    let msg = golden::check(&layer, &port)
+        .expect_err("an empty prompt")
+        .to_string();
+    assert!(
+        msg.contains(
+            "`decode` splits `input_ids` along axis 1, whose length `n - 2` can be 0 (at n=2): a \
+             schedule of no positions drives nothing"
         ),
         "{msg}"
     );

@@ -78,10 +78,13 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // Leave no daemon behind, even when a test failed: it listens on a socket in `dir`.
-        let _ = Command::new("pkill")
-            .args(["-f", "--", &format!("--socket {}", self.dir.display())])
-            .status();
+        // Leave no daemon behind, even when a test failed: each listens on a socket in `dir`, and
+        // is ended by its pid.
+        for pid in daemons_for(&self.dir) {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -125,9 +128,11 @@ fn daemon_pid(info: &Json) -> u64 {
         .unwrap_or_else(|| panic!("not served by the daemon: {info}"))
 }
 
-fn daemons_for(dir: &Path) -> usize {
-    let pattern = format!("--socket {}", dir.display());
-    std::fs::read_dir("/proc")
+/// The daemons listening on a socket in `dir` (their command line names it; their copies, which
+/// have the same command line, are their children and not counted).
+fn daemons_for(dir: &Path) -> Vec<u32> {
+    let pattern = format!("--socket {}/", dir.display());
+    let all: Vec<u32> = std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
@@ -135,7 +140,19 @@ fn daemons_for(dir: &Path) -> usize {
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
             processes::alive(*pid) && cmd.contains(&pattern)
         })
-        .count()
+        .collect();
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 1..]
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    all.iter()
+        .copied()
+        .filter(|pid| !parent(*pid).is_some_and(|p| all.contains(&p)))
+        .collect()
 }
 
 #[test]
@@ -168,7 +185,7 @@ fn processes_starting_together_share_one_daemon() {
         .collect();
     let left = processes::wait_gone(&copies, Duration::from_secs(10));
     assert!(left.is_empty(), "served copies still running: {left:?}");
-    assert_eq!(daemons_for(&shared.dir), 1);
+    assert_eq!(daemons_for(&shared.dir).len(), 1);
     // A later process reuses it.
     assert_eq!(daemon_pid(&shared.info()), daemon);
 }
@@ -593,4 +610,242 @@ fn a_daemon_that_never_answers_is_named_after_seconds_not_minutes() {
         "{err}"
     );
     assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
+/// The stdout of `golden-fault-child check <reference>`, the reference found in `root`, with the
+/// environment `vars` (the port multiplies by `GOLDEN_FAULT_CHILD_SCALE` when it is among them).
+fn check_in(shared: &Shared, reference: &str, root: &Path, vars: &[(&str, &str)]) -> String {
+    let mut child = shared.child(&["check", reference]);
+    // Long enough that the processes of one test share one daemon however slow the machine.
+    child
+        .env("GOLDEN_SHARED_IDLE", "60")
+        .env("GOLDEN_REFERENCE_PATH", root);
+    for (name, value) in vars {
+        child.env(name, value);
+    }
+    let out = child.output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The daemon forked its copies with the environment of the test process that started it, so a
+/// reference reading `os.environ` saw that process's values: a wrong port passed and the right one
+/// failed (#31 item 1). A copy now runs with the environment of the test process it serves, and
+/// variables read only when a reference runs do not need a daemon of their own.
+#[test]
+fn a_served_copy_runs_with_the_environment_of_its_test_process() {
+    let shared = Shared::new("environ");
+    let root = shared.dir.join("refs");
+    module(
+        &root,
+        "scaled_ref",
+        "x * float(__import__('os').environ['SCALE'])",
+    );
+    let check = |scale: &str, port: &str| {
+        check_in(
+            &shared,
+            "scaled_ref.f",
+            &root,
+            &[("SCALE", scale), ("GOLDEN_FAULT_CHILD_SCALE", port)],
+        )
+    };
+    // The first process starts the daemon with SCALE=2.
+    let first = check("2", "2");
+    assert!(first.starts_with("pass\n"), "{first}");
+    let daemons = daemons_for(&shared.dir);
+    assert_eq!(daemons.len(), 1, "{daemons:?}");
+    // The next has SCALE=3: the port computing 2·x is wrong there, the one computing 3·x right.
+    let wrong = check("3", "2");
+    assert!(
+        wrong.contains("does not match its reference `scaled_ref.f`"),
+        "{wrong}"
+    );
+    let right = check("3", "3");
+    assert!(right.starts_with("pass\n"), "{right}");
+    assert!(!right.contains("not available"), "{right}");
+    // One daemon served them all.
+    assert_eq!(daemons_for(&shared.dir), daemons);
+}
+
+/// A variable read as the interpreter starts (here `PYTHONHASHSEED`, the seed of `hash` of a
+/// string) cannot be given to a copy of a daemon that started under another value: such variables
+/// choose the daemon (#31 item 1). Two test processes with different seeds each see their own.
+#[test]
+fn variables_read_as_python_starts_choose_the_daemon() {
+    let shared = Shared::new("hashseed");
+    let root = shared.dir.join("refs");
+    module(&root, "hashed_ref", "x * float(hash('golden') % 1000 + 1)");
+    // What `hash` gives under each seed, from an interpreter started with it.
+    let python = golden::internal::describe::env::python().program;
+    let expected = |seed: &str| {
+        let out = Command::new(&python)
+            .args(["-c", "print(hash('golden') % 1000 + 1)"])
+            .env("PYTHONHASHSEED", seed)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let (one, two) = (expected("1"), expected("2"));
+    assert_ne!(one, two, "the seeds must give different hashes");
+    let check = |seed: &str, scale: &str| {
+        check_in(
+            &shared,
+            "hashed_ref.f",
+            &root,
+            &[
+                ("PYTHONHASHSEED", seed),
+                ("GOLDEN_FAULT_CHILD_SCALE", scale),
+            ],
+        )
+    };
+    let first = check("1", &one);
+    assert!(first.starts_with("pass\n"), "{first}");
+    let second = check("2", &two);
+    assert!(second.starts_with("pass\n"), "{second}");
+    assert_eq!(daemons_for(&shared.dir).len(), 2);
+}
+
+/// A reference reads files relative to the working directory of its test process.
+#[test]
+fn a_served_copy_works_in_the_folder_of_its_test_process() {
+    let shared = Shared::new("cwd");
+    let root = shared.dir.join("refs");
+    module(&root, "cwd_ref", "x * float(open('scale.txt').read())");
+    let check = |scale: &str| {
+        let dir = shared.dir.join(format!("cwd{scale}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("scale.txt"), scale).unwrap();
+        let out = shared
+            .child(&["check", "cwd_ref.f"])
+            .current_dir(&dir)
+            .env("GOLDEN_SHARED_IDLE", "60")
+            .env("GOLDEN_REFERENCE_PATH", &root)
+            .env("GOLDEN_FAULT_CHILD_SCALE", scale)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(check("2").trim(), "pass");
+    assert_eq!(check("3").trim(), "pass");
+}
+
+/// The socket a check of `golden-fault-child` connects to, with `vars` set.
+fn socket_of(shared: &Shared, vars: &[(&str, &Path)]) -> PathBuf {
+    let mut child = shared.child(&["socket"]);
+    for (name, value) in vars {
+        child.env(name, value);
+    }
+    let out = child.output().unwrap();
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A process of the user that is not golden's daemon listening at the shared worker's socket (it
+/// answers and hangs up, as a web server would) made a right port fail with "the Python
+/// interpreter wrote HTTP/1.1 ... before golden's worker answered" (#31 item 12). It is not used:
+/// the check falls back to a private worker and says why.
+#[test]
+fn a_process_that_is_not_golden_at_the_socket_is_not_used() {
+    use std::io::{Read, Write};
+    let shared = Shared::new("squatter");
+    let socket = socket_of(&shared, &[]);
+    std::fs::create_dir_all(&shared.dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shared.dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = std::sync::Arc::clone(&stop);
+    let server = std::thread::spawn(move || {
+        let mut served = 0;
+        while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    stream.set_nonblocking(false).unwrap();
+                    stream
+                        .set_read_timeout(Some(Duration::from_secs(5)))
+                        .unwrap();
+                    let mut request = [0u8; 64];
+                    let _ = stream.read(&mut request);
+                    let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+                    served += 1;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        served
+    });
+    let out = shared.run(&["check", "fault_ref.identity"]);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let served = server.join().unwrap();
+    assert!(
+        served >= 1,
+        "the check never connected to {}",
+        socket.display()
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "pass",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "the process (pid {}) listening at {} is not golden's shared worker",
+            std::process::id(),
+            socket.display()
+        )) && err.contains("using private workers"),
+        "{err}"
+    );
+}
+
+/// A daemon of golden's Python side started for other import roots (another golden build, or one
+/// started by hand) listening at this check's socket answered for it: the reference was found on
+/// its import path, not the check's, and a right port failed (#31 item 12). Its copy's `hello` now
+/// says which daemon it is, and the check does not use another.
+#[test]
+fn a_daemon_started_for_other_roots_at_the_socket_is_not_used() {
+    let shared = Shared::new("planted");
+    let (ours, theirs) = (shared.dir.join("ours"), shared.dir.join("theirs"));
+    module(&ours, "planted_ref", "x.clone()");
+    module(&theirs, "planted_ref", "x * 2");
+    let socket = socket_of(&shared, &[("GOLDEN_REFERENCE_PATH", &ours)]);
+    // Made as golden makes it: private to this user.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shared.dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("../reference_py");
+    let python = golden::internal::describe::env::python().program;
+    let planted = Command::new(&python)
+        .args(["-m", "golden_ref.daemon", "--idle", "60", "--socket"])
+        .arg(&socket)
+        .env(
+            "PYTHONPATH",
+            std::env::join_paths([theirs.as_path(), bundled.as_path()]).unwrap(),
+        )
+        .output()
+        .expect("the planted daemon starts");
+    assert!(
+        String::from_utf8_lossy(&planted.stdout).starts_with("ready"),
+        "{planted:?}"
+    );
+    let out = shared
+        .child(&["check", "planted_ref.f"])
+        .env("GOLDEN_REFERENCE_PATH", &ours)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "pass",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not the shared worker this test process needs")
+            && err.contains("using private workers"),
+        "{err}"
+    );
 }

@@ -121,6 +121,11 @@ else:
 pub struct Server {
     pub child: std::process::Child,
     pub port: u16,
+    /// The address it printed, with its launch's token.
+    pub printed: String,
+    /// The launch's token (from the printed address), sent with every request of [`Server::get`]
+    /// and [`Server::post`].
+    pub token: Option<String>,
 }
 
 impl Server {
@@ -153,15 +158,27 @@ impl Server {
                 String::from_utf8_lossy(&out.stderr)
             )
         };
-        let rest = line
-            .strip_prefix("golden view: http://127.0.0.1:")
+        let printed = line
+            .strip_prefix("golden view: ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address: {line}"))
+            .to_string();
+        let rest = printed
+            .strip_prefix("http://127.0.0.1:")
             .unwrap_or_else(|| panic!("not the loopback address: {line}"));
         let port = rest.split('/').next().unwrap().parse().unwrap();
-        Server { child, port }
+        let token = printed.split_once("?token=").map(|(_, t)| t.to_string());
+        Server {
+            child,
+            port,
+            printed,
+            token,
+        }
     }
 
+    /// The address it printed (with its token).
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/", self.port)
+        self.printed.clone()
     }
 
     /// Send raw bytes, read the whole answer: (status, body).
@@ -186,21 +203,37 @@ impl Server {
         (status, body)
     }
 
-    pub fn get(&self, path: &str) -> (u16, String) {
-        self.raw(
-            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
+    /// The headers a request of the page itself carries: its host and the launch's token.
+    pub fn headers(&self) -> String {
+        let mut h = format!("Host: 127.0.0.1:{}\r\n", self.port);
+        if let Some(t) = &self.token {
+            h.push_str(&format!("X-Golden-Token: {t}\r\n"));
+        }
+        h
     }
 
-    pub fn post(&self, path: &str, body: &[u8]) -> (u16, String) {
+    /// A GET with `headers` (each ended by `\r\n`) and nothing else.
+    pub fn get_with(&self, path: &str, headers: &str) -> (u16, String) {
+        self.raw(format!("GET {path} HTTP/1.1\r\n{headers}Connection: close\r\n\r\n").as_bytes())
+    }
+
+    /// A POST of `body` with `headers` (each ended by `\r\n`) and nothing else.
+    pub fn post_with(&self, path: &str, headers: &str, body: &[u8]) -> (u16, String) {
         let mut request = format!(
-            "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            "POST {path} HTTP/1.1\r\n{headers}Connection: close\r\nContent-Length: {}\r\n\r\n",
             body.len()
         )
         .into_bytes();
         request.extend_from_slice(body);
         self.raw(&request)
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        self.get_with(path, &self.headers())
+    }
+
+    pub fn post(&self, path: &str, body: &[u8]) -> (u16, String) {
+        self.post_with(path, &self.headers(), body)
     }
 
     /// The state, once the comparison is no longer running.

@@ -4,9 +4,16 @@
 //! **Once per process.** [`open`] maps the `.safetensors` file (`memmap2`): its tensors are slices
 //! of the mapping, never copied, whatever their size (a 2 GB checkpoint costs the page cache, not
 //! the heap). It hashes the file's bytes once (XXH3-128, at memory speed) and keeps both, by path,
-//! for as long as the file's size and modification time stay the same: every check of the process
-//! that names the file shares one mapping and one hash. A file that changes is mapped and hashed
-//! again.
+//! for as long as the file stays the same (its inode, size and modification time): every check of
+//! the process that names the file shares one mapping and one hash. A file that changes is mapped
+//! and hashed again.
+//!
+//! **Unchanged while it is read.** A mapped file written over in place changes under both readers:
+//! the reference and the port read the new bytes (zeros, half a new checkpoint), and a page past the
+//! end of a file cut short is SIGBUS to whoever reads it. So a check looks at the file again after
+//! each answer of the reference and after each case ([`Checkpoint::changed`]); a change stops the
+//! check with [`changed_error`], which names the file and what became of it and blames nothing on
+//! the port (the worker dead of SIGBUS included), rather than a verdict on bytes nobody hashed.
 //!
 //! **Resolved once.** [`Checkpoint::resolve`] matches every entry of the reference module's
 //! state_dict with a tensor of the file: by its name as the port sees it (`rename`), by its own
@@ -23,6 +30,7 @@
 
 use crate::answers::params::{renamed, ParamSpec};
 use crate::python::wire::TensorTable;
+use crate::python::worker::{RemoteError, RemoteKind, WorkerError};
 use bytes::Bytes;
 use candle_core::DType;
 use golden_files::{HostTensor, WireDType};
@@ -40,6 +48,8 @@ pub struct Checkpoint {
     pub size: u64,
     /// Its modification time, in nanoseconds since the epoch (what the worker checks too).
     pub mtime_ns: u128,
+    /// Its device and inode: the file itself (one renamed into its place is another).
+    pub inode: (u64, u64),
     /// XXH3-128 of every byte of the file.
     pub hash: u128,
     tensors: Vec<(String, HostTensor)>,
@@ -67,14 +77,28 @@ impl AsRef<[u8]> for Mapped {
     }
 }
 
-fn stat(path: &Path) -> Result<(u64, u128), String> {
+/// A file's size, modification time (ns) and (device, inode): what says it is still the file
+/// that was hashed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stat {
+    size: u64,
+    mtime_ns: u128,
+    inode: (u64, u64),
+}
+
+fn stat(path: &Path) -> Result<Stat, String> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    let mtime = meta
+    let mtime_ns = meta
         .modified()
         .ok()
         .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos());
-    Ok((meta.len(), mtime))
+    Ok(Stat {
+        size: meta.len(),
+        mtime_ns,
+        inode: (meta.dev(), meta.ino()),
+    })
 }
 
 type Cache = Mutex<HashMap<PathBuf, Arc<Checkpoint>>>;
@@ -96,17 +120,17 @@ pub fn times_hashed() -> usize {
 /// time stay the same.
 pub fn open(path: &Path) -> Result<Arc<Checkpoint>, String> {
     let shown = path.display().to_string();
-    let (size, mtime_ns) = stat(path).map_err(|e| format!("weights = {shown:?}: {e}"))?;
+    let now = stat(path).map_err(|e| format!("weights = {shown:?}: {e}"))?;
     let key = path.to_path_buf();
     if let Some(found) = cache().lock().unwrap().get(&key) {
-        if found.size == size && found.mtime_ns == mtime_ns {
+        if found.stat() == now {
             return Ok(Arc::clone(found));
         }
     }
     let file = std::fs::File::open(path).map_err(|e| format!("weights = {shown:?}: {e}"))?;
     // SAFETY: the mapping is read-only; a file truncated by another process while mapped would
-    // fault, as any reader of a file that shrinks under it (its size and time are checked at
-    // every open, and by the worker).
+    // fault, as any reader of a file that shrinks under it (it is looked at again at every open,
+    // after each of the reference's answers and after each case: `Checkpoint::changed`).
     let map = Arc::new(
         unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("weights = {shown:?}: {e}"))?,
     );
@@ -122,8 +146,9 @@ pub fn open(path: &Path) -> Result<Arc<Checkpoint>, String> {
         .collect();
     let checkpoint = Arc::new(Checkpoint {
         path: key.clone(),
-        size,
-        mtime_ns,
+        size: now.size,
+        mtime_ns: now.mtime_ns,
+        inode: now.inode,
         hash,
         tensors,
         index,
@@ -143,6 +168,41 @@ pub fn release_all() {
 }
 
 impl Checkpoint {
+    fn stat(&self) -> Stat {
+        Stat {
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+            inode: self.inode,
+        }
+    }
+
+    /// What became of the file since it was hashed, if it is no longer that file: removed,
+    /// replaced by another, cut short, grown or rewritten in place. One `stat`: the file's inode,
+    /// size and modification time (a rewrite of the same size within the file system's timestamp
+    /// granularity of the hash is the one change it cannot see).
+    pub fn changed(&self) -> Option<String> {
+        let now = match stat(&self.path) {
+            Ok(now) if now == self.stat() => return None,
+            Ok(now) => now,
+            Err(e) => return Some(format!("was removed or cannot be read any more ({e})")),
+        };
+        Some(if now.inode != self.inode {
+            format!(
+                "was replaced by another file (inode {} where it was {})",
+                now.inode.1, self.inode.1
+            )
+        } else if now.size < self.size {
+            format!("was truncated from {} to {} bytes", self.size, now.size)
+        } else if now.size > self.size {
+            format!("grew from {} to {} bytes", self.size, now.size)
+        } else {
+            format!(
+                "was rewritten in place (the same {} bytes, modified since)",
+                self.size
+            )
+        })
+    }
+
     /// The content hash in hex (32 digits), as snapshots, artifacts and the worker show it.
     pub fn hash_hex(&self) -> String {
         format!("{:032x}", self.hash)
@@ -292,6 +352,43 @@ impl Checkpoint {
     }
 }
 
+/// The error that stops a check whose checkpoint changed on disk while it was read: `what` became
+/// of it ([`Checkpoint::changed`]), and the failure it came with, if any (the worker dead of
+/// SIGBUS reading a page of the file that was cut off). A configuration error of the checkpoint
+/// (`weights`), never a verdict on the port.
+pub fn changed_error(
+    checkpoint: &Checkpoint,
+    what: &str,
+    with: Option<&WorkerError>,
+) -> WorkerError {
+    let died = match with {
+        Some(WorkerError::Exited { status, .. }) if status.contains("SIGBUS") => format!(
+            "; the reference's worker died reading it ({status}: a mapped page past the end of a \
+             file cut short cannot be read)"
+        ),
+        Some(WorkerError::Exited { status, .. }) => {
+            format!("; the reference's worker died reading it ({status})")
+        }
+        Some(other) => format!("; the reference failed meanwhile: {other}"),
+        None => String::new(),
+    };
+    WorkerError::Remote(RemoteError {
+        kind: RemoteKind::Weights,
+        message: format!(
+            "the checkpoint {} changed on disk while the check was reading it: it {what}{died}. \
+             golden hashed it as the check began (XXH3-128 {}) and the reference and the port read \
+             it where it lies, so no case since can be trusted, and none is blamed on the port.\n  \
+             fix: do not write a checkpoint while tests read it (write the new one beside it and \
+             rename it into place: whoever has the old one open keeps it whole), then run the \
+             check again",
+            checkpoint.path.display(),
+            checkpoint.hash_hex()
+        ),
+        traceback: None,
+        phase: None,
+    })
+}
+
 /// The resolved states made so far in this process, by id: what a failure's artifacts refer to
 /// (`report/artifacts.rs`: the checkpoint's path and hash, never a copy of its tensors).
 fn registry() -> &'static Mutex<HashMap<u64, std::sync::Weak<Resolved>>> {
@@ -398,6 +495,7 @@ impl Resolved {
             "path": c.path.display().to_string(),
             "size": c.size,
             "mtime_ns": c.mtime_ns.to_string(),
+            "inode": [c.inode.0.to_string(), c.inode.1.to_string()],
             "hash": c.hash_hex(),
             "entries": entries,
         })
@@ -454,5 +552,47 @@ impl Resolved {
         self.checkpoint.release();
         cache.lock().unwrap().insert(self.id, largest);
         largest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A `.safetensors` file of one f32 tensor `t` holding `value`.
+    fn file(path: &std::path::Path, value: f32) {
+        let header = br#"{"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header);
+        bytes.extend_from_slice(&value.to_le_bytes());
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_checkpoint_that_changes_on_disk_is_told_what_became_of_it() {
+        let dir = std::env::temp_dir().join(format!("golden-changed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("model.safetensors");
+        file(&path, 1.0);
+        let checkpoint = super::open(&path).unwrap();
+        assert_eq!(checkpoint.changed(), None);
+        // Another file renamed into its place: the mapping keeps the old one, the path does not.
+        let other = dir.join("other.safetensors");
+        file(&other, 2.0);
+        std::fs::rename(&other, &path).unwrap();
+        let what = checkpoint.changed().unwrap();
+        assert!(what.starts_with("was replaced by another file"), "{what}");
+        // Grown, and then gone.
+        let grown = super::open(&path).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(&[0; 8]);
+        std::fs::write(&path, bytes).unwrap();
+        assert_eq!(
+            grown.changed().as_deref(),
+            Some(format!("grew from {} to {} bytes", grown.size, grown.size + 8).as_str())
+        );
+        std::fs::remove_file(&path).unwrap();
+        let what = grown.changed().unwrap();
+        assert!(what.starts_with("was removed or cannot be read"), "{what}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

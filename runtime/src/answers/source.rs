@@ -334,6 +334,15 @@ impl Source {
         Ok(resolved)
     }
 
+    /// The error that stops the check when a checkpoint it reads changed on disk since it was
+    /// hashed ([`checkpoint::changed_error`]); `None` while every one is the file it was.
+    pub fn checkpoint_changed(&self) -> Option<WorkerError> {
+        self.weights.borrow().values().find_map(|resolved| {
+            let what = resolved.checkpoint.changed()?;
+            Some(checkpoint::changed_error(&resolved.checkpoint, &what, None))
+        })
+    }
+
     /// The parameters a module-form case runs with, by the reference's names (drawn from the case
     /// seed, or a checkpoint's); `None` for the module's own init and in function form. Requests
     /// made outside [`Source::request`] (the mutation diagnosis) send these.
@@ -423,6 +432,17 @@ impl Source {
                 }
             }),
         };
+        // A checkpoint written over while the reference read it: its answer (or its death) is
+        // the file's doing, and the port must not read the file again.
+        if let Some((ModuleState::Checkpoint(resolved), _)) = &state {
+            if let Some(what) = resolved.checkpoint.changed() {
+                return Answer::Failed(checkpoint::changed_error(
+                    &resolved.checkpoint,
+                    &what,
+                    answer.as_ref().err(),
+                ));
+            }
+        }
         match answer {
             Ok(mut outputs) => {
                 if let (Some((state, _)), Some(spec)) = (&state, spec) {

@@ -1,9 +1,16 @@
 //! Every environment variable golden reads, in one place: [`VARIABLES`] declares each one (its
-//! group and what it does), and the functions below parse those the runtime reads. The command line
-//! (`golden setup`, `golden diff`) and the Python worker read a few of their own; a test
-//! (`runtime/tests/environment.rs`) finds every `GOLDEN_*` name in the sources of golden's crates
-//! and of the worker, and checks that each is declared here and documented in the book's
-//! configuration table, and that the runtime reads none outside this file.
+//! group, what it does, and how its value is read), and the functions below parse those the
+//! runtime reads. The command line (`golden setup`, `golden diff`) and the Python worker read a few
+//! of their own; a test (`runtime/tests/environment.rs`) finds every `GOLDEN_*` name in the sources
+//! of golden's crates and of the worker, and checks that each is declared here and documented in
+//! the book's configuration table, and that the runtime reads none outside this file.
+//!
+//! **Every value is read before any case.** A check starts with [`check_all`], which reads every
+//! declared variable that is set with its own reader ([`Variable::check`]): a value golden cannot
+//! read (`GOLDEN_WORKERS=0`, `GOLDEN_MAX_FRAME=-1`, a value that is not UTF-8) fails the check with
+//! the variable's name and the accepted form, whether or not this check would have come to read
+//! it — never a default taken in silence where the variable is read later (the worker pool, the
+//! Python side).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,38 +35,113 @@ pub struct Variable {
     pub group: Group,
     /// What it does, in one line (the book's configuration table says more).
     pub doc: &'static str,
+    /// Reads a value it is set to (not empty): `Err` names the variable and the accepted form.
+    pub check: fn(&str) -> Result<(), String>,
 }
 
-const fn variable(name: &'static str, group: Group, doc: &'static str) -> Variable {
-    Variable { name, group, doc }
+const fn variable(
+    name: &'static str,
+    group: Group,
+    doc: &'static str,
+    check: fn(&str) -> Result<(), String>,
+) -> Variable {
+    Variable {
+        name,
+        group,
+        doc,
+        check,
+    }
+}
+
+/// The reader of a variable whose every value is one golden can use (a path, a name, a command),
+/// or that is read where it is used with what it is used for (`GOLDEN_CASE`, against the check's
+/// dims; the command line's own variables, by the command line).
+fn any_text(_: &str) -> Result<(), String> {
+    Ok(())
 }
 
 /// Every environment variable golden reads, grouped.
 pub const VARIABLES: &[Variable] = &[
-    variable("GOLDEN_PYTHON", Group::Everyday, "the interpreter that runs references"),
-    variable("GOLDEN_VENV", Group::Everyday, "the venv `golden setup` creates and golden looks for"),
-    variable("GOLDEN_MODE", Group::Everyday, "`auto` (default), `live`, `replay`, `record`, `verify`"),
-    variable("GOLDEN_SEED", Group::Everyday, "seed of the generated cases (default 0), decimal or `0x` hexadecimal"),
-    variable("GOLDEN_CASES", Group::Everyday, "number of cases (at least 1), overriding `cases = N`"),
-    variable("GOLDEN_CASE", Group::Everyday, "run exactly this one case (as a failure prints it)"),
-    variable("GOLDEN_REFERENCE_PATH", Group::Everyday, "extra import roots (`:`-separated)"),
-    variable("GOLDEN_RUN", Group::Everyday, "the run a test process's results belong to (default: its `cargo test` or nextest run)"),
-    variable("GOLDEN_BOOTSTRAP_PYTHON", Group::Tuning, "the Python `golden setup` creates a missing venv with (default `python3`)"),
-    variable("GOLDEN_TIMEOUT", Group::Tuning, "seconds a reference may take on one case, and the port on one call (default 60; `0` or `inf`: no limit)"),
-    variable("GOLDEN_START_TIMEOUT", Group::Tuning, "seconds a worker may take to start or import a reference (default 180)"),
-    variable("GOLDEN_MEMORY_LIMIT", Group::Tuning, "MiB golden may generate for one case's tensors (default 1024)"),
-    variable("GOLDEN_STORE_LIMIT", Group::Tuning, "size bound of one golden store, in MiB (default 4)"),
-    variable("GOLDEN_READ_BUDGET", Group::Tuning, "how much `golden diff`, `show` and `view` may expand one file to (`512MiB`, `4GiB`)"),
-    variable("GOLDEN_WORKERS", Group::Tuning, "most Python workers per test process (default: cores, at most 4)"),
-    variable("GOLDEN_SHARED_WORKER", Group::Tuning, "`auto` (default: on under nextest), `always`, `never`"),
-    variable("GOLDEN_SHARED_IDLE", Group::Tuning, "seconds the shared worker daemon stays without connections (default 60)"),
-    variable("GOLDEN_SHARED_DIR", Group::Tuning, "where the shared worker's sockets live (default `target/golden/workers`)"),
-    variable("GOLDEN_SHM", Group::Tuning, "`auto` (default) or `off`: whether large tensors travel through shared memory"),
-    variable("GOLDEN_MUTATIONS", Group::Tuning, "the mutation diagnosis of a failure: `auto` (default), `always`, `off`"),
-    variable("GOLDEN_VARIANTS", Group::Tuning, "`off` leaves the reference's declared `@variant`s unevaluated (`on`: the default)"),
-    variable("GOLDEN_PARENT_PID", Group::Internal, "set by golden on its workers: the test process whose end ends them"),
-    variable("GOLDEN_MAX_FRAME", Group::Internal, "lowers the worker's frame limit (bytes), for golden's own tests"),
+    variable("GOLDEN_PYTHON", Group::Everyday, "the interpreter that runs references", any_text),
+    variable("GOLDEN_VENV", Group::Everyday, "the venv `golden setup` creates and golden looks for", any_text),
+    variable("GOLDEN_MODE", Group::Everyday, "`auto` (default), `live`, `replay`, `record`, `verify`", |v| parse_mode(v).map(drop)),
+    variable("GOLDEN_SEED", Group::Everyday, "seed of the generated cases (default 0), decimal or `0x` hexadecimal", |v| parse_seed(v).map(drop)),
+    variable("GOLDEN_CASES", Group::Everyday, "number of cases (at least 1), overriding `cases = N`", |v| parse_cases(v).map(drop)),
+    variable("GOLDEN_CASE", Group::Everyday, "run exactly this one case (as a failure prints it)", any_text),
+    variable("GOLDEN_REFERENCE_PATH", Group::Everyday, "extra import roots (`:`-separated)", any_text),
+    variable("GOLDEN_RUN", Group::Everyday, "the run a test process's results belong to (default: its `cargo test` or nextest run)", any_text),
+    variable("GOLDEN_BOOTSTRAP_PYTHON", Group::Tuning, "the Python `golden setup` creates a missing venv with (default `python3`)", any_text),
+    variable("GOLDEN_TIMEOUT", Group::Tuning, "seconds a reference may take on one case, and the port on one call (default 60; `0` or `inf`: no limit)", |v| parse_seconds("GOLDEN_TIMEOUT", v).map(drop)),
+    variable("GOLDEN_START_TIMEOUT", Group::Tuning, "seconds a worker may take to start or import a reference (default 180)", |v| parse_seconds("GOLDEN_START_TIMEOUT", v).map(drop)),
+    variable("GOLDEN_MEMORY_LIMIT", Group::Tuning, "MiB golden may generate for one case's tensors (default 1024)", |v| parse_memory_limit(v).map(drop)),
+    variable("GOLDEN_STORE_LIMIT", Group::Tuning, "size bound of one golden store, in MiB (default 4)", |v| parse_store_limit(v).map(drop)),
+    variable("GOLDEN_READ_BUDGET", Group::Tuning, "how much `golden diff`, `show` and `view` may expand one file to (`512MiB`, `4GiB`)", any_text),
+    variable("GOLDEN_WORKERS", Group::Tuning, "most Python workers per test process (default: cores, at most 4)", |v| parse_workers(v).map(drop)),
+    variable("GOLDEN_SHARED_WORKER", Group::Tuning, "`auto` (default: on under nextest), `always`, `never`", |v| parse_shared_worker(v).map(drop)),
+    variable("GOLDEN_SHARED_IDLE", Group::Tuning, "seconds the shared worker daemon stays without connections (default 60)", |v| parse_shared_idle(v).map(drop)),
+    variable("GOLDEN_SHARED_DIR", Group::Tuning, "where the shared worker's sockets live (default `target/golden/workers`)", any_text),
+    variable("GOLDEN_SHM", Group::Tuning, "`auto` (default) or `off`: whether large tensors travel through shared memory", |v| parse_shared_memory(v).map(drop)),
+    variable("GOLDEN_MUTATIONS", Group::Tuning, "the mutation diagnosis of a failure: `auto` (default), `always`, `off`", |v| parse_mutations(v).map(drop)),
+    variable("GOLDEN_VARIANTS", Group::Tuning, "`off` leaves the reference's declared `@variant`s unevaluated (`on`: the default)", |v| parse_variants(v).map(drop)),
+    variable("GOLDEN_PARENT_PID", Group::Internal, "set by golden on its workers: the test process whose end ends them", parse_parent_pid),
+    variable("GOLDEN_MAX_FRAME", Group::Internal, "lowers the worker's frame limit (bytes), for golden's own tests", parse_max_frame),
 ];
+
+/// Read every declared variable that is set (not empty) with its reader, before any case runs:
+/// the first value golden cannot read is the error, naming the variable and the accepted form. A
+/// value that is not UTF-8 is one golden cannot read.
+pub fn check_all() -> Result<(), String> {
+    for v in VARIABLES {
+        match std::env::var(v.name) {
+            Ok(value) if value.trim().is_empty() => {}
+            Ok(value) => (v.check)(&value)?,
+            Err(std::env::VarError::NotPresent) => {}
+            Err(std::env::VarError::NotUnicode(value)) => {
+                return Err(format!(
+                    "{}={value:?} is not UTF-8 text, which golden cannot read: {}",
+                    v.name, v.doc
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `GOLDEN_PARENT_PID`: a process id (golden sets it on the workers it starts).
+fn parse_parent_pid(v: &str) -> Result<(), String> {
+    v.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|pid| (1..=i32::MAX as u32).contains(pid))
+        .map(drop)
+        .ok_or_else(|| {
+            format!(
+                "GOLDEN_PARENT_PID={v:?} is not a process id: golden sets it on the Python workers \
+                 it starts (the test process whose end ends them); unset it"
+            )
+        })
+}
+
+/// The largest frame of golden's protocol, either way: 2 GiB (`python::wire::MAX_FRAME`).
+pub const FRAME_LIMIT: u64 = 1 << 31;
+
+/// `GOLDEN_MAX_FRAME`: bytes, from 1 to the frame limit (2 GiB), which it can only lower. The worker
+/// reads it (`golden_ref/wire.py`, with the same rule).
+fn parse_max_frame(v: &str) -> Result<(), String> {
+    let limit = FRAME_LIMIT;
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (1..=limit).contains(n))
+        .map(drop)
+        .ok_or_else(|| {
+            format!(
+                "GOLDEN_MAX_FRAME={v:?} is not a frame limit: give a whole number of bytes from 1 \
+                 to {limit} (it can only lower the worker's limit of 2 GiB; golden's own tests \
+                 set it)"
+            )
+        })
+}
 
 /// Where reference outputs come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,13 +178,17 @@ fn var(name: &str) -> Option<String> {
 
 /// `GOLDEN_MODE`, or an error naming the accepted values.
 pub fn mode() -> Result<Mode, String> {
-    match var("GOLDEN_MODE").as_deref().map(str::trim) {
-        None | Some("auto") => Ok(Mode::Auto),
-        Some("live") => Ok(Mode::Live),
-        Some("replay") => Ok(Mode::Replay),
-        Some("record") => Ok(Mode::Record),
-        Some("verify") => Ok(Mode::Verify),
-        Some(other) => Err(format!(
+    var("GOLDEN_MODE").map_or(Ok(Mode::Auto), |v| parse_mode(&v))
+}
+
+fn parse_mode(v: &str) -> Result<Mode, String> {
+    match v.trim() {
+        "auto" => Ok(Mode::Auto),
+        "live" => Ok(Mode::Live),
+        "replay" => Ok(Mode::Replay),
+        "record" => Ok(Mode::Record),
+        "verify" => Ok(Mode::Verify),
+        other => Err(format!(
             "GOLDEN_MODE={other:?} is not one of auto, live, replay, record, verify"
         )),
     }
@@ -117,15 +203,16 @@ pub fn run_name() -> Option<String> {
 /// `GOLDEN_SEED`, when set: decimal (`42`) or hexadecimal (`0x2a`, the form failures print seeds
 /// in).
 pub fn seed() -> Result<Option<u64>, String> {
-    let Some(v) = var("GOLDEN_SEED") else {
-        return Ok(None);
-    };
+    var("GOLDEN_SEED").map(|v| parse_seed(&v)).transpose()
+}
+
+fn parse_seed(v: &str) -> Result<u64, String> {
     let t = v.trim();
     let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => t.parse(),
     };
-    parsed.map(Some).map_err(|_| {
+    parsed.map_err(|_| {
         format!(
             "GOLDEN_SEED={v:?} is not a seed: use a whole number from 0 to 2^64 − 1, decimal (42) \
              or hexadecimal (0x2a)"
@@ -153,11 +240,15 @@ pub enum Mutations {
 
 /// `GOLDEN_MUTATIONS`, or an error naming the accepted values.
 pub fn mutations() -> Result<Mutations, String> {
-    match var("GOLDEN_MUTATIONS").as_deref().map(str::trim) {
-        None | Some("auto") => Ok(Mutations::Auto),
-        Some("always") => Ok(Mutations::Always),
-        Some("off") => Ok(Mutations::Off),
-        Some(other) => Err(format!(
+    var("GOLDEN_MUTATIONS").map_or(Ok(Mutations::Auto), |v| parse_mutations(&v))
+}
+
+fn parse_mutations(v: &str) -> Result<Mutations, String> {
+    match v.trim() {
+        "auto" => Ok(Mutations::Auto),
+        "always" => Ok(Mutations::Always),
+        "off" => Ok(Mutations::Off),
+        other => Err(format!(
             "GOLDEN_MUTATIONS={other:?} is not one of auto, always, off"
         )),
     }
@@ -173,10 +264,14 @@ pub fn variants() -> bool {
 
 /// `GOLDEN_VARIANTS`: on (the default) or off, or an error naming the accepted values.
 pub fn variants_setting() -> Result<bool, String> {
-    match var("GOLDEN_VARIANTS").as_deref().map(str::trim) {
-        None | Some("on") => Ok(true),
-        Some("off") => Ok(false),
-        Some(other) => Err(format!("GOLDEN_VARIANTS={other:?} is not one of on, off")),
+    var("GOLDEN_VARIANTS").map_or(Ok(true), |v| parse_variants(&v))
+}
+
+fn parse_variants(v: &str) -> Result<bool, String> {
+    match v.trim() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("GOLDEN_VARIANTS={other:?} is not one of on, off")),
     }
 }
 
@@ -194,32 +289,27 @@ pub enum SharedWorker {
 /// `GOLDEN_SHARED_WORKER` (`auto`, the default; `always` or its older spellings `1`/`on`; `never`,
 /// `0`/`off`), or an error naming the accepted values.
 pub fn shared_worker() -> Result<SharedWorker, String> {
-    match var("GOLDEN_SHARED_WORKER").as_deref().map(str::trim) {
-        None | Some("auto") => Ok(SharedWorker::Auto),
-        Some("always" | "1" | "on") => Ok(SharedWorker::Always),
-        Some("never" | "0" | "off") => Ok(SharedWorker::Never),
-        Some(other) => Err(format!(
+    var("GOLDEN_SHARED_WORKER").map_or(Ok(SharedWorker::Auto), |v| parse_shared_worker(&v))
+}
+
+fn parse_shared_worker(v: &str) -> Result<SharedWorker, String> {
+    match v.trim() {
+        "auto" => Ok(SharedWorker::Auto),
+        "always" | "1" | "on" => Ok(SharedWorker::Always),
+        "never" | "0" | "off" => Ok(SharedWorker::Never),
+        other => Err(format!(
             "GOLDEN_SHARED_WORKER={other:?} is not one of auto, always, never"
         )),
     }
 }
 
-/// Read the variables that are read only where they matter (a failure's variants, the start of a
-/// worker), so that a value golden cannot read fails a check before any case runs, whatever the
-/// check ends up needing.
-pub fn check_read_later() -> Result<(), String> {
-    variants_setting()?;
-    shared_worker()?;
-    shared_idle()?;
-    Ok(())
-}
-
 /// `GOLDEN_SHARED_IDLE`: seconds the shared worker daemon stays without connections (default 60),
 /// a positive number; or an error naming the accepted form.
 pub fn shared_idle() -> Result<f64, String> {
-    let Some(v) = var("GOLDEN_SHARED_IDLE") else {
-        return Ok(60.0);
-    };
+    var("GOLDEN_SHARED_IDLE").map_or(Ok(60.0), |v| parse_shared_idle(&v))
+}
+
+fn parse_shared_idle(v: &str) -> Result<f64, String> {
     v.trim()
         .parse::<f64>()
         .ok()
@@ -234,11 +324,12 @@ pub fn shared_idle() -> Result<f64, String> {
 
 /// `GOLDEN_CASES`, when set: at least 1 (a check of zero cases would pass without checking).
 pub fn cases() -> Result<Option<u32>, String> {
-    let Some(v) = var("GOLDEN_CASES") else {
-        return Ok(None);
-    };
+    var("GOLDEN_CASES").map(|v| parse_cases(&v)).transpose()
+}
+
+fn parse_cases(v: &str) -> Result<u32, String> {
     match v.trim().parse::<u32>() {
-        Ok(n) if n >= 1 => Ok(Some(n)),
+        Ok(n) if n >= 1 => Ok(n),
         _ => Err(format!(
             "GOLDEN_CASES={v:?} is not a number of cases: use a whole number of at least 1 (up to \
              {}), or unset it for the check's own `cases = N`",
@@ -255,9 +346,12 @@ pub const DEFAULT_MEMORY_LIMIT_MIB: u64 = 1024;
 /// beyond it are an error that says which argument or dim is too large, rather than an allocation
 /// that aborts the test binary.
 pub fn memory_limit() -> Result<u64, String> {
-    let Some(v) = var("GOLDEN_MEMORY_LIMIT") else {
-        return Ok(DEFAULT_MEMORY_LIMIT_MIB << 20);
-    };
+    var("GOLDEN_MEMORY_LIMIT").map_or(Ok(DEFAULT_MEMORY_LIMIT_MIB << 20), |v| {
+        parse_memory_limit(&v)
+    })
+}
+
+fn parse_memory_limit(v: &str) -> Result<u64, String> {
     v.trim()
         .parse::<f64>()
         .ok()
@@ -321,17 +415,18 @@ pub fn max_workers() -> Result<usize, String> {
             .map(|n| n.get())
             .unwrap_or(1)
             .min(4)),
-        Some(v) => v
-            .trim()
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| {
-                format!(
-                    "GOLDEN_WORKERS={v:?} is not a number of workers: give a positive whole number"
-                )
-            }),
+        Some(v) => parse_workers(&v),
     }
+}
+
+fn parse_workers(v: &str) -> Result<usize, String> {
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            format!("GOLDEN_WORKERS={v:?} is not a number of workers: give a positive whole number")
+        })
 }
 
 /// The venv `golden setup` (and `cargo xtask setup`) creates: `GOLDEN_VENV`, else
@@ -426,9 +521,10 @@ pub fn import_roots(manifest_dir: Option<&str>) -> Vec<PathBuf> {
 /// `GOLDEN_STORE_LIMIT`: the size bound of one golden store in MiB (default `default_mib`), a
 /// positive number; or an error naming the accepted form.
 pub fn store_limit_mib(default_mib: f64) -> Result<f64, String> {
-    let Some(v) = var("GOLDEN_STORE_LIMIT") else {
-        return Ok(default_mib);
-    };
+    var("GOLDEN_STORE_LIMIT").map_or(Ok(default_mib), |v| parse_store_limit(&v))
+}
+
+fn parse_store_limit(v: &str) -> Result<f64, String> {
     v.trim()
         .parse::<f64>()
         .ok()
@@ -452,10 +548,14 @@ pub enum SharedMemory {
 
 /// `GOLDEN_SHM`: `auto` (default) or `off`; anything else is an error naming the accepted values.
 pub fn shared_memory() -> Result<SharedMemory, String> {
-    match var("GOLDEN_SHM").as_deref().map(str::trim) {
-        None | Some("auto") => Ok(SharedMemory::Auto),
-        Some("off") => Ok(SharedMemory::Off),
-        Some(other) => Err(format!(
+    var("GOLDEN_SHM").map_or(Ok(SharedMemory::Auto), |v| parse_shared_memory(&v))
+}
+
+fn parse_shared_memory(v: &str) -> Result<SharedMemory, String> {
+    match v.trim() {
+        "auto" => Ok(SharedMemory::Auto),
+        "off" => Ok(SharedMemory::Off),
+        other => Err(format!(
             "GOLDEN_SHM={other:?} is not one of auto, off (whether large tensors travel to and \
              from the Python worker through shared memory)"
         )),

@@ -1602,6 +1602,61 @@ impl Layer {
         Ok(())
     }
 
+    /// Whether an axis's length can be 0 (or less, which counts as 0) over the declared dims: how
+    /// it can, for a message (`` `n` can be 0 (`n` is declared 0..=6) ``, `` `n - 2` can be 0 (at
+    /// n=2) ``), or `None` when it is at least 1 in every case. An expression is evaluated at every
+    /// combination of its dims' values when there are at most 4096, else bounded by interval
+    /// arithmetic (which may refuse an expression that never reaches 0, never the reverse).
+    fn can_be_empty(&self, axis: &DimExpr) -> Option<String> {
+        let range = |d: &str| {
+            self.dims
+                .iter()
+                .find(|s| s.name == d)
+                .map_or((0, 0), |s| (s.lo, s.hi))
+        };
+        let e = match axis {
+            DimExpr::Lit(0) => return Some("is 0".into()),
+            DimExpr::Lit(_) => return None,
+            DimExpr::Sym(d) => {
+                let (lo, hi) = range(d);
+                return (lo == 0).then(|| format!("`{d}` can be 0 (`{d}` is declared 0..={hi})"));
+            }
+            DimExpr::Expr(e) => e,
+        };
+        let mut names: Vec<&str> = e.dims();
+        names.sort_unstable();
+        names.dedup();
+        let combinations = names.iter().try_fold(1usize, |n, d| {
+            let (lo, hi) = range(d);
+            n.checked_mul(hi - lo + 1).filter(|&n| n <= 4096)
+        });
+        let Some(combinations) = combinations else {
+            let (least, _) = bounds(e, &|d| range(d));
+            return (least <= 0).then(|| {
+                format!(
+                    "`{e}` may be 0 over the declared dims (too many combinations to try each: \
+                     bounded below by {least})"
+                )
+            });
+        };
+        (0..combinations).find_map(|mut i| {
+            let dims: Vec<(String, usize)> = names
+                .iter()
+                .map(|d| {
+                    let (lo, hi) = range(d);
+                    let n = hi - lo + 1;
+                    let v = lo + i % n;
+                    i /= n;
+                    (d.to_string(), v)
+                })
+                .collect();
+            (e.eval(&dims) <= 0).then(|| {
+                let at: Vec<String> = dims.iter().map(|(d, v)| format!("{d}={v}")).collect();
+                format!("`{e}` can be 0 (at {})", at.join(", "))
+            })
+        })
+    }
+
     /// Check the description for mistakes the macro would have rejected at compile time.
     pub(crate) fn validate(&self) -> Result<(), String> {
         let known = |d: &str| self.dims.iter().any(|s| s.name == d);
@@ -1722,6 +1777,16 @@ impl Layer {
                     l.over
                 ));
             }
+            // A case of no steps would compare nothing: refused here, not on the seeds that draw it.
+            if let Some(d) = self.dims.iter().find(|d| d.name == l.over && d.lo == 0) {
+                return Err(format!(
+                    "`steps(over = {o})`: the loop has as many steps as `{o}`, which can be 0 \
+                     (`{o}` is declared 0..={hi}): a loop of no steps compares nothing; start `{o}` \
+                     at 1",
+                    o = d.name,
+                    hi = d.hi
+                ));
+            }
             for (arg, _) in &l.carry {
                 match self.args.iter().find(|a| &a.name == arg) {
                     None => {
@@ -1770,6 +1835,23 @@ impl Layer {
                     "`decode(axis = 0)`: axis 0 is the batch; the sequence is another axis".into(),
                 );
             }
+            // A sequence of no positions has no schedule: refused here, not on the seeds that
+            // draw it.
+            if let Some(at) = self.can_be_empty(&arg.shape[decode.axis]) {
+                return Err(format!(
+                    "`decode` splits `{}` along axis {}, whose length {at}: a schedule of no \
+                     positions drives nothing; {}",
+                    decode.over,
+                    decode.axis,
+                    match &arg.shape[decode.axis] {
+                        DimExpr::Sym(d) => format!("start `{d}` at 1"),
+                        DimExpr::Lit(_) => "give the axis a length of at least 1".to_string(),
+                        DimExpr::Expr(_) => {
+                            "declare the dims so that it is at least 1 in every case".to_string()
+                        }
+                    }
+                ));
+            }
             // The longest schedule must fit the module's positions: said before any case runs.
             let limit = self
                 .config
@@ -1815,6 +1897,53 @@ impl Layer {
     }
 }
 
+/// The least and greatest values of `e` when each dim `d` ranges over `range(d)`, by interval
+/// arithmetic: sound (the true values lie within), not tight where a dim appears twice.
+fn bounds(e: &DimValue, range: &dyn Fn(&str) -> (usize, usize)) -> (i64, i64) {
+    let corners = |v: [i64; 4]| {
+        (
+            v.into_iter().min().unwrap_or(0),
+            v.into_iter().max().unwrap_or(0),
+        )
+    };
+    match e {
+        DimValue::Dim(d) => {
+            let (lo, hi) = range(d);
+            (
+                i64::try_from(lo).unwrap_or(i64::MAX),
+                i64::try_from(hi).unwrap_or(i64::MAX),
+            )
+        }
+        DimValue::Lit(n) => (*n, *n),
+        DimValue::Add(a, b) => {
+            let ((a0, a1), (b0, b1)) = (bounds(a, range), bounds(b, range));
+            (a0.saturating_add(b0), a1.saturating_add(b1))
+        }
+        DimValue::Sub(a, b) => {
+            let ((a0, a1), (b0, b1)) = (bounds(a, range), bounds(b, range));
+            (a0.saturating_sub(b1), a1.saturating_sub(b0))
+        }
+        DimValue::Mul(a, b) => {
+            let ((a0, a1), (b0, b1)) = (bounds(a, range), bounds(b, range));
+            corners([
+                a0.saturating_mul(b0),
+                a0.saturating_mul(b1),
+                a1.saturating_mul(b0),
+                a1.saturating_mul(b1),
+            ])
+        }
+        DimValue::Div(a, b) => {
+            let ((a0, a1), (b0, b1)) = (bounds(a, range), bounds(b, range));
+            if b0 <= 0 && b1 >= 0 {
+                // A divisor that can be 0 (the quotient is 0 there) or change sign: anything.
+                return (i64::MIN, i64::MAX);
+            }
+            let q = |x: i64, y: i64| x.checked_div(y).unwrap_or(0);
+            corners([q(a0, b0), q(a0, b1), q(a1, b0), q(a1, b1)])
+        }
+    }
+}
+
 /// The short name of a float dtype on the wire.
 pub fn dtype_name(dtype: DType) -> &'static str {
     golden_files::WireDType::from_candle(dtype)
@@ -1838,6 +1967,38 @@ fn float_range(dtype: DType) -> (fn(f64) -> f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sequence_axis_that_can_be_empty_is_found_exactly_or_by_its_bounds() {
+        let sub = |a: DimValue, b: DimValue| DimExpr::Expr(DimValue::Sub(Box::new(a), Box::new(b)));
+        let layer = Layer::module("l", "m.M")
+            .dim("a", 1, 100)
+            .dim("b", 1, 100)
+            .dim("c", 1, 100);
+        // Exactly, at every combination of a few dims: a − 1 reaches 0 at a = 1, a + 1 never does.
+        let a = || DimValue::dim("a");
+        assert_eq!(
+            layer.can_be_empty(&sub(a(), DimValue::Lit(1))).as_deref(),
+            Some("`a - 1` can be 0 (at a=1)")
+        );
+        let plus_one = DimExpr::Expr(DimValue::Add(Box::new(a()), Box::new(DimValue::Lit(1))));
+        assert_eq!(layer.can_be_empty(&plus_one), None);
+        assert_eq!(layer.can_be_empty(&DimExpr::from("a")), None);
+        assert_eq!(
+            layer.can_be_empty(&DimExpr::Lit(0)).as_deref(),
+            Some("is 0")
+        );
+        // Too many combinations (10^6): bounded, soundly (a·b·c ≥ 1 always).
+        let product = DimValue::Mul(
+            Box::new(DimValue::Mul(Box::new(a()), Box::new(DimValue::dim("b")))),
+            Box::new(DimValue::dim("c")),
+        );
+        assert_eq!(layer.can_be_empty(&DimExpr::Expr(product.clone())), None);
+        let less = sub(product, DimValue::dim("a"));
+        assert!(layer
+            .can_be_empty(&less)
+            .is_some_and(|m| m.contains("may be 0 over the declared dims")));
+    }
 
     #[test]
     fn a_declaration_given_again_replaces_the_first_in_place() {

@@ -323,6 +323,52 @@ pub struct Plan {
     pub looped: Option<LoopPlan>,
 }
 
+/// Which of a step's positions an output holds along the sequence axis ([`Plan::holds`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Holds {
+    /// Every position of the step, in order (the reference's own outputs, a port's alike).
+    Step,
+    /// The step's last position only (candle-transformers' models return the last position's
+    /// logits): the axis has length 1 (`[b, 1, vocab]`), or is gone (`[b, vocab]`).
+    Last,
+}
+
+impl Plan {
+    /// Whether the reference's leaf of step `k`, of shape `reference`, holds the step's positions:
+    /// its first axis is the batch and its sequence axis has the step's length — what the
+    /// reference was given. The one rule by which padded positions are excluded from the
+    /// comparison, on both sides: the worker zeroes the reference's leaves by it
+    /// (`golden_ref/schedule.py`), and a port's outputs are zeroed at the positions the reference's
+    /// leaf of the same name holds (`run/steps.rs`).
+    pub(crate) fn positional(&self, k: usize, reference: &[usize]) -> bool {
+        let (_, len) = self.steps.span(k);
+        let batch = self.mask.as_ref().and_then(|m| m.shape.first().copied());
+        reference.len() > self.axis
+            && reference[self.axis] == len
+            && batch.is_none_or(|b| reference.first() == Some(&b))
+    }
+
+    /// Which positions of step `k` a port's output of shape `port` holds, known from the
+    /// reference's leaf of the same name (shape `reference`), never guessed from the port's own
+    /// lengths: the same shape holds what the reference's holds; the reference's shape with the
+    /// sequence axis 1 long, or without it, holds the last position. `None` where the reference's
+    /// leaf holds no positions ([`Plan::positional`]) or the shapes do not align (the comparison
+    /// says so).
+    pub(crate) fn holds(&self, k: usize, reference: &[usize], port: &[usize]) -> Option<Holds> {
+        if !self.positional(k, reference) {
+            return None;
+        }
+        if port == reference {
+            return Some(Holds::Step);
+        }
+        let mut one = reference.to_vec();
+        one[self.axis] = 1;
+        let mut without = reference.to_vec();
+        without.remove(self.axis);
+        (port == one.as_slice() || port == without.as_slice()).then_some(Holds::Last)
+    }
+}
+
 /// A porting mistake in how a model is driven through time, made in the reference's driving so
 /// that a failing port can be matched against it (the diagnosis of a schedule's failure).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -333,6 +379,9 @@ pub enum Mistake {
     PositionsUnpadded,
     /// The padding mask is not applied: padded keys are attended to.
     MaskUnpadded,
+    /// Padding treated as tokens: no padding mask, and position ids counting the padding (a
+    /// model driven as if the batch were not padded).
+    PaddingIgnored,
     /// Every call sees only its own tokens: the cache is not read.
     NoCache,
     /// The sliding window keeps one key more.
@@ -350,13 +399,14 @@ pub enum Mistake {
 
 impl Mistake {
     /// Every mistake, in the order they are tried.
-    pub const ALL: [Mistake; 9] = [
+    pub const ALL: [Mistake; 10] = [
         Mistake::InputsReversed,
         Mistake::InputsAhead,
         Mistake::PositionsRestart,
         Mistake::NoCache,
         Mistake::PositionsUnpadded,
         Mistake::MaskUnpadded,
+        Mistake::PaddingIgnored,
         Mistake::WindowWider,
         Mistake::WindowNarrower,
         Mistake::WindowUncached,
@@ -368,6 +418,7 @@ impl Mistake {
             Mistake::PositionsRestart => "positions-restart",
             Mistake::PositionsUnpadded => "positions-unpadded",
             Mistake::MaskUnpadded => "mask-unpadded",
+            Mistake::PaddingIgnored => "padding-ignored",
             Mistake::NoCache => "no-cache",
             Mistake::WindowWider => "window-wider",
             Mistake::WindowNarrower => "window-narrower",
@@ -387,7 +438,9 @@ impl Mistake {
         match self {
             Mistake::InputsReversed | Mistake::InputsAhead => false,
             Mistake::PositionsRestart | Mistake::NoCache => several,
-            Mistake::PositionsUnpadded | Mistake::MaskUnpadded => steps.padding != Padding::None,
+            Mistake::PositionsUnpadded | Mistake::MaskUnpadded | Mistake::PaddingIgnored => {
+                steps.padding != Padding::None
+            }
             Mistake::WindowWider => window.is_some(),
             Mistake::WindowNarrower => window.is_some_and(|w| w > 1),
             Mistake::WindowUncached => window.is_some() && several,
@@ -426,6 +479,19 @@ impl Mistake {
                 "no padding mask: padded keys are attended to".to_string(),
                 "padded keys masked out".to_string(),
                 "mask the keys where `step.attention_mask()` is 0, in every call".to_string(),
+            ),
+            Mistake::PaddingIgnored => (
+                "the padding treated as tokens: no padding mask, and position ids counting the \
+                 padding"
+                    .to_string(),
+                "padded keys masked out, positions counted over each row's valid tokens"
+                    .to_string(),
+                "mask the keys where `step.attention_mask()` is 0, in every call (a model that \
+                 takes no mask cannot be given a padded batch: candle-transformers' Mistral and \
+                 Gemma take one through `forward_embeds`); position ids from `step.positions()`, \
+                 or for rotary positions `step.offset()` once the padding is masked (rotary \
+                 attention depends on positions' differences only)"
+                    .to_string(),
             ),
             Mistake::WindowWider => (
                 format!("a sliding window of {} keys", w + 1),
@@ -493,6 +559,9 @@ pub(crate) struct PortSchedule {
     pub(crate) forced: Option<HostTensor>,
     /// The step running now, for a message about a port that did not return.
     pub(crate) at: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The shapes of the reference's step leaves (`step.<k>.<leaf>`): which positions each of the
+    /// port's outputs holds is read from them ([`Plan::holds`]).
+    pub(crate) reference_shapes: Vec<(String, Vec<usize>)>,
 }
 
 /// The kinds of schedule, in shrinking order.
@@ -670,6 +739,36 @@ mod tests {
         assert_eq!(simplest.padding, Padding::None);
         assert_eq!(simplest.generate, 1);
         assert_eq!(simplest.chunks[0], 1, "{simplest}");
+    }
+
+    #[test]
+    fn an_output_holds_the_positions_the_reference_s_leaf_of_its_name_holds() {
+        let steps = Steps {
+            chunks: vec![3, 1],
+            padding: Padding::Left,
+            generate: 0,
+            looped: false,
+        };
+        let plan = Plan {
+            arg: 0,
+            axis: 1,
+            mask: steps.mask(2, 4, 7),
+            steps,
+            mistake: None,
+            looped: None,
+        };
+        // The prefill of 3: the reference's logits [2, 3, 32].
+        assert_eq!(plan.holds(0, &[2, 3, 32], &[2, 3, 32]), Some(Holds::Step));
+        assert_eq!(plan.holds(0, &[2, 3, 32], &[2, 1, 32]), Some(Holds::Last));
+        assert_eq!(plan.holds(0, &[2, 3, 32], &[2, 32]), Some(Holds::Last));
+        assert_eq!(plan.holds(0, &[2, 3, 32], &[2, 3, 16]), None);
+        // A decode step of 1: the same shape holds its one position, whatever the port's lengths.
+        assert_eq!(plan.holds(1, &[2, 1, 32], &[2, 1, 32]), Some(Holds::Step));
+        assert_eq!(plan.holds(1, &[2, 1, 32], &[2, 32]), Some(Holds::Last));
+        // A leaf of the reference that holds no positions (its axis is not the step's length, or
+        // its first is not the batch): nothing of the port's is taken for positions.
+        assert_eq!(plan.holds(0, &[2, 4, 3], &[2, 4, 3]), None);
+        assert_eq!(plan.holds(0, &[3, 3], &[3, 3]), None);
     }
 
     #[test]

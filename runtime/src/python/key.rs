@@ -42,6 +42,25 @@ pub(crate) fn pythonpath(key: &WorkerKey) -> Result<std::ffi::OsString, String> 
     .map_err(|e| format!("an import root cannot be put in PYTHONPATH: {e}"))
 }
 
+/// The environment of a worker with this key: this process's, with `PYTHONPATH` for the key and
+/// `GOLDEN_PARENT_PID` (the process whose end ends the worker). A private worker is started with
+/// it, and a copy of the shared worker is given it in its `hello` (`shared.rs`), so that a
+/// reference sees the same environment either way.
+pub(crate) fn worker_environment(
+    key: &WorkerKey,
+) -> Result<Vec<(std::ffi::OsString, std::ffi::OsString)>, String> {
+    let pythonpath = pythonpath(key)?;
+    let mut vars: Vec<_> = std::env::vars_os()
+        .filter(|(name, _)| name != "PYTHONPATH" && name != "GOLDEN_PARENT_PID")
+        .collect();
+    vars.push(("PYTHONPATH".into(), pythonpath));
+    vars.push((
+        "GOLDEN_PARENT_PID".into(),
+        std::process::id().to_string().into(),
+    ));
+    Ok(vars)
+}
+
 /// `root` as PYTHONPATH can carry it: itself, or — when its path holds `:` (a crate in a folder
 /// named `a:b`) — a symbolic link to it at `<target>/golden/roots/<hash of the path>`, made (or
 /// made again) here. An error, with the fix, when there is no target folder to put the link in.

@@ -5,9 +5,21 @@
 //! (`python -m golden_ref.daemon`) listening on a Unix socket in `<target>/golden/workers/`: it
 //! imported torch once, and forks a copy of itself for each connection, which then serves it like a
 //! private worker (a crash or a hang ends that copy only). One daemon per interpreter, import path
-//! (the whole `PYTHONPATH` a worker gets), working directory and version of golden's Python side
+//! (the whole `PYTHONPATH` a worker gets), working directory, the variables an interpreter reads
+//! as it starts and imports torch (`READ_AS_PYTHON_STARTS`) and version of golden's Python side
 //! (hashed into the socket's name). The daemon imports no reference: each copy imports its own
 //! after the fork, so an edited reference is what the next test process runs.
+//!
+//! **Whose environment.** A copy runs with the environment of the test process it serves, not the
+//! daemon's: the `hello` carries the environment a private worker would get, and the copy makes it
+//! its own before it imports anything (`key::worker_environment`). Only what was read as the daemon
+//! started (a thread pool's size, torch's switches, the locale) cannot be given afterwards: those
+//! variables choose the daemon instead.
+//!
+//! **Whose daemon.** A copy's `hello` says which daemon it is (the identity its socket is named
+//! after) and the daemon is the process listening (SO_PEERCRED): a process at the socket that is
+//! not golden's daemon (any program of the user), or a daemon started for something else (another
+//! golden, other roots), is not used; the check falls back to a private worker and says why.
 //!
 //! The socket lets in only its own user: its folder is made 0700 (and must belong to the user),
 //! the socket is 0600, the daemon refuses a peer whose uid (SO_PEERCRED) is not its own, and a
@@ -26,7 +38,7 @@
 //! `never`. `GOLDEN_SHARED_DIR` moves the sockets elsewhere.
 
 use crate::describe::env;
-use crate::python::key::{pythonpath, WorkerKey};
+use crate::python::key::{pythonpath, worker_environment, WorkerKey};
 use std::io::{BufRead, Read, Seek, SeekFrom};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
@@ -39,14 +51,74 @@ use std::time::{Duration, Instant};
 
 /// Unix socket paths are limited to 108 bytes (with the terminating NUL).
 const MAX_SOCKET_PATH: usize = 100;
-/// Variables besides `PYTHONPATH` that change what an interpreter imports: a daemon started under
-/// other values must not answer.
-const IMPORT_VARIABLES: [&str; 4] = [
-    "PYTHONHOME",
-    "PYTHONNOUSERSITE",
-    "PYTHONUSERBASE",
-    "PYTHONSAFEPATH",
+
+/// The beginnings of the names of the variables that are read as an interpreter starts and imports
+/// numpy and torch, before the daemon forks: a copy cannot be given other values of these, so
+/// they choose the daemon. Found by logging every `getenv` (an `LD_PRELOAD` shim) and every read
+/// of `os.environ` while `python -m golden_ref.daemon` imports numpy, torch 2.15 and golden's
+/// modules: Python's own (`PYTHON*`, the locale, `HOME` for the user's site-packages, `PATH`), the
+/// loader's, the C and C++ runtimes', the thread pools' (OpenMP, MKL, oneDNN, OpenBLAS), numpy's
+/// and torch's (and CUDA's and ROCm's, read when torch loads them), the temporary folder
+/// `tempfile` keeps, and `GOLDEN_MAX_FRAME` (read by `golden_ref.wire` as it is imported). Any
+/// other variable a copy gets from its test process, as a private worker would.
+const READ_AS_PYTHON_STARTS: &[&str] = &[
+    "PYTHON",
+    "__PYVENV_LAUNCHER__",
+    "LANG",
+    "LC_",
+    "HOME",
+    "PATH",
+    "TZ",
+    "TMP",
+    "TEMP",
+    "LD_",
+    "DYLD_",
+    "GLIBC",
+    "MALLOC_",
+    "GFORTRAN_",
+    "LLVM_",
+    "OMP_",
+    "GOMP_",
+    "KMP_",
+    "MKL",
+    "ONEDNN_",
+    "DNNL_",
+    "OPENBLAS_",
+    "GOTO_",
+    "BLIS_",
+    "VECLIB_",
+    "NPY_",
+    "NUMPY_",
+    "TORCH",
+    "PYTORCH_",
+    "KINETO_",
+    "FX_",
+    "COMPILE_STROBELIGHT",
+    "CUDA",
+    "CUBLAS",
+    "CUDNN",
+    "NVRTC",
+    "NV_",
+    "NVIDIA_",
+    "LIBNVVM",
+    "HIP",
+    "ROCM",
+    "HSA_",
+    "MIOPEN",
+    "I_MPI_",
+    "OMPI_",
+    "MPI_",
+    "OPENSSL_",
+    "GOLDEN_MAX_FRAME",
 ];
+
+/// Whether the variable `name` is read as the daemon's interpreter starts (see
+/// [`READ_AS_PYTHON_STARTS`]): its value is part of the daemon's identity.
+fn read_as_python_starts(name: &[u8]) -> bool {
+    READ_AS_PYTHON_STARTS
+        .iter()
+        .any(|prefix| name.starts_with(prefix.as_bytes()))
+}
 
 /// 0: as the environment says; 1: on; 2: off.
 static OVERRIDE: AtomicU8 = AtomicU8::new(0);
@@ -103,9 +175,11 @@ fn fnv(hash: &mut u64, bytes: &[u8]) {
 }
 
 /// Which daemon serves `key`: the interpreter, every import root (the whole `PYTHONPATH` a worker
-/// gets, the inherited part too) and the variables that change imports, the working directory and
-/// the Python side's files (a daemon started before they were edited must not answer for them).
-/// References need not be hashed: the daemon never imports one (its copies do, after the fork).
+/// gets, the inherited part too), the variables read as it starts ([`read_as_python_starts`]), the
+/// working directory (the first entry of a `python -m`'s import path) and the Python side's files
+/// (a daemon started before they were edited must not answer for them). References need not be
+/// hashed: the daemon never imports one (its copies do, after the fork); nor need the other
+/// variables: each copy is given its test process's.
 fn identity(key: &WorkerKey) -> u64 {
     let mut hash = 0xcbf2_9ce4_8422_2325;
     fnv(&mut hash, key.python.program.as_os_str().as_encoded_bytes());
@@ -113,12 +187,16 @@ fn identity(key: &WorkerKey) -> u64 {
     if let Ok(path) = pythonpath(key) {
         fnv(&mut hash, path.as_encoded_bytes());
     }
-    for name in IMPORT_VARIABLES {
+    let mut startup: Vec<_> = std::env::vars_os()
+        .filter(|(name, _)| read_as_python_starts(name.as_encoded_bytes()))
+        .filter(|(name, _)| name != "PYTHONPATH")
+        .collect();
+    startup.sort();
+    for (name, value) in startup {
         fnv(&mut hash, b"\0");
-        if let Some(value) = std::env::var_os(name) {
-            fnv(&mut hash, name.as_bytes());
-            fnv(&mut hash, value.as_encoded_bytes());
-        }
+        fnv(&mut hash, name.as_encoded_bytes());
+        fnv(&mut hash, b"=");
+        fnv(&mut hash, value.as_encoded_bytes());
     }
     fnv(&mut hash, b"\0");
     if let Ok(cwd) = std::env::current_dir() {
@@ -293,12 +371,74 @@ fn connect_own(socket: &Path) -> std::io::Result<UnixStream> {
     }
 }
 
+/// A connection to the process listening at the shared worker's socket: the daemon for a key, as
+/// far as this process knows until its copy's `hello` says so ([`Connection::verify`]).
+pub struct Connection {
+    /// The connection.
+    pub stream: UnixStream,
+    /// The socket.
+    pub socket: PathBuf,
+    /// The identity of the daemon this process needs (what the socket is named after).
+    pub identity: String,
+}
+
+impl Connection {
+    /// The pid of the process listening at the socket, as the message shows it.
+    fn listener(&self) -> String {
+        peer_pid(&self.stream).map_or("?".to_string(), |p| p.to_string())
+    }
+
+    /// Why the process at the socket is not golden's daemon, when it did not answer `hello` as
+    /// one: `what` it did instead (closed the connection, wrote something else).
+    pub fn not_golden(&self, what: &str) -> String {
+        format!(
+            "the process (pid {}) listening at {} is not golden's shared worker: {what}",
+            self.listener(),
+            self.socket.display()
+        )
+    }
+
+    /// Check that the copy that answered `hello` with `info` was forked by the process listening
+    /// at the socket, and that this is the daemon this process needs (started for the same
+    /// interpreter, import roots, variables and golden). `Err` says why not, naming it.
+    pub fn verify(&self, info: &serde_json::Value) -> Result<(), String> {
+        let theirs = info["identity"].as_str().unwrap_or("none");
+        let daemon = info["daemon_pid"].as_u64();
+        let listener = peer_pid(&self.stream);
+        if let (Some(daemon), Some(listener)) = (daemon, listener) {
+            if daemon != u64::from(listener) {
+                return Err(self.not_golden(&format!(
+                    "the copy that answered was forked by pid {daemon}, not by it"
+                )));
+            }
+        }
+        if theirs != self.identity {
+            let pid = self.listener();
+            return Err(format!(
+                "the shared worker daemon (pid {pid}) listening at {} is not the shared worker \
+                 this test process needs: it was started for another interpreter, other import \
+                 roots, other values of the variables read as Python starts, or by another golden \
+                 (it answers as {theirs}, this process needs {}); `kill {pid}` ends it, and the \
+                 next test process starts the right one",
+                self.socket.display(),
+                self.identity
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Connect to the daemon for `key`, starting it if needed. `Err` says why a private worker must do.
-pub fn connect(key: &WorkerKey) -> Result<UnixStream, String> {
+pub fn connect(key: &WorkerKey) -> Result<Connection, String> {
     let dir = directory().ok_or("no target directory to put its socket in")?;
     private_folder(&dir)?;
     let id = identity(key);
     let socket = dir.join(format!("{id:016x}.sock"));
+    let connection = |stream| Connection {
+        stream,
+        socket: socket.clone(),
+        identity: format!("{id:016x}"),
+    };
     if socket.as_os_str().len() > MAX_SOCKET_PATH {
         return Err(format!(
             "its socket path would be {} bytes, more than Unix sockets allow (set \
@@ -308,7 +448,7 @@ pub fn connect(key: &WorkerKey) -> Result<UnixStream, String> {
     }
     let refused = |e: &std::io::Error| e.kind() == std::io::ErrorKind::PermissionDenied;
     match connect_own(&socket) {
-        Ok(stream) => return answering(stream),
+        Ok(stream) => return answering(stream).map(connection),
         Err(e) if refused(&e) => return Err(e.to_string()),
         Err(_) => {}
     }
@@ -328,14 +468,16 @@ pub fn connect(key: &WorkerKey) -> Result<UnixStream, String> {
         ));
     }
     match connect_own(&socket) {
-        Ok(stream) => return answering(stream),
+        Ok(stream) => return answering(stream).map(connection),
         Err(e) if refused(&e) => return Err(e.to_string()),
         Err(_) => {}
     }
     // Nobody listens: whatever file is there is left from a daemon that died.
     let _ = std::fs::remove_file(&socket);
-    start(key, &socket)?;
-    connect_own(&socket).map_err(|e| format!("connecting after its start: {e}"))
+    start(key, &socket, &format!("{id:016x}"))?;
+    connect_own(&socket)
+        .map(connection)
+        .map_err(|e| format!("connecting after its start: {e}"))
 }
 
 /// `stream`, unless the daemon behind it visibly cannot answer (see [`unresponsive`]).
@@ -346,15 +488,17 @@ fn answering(stream: UnixStream) -> Result<UnixStream, String> {
     }
 }
 
-/// Start a daemon listening on `socket` and wait until it says `ready`.
-fn start(key: &WorkerKey, socket: &Path) -> Result<(), String> {
-    let pythonpath = pythonpath(key)?;
+/// Start a daemon of `identity` listening on `socket`, with the environment a private worker of
+/// this process would get, and wait until it says `ready`.
+fn start(key: &WorkerKey, socket: &Path, identity: &str) -> Result<(), String> {
     let mut child = Command::new(&key.python.program)
         .args(["-u", "-B", "-m", "golden_ref.daemon", "--socket"])
         .arg(socket)
         .arg("--idle")
         .arg(idle_seconds().to_string())
-        .env("PYTHONPATH", pythonpath)
+        .args(["--identity", identity])
+        .env_clear()
+        .envs(worker_environment(key)?)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -31,8 +31,9 @@ use std::io::{self, Read, Write};
 /// First bytes of every frame body.
 pub const MAGIC: &[u8; 4] = b"GLD1";
 /// Largest frame accepted (2 GiB): a corrupt length must not allocate without bound. Tensors in
-/// shared memory count toward it: the limit is the message's, wherever its bytes travel.
-pub const MAX_FRAME: usize = 1 << 31;
+/// shared memory count toward it: the limit is the message's, wherever its bytes travel. Declared
+/// beside `GOLDEN_MAX_FRAME`, which lowers the worker's ([`crate::describe::env::FRAME_LIMIT`]).
+pub const MAX_FRAME: usize = crate::describe::env::FRAME_LIMIT as usize;
 /// The bit of a tensor entry's dtype code that says its bytes are in shared memory.
 pub const SHARED: u8 = 0x80;
 /// The header key that names a frame's shared memory.

@@ -26,7 +26,8 @@
 //! thread in the worker notices its parent is gone even while a reference is busy.
 
 use crate::describe::env::{self, Python};
-use crate::python::key::{pythonpath, WorkerKey};
+use crate::python::key::{worker_environment, WorkerKey};
+use crate::python::shared;
 use crate::python::shm;
 use crate::python::wire::{self, Frame, RawFrame, WireError};
 use bytes::Bytes;
@@ -172,6 +173,8 @@ pub enum WorkerError {
         status: String,
         /// What it was doing.
         during: String,
+        /// Which of golden's evaluations of the reference it was in, as the worker said it went.
+        stage: Option<Stage>,
         /// The end of its stderr.
         stderr: String,
     },
@@ -181,6 +184,8 @@ pub enum WorkerError {
         limit: Duration,
         /// What it was doing.
         during: String,
+        /// Which of golden's evaluations of the reference it was in, as the worker said it went.
+        stage: Option<Stage>,
         /// The end of its stderr.
         stderr: String,
         /// Whether the worker was starting or importing the reference (`GOLDEN_START_TIMEOUT`),
@@ -250,6 +255,7 @@ impl fmt::Display for WorkerError {
                 python,
                 status,
                 during,
+                stage,
                 stderr,
             } => {
                 write!(
@@ -260,8 +266,8 @@ impl fmt::Display for WorkerError {
                     python.source,
                     indent_tail(stderr)
                 )?;
-                if let Some(phase) = crashed_in(stderr) {
-                    write!(f, "\n  it crashed in {phase}")?;
+                if let Some(stage) = stage {
+                    write!(f, "\n  it died in {}", stage.explained())?;
                 }
                 if stderr.contains("No module named 'numpy'")
                     || stderr.contains("No module named 'golden_ref'")
@@ -280,15 +286,19 @@ impl fmt::Display for WorkerError {
             WorkerError::Timeout {
                 limit,
                 during,
+                stage,
                 stderr,
                 starting: false,
             } => write!(
                 f,
-                "the reference did not answer within {} s while {during}; the worker was killed \
+                "the reference did not answer within {} s while {during}{}; the worker was killed \
                  and will be replaced.\n  its stderr ended with:\n{}\n  \
                  fix: if the reference is just slow, give it more time: `timeout = <seconds>` in \
                  the check's attribute, or GOLDEN_TIMEOUT for every check",
                 crate::describe::numbers::num(limit.as_secs_f64()),
+                stage
+                    .as_ref()
+                    .map_or_else(String::new, |s| format!(", in {}", s.name())),
                 indent_tail(stderr)
             ),
             WorkerError::Timeout {
@@ -296,6 +306,7 @@ impl fmt::Display for WorkerError {
                 during,
                 stderr,
                 starting: true,
+                ..
             } => write!(
                 f,
                 "the Python worker did not finish {during} within {} s; it was killed.\n  its \
@@ -352,42 +363,51 @@ impl fmt::Display for WorkerError {
 
 impl std::error::Error for WorkerError {}
 
-/// Which of golden's evaluations of the reference a crash happened in, from the Python stack
-/// faulthandler printed on the worker's stderr (its current thread, most recent call first): the
-/// first frame of golden's `evaluate.py` that names one. A crash in the float64 or a nudged
-/// evaluation says that the reference itself runs in the case dtype.
-fn crashed_in(stderr: &str) -> Option<&'static str> {
-    let stack = &stderr[stderr.rfind("Fatal Python error")?..];
-    let current = &stack[stack.find("Current thread").unwrap_or(0)..];
-    let golden = current
-        .lines()
-        .take_while(|l| !l.trim().is_empty() || l.contains("Current thread"))
-        .filter(|l| l.contains("golden_ref") && l.contains("evaluate.py"));
-    let mut nudged = false;
-    for frame in golden {
-        let function = frame.rsplit(" in ").next().unwrap_or("").trim();
-        match function {
-            "_evaluate64" => {
-                return Some(
-                    "golden's float64 evaluation of the reference (it runs the reference again in \
-                     float64, its upcasts promoted, to estimate the rounding error): the reference \
-                     runs in the case dtype; a kernel without a float64 version should raise, \
-                     which golden takes as no estimate (assert_close's bound), rather than crash",
-                )
+/// Which of golden's evaluations of the reference a worker is in, as it says while it goes (a
+/// `progress` frame before each: see `golden_ref.worker`): what a death or a hang is reported in,
+/// however the worker ended (a crash, an exit, a SIGKILL from the out-of-memory killer, in any
+/// thread), where a Python stack may not say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stage {
+    /// `case` (an evaluation in the case dtype), `float64`, `construct`, or a stage a newer worker
+    /// names.
+    pub stage: String,
+    /// The evaluation, as the worker's errors name it (`the forward pass in f32`, `a nudged
+    /// evaluation`).
+    pub phase: String,
+}
+
+impl Stage {
+    /// The evaluation in a few words.
+    pub fn name(&self) -> String {
+        match self.stage.as_str() {
+            "float64" => "golden's float64 evaluation of the reference".into(),
+            "construct" => "the construction of the reference module".into(),
+            "case" if self.phase.starts_with("a nudged") => {
+                "one of golden's nudged evaluations of the reference".into()
             }
-            "_evaluate_once" if nudged => {}
-            "_evaluate_once" => nudged = true,
-            "_precise" if nudged => {
-                return Some(
-                    "one of golden's nudged evaluations of the reference (in the case dtype, on \
-                     inputs moved by one ulp, to estimate the rounding error)",
-                )
-            }
-            "construct" => return Some("the construction of the reference module"),
-            _ => {}
+            _ => self.phase.clone(),
         }
     }
-    None
+
+    /// The evaluation and what it tells: golden's float64 and nudged evaluations are golden's own,
+    /// on a reference that runs in the case dtype.
+    pub fn explained(&self) -> String {
+        let name = self.name();
+        match self.stage.as_str() {
+            "float64" => format!(
+                "{name} (it runs the reference again in float64, its upcasts promoted, to \
+                 estimate the rounding error): the reference runs in the case dtype; a kernel \
+                 without a float64 version should raise, which golden takes as no estimate \
+                 (assert_close's bound), rather than crash"
+            ),
+            "case" if self.phase.starts_with("a nudged") => format!(
+                "{name} (in the case dtype, on inputs moved by one ulp, to estimate the rounding \
+                 error)"
+            ),
+            _ => name,
+        }
+    }
 }
 
 /// Bytes as a message quotes them: text in quotes with escapes, at most [`QUOTED_BYTES`].
@@ -466,7 +486,7 @@ impl Process {
                 // Once the daemon has reaped the copy (and killed its group) the pid is free for
                 // any process to take.
                 if !exit.exists() {
-                    crate::python::shared::kill(*pid);
+                    shared::kill(*pid);
                 }
                 let _ = stream.shutdown(std::net::Shutdown::Both);
             }
@@ -490,7 +510,7 @@ impl Process {
     fn stderr_tail(&self) -> String {
         match self {
             Process::Private { stderr, .. } => stderr.lock().unwrap().text(),
-            Process::Shared { log, .. } => crate::python::shared::tail(log, STDERR_TAIL),
+            Process::Shared { log, .. } => shared::tail(log, STDERR_TAIL),
         }
     }
 
@@ -521,6 +541,8 @@ pub struct Worker {
     from_worker: Answers,
     next_id: u64,
     healthy: bool,
+    /// Where the request being answered is, as the worker last said ([`Stage`]).
+    stage: Option<Stage>,
     /// Shared memory with the worker, when both sides can map it.
     shm: Option<shm::Link>,
     /// The worker's answer to `hello`: versions of Python and NumPy, its pid (and, from the shared
@@ -655,26 +677,17 @@ impl Worker {
     /// A worker for `key`: from the shared worker daemon when sharing is on and it can be reached,
     /// else a private one.
     pub fn start(key: &WorkerKey) -> Result<Worker, WorkerError> {
-        use crate::python::shared;
-        // A daemon found stuck is not tried again by this process: each try would wait.
-        static STUCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if shared::enabled() && !STUCK.load(std::sync::atomic::Ordering::SeqCst) {
-            match shared::connect(key) {
-                Ok(stream) => {
-                    let probe = stream.try_clone().ok();
-                    match Worker::over_socket(key, stream) {
-                        Err(WorkerError::Timeout { starting: true, .. }) => {
-                            STUCK.store(true, std::sync::atomic::Ordering::SeqCst);
-                            let why = probe.as_ref().map_or_else(
-                                || "the shared worker daemon did not answer".to_string(),
-                                shared::stuck,
-                            );
-                            shared::note_fallback(&why);
-                        }
-                        other => return other,
-                    }
+        // A daemon that did not serve this process (stuck, not golden's, not the one it needs) is
+        // not tried again by it: each try would wait, or fail the same way.
+        static AVOIDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if shared::enabled() && !AVOIDED.load(std::sync::atomic::Ordering::SeqCst) {
+            let served = shared::connect(key).and_then(|c| Worker::over_socket(key, c));
+            match served {
+                Ok(worker) => return Ok(worker),
+                Err(why) => {
+                    AVOIDED.store(true, std::sync::atomic::Ordering::SeqCst);
+                    shared::note_fallback(&why);
                 }
-                Err(why) => shared::note_fallback(&why),
             }
         }
         Worker::spawn(key)
@@ -682,11 +695,11 @@ impl Worker {
 
     /// Start a private worker (a child of this process) and wait for its `hello`.
     pub fn spawn(key: &WorkerKey) -> Result<Worker, WorkerError> {
-        let pythonpath = pythonpath(key).map_err(WorkerError::ImportRoots)?;
+        let environment = worker_environment(key).map_err(WorkerError::ImportRoots)?;
         let mut child = Command::new(&key.python.program)
             .args(["-u", "-B", "-m", "golden_ref.worker"])
-            .env("PYTHONPATH", pythonpath)
-            .env("GOLDEN_PARENT_PID", std::process::id().to_string())
+            .env_clear()
+            .envs(environment)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -728,17 +741,22 @@ impl Worker {
             from_worker,
             next_id: 1,
             healthy: true,
+            stage: None,
             shm: None,
             info: Json::Null,
         };
-        worker.hello(env::start_limit())
+        worker.hello(env::start_limit(), json!({}))
     }
 
-    /// A worker served by the shared worker daemon over `stream`.
-    fn over_socket(key: &WorkerKey, stream: UnixStream) -> Result<Worker, WorkerError> {
-        let io_error = |e: std::io::Error| WorkerError::Protocol(format!("the shared worker: {e}"));
+    /// A worker served by the shared worker daemon over `connection`, given this process's
+    /// environment; `Err` says why the process at the socket cannot serve it (a private worker
+    /// then does).
+    fn over_socket(key: &WorkerKey, connection: shared::Connection) -> Result<Worker, String> {
+        let io_error = |e: std::io::Error| format!("the shared worker's connection: {e}");
+        let stream = connection.stream.try_clone().map_err(io_error)?;
         let to_worker = writer_thread(stream.try_clone().map_err(io_error)?);
         let from_worker = reader_thread(stream.try_clone().map_err(io_error)?);
+        let environment = worker_environment(key)?;
         let worker = Worker {
             key: key.clone(),
             // Until `hello` names the served copy, errors have no pid or log to point at.
@@ -752,13 +770,41 @@ impl Worker {
             from_worker,
             next_id: 1,
             healthy: true,
+            stage: None,
             shm: None,
             info: Json::Null,
         };
         // A daemon's copy answers at once: one that does not within seconds is stuck (`start`
         // falls back to a private worker), whatever GOLDEN_START_TIMEOUT allows a start-up.
-        let limit = crate::python::shared::HELLO_TIMEOUT.min(env::start_limit());
-        let mut worker = worker.hello(limit)?;
+        let limit = shared::HELLO_TIMEOUT.min(env::start_limit());
+        // The environment the copy takes as its own before it imports anything: the one a
+        // private worker would be started with (every name and value as bytes, in hex).
+        let hex = |s: &std::ffi::OsStr| {
+            s.as_encoded_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        let environ: Vec<[String; 2]> = environment
+            .iter()
+            .map(|(name, value)| [hex(name), hex(value)])
+            .collect();
+        let mut worker = match worker.hello(limit, json!({"environ": environ})) {
+            Ok(worker) => worker,
+            Err(WorkerError::Timeout { .. }) => return Err(shared::stuck(&connection.stream)),
+            Err(WorkerError::NotGolden { bytes, .. }) => {
+                return Err(connection.not_golden(&format!(
+                    "it answered golden's hello with {}",
+                    quote(&bytes)
+                )))
+            }
+            Err(WorkerError::Exited { .. }) => {
+                return Err(connection
+                    .not_golden("it closed the connection without answering golden's hello"))
+            }
+            Err(e) => return Err(connection.not_golden(&format!("its answer to hello: {e}"))),
+        };
+        connection.verify(&worker.info)?;
         if let Process::Shared { pid, log, exit, .. } = &mut worker.process {
             *pid = worker.info["pid"].as_u64().unwrap_or(0) as u32;
             *log = PathBuf::from(worker.info["log"].as_str().unwrap_or_default());
@@ -767,15 +813,17 @@ impl Worker {
         Ok(worker)
     }
 
-    /// Ask the worker for `hello`, offering it this process's shared memory; keep the link if the
-    /// worker answers with its own, which must be its own (its pid) and a sealed memfd.
-    fn hello(mut self, limit: Duration) -> Result<Worker, WorkerError> {
+    /// Ask the worker for `hello` (the request `header` adds to it), offering it this process's
+    /// shared memory; keep the link if the worker answers with its own, which must be its own (its
+    /// pid) and a sealed memfd.
+    fn hello(mut self, limit: Duration, mut header: Json) -> Result<Worker, WorkerError> {
         if env::shared_memory() == Ok(env::SharedMemory::Auto) {
             self.shm = shm::Link::offer()
                 .map_err(|e| shm::note_unavailable(&format!("memfd_create: {e}")))
                 .ok();
         }
-        let (info, _) = self.request(json!({"op": "hello"}), Vec::new(), limit, "starting up")?;
+        header["op"] = json!("hello");
+        let (info, _) = self.request(header, Vec::new(), limit, "starting up")?;
         self.info = info;
         if let Some(link) = &mut self.shm {
             let pid = self.info["pid"]
@@ -852,6 +900,7 @@ impl Worker {
             python: self.key.python.clone(),
             status,
             during: during.to_string(),
+            stage: self.stage.take(),
             stderr: self.stderr_tail(),
         }
     }
@@ -872,6 +921,7 @@ impl Worker {
         }
         // Starting and importing the reference are bounded by GOLDEN_START_TIMEOUT, and say so.
         let starting = matches!(header["op"].as_str(), Some("hello" | "load"));
+        self.stage = None;
         let id = self.next_id;
         self.next_id += 1;
         let payload: usize = tensors.iter().map(|t| t.data.len()).sum();
@@ -950,6 +1000,7 @@ impl Worker {
                 return Err(WorkerError::Timeout {
                     limit: timeout,
                     during: during.to_string(),
+                    stage: self.stage.take(),
                     stderr: self.stderr_tail(),
                     starting,
                 });
@@ -1027,9 +1078,10 @@ enum Waited {
 }
 
 impl Worker {
-    /// Wait up to `timeout` for the next frame, looking every [`WATCH_INTERVAL`] whether the
+    /// Wait up to `timeout` for the next answer, looking every [`WATCH_INTERVAL`] whether the
     /// worker is still alive: a worker that died is noticed at once, even when its pipes stay open
-    /// (a process it started holds them).
+    /// (a process it started holds them). The worker's `progress` frames on the way are kept as
+    /// its [`Stage`].
     fn answer(&mut self, timeout: Duration) -> Result<Result<RawFrame, WireError>, Waited> {
         let deadline = Instant::now().checked_add(timeout);
         loop {
@@ -1040,21 +1092,47 @@ impl Worker {
                 None => WATCH_INTERVAL,
             };
             match self.from_worker.recv_timeout(slice) {
+                Ok(Ok(frame)) if self.progressed(&frame) => continue,
                 Ok(frame) => return Ok(frame),
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Err(Waited::Disconnected),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
             if self.process.ended().is_some() {
-                // An answer it wrote just before it ended is still an answer.
-                return match self.from_worker.recv_timeout(Duration::from_millis(50)) {
-                    Ok(Ok(frame)) => Ok(Ok(frame)),
-                    _ => Err(Waited::Ended),
-                };
+                // An answer it wrote just before it ended is still an answer; what it said before
+                // is where it ended.
+                loop {
+                    match self.from_worker.recv_timeout(Duration::from_millis(50)) {
+                        Ok(Ok(frame)) if self.progressed(&frame) => {}
+                        Ok(Ok(frame)) => return Ok(Ok(frame)),
+                        _ => return Err(Waited::Ended),
+                    }
+                }
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Waited::TimedOut);
             }
         }
+    }
+}
+
+impl Worker {
+    /// Whether `frame` is a `progress` frame (`{"progress": stage, "phase": ...}`, no `ok`), kept
+    /// as the worker's [`Stage`].
+    fn progressed(&mut self, frame: &RawFrame) -> bool {
+        let Some(stage) = frame.header.get("progress").and_then(Json::as_str) else {
+            return false;
+        };
+        if frame.header.get("ok").is_some() {
+            return false;
+        }
+        self.stage = Some(Stage {
+            stage: stage.to_string(),
+            phase: frame.header["phase"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        });
+        true
     }
 }
 

@@ -12,7 +12,7 @@ use crate::describe::env;
 use crate::describe::inputs::{self, CaseParams};
 use crate::describe::layer::dtype_name;
 use crate::describe::layer::Layer;
-use crate::python::worker::WorkerError;
+use crate::python::worker::{RemoteKind, WorkerError};
 use crate::report::artifacts;
 use crate::report::failure::{CaseFailure, Failure, FailureKind, PortFault};
 use crate::report::passed::{CaseRecord, DTypeRun, Report};
@@ -41,7 +41,7 @@ pub(crate) enum Outcome {
 impl Outcome {
     /// The reference's outputs for a case, or what the case comes to without them: not in the
     /// store, a failing case when the reference raised (`failure` with its error), or fatal when
-    /// the worker itself is gone.
+    /// the worker itself is gone or the checkpoint cannot serve (changed on disk: no case does).
     pub(crate) fn reference_outputs(
         answer: Answer,
         failure: &mut CaseFailure,
@@ -49,6 +49,9 @@ impl Outcome {
         match answer {
             Answer::Outputs(r) => Ok(r),
             Answer::Unrecorded => Err(Outcome::Unrecorded),
+            Answer::Failed(WorkerError::Remote(e)) if e.kind == RemoteKind::Weights => {
+                Err(Outcome::Fatal(WorkerError::Remote(e)))
+            }
             Answer::Failed(e @ WorkerError::Remote(_)) => {
                 failure.reference_error = Some(e);
                 Err(Outcome::Fail(Box::new(std::mem::take(failure))))
@@ -119,7 +122,7 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
         // The port's timeout as well as the reference's.
         env::timeout()?;
     }
-    env::check_read_later()?;
+    env::check_all()?;
     let case = env::case().map(|v| golden_case(&v, layer)).transpose()?;
     inputs::largest_case_fits(layer)?;
     Ok(Settings {
@@ -450,8 +453,9 @@ fn announce_saved(layer: &Layer, kind: Kind, settings: &Settings) {
     );
 }
 
-/// The proptest configuration of a check, and what its regressions file holds for it.
-fn runner_config(layer: &Layer, kind: Kind, settings: &Settings) -> (Config, Saved) {
+/// The proptest configuration of a check, what its regressions file holds for it, and the file,
+/// which saves the failure proptest hands over only when told to ([`Regressions::keep`]).
+fn runner_config(layer: &Layer, kind: Kind, settings: &Settings) -> (Config, Saved, Regressions) {
     let source_file = layer.declared.map(|d| d.source_file);
     let regressions = regressions(layer, kind, settings);
     let saved = if settings.explicit_seed {
@@ -462,13 +466,13 @@ fn runner_config(layer: &Layer, kind: Kind, settings: &Settings) -> (Config, Sav
     let config = Config {
         cases: settings.cases,
         source_file,
-        failure_persistence: Some(Box::new(regressions)),
+        failure_persistence: Some(Box::new(regressions.clone())),
         rng_seed: RngSeed::Fixed(layer_seed(settings.seed, layer)),
         max_shrink_iters: 1024,
         max_shrink_time: 120_000,
         ..Config::default()
     };
-    (config, saved)
+    (config, saved, regressions)
 }
 
 /// Record mode, first pass: the reference on every case the check will generate, port unseen,
@@ -484,7 +488,8 @@ fn record_generated(
     description: &str,
 ) -> Result<Option<usize>, String> {
     let limit = crate::answers::store::limit_bytes()?;
-    let (config, saved) = runner_config(layer, kind, settings);
+    // Its failures are never saved: the port does not run.
+    let (config, saved, _) = runner_config(layer, kind, settings);
     let replays = saved.replayed();
     let mut proptest = TestRunner::new(config);
     let seen = Cell::new(0usize);
@@ -537,13 +542,15 @@ fn record_generated(
 /// Run a case, catching a panic that escapes the runner: it happened while the case ran (in code
 /// the port's graph runs outside its own calls, or in golden's), and fails that case like a
 /// panicking port, with its message.
+/// A checkpoint that changed on disk while the case ran stops the check: whatever the case found
+/// was found on bytes golden did not hash.
 fn run_caught(
     runner: &impl CaseRunner,
     source: &Source,
     dtype: DType,
     params: &CaseParams,
 ) -> Outcome {
-    catching(|| runner.run(source, dtype, params)).unwrap_or_else(|message| {
+    let outcome = catching(|| runner.run(source, dtype, params)).unwrap_or_else(|message| {
         Outcome::Fail(Box::new(CaseFailure {
             port: Some(PortFault::Panicked(format!(
                 "{message} (while golden ran the case, outside the port's own calls: the \
@@ -551,7 +558,11 @@ fn run_caught(
             ))),
             ..CaseFailure::default()
         }))
-    })
+    });
+    match outcome {
+        fatal @ Outcome::Fatal(_) => fatal,
+        other => source.checkpoint_changed().map_or(other, Outcome::Fatal),
+    }
 }
 
 /// Up to `wanted` failing cases other than `smallest`, run again: the first failing case when
@@ -610,7 +621,7 @@ fn run_dtype(
     settings: &Settings,
     recorded: Option<usize>,
 ) -> Result<DTypeRun, Failure> {
-    let (config, saved) = runner_config(layer, kind, settings);
+    let (config, saved, persistence) = runner_config(layer, kind, settings);
     let replays = saved.replayed();
     let partial = matches!(&source.via, Via::Replay(store) | Via::Verify(_, store) if store.partial.is_some());
     let generated = Cell::new(0usize);
@@ -783,8 +794,13 @@ fn run_dtype(
                     minimal,
                 ));
             };
+            // Whether the smallest case failed again: only then is the failure its case's.
+            let mut reproduced = false;
             let mut f = match run_caught(runner, source, dtype, &minimal) {
-                Outcome::Fail(c) => failure(FailureKind::Case(c), minimal.clone()),
+                Outcome::Fail(c) => {
+                    reproduced = true;
+                    failure(FailureKind::Case(c), minimal.clone())
+                }
                 Outcome::Fatal(e) => failure(FailureKind::Worker(e), minimal.clone()),
                 Outcome::Pass(_) | Outcome::Unrecorded => {
                     // Not reproducible: show the first failure as it happened.
@@ -851,6 +867,10 @@ fn run_dtype(
                             .display()
                             .to_string())
                 ));
+            }
+            // The seed proptest handed over is saved for replay only for the port's own failure.
+            if crate::run::regressions::persistable(&f, reproduced) {
+                persistence.keep();
             }
             f.shrunk_from = Some((first, shrink_steps.get()));
             f.passed_before = passed_before as u32;

@@ -624,9 +624,10 @@ fn run_loop(
         let mut carried: Vec<(usize, candle_core::Tensor)> = Vec::new();
         for k in 0..count {
             schedule.at.store(k, std::sync::atomic::Ordering::Relaxed);
-            let mut call: Vec<candle_core::Tensor> = tensors.to_vec();
+            let mut call =
+                crate::run::steps::fresh(tensors).map_err(|e| golden_error(e.to_string()))?;
             for (i, t) in &carried {
-                call[*i] = t.clone();
+                call[*i] = t.copy().map_err(|e| golden_error(e.to_string()))?;
             }
             let mut step = params.clone();
             step.dims.push(("step".to_string(), k));

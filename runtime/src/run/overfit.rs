@@ -494,7 +494,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result
         // The port's timeout as well as the reference's.
         crate::describe::env::timeout().map_err(config_error)?;
     }
-    crate::describe::env::check_read_later().map_err(config_error)?;
+    crate::describe::env::check_all().map_err(config_error)?;
     let port = PortThread::of(port, layer);
     if layer.form != Form::Module {
         return Err(config_error(

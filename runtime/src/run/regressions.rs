@@ -15,16 +15,25 @@
 //! A saved case runs before the generated ones, and says so; `GOLDEN_SEED` set explicitly runs
 //! that seed's cases alone (a porter changing the seed to look at other cases would otherwise see
 //! the saved case first every time).
+//!
+//! **Only the port's failures are saved.** proptest hands over the seed of every failing run; golden
+//! holds it ([`Regressions::keep`] writes it) until the check knows what the failure was, and keeps
+//! it only for a failure of the port that its case reproduces ([`persistable`]): a timeout, a dead
+//! worker, a checkpoint that changed, a reference that raised or is not deterministic, a case that
+//! passed when run again say nothing about the port on that case, and a saved line asks the user to
+//! commit it.
 
+use crate::report::failure::{Failure, FailureKind, PortFault};
 use proptest::test_runner::{FailurePersistence, PersistedSeed};
 use std::any::Any;
 use std::fmt::Debug;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr as _;
+use std::sync::{Arc, Mutex};
 
 /// The regressions file of the checks of one source file, as one check reads and writes it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub(crate) struct Regressions {
     /// The check's name (`norm__rms_norm__gradients`): the tag of its lines.
     check: String,
@@ -32,6 +41,30 @@ pub(crate) struct Regressions {
     file: Option<PathBuf>,
     /// Whether saved cases are replayed (not with an explicit `GOLDEN_SEED`).
     replay: bool,
+    /// The lines proptest asked to save, held until the check knows whether its failure is the
+    /// port's ([`Regressions::keep`]); shared by the clones proptest makes.
+    pending: Arc<Mutex<Vec<String>>>,
+}
+
+impl PartialEq for Regressions {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.check, &self.file, self.replay) == (&other.check, &other.file, other.replay)
+    }
+}
+
+/// Whether a check's final `failure` may be saved for the check to replay first: a failure of the
+/// port, which its case `reproduced` when run again. Not a timeout (the port's or the
+/// reference's), a dead worker, a changed checkpoint or store (those fail the check without a
+/// case's fault: `FailureKind::Worker`, `Config`), a reference that raised or answered otherwise,
+/// inputs that could not be made, nor a case that passed when run again.
+pub(crate) fn persistable(failure: &Failure, reproduced: bool) -> bool {
+    let FailureKind::Case(case) = &failure.kind else {
+        return false;
+    };
+    reproduced
+        && case.reference_error.is_none()
+        && case.inputs_error.is_none()
+        && !matches!(case.port, Some(PortFault::TimedOut(_)))
 }
 
 /// What a regressions file holds for one check.
@@ -63,6 +96,48 @@ impl Regressions {
             check,
             file: source_file.and_then(regressions_file),
             replay,
+            pending: Arc::default(),
+        }
+    }
+
+    /// Write the lines proptest asked to save (the check's failure is the port's: see
+    /// [`persistable`]), and say so. Without this call they are dropped.
+    pub fn keep(&self) {
+        let lines = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let Some(file) = &self.file else {
+            return;
+        };
+        if lines.is_empty() {
+            return;
+        }
+        let _guard = WRITING.lock().unwrap_or_else(|e| e.into_inner());
+        let mut text = String::new();
+        if !file.is_file() {
+            text.push_str(HEADER);
+        }
+        text.extend(lines);
+        let written = file
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|_| {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(file)?
+                    .write_all(text.as_bytes())
+            });
+        match written {
+            Ok(()) => eprintln!(
+                "golden: `{}`: the failing case's seed is saved in {}: this check replays it first \
+                 from now on (commit the file)",
+                self.check,
+                file.display()
+            ),
+            Err(e) => eprintln!(
+                "golden: `{}`: could not save the failing case's seed in {}: {e}",
+                self.check,
+                file.display()
+            ),
         }
     }
 
@@ -139,44 +214,19 @@ impl FailurePersistence for Regressions {
         saved.own.into_iter().chain(saved.untagged).collect()
     }
 
+    /// Held, not written: [`Regressions::keep`] writes it once the check knows the failure is the
+    /// port's.
     fn save_persisted_failure2(
         &mut self,
         _source_file: Option<&'static str>,
         seed: PersistedSeed,
         shrunken_value: &dyn Debug,
     ) {
-        let Some(file) = &self.file else {
-            return;
-        };
-        let _guard = WRITING.lock().unwrap_or_else(|e| e.into_inner());
-        let mut text = String::new();
-        if !file.is_file() {
-            text.push_str(HEADER);
-        }
-        text.push_str(&self.line(&seed, shrunken_value));
-        let written = file
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|_| {
-                std::fs::OpenOptions::new()
-                    .append(true)
-                    .create(true)
-                    .open(file)?
-                    .write_all(text.as_bytes())
-            });
-        match written {
-            Ok(()) => eprintln!(
-                "golden: `{}`: the failing case's seed is saved in {}: this check replays it first \
-                 from now on (commit the file)",
-                self.check,
-                file.display()
-            ),
-            Err(e) => eprintln!(
-                "golden: `{}`: could not save the failing case's seed in {}: {e}",
-                self.check,
-                file.display()
-            ),
-        }
+        let line = self.line(&seed, shrunken_value);
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(line);
     }
 
     fn box_clone(&self) -> Box<dyn FailurePersistence> {
@@ -257,6 +307,7 @@ mod tests {
             check: "norms__gelu".into(),
             file: Some(file.clone()),
             replay: true,
+            pending: Arc::default(),
         };
         let saved = regressions.saved();
         assert_eq!(saved.own, vec![seed(&a)]);
@@ -272,12 +323,23 @@ mod tests {
             ..regressions.clone()
         };
         assert!(explicit.load_persisted_failures2(None).is_empty());
-        // A saved failure is tagged, and proptest's own reader still reads the line.
+        // A failure proptest hands over is held until the check keeps it (its port's), and
+        // dropped otherwise.
         let mut silu = Regressions {
             check: "norms__silu".into(),
+            pending: Arc::default(),
             ..regressions
         };
+        let before = std::fs::read_to_string(&file).unwrap();
         silu.save_persisted_failure2(None, seed(&"dd".repeat(32)), &"case");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), before);
+        // proptest saves through a clone of its configuration's: the held line is shared.
+        silu.box_clone()
+            .as_any()
+            .downcast_ref::<Regressions>()
+            .unwrap()
+            .keep();
+        // A saved failure is tagged, and proptest's own reader still reads the line.
         let text = std::fs::read_to_string(&file).unwrap();
         let last = text.lines().last().unwrap();
         assert_eq!(

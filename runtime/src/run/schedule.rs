@@ -4,7 +4,7 @@
 //! time can fail (`leakage` of padding into valid outputs, `free_running` generation), and the
 //! diagnosis of a failing case by mistakes in how a model is driven (`explain`).
 
-use crate::describe::schedule::step_of;
+use crate::describe::schedule::{step_of, Holds};
 use crate::report::issues::ScheduleIssue;
 use golden_files::HostTensor;
 use std::sync::Arc;
@@ -24,10 +24,17 @@ pub(crate) fn port_schedule(
         .iter()
         .find(|(n, _)| n == TOKENS)
         .map(|(_, t)| t.clone());
+    let shapes = reference
+        .expected
+        .iter()
+        .filter(|(n, _)| n.starts_with("step."))
+        .map(|(n, t)| (n.clone(), t.shape.clone()))
+        .collect();
     Some(crate::describe::schedule::PortSchedule {
         plan,
         forced,
         at: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        reference_shapes: shapes,
     })
 }
 
@@ -88,17 +95,12 @@ pub(crate) fn align(
             continue;
         };
         let axis = plan.axis;
-        if expected.shape == t.shape || expected.shape.len() <= axis {
+        if expected.shape == t.shape
+            || plan.holds(k, &expected.shape, &t.shape) != Some(Holds::Last)
+        {
             continue;
         }
         let len = expected.shape[axis];
-        let mut without = expected.shape.clone();
-        without.remove(axis);
-        let mut one = expected.shape.clone();
-        one[axis] = 1;
-        if t.shape != without && t.shape != one {
-            continue;
-        }
         let shape = t.shape.clone();
         for leaf in [name.clone(), format!("oneshot.{k}.{rest}")] {
             map_leaf(&mut r, &leaf, |h| {
@@ -279,13 +281,16 @@ pub(crate) fn with_padding_from(
     })
 }
 
-/// The leakage check's verdict: every step's output must be the same bits with other tokens at
-/// the padded positions.
+/// The leakage check's verdict: every step's output must be the same values with other tokens at
+/// the padded positions — exactly, but as numbers: −0 and +0 are one value (a padded key's weight
+/// is exactly 0 in a right port as in transformers, and 0 times a padded value is −0 or +0 by that
+/// value's sign), and NaN stays NaN.
 pub(crate) fn leakage(
     first: &[(String, HostTensor)],
     second: &[(String, HostTensor)],
     plan: &crate::describe::schedule::Plan,
 ) -> Option<ScheduleIssue> {
+    let same = |x: f64, y: f64| x == y || (x.is_nan() && y.is_nan());
     for (name, a) in first.iter().filter(|(n, _)| step_of(n).is_some()) {
         let Some(b) = find(second, name) else {
             continue;
@@ -293,20 +298,27 @@ pub(crate) fn leakage(
         if a.data == b.data && a.shape == b.shape {
             continue;
         }
-        let (k, _) = step_of(name).expect("a step's leaf");
         let (x, y) = (a.to_f64(), b.to_f64());
-        let i = (0..x.len().min(y.len()))
-            .find(|&i| x[i].to_bits() != y[i].to_bits())
-            .unwrap_or(0);
+        let moved = (0..x.len().min(y.len())).find(|&i| !same(x[i], y[i]));
+        let i = match moved {
+            Some(i) => i,
+            None if a.shape == b.shape => continue,
+            None => 0,
+        };
+        let (k, _) = step_of(name).expect("a step's leaf");
+        let (from, to) = crate::describe::numbers::num_pair(
+            x.get(i).copied().unwrap_or(f64::NAN),
+            y.get(i).copied().unwrap_or(f64::NAN),
+        );
         return Some(ScheduleIssue::PaddingLeaks(format!(
             "padding leaks into valid outputs: with other tokens at the padded positions, \
              `{name}` ({}) moves at {:?} from {} to {} — only padding changed, so a valid output \
-             must not move by a single bit: padded keys not masked, position ids not derived from \
-             the attention mask (`Step::positions`), or padding pooled with the tokens",
+             must not move at all: padded keys not masked, position ids not derived from the \
+             attention mask (`Step::positions`), or padding pooled with the tokens",
             plan.steps.describe(k),
             crate::judge::compare::unravel(i, &a.shape),
-            crate::describe::numbers::num(x.get(i).copied().unwrap_or(f64::NAN)),
-            crate::describe::numbers::num(y.get(i).copied().unwrap_or(f64::NAN)),
+            from,
+            to,
         )));
     }
     None
@@ -554,4 +566,53 @@ fn mistake_fit(
         layer.tol,
         crate::judge::compare::ROUNDING_FACTOR,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::describe::schedule::{Padding, Plan, Steps};
+    use golden_files::WireDType;
+
+    fn plan() -> Plan {
+        Plan {
+            arg: 0,
+            axis: 1,
+            steps: Steps {
+                chunks: vec![2],
+                padding: Padding::Left,
+                generate: 0,
+                looped: false,
+            },
+            mask: None,
+            mistake: None,
+            looped: None,
+        }
+    }
+
+    fn leaf(values: &[f64]) -> Vec<(String, HostTensor)> {
+        let t = HostTensor::from_floats(vec![1, values.len()], values, WireDType::F32);
+        vec![("step.0.out".to_string(), t)]
+    }
+
+    #[test]
+    fn the_leakage_check_takes_the_sign_of_a_zero_for_no_move() {
+        // 0 × a padded value: −0 or +0 by the value's sign, in a right port as in transformers.
+        assert!(leakage(&leaf(&[0.0, 1.5]), &leaf(&[-0.0, 1.5]), &plan()).is_none());
+        assert!(leakage(&leaf(&[f64::NAN, 1.5]), &leaf(&[f64::NAN, 1.5]), &plan()).is_none());
+        // The smallest move of a value is one.
+        let moved = 1.5f64 + f64::from(f32::EPSILON) * 2.0;
+        let Some(ScheduleIssue::PaddingLeaks(msg)) =
+            leakage(&leaf(&[0.0, 1.5]), &leaf(&[0.0, moved]), &plan())
+        else {
+            panic!("a moved value passed the leakage check");
+        };
+        assert!(
+            msg.contains(
+                "`step.0.out` (step 0, the prefill of 2 tokens) moves at [0, 1] from 1.5 to \
+                 1.5000002"
+            ),
+            "{msg}"
+        );
+    }
 }

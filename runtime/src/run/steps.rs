@@ -15,10 +15,12 @@
 //! A cache passed in and out (`forward(x, index_pos, &mut cache)`) is captured the same way. Each
 //! [`Step`] carries the step's chunk of the sequence input, the number of positions already seen
 //! (`offset`: candle-transformers' `seqlen_offset`, `index_pos`), the position ids and, in a padded
-//! batch, the attention mask so far. Outputs become `step.<k>.<leaf>`; outputs at padded positions
-//! are zeros (only valid positions are compared, as on the reference's side). With generation,
-//! the steps after the prompt feed back the reference's greedy tokens (teacher forcing), or, on the
-//! free-running pass, the port's own.
+//! batch, the attention mask so far; each step gets copies of its inputs. Outputs become
+//! `step.<k>.<leaf>`, kept as copies taken when the step returns; outputs at padded positions are
+//! zeros, as on the reference's side (only valid positions are compared): which positions an output
+//! holds — all of the step's, or its last, as candle-transformers' models return — is read from the
+//! reference's leaf of the same name. With generation, the steps after the prompt feed back the
+//! reference's greedy tokens (teacher forcing), or, on the free-running pass, the port's own.
 //!
 //! Without a schedule (the gradient and training checks of the same port), one step runs the
 //! whole input: the prefill, whose outputs keep their plain names.
@@ -180,6 +182,7 @@ pub fn drive(
         schedule.at.store(k, Ordering::Relaxed);
         let chunk = if past < prompt {
             x.narrow(plan.axis, past, len)
+                .and_then(|c| c.copy())
                 .map_err(|e| err(k, e.to_string()))?
         } else {
             let token = &generated[past - prompt];
@@ -190,7 +193,7 @@ pub fn drive(
                 .and_then(|t| t.reshape(shape))
                 .map_err(|e| err(k, e.to_string()))?
         };
-        let mut tensors = inputs.tensors.clone();
+        let mut tensors = fresh(&inputs.tensors).map_err(|e| err(k, e.to_string()))?;
         tensors[plan.arg] = chunk;
         let device = x.device();
         let (step_mask, step_positions) = (|| -> candle_core::Result<_> {
@@ -220,10 +223,17 @@ pub fn drive(
             dims: dims.clone(),
         };
         let outputs = stepper.step(&step).map_err(|e| err(k, e))?;
-        let mut outputs = outputs.0;
+        // Kept as the step returned them: a port that writes its next output into this one's
+        // memory (`slice_set` into a buffer it reuses) changes nothing golden kept.
+        let mut outputs = outputs
+            .0
+            .into_iter()
+            .map(|(name, t)| Ok((name, t.copy()?)))
+            .collect::<candle_core::Result<Vec<_>>>()
+            .map_err(|e| err(k, e.to_string()))?;
         if past < prompt {
             if let Some(m) = &mask {
-                outputs = zero_padding(outputs, m, batch, prompt, plan.axis, past, len)
+                outputs = zero_padding(outputs, schedule, k, m, batch, prompt)
                     .map_err(|e| err(k, e.to_string()))?;
             }
         }
@@ -250,6 +260,14 @@ pub fn drive(
         leaves.push(("tokens".to_string(), tokens));
     }
     Ok(Outputs(leaves))
+}
+
+/// Copies of a step's inputs, storage of their own: a port that writes into its inputs
+/// (`slice_set`, an in-place op on their storage) changes neither the inputs of the steps after it
+/// nor what golden kept of the steps before it (a step loop's carried state is the previous step's
+/// output). The reference's side does the same (`golden_ref/schedule.py`).
+pub(crate) fn fresh(tensors: &[Tensor]) -> candle_core::Result<Vec<Tensor>> {
+    tensors.iter().map(Tensor::copy).collect()
 }
 
 /// The mask of positions `0..end` of each row (the prompt's, then 1 for generated positions).
@@ -292,31 +310,53 @@ fn positions(
     Tensor::from_vec(values, (batch, len), &candle_core::Device::Cpu)
 }
 
-/// Outputs of step positions `past..past + len` that are padding become zeros: every output whose
-/// first axis is the batch and whose sequence axis has the step's length.
+/// The port's outputs of step `k` with zeros at the padded positions they hold, as the reference's
+/// are: padded positions are excluded from the comparison on both sides by one rule. Which
+/// positions an output holds is read from the reference's leaf of the same name
+/// ([`Plan::holds`](crate::describe::schedule::Plan::holds)): all of the step's, or its last
+/// (`[b, 1, vocab]`, `[b, vocab]`); an output the reference has no positional leaf for is left as
+/// it is.
 fn zero_padding(
     outputs: Vec<(String, Tensor)>,
+    schedule: &crate::describe::schedule::PortSchedule,
+    k: usize,
     mask: &[i64],
     batch: usize,
     prompt: usize,
-    axis: usize,
-    past: usize,
-    len: usize,
 ) -> candle_core::Result<Vec<(String, Tensor)>> {
+    use crate::describe::schedule::Holds;
+    let plan = &schedule.plan;
+    let (past, len) = plan.steps.span(k);
+    let valid = |b: usize, j: usize| u8::from(j >= prompt || mask[b * prompt + j] != 0);
     outputs
         .into_iter()
         .map(|(name, t)| {
-            let dims = t.dims();
-            if dims.len() <= axis || dims[0] != batch || dims[axis] != len {
+            let leaf = format!("step.{k}.{name}");
+            let holds = schedule
+                .reference_shapes
+                .iter()
+                .find(|(n, _)| *n == leaf)
+                .and_then(|(_, reference)| plan.holds(k, reference, t.dims()));
+            let positions = match holds {
+                None => return Ok((name, t)),
+                Some(Holds::Step) => past..past + len,
+                Some(Holds::Last) => past + len - 1..past + len,
+            };
+            let dims = t.dims().to_vec();
+            let keep: Vec<u8> = (0..batch)
+                .flat_map(|b| positions.clone().map(move |j| valid(b, j)))
+                .collect();
+            if keep.iter().all(|&v| v == 1) {
                 return Ok((name, t));
             }
-            let valid: Vec<u8> = (0..batch)
-                .flat_map(|b| (past..past + len).map(move |j| mask[b * prompt + j] as u8))
-                .collect();
+            // `[batch, 1, ...]`, the step's positions along the axis where the output has them all
+            // (the last position's output has one, or no such axis).
             let mut shape = vec![1; dims.len()];
             shape[0] = batch;
-            shape[axis] = len;
-            let keep = Tensor::from_vec(valid, shape, t.device())?.broadcast_as(dims)?;
+            if holds == Some(Holds::Step) {
+                shape[plan.axis] = len;
+            }
+            let keep = Tensor::from_vec(keep, shape, t.device())?.broadcast_as(dims.as_slice())?;
             let zeros = t.zeros_like()?;
             Ok((name, keep.where_cond(&t, &zeros)?))
         })

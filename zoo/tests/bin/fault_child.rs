@@ -4,6 +4,7 @@
 //!   cannot read its input), print the pids of this process's workers, then end that way
 //!   (`std::process::exit` for `exit`). The workers must not outlive it.
 //! * `info`: borrow a worker and print its `hello` answer (JSON).
+//! * `socket`: print the path of the shared worker's socket that a check would connect to.
 //! * `check <reference> [timeout]`: check `reference` against an identity port and print `pass` or
 //!   the failure.
 //! * `checks <reference>[@timeout]...`: check each in turn in this process, printing each result
@@ -11,7 +12,8 @@
 //!   idle in the pool (private workers only).
 //!
 //! The checks' input is `x: [n]` with `n` in 1..=4, or exactly `GOLDEN_FAULT_CHILD_N` (large
-//! inputs, for shared memory).
+//! inputs, for shared memory). The port returns its input, times `GOLDEN_FAULT_CHILD_SCALE` when
+//! that is set.
 
 #[path = "../common/processes.rs"]
 #[allow(dead_code)]
@@ -33,7 +35,13 @@ fn identity_check(reference: &str, timeout: Option<f64>) -> String {
     if let Some(t) = timeout {
         layer = layer.timeout(t);
     }
-    let port = |i: &PortInputs| i.tensor(0).clone().into_outputs();
+    let scale: Option<f64> = std::env::var("GOLDEN_FAULT_CHILD_SCALE")
+        .ok()
+        .map(|s| s.parse().expect("GOLDEN_FAULT_CHILD_SCALE is a number"));
+    let port = move |i: &PortInputs| match scale {
+        Some(s) => i.tensor(0).affine(s, 0.0).into_outputs(),
+        None => i.tensor(0).clone().into_outputs(),
+    };
     match golden::check(&layer, &port) {
         Ok(_) => "pass".into(),
         Err(f) => f.to_string(),
@@ -50,6 +58,12 @@ fn main() {
                 .check_out(&key)
                 .expect("a worker");
             println!("{}", worker.info);
+            return;
+        }
+        "socket" => {
+            let key = golden::internal::python::key::WorkerKey::from_env(None);
+            let socket = golden::internal::python::shared::socket_path(&key).expect("a folder");
+            println!("{}", socket.display());
             return;
         }
         "check" => {
