@@ -208,10 +208,11 @@ class Change:
     configuration the reference is built from; `whys` says what each value is to a port (the class
     default, the switch the other way, ...); `reads` is the Read of each path."""
 
-    def __init__(self, values, whys, reads):
+    def __init__(self, values, whys, reads, weights=None):
         self.values = values
         self.whys = whys
         self.reads = reads
+        self.weights = weights or {}  # file -> how many of the configuration's reads it makes
 
     @property
     def key(self) -> str:
@@ -231,6 +232,9 @@ class Change:
             for p in r.places:
                 if p not in places and not p.startswith("golden's"):
                     places.append(p)
+        # The model's own file first: the file that reads the configuration most (a mask
+        # function or a cache that reads a field too comes after).
+        places.sort(key=lambda p: -self.weights.get(p.rpartition(":")[0], 0))
         if not places:
             driving = [p for r in self.reads for p in r.places]
             return driving[0] if driving else ""
@@ -452,10 +456,15 @@ def changes(reads: Reads, config_class, given=None, limit: int = 400) -> list:
     reading of the window, where the configuration windows some (or, with `use_sliding_window:
     false`, none)."""
     fields = reads.fields
+    weights = {}
+    for read in fields.values():
+        for place in read.places:
+            file = place.rpartition(":")[0]
+            weights[file] = weights.get(file, 0) + 1
     out = []
     for read in fields.values():
         for value, why in alternatives(read, config_class, fields, given):
-            out.append(Change([(read.path, value)], [why], [read]))
+            out.append(Change([(read.path, value)], [why], [read], weights))
     per_layer = [r for r in fields.values() if len(r.path) == 1 and isinstance(r.value, list)
                  and (r.path[0] in _PER_LAYER_WORDS or r.path[0].endswith("_types"))]
     for layers in per_layer:
@@ -481,7 +490,7 @@ def changes(reads: Reads, config_class, given=None, limit: int = 400) -> list:
                     continue
                 values = [(r.path, v) for r, v, _ in chosen] + [(layers.path, kinds)]
                 whys = [w for _, _, w in chosen] + [layer_why]
-                out.append(Change(values, whys, [r for r, _, _ in chosen] + [layers]))
+                out.append(Change(values, whys, [r for r, _, _ in chosen] + [layers], weights))
     return out[:limit]
 
 

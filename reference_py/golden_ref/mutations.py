@@ -659,6 +659,20 @@ def _digest(leaves) -> bytes:
     return h.digest()
 
 
+def _as_port_holds(a: np.ndarray, port_shape) -> np.ndarray:
+    """A step's output as a port that returns only the last position holds it (`[b, 1, …]` or
+    `[b, …]` of a `[b, t, …]` leaf, as candle-transformers' causal LMs return their logits),
+    as the runtime compares them; else unchanged."""
+    port_shape = tuple(port_shape)
+    if a.shape == port_shape or a.ndim < 2 or a.shape[1] == 0:
+        return a
+    if port_shape == (a.shape[0], 1, *a.shape[2:]):
+        return a[:, -1:]
+    if port_shape == (a.shape[0], *a.shape[2:]):
+        return a[:, -1]
+    return a
+
+
 def distance(leaves, port: dict) -> float:
     """RMS distance between the outputs `leaves` and `port` (name -> WireTensor): NaN matches NaN,
     an infinity only itself; any other non-finite pair, or a shape that differs, is far."""
@@ -667,7 +681,8 @@ def distance(leaves, port: dict) -> float:
         p = port.get(name)
         if p is None:
             continue
-        a, b = _as_f64(t), _as_f64(p)
+        b = _as_f64(p)
+        a = _as_port_holds(_as_f64(t), b.shape)
         if a.shape != b.shape:
             return float("inf")
         same = (a == b) | (np.isnan(a) & np.isnan(b))
@@ -688,7 +703,8 @@ def evidence(reference, port: dict) -> list:
         p = port.get(name)
         if p is None:
             continue
-        r, q = _as_f64(t), _as_f64(p)
+        q = _as_f64(p)
+        r = _as_port_holds(_as_f64(t), q.shape)
         if r.shape != q.shape or r.size < 2 or not (np.isfinite(r).all() and np.isfinite(q).all()):
             continue
         tol = 1e-5 * (1 + np.abs(r))

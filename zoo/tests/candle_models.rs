@@ -493,7 +493,7 @@ fn candle_gemma2_windowing_layers_marked_full_is_named() {
     assert_named(
         &msg,
         "`layer_types`",
-        "transformers/models/gemma2/modeling_gemma2.py:442",
+        "transformers/models/gemma2/modeling_gemma2.py:216",
     );
 }
 
@@ -517,7 +517,7 @@ fn candle_gemma2_ignoring_query_pre_attn_scalar_is_named() {
     assert_named(
         &msg,
         "`query_pre_attn_scalar`",
-        "transformers/models/gemma2/modeling_gemma2.py:193",
+        "transformers/models/gemma2/modeling_gemma2.py:221",
     );
 }
 
@@ -573,7 +573,7 @@ fn candle_qwen2_window_where_the_config_says_none_is_named() {
     assert_named(
         &msg,
         "`use_sliding_window`",
-        "transformers/models/qwen2/configuration_qwen2.py:84",
+        "transformers/models/qwen2/modeling_qwen2.py:173",
     );
 }
 
@@ -752,5 +752,5 @@ fn candle_llama_on_a_padded_batch_is_named() {
     let msg = llama_on_a_padded_batch();
     // Both mistakes, in one cause: no padding mask, and positions that count the padding.
     assert_named(&msg, "no padding mask", "");
-    assert_named(&msg, "padding counted", "");
+    assert_named(&msg, "position ids counting the padding", "");
 }

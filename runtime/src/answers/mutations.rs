@@ -89,6 +89,9 @@ pub struct Ask<'a> {
     /// A mutation (its key) made in every candidate: the search is of a second mistake on top
     /// of it.
     pub base: Option<&'a str>,
+    /// A mistake of driving made in the schedule of every candidate (with `only`, the first
+    /// mistake's key: that mistake and a mistake of driving together).
+    pub mistake: Option<crate::describe::schedule::Mistake>,
 }
 
 impl Live {
@@ -260,7 +263,10 @@ pub fn search(
             &on_demand
         }
     };
-    let plan = params.plan(layer);
+    let mut plan = params.plan(layer);
+    if let (Some(plan), Some(mistake)) = (plan.as_mut(), ask.mistake) {
+        plan.mistake = Some(mistake);
+    }
     let sizes = params.sizes(layer);
     let layer = &*params.layer(layer);
     live.mutations(

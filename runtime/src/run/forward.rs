@@ -113,9 +113,21 @@ impl CaseRunner for ForwardRunner<'_> {
         };
         let other = others.first();
         // A schedule's failure is first matched against mistakes in how a model is driven
-        // through time; the reference's own calls are searched when none fits.
+        // through time; the reference's own calls (and its configuration) are searched when none
+        // holds on two failing cases. A mistake of driving seen on one case only stays as the
+        // evidence when that search names nothing.
         if !schedule::explain(self.layer, dtype, source, failure, other) {
+            let (driving, notes) = match &mut failure.kind {
+                FailureKind::Case(c) => (std::mem::take(&mut c.mutations), failure.notes.len()),
+                _ => (Vec::new(), failure.notes.len()),
+            };
             crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, &others);
+            if let FailureKind::Case(c) = &mut failure.kind {
+                if c.mutations.is_empty() && !driving.is_empty() {
+                    c.mutations = driving;
+                    failure.notes.truncate(notes);
+                }
+            }
         }
         check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
     }

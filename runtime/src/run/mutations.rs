@@ -74,6 +74,7 @@ pub(crate) fn explain(
         budget: left(if others.is_empty() { 1.0 } else { 0.75 }),
         only: None,
         base: None,
+        mistake: None,
     };
     let (matches, search) = match matches_on(layer, dtype, source, case, c, ask) {
         Ok(found) => found,
@@ -103,12 +104,18 @@ pub(crate) fn explain(
     let keys: Vec<String> = matches.iter().map(|m| m.key.clone()).collect();
     let mut confirmed: Option<Vec<MutationMatch>> = None;
     let mut second_out_of_time = false;
-    for (params, f) in others.iter().filter(|_| !matches.is_empty()) {
+    // The other case on which no match of the smallest case held any more: where a port with two
+    // mistakes shows the second (a window on every layer that is not applied to the cache either
+    // shows only the first on a prefill).
+    let mut refuted = None;
+    for other in others.iter().filter(|_| !matches.is_empty()) {
+        let (params, f) = *other;
         let ask = Ask {
             focus: focus.as_deref(),
             budget: left(1.0),
             only: Some(&keys),
             base: None,
+            mistake: None,
         };
         if ask.budget <= 0.0 {
             second_out_of_time = confirmed.is_none();
@@ -118,10 +125,16 @@ pub(crate) fn explain(
             Ok((found, search)) => {
                 second_out_of_time |= search.truncated && confirmed.is_none();
                 searched.push(search);
-                confirmed = Some(match confirmed {
+                let now = match confirmed {
                     None => found,
                     Some(before) => common(before, &found),
-                });
+                };
+                let none_left = now.is_empty();
+                confirmed = Some(now);
+                if none_left {
+                    refuted = Some(*other);
+                    break;
+                }
             }
             Err(Skipped::OutOfTime(_)) => {
                 second_out_of_time |= confirmed.is_none();
@@ -131,22 +144,33 @@ pub(crate) fn explain(
             Err(Skipped::Not(_)) => {}
         }
     }
-    let other = others.first();
-    let unconfirmed = confirmed
-        .as_ref()
-        .is_some_and(|found| !matches.iter().any(|m| found.iter().any(|f| f.key == m.key)));
+    let other: Option<&(CaseParams, Box<CaseFailure>)> = refuted.or(others.first().copied());
+    let unconfirmed = refuted.is_some();
     let mut matches = both(matches, confirmed.as_deref(), SHOWN);
-    if let (true, Some(&(params, f)), Some(first)) = (unconfirmed, other, matches.first()) {
+    if let (true, Some((params, f)), Some(first)) = (unconfirmed, refuted, matches.first()) {
         // The smallest case's mistake does not explain the other case alone: a port with two
         // mistakes shows both there. Search the other case for a second mistake on top of it.
         let key = first.key.clone();
+        // A mistake of driving together with it first (a window on every layer, not applied to
+        // the cache either: candle's Gemma 2), each as cheap as one evaluation; then a mistake of
+        // the reference's own calls or configuration.
+        if let Some(second) = driving_together(layer, dtype, source, params, f, &key, &left) {
+            let mut first = matches.swap_remove(0);
+            first.both_cases = true;
+            let second = MutationMatch {
+                second: Some(first.claim()),
+                ..second
+            };
+            matches = vec![first, second];
+        }
         let ask = Ask {
             focus: focus.as_deref(),
             budget: left(1.0),
             only: None,
             base: Some(&key),
+            mistake: None,
         };
-        if ask.budget > 0.0 {
+        if ask.budget > 0.0 && matches.iter().all(|m| m.second.is_none()) {
             if let Ok((found, search)) = matches_on(layer, dtype, source, params, f, ask) {
                 if let Some(second) = found.into_iter().next() {
                     let mut first = matches.swap_remove(0);
@@ -200,6 +224,48 @@ pub(crate) fn explain(
     if let FailureKind::Case(c) = &mut failure.kind {
         c.mutations = matches;
     }
+}
+
+/// A mistake of driving (`describe/schedule.rs`) that, made together with the mutation `key`,
+/// makes the reference the port on this case, as a match: the first that does.
+fn driving_together(
+    layer: &Layer,
+    dtype: DType,
+    source: &Source,
+    params: &CaseParams,
+    c: &CaseFailure,
+    key: &str,
+    left: &dyn Fn(f64) -> f64,
+) -> Option<MutationMatch> {
+    let steps = params.steps.as_ref()?;
+    let window = layer.window();
+    let only = [key.to_string()];
+    for mistake in crate::describe::schedule::Mistake::ALL
+        .into_iter()
+        .filter(|m| m.applies(steps, window))
+    {
+        let ask = Ask {
+            focus: None,
+            budget: left(1.0),
+            only: Some(&only),
+            base: None,
+            mistake: Some(mistake),
+        };
+        if ask.budget <= 0.0 {
+            return None;
+        }
+        if let Ok((found, _)) = matches_on(layer, dtype, source, params, c, ask) {
+            if let Some(m) = found.first() {
+                return Some(crate::run::schedule::driving_match(
+                    mistake,
+                    steps.looped,
+                    window,
+                    m.fit,
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// The matches of `before` that are also in `found` (by key), each with the worse of the two fits.
@@ -339,11 +405,25 @@ fn matches_on(
         .collect();
     let search = mutations::search(source, layer, dtype, params, &args, &port, ask)?;
     let reference = expected(reference);
+    // A schedule's mutant is held to the port as the reference is: a port that returns only the
+    // last position of a step (candle-transformers' causal LMs) against the mutant's last.
+    let plan = params.plan(layer);
+    let aligned: Vec<ReferenceOutputs> = search
+        .mutants
+        .iter()
+        .map(|m| match &plan {
+            Some(plan) => {
+                crate::run::schedule::align(&m.outputs, &mut port.clone(), plan, layer.tol).0
+            }
+            None => m.outputs.clone(),
+        })
+        .collect();
     let found = search
         .mutants
         .iter()
-        .filter_map(|m| {
-            let mutant = expected(&m.outputs);
+        .zip(&aligned)
+        .filter_map(|(m, outputs)| {
+            let mutant = expected(outputs);
             let fit = fit(
                 &port,
                 &mutant,

@@ -464,34 +464,42 @@ pub(crate) fn explain(
     let first =
         first.filter(|(params, f)| params != case && f.reference.is_some() && f.port.is_none());
     let on_first = first.map(|(params, f)| on(params, f, &matched));
-    let as_match = |m: Mistake, fit: crate::judge::mutations::Fit| {
-        let (what, instead, fix) = m.explain(window);
-        crate::judge::mutations::MutationMatch {
-            key: format!("schedule {}", m.token()),
-            what: if steps.looped {
-                format!("the loop run with {what}")
-            } else {
-                format!("the schedule driven with {what}")
-            },
-            instead,
-            site: String::new(),
-            fix,
-            kind: "schedule".into(),
-            code: None,
-            fit,
-            both_cases: false,
-            second: None,
-        }
-    };
+    let as_match =
+        |m: Mistake, fit: crate::judge::mutations::Fit| driving_match(m, steps.looped, window, fit);
     let smallest: Vec<_> = smallest.into_iter().map(|(m, f)| as_match(m, f)).collect();
     let on_first: Option<Vec<_>> =
         on_first.map(|found| found.into_iter().map(|(m, f)| as_match(m, f)).collect());
     let matches = crate::judge::mutations::both(smallest, on_first.as_deref(), 3);
-    if matches.is_empty() {
-        return false;
-    }
+    let confirmed = matches.iter().any(|m| m.both_cases);
     c.mutations = matches;
-    true
+    confirmed
+}
+
+/// A mistake of driving as a match of the diagnosis: "the schedule driven with …" (a step loop's
+/// "the loop run with …"), with its fix.
+pub(crate) fn driving_match(
+    m: crate::describe::schedule::Mistake,
+    looped: bool,
+    window: Option<usize>,
+    fit: crate::judge::mutations::Fit,
+) -> crate::judge::mutations::MutationMatch {
+    let (what, instead, fix) = m.explain(window);
+    crate::judge::mutations::MutationMatch {
+        key: format!("schedule {}", m.token()),
+        what: if looped {
+            format!("the loop run with {what}")
+        } else {
+            format!("the schedule driven with {what}")
+        },
+        instead,
+        site: String::new(),
+        fix,
+        kind: "schedule".into(),
+        code: None,
+        fit,
+        both_cases: false,
+        second: None,
+    }
 }
 
 /// Leaves as the comparison takes them.
