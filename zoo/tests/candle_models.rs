@@ -487,7 +487,6 @@ fn candle_gemma2_windowing_layers_marked_full_is_caught() {
 }
 
 #[test]
-#[ignore = "issue #30: not named yet"]
 fn candle_gemma2_windowing_layers_marked_full_is_named() {
     let msg = gemma2_windowed_where_marked_full();
     assert_named(
@@ -511,7 +510,6 @@ fn candle_gemma2_ignoring_query_pre_attn_scalar_is_caught() {
 }
 
 #[test]
-#[ignore = "issue #30: not named yet"]
 fn candle_gemma2_ignoring_query_pre_attn_scalar_is_named() {
     let msg = gemma2_scaled_by_head_dim();
     assert_named(
@@ -567,7 +565,6 @@ fn candle_qwen2_window_where_the_config_says_none_is_caught() {
 }
 
 #[test]
-#[ignore = "issue #30: not named yet"]
 fn candle_qwen2_window_where_the_config_says_none_is_named() {
     let msg = qwen2_windowed_against_its_config();
     assert_named(
@@ -640,7 +637,6 @@ fn candle_phi3_without_its_window_is_caught() {
 }
 
 #[test]
-#[ignore = "issue #30: not named yet"]
 fn candle_phi3_without_its_window_is_named() {
     let msg = phi3_without_its_window();
     assert_named(
@@ -702,7 +698,6 @@ fn candle_llama_reading_rope_theta_as_its_default_is_caught() {
 }
 
 #[test]
-#[ignore = "issue #30: not named yet"]
 fn candle_llama_reading_rope_theta_as_its_default_is_named() {
     let msg = llama_from_a_transformers_5_config();
     assert_named(
@@ -747,7 +742,6 @@ fn candle_llama_on_a_padded_batch_is_caught() {
 }
 
 #[test]
-#[ignore = "issue #30: not named yet"]
 fn candle_llama_on_a_padded_batch_is_named() {
     let msg = llama_on_a_padded_batch();
     // Both mistakes, in one cause: no padding mask, and positions that count the padding.
