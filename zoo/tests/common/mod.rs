@@ -3,6 +3,7 @@
 
 pub mod decoder;
 pub mod gpt2;
+pub mod held_out;
 pub mod held_out_ports;
 pub mod llama;
 pub mod mutation_ports;
