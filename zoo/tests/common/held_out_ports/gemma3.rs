@@ -24,7 +24,7 @@ const INTERMEDIATE: usize = 64;
 const LAYERS: usize = 2;
 const EPS: f64 = 1e-6;
 /// Not the head dim (8): a port that scales by 1/√head_dim is off.
-const QUERY_PRE_ATTN_SCALAR: f64 = 16.0;
+const QUERY_PRE_ATTN_SCALAR: usize = 16;
 const WINDOW: usize = 4;
 /// `rope_parameters['sliding_attention']['rope_theta']` (Gemma 3's local base).
 const LOCAL_THETA: f64 = 10_000.0;
@@ -327,7 +327,7 @@ impl Attention {
         let scale = if self.m == Mistake::ScaledByHeadDim {
             1.0 / (HEAD_DIM as f64).sqrt()
         } else {
-            1.0 / QUERY_PRE_ATTN_SCALAR.sqrt()
+            1.0 / (QUERY_PRE_ATTN_SCALAR as f64).sqrt()
         };
         let y = attend(&q, &k, &v, scale, seen.as_ref(), Groups::Consecutive)?;
         self.o.forward(&y)
