@@ -86,6 +86,36 @@ fn every_port_has_its_test_and_the_set_is_the_issues() {
     common::held_out::assert_the_set(Round::Two, TESTED);
 }
 
+/// A line that describes the outputs truly without naming the mistake ([`symptom`]) is neither
+/// named nor wrong; a line naming another mistake stays wrong beside it.
+#[test]
+fn a_symptom_is_neither_named_nor_wrong() {
+    use common::held_out::Verdict;
+    use common::held_out_ports::{cause, symptom};
+    let right = [
+        cause("`scale` were", "m.py:7"),
+        symptom("port ≈ 2 × reference"),
+    ];
+    let numbers =
+        "  likely causes:\n    - `out`: port ≈ 2 × reference (max diff 0 after scaling): \
+                   a scale factor\n  re-run exactly this case: ...";
+    let only = Verdict::judge(&right, numbers);
+    assert_eq!(only.causes.len(), 1, "{:?}", only.causes);
+    assert!(only.wrong.is_empty(), "{:?}", only.wrong);
+    assert_eq!(only.named(), "no");
+    let named = Verdict::judge(
+        &right,
+        &format!("  likely cause: the port behaves as if `scale` were 1 at m.py:7\n{numbers}"),
+    );
+    assert_eq!((named.named(), named.wrong.len()), ("yes", 0));
+    let other = Verdict::judge(
+        &right,
+        &format!("  likely cause: a missing bias at m.py:3\n{numbers}"),
+    );
+    assert_eq!(other.named(), "wrong");
+    assert_eq!(other.wrong, ["likely cause: a missing bias at m.py:3"]);
+}
+
 /// The measurement of round two, as `held_out_table` is round one's. Printed as Markdown
 /// (`cargo xtask bench-mutations`, or `--ignored --nocapture`); the messages go to stderr.
 #[test]

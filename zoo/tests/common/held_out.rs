@@ -54,34 +54,57 @@ fn claim(line: &str) -> String {
 
 /// Whether a cause names the planted mistake: it says one of `right`'s words at its site.
 pub fn names(cause: &str, right: &[Cause]) -> bool {
-    right.iter().any(|c| super::says(cause, c.words, c.site))
+    right
+        .iter()
+        .any(|c| c.names && super::says(cause, c.words, c.site))
+}
+
+/// Whether a cause only describes the port's outputs truly (one of `right`'s symptoms).
+fn describes(cause: &str, right: &[Cause]) -> bool {
+    right
+        .iter()
+        .any(|c| !c.names && super::says(cause, c.words, c.site))
 }
 
 /// What golden said about a wrong port.
 pub struct Verdict {
     /// Every cause it named, in order.
     pub causes: Vec<String>,
-    /// Those that name something other than the planted mistake.
+    /// Those that name something other than the planted mistake (and are not a true
+    /// description of its effect).
     pub wrong: Vec<String>,
+    /// Whether the first names the planted mistake.
+    first_names: bool,
 }
 
 impl Verdict {
     pub fn of(p: &HeldOut, msg: &str) -> Verdict {
+        Verdict::judge(&p.causes, msg)
+    }
+
+    /// The causes of the failure message `msg`, judged against those that name the mistake.
+    pub fn judge(right: &[Cause], msg: &str) -> Verdict {
         let causes = causes(msg);
         let wrong = causes
             .iter()
-            .filter(|c| !names(c, &p.causes))
+            .filter(|c| !names(c, right) && !describes(c, right))
             .cloned()
             .collect();
-        Verdict { causes, wrong }
+        let first_names = causes.first().is_some_and(|c| names(c, right));
+        Verdict {
+            causes,
+            wrong,
+            first_names,
+        }
     }
 
-    /// `yes`: the first cause names the mistake; `wrong`: it names another; `no`: none named.
+    /// `yes`: the first cause names the mistake; `wrong`: it names another; `no`: none named
+    /// (or the first only describes the outputs).
     pub fn named(&self) -> &'static str {
         match self.causes.first() {
-            None => "no",
+            _ if self.first_names => "yes",
             Some(c) if self.wrong.contains(c) => "wrong",
-            Some(_) => "yes",
+            _ => "no",
         }
     }
 }

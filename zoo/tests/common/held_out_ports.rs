@@ -110,18 +110,37 @@ impl Class {
 
 /// A likely cause that names the planted mistake: a `likely cause:` (or `or:`) line containing
 /// `words` and the reference's `site` (`file.py:line`, as `common::assert_named` reads it; empty
-/// for a mistake of driving, which has no line in the reference).
+/// for a mistake of driving, which has no line in the reference). Or ([`symptom`]) a line that is
+/// true of the port but names no cause: neither named nor wrong.
 #[derive(Clone, Copy, Debug)]
 pub struct Cause {
     /// Words the line must contain.
     pub words: &'static str,
     /// Where in the reference, `file.py:line`, or empty.
     pub site: &'static str,
+    /// Whether a line saying so names the mistake (`cause`) or only describes its effect
+    /// truly (`symptom`).
+    pub names: bool,
 }
 
-/// `Cause { words, site }`.
+/// `Cause { words, site }`: a line that names the mistake.
 pub const fn cause(words: &'static str, site: &'static str) -> Cause {
-    Cause { words, site }
+    Cause {
+        words,
+        site,
+        names: true,
+    }
+}
+
+/// A line containing `words` that describes what the port's outputs are, truly, without naming
+/// the mistake or where it is (the numbers' "port ≈ 5.657 × reference: a scale factor"): not
+/// counted as named, nor as a wrong cause.
+pub const fn symptom(words: &'static str) -> Cause {
+    Cause {
+        words,
+        site: "",
+        names: false,
+    }
 }
 
 /// A check and its port: right (`mistake` is `None`) or with one planted mistake.
