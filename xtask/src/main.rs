@@ -13,8 +13,8 @@
 //!   NumPy script doing the same comparison, in one run; prints the figures.
 //! * `bench-mutations` — the mutation diagnosis: what it names on every wrong port of the project
 //!   (the hit rate), what it costs on a failure of a 2-layer transformer, and what it names on the
-//!   held-out wrong ports of families no other test uses (`zoo/tests/held_out.rs`), per family;
-//!   prints the figures.
+//!   held-out wrong ports of families no other test uses (`zoo/tests/held_out.rs`, then round
+//!   two's `zoo/tests/held_out_2.rs`), per family; prints the figures.
 //! * `bench-schedules` — what a check through time costs beside a single forward of the same
 //!   model (`zoo/tests/schedules.rs`); prints the figures.
 //! * `bench-sampling` — the sampler's distribution test: its false-alarm rate over 1,000 seeds of
@@ -515,8 +515,9 @@ fn bench_diff() -> Result<(), String> {
 
 /// The hit rate and the cost of the mutation diagnosis: `zoo/tests/mutations.rs`'s `hit_rate` and its
 /// ignored `diagnosis_cost`, one at a time, live, their figures on stderr; then the held-out
-/// measurement, `zoo/tests/held_out.rs`'s ignored `held_out_table` (wrong ports of families no other
-/// test uses: what was named, per family), its table on stdout and golden's messages on stderr.
+/// measurements, `zoo/tests/held_out.rs`'s ignored `held_out_table` and `zoo/tests/held_out_2.rs`'s
+/// `held_out_2_table` (two rounds of wrong ports of families no other test uses: what was named,
+/// per family), their tables on stdout and golden's messages on stderr.
 fn bench_mutations() -> Result<(), String> {
     setup()?;
     run(cargo()
@@ -530,12 +531,18 @@ fn bench_mutations() -> Result<(), String> {
         .args(["test", "-p", "golden-zoo", "--test", "neox", "--"])
         .args(["--include-ignored", "--nocapture", "--test-threads", "1"])
         .args(["--exact", "diagnosis_cost"]))?;
-    // Wrong ports of architectures no other test uses, written after the mechanisms.
+    // Wrong ports of architectures no other test uses, written after the mechanisms: the first
+    // round, then the second (other families, written later by another engineer).
     run(cargo()
         .env("GOLDEN_MODE", "live")
         .args(["test", "-p", "golden-zoo", "--test", "held_out", "--"])
         .args(["--include-ignored", "--nocapture", "--test-threads", "1"])
-        .args(["--exact", "held_out_table"]))
+        .args(["--exact", "held_out_table"]))?;
+    run(cargo()
+        .env("GOLDEN_MODE", "live")
+        .args(["test", "-p", "golden-zoo", "--test", "held_out_2", "--"])
+        .args(["--include-ignored", "--nocapture", "--test-threads", "1"])
+        .args(["--exact", "held_out_2_table"]))
 }
 
 fn bench_schedules() -> Result<(), String> {
