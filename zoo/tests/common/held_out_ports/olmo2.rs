@@ -174,9 +174,9 @@ pub fn wrong() -> Vec<HeldOut> {
             ],
         ),
         // The rotary base left at 10000: transformers 5 writes `rope_theta` inside
-        // `rope_parameters`, and a port reading a top-level `rope_theta` with a default
-        // (candle-transformers' serde configs) gets 10000 where OLMo 2 says 500000. Named: the
-        // value where the rotary embedding reads it.
+        // `rope_parameters`, and a port reading a top-level `rope_theta` with a default (as
+        // candle-transformers' Llama config does) gets 10000 where OLMo 2 says 500000. Named:
+        // the value where the rotary embedding reads it.
         check(
             Kind::Model,
             "olmo2_rope_theta_default",
