@@ -35,7 +35,7 @@ fn diagnose(layer: &Layer, port: &BoxedPort) -> (String, Vec<MutationMatch>) {
 fn names(found: &[MutationMatch], cause: &str, site: &str) -> bool {
     found
         .iter()
-        .any(|m| m.what.contains(cause) && m.site.contains(site))
+        .any(|m| m.mutation.what.contains(cause) && m.mutation.site.contains(site))
 }
 
 /// The port's failure must name `cause` at `site`, in the message's own words.
@@ -272,7 +272,7 @@ fn table(title: &str, rows: &[Row]) -> (usize, usize, usize) {
                 } else {
                     " (one case: evidence)"
                 };
-                format!("{} @ {}{said}", m.what, m.site)
+                format!("{} @ {}{said}", m.mutation.what, m.mutation.site)
             })
             .collect();
         eprintln!(

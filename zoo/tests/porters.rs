@@ -23,7 +23,7 @@ fn check(p: &PorterPort) -> Option<golden::Failure> {
 fn named(m: &MutationMatch, expected: &[(&str, &str)]) -> bool {
     expected
         .iter()
-        .any(|(cause, site)| m.what.contains(cause) && m.site.contains(site))
+        .any(|(cause, site)| m.mutation.what.contains(cause) && m.mutation.site.contains(site))
 }
 
 /// The wrong port fails; its first likely cause is one of those expected, on both failing cases,

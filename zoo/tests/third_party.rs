@@ -74,18 +74,22 @@ fn candle_whisper_uses_the_tanh_gelu_where_hugging_face_uses_erf() {
     let gelu = c
         .mutations
         .iter()
-        .find(|m| m.what == "F.gelu(approximate='tanh')")
+        .find(|m| m.mutation.what == "F.gelu(approximate='tanh')")
         .unwrap_or_else(|| panic!("the tanh GELU is not named:\n{msg}"));
     // Every GELU of Hugging Face's Whisper at once: the convolutions' in the encoder and the
     // layers' (through transformers' activation module), as candle uses the tanh one everywhere.
     assert!(
-        gelu.site
+        gelu.mutation
+            .site
             .contains("transformers/models/whisper/modeling_whisper.py:"),
         "{msg}"
     );
-    assert!(gelu.site.contains("transformers/activations.py:"), "{msg}");
     assert!(
-        !gelu.site.contains("/root/") && !gelu.site.contains("site-packages"),
+        gelu.mutation.site.contains("transformers/activations.py:"),
+        "{msg}"
+    );
+    assert!(
+        !gelu.mutation.site.contains("/root/") && !gelu.mutation.site.contains("site-packages"),
         "{msg}"
     );
     assert!(

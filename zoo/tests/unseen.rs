@@ -40,7 +40,9 @@ fn named(p: Unseen, cause: &str, site: &str) {
         .first()
         .unwrap_or_else(|| panic!("nothing named:\n{msg}"));
     assert!(
-        first.what.contains(cause) && first.site.contains(site) && first.both_cases,
+        first.mutation.what.contains(cause)
+            && first.mutation.site.contains(site)
+            && first.both_cases,
         "`{cause}` at `{site}` not named first:\n{msg}"
     );
     assert!(

@@ -31,7 +31,7 @@ fn expect_variant(wrong: VariantPort) {
         assert!(
             c.mutations
                 .iter()
-                .any(|m| m.what.contains(cause) && m.site.contains(site)),
+                .any(|m| m.mutation.what.contains(cause) && m.mutation.site.contains(site)),
             "the mutation diagnosis does not name `{cause}` at {site}:\n{msg}"
         );
     }

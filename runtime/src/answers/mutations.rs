@@ -17,6 +17,7 @@ use crate::describe::env::{self, Mutations};
 use crate::describe::inputs::CaseParams;
 use crate::describe::layer::Layer;
 use crate::describe::schedule::Plan;
+use crate::judge::mutations::{Family, Mutation};
 use crate::python::wire::{self, TensorTable};
 use crate::python::worker::WorkerError;
 use candle_core::DType;
@@ -28,21 +29,8 @@ use std::time::Duration;
 /// One mutant of the reference that moved toward the port on a case.
 #[derive(Clone, Debug)]
 pub struct Mutant {
-    /// Identifies the mutation across cases (kind, option, call site).
-    pub key: String,
-    /// The mutated call, e.g. `F.gelu(approximate='tanh')`.
-    pub what: String,
-    /// What the reference does instead.
-    pub instead: String,
-    /// Where in the reference's source (empty for a mutation of the inputs).
-    pub site: String,
-    /// The fix, in candle terms.
-    pub fix: String,
-    /// Its family: `drop`, `operands`, `boundary`, `constant`, `activation`, `axes`,
-    /// `precision`, `structure`, `catalogue`, `yours`, `inputs`.
-    pub kind: String,
-    /// The reference's source line at the site, when it is known.
-    pub code: Option<String>,
+    /// The mutation, as the worker names it.
+    pub mutation: Mutation,
     /// Its outputs and their rounding estimate, as for the reference.
     pub outputs: ReferenceOutputs,
 }
@@ -58,8 +46,8 @@ pub struct Search {
     pub candidates: usize,
     /// Mutations evaluated (fewer than `candidates` when the time budget ran out).
     pub tried: usize,
-    /// Per kind of mutation: (kind, candidates, tried in the cheap pass).
-    pub kinds: Vec<(String, usize, usize)>,
+    /// Per family of mutation: (family, candidates, tried in the cheap pass).
+    pub kinds: Vec<(Family, usize, usize)>,
     /// Whether the time budget ran out.
     pub truncated: bool,
     /// Where it ran out: `cheap pass` or `full evaluations`.
@@ -153,13 +141,15 @@ impl Live {
             .flatten()
             .map(|m| {
                 Ok(Mutant {
-                    key: text(m, "key"),
-                    what: text(m, "what"),
-                    instead: text(m, "instead"),
-                    site: text(m, "where"),
-                    fix: text(m, "fix"),
-                    kind: text(m, "kind"),
-                    code: m["code"].as_str().map(str::to_string),
+                    mutation: Mutation {
+                        key: text(m, "key"),
+                        what: text(m, "what"),
+                        instead: text(m, "instead"),
+                        site: text(m, "where"),
+                        fix: text(m, "fix"),
+                        family: family(&text(m, "kind"))?,
+                        code: m["code"].as_str().map(str::to_string),
+                    },
                     outputs: decode_outputs(&m["outputs"], &tensors, None, scale)
                         .map_err(protocol)?,
                 })
@@ -169,14 +159,14 @@ impl Live {
             .as_array()
             .into_iter()
             .flatten()
-            .filter_map(|k| {
-                Some((
-                    k[0].as_str()?.to_string(),
-                    k[1].as_u64()? as usize,
-                    k[2].as_u64()? as usize,
+            .map(|k| {
+                Ok((
+                    family(k[0].as_str().unwrap_or_default())?,
+                    k[1].as_u64().unwrap_or(0) as usize,
+                    k[2].as_u64().unwrap_or(0) as usize,
                 ))
             })
-            .collect();
+            .collect::<Result<Vec<_>, WorkerError>>()?;
         Ok(Search {
             calls: count("calls"),
             sites: count("sites"),
@@ -190,6 +180,16 @@ impl Live {
             mutants,
         })
     }
+}
+
+/// The family the worker names `name`: one golden knows, or a protocol error (the worker's and the
+/// runtime's lists are held together by `runtime/tests/mutations_wire.rs`).
+fn family(name: &str) -> Result<Family, WorkerError> {
+    Family::parse(name).ok_or_else(|| {
+        WorkerError::Protocol(format!(
+            "the worker named an unknown family of mutations `{name}`"
+        ))
+    })
 }
 
 /// Whether an interpreter visibly has torch without running it: a `bin/python` (a venv's, or a
@@ -295,4 +295,57 @@ pub fn budget(layer: &Layer) -> f64 {
         .filter(|t| *t != Duration::MAX)
         .unwrap_or(Duration::from_secs(60));
     timeout.as_secs_f64() / 3.0
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::describe::schedule::Mistake;
+    use crate::judge::mutations::Family;
+
+    /// The strings of the Python tuple `name = ( ... )` in a file of the worker's package.
+    fn python_tuple(file: &str, name: &str) -> Vec<String> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../reference_py/golden_ref")
+            .join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let start = text
+            .find(&format!("\n{name} = ("))
+            .unwrap_or_else(|| panic!("{name} is not in {}", path.display()));
+        let body = &text[start..];
+        let body = &body[..body.find(')').unwrap()];
+        body.split('"')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The families the worker names (`golden_ref.mutations.KINDS`) are Rust's, in its order, and
+    /// `schedule` is the one the runtime adds for a driving mistake: a family renamed on one side
+    /// fails here, not as a protocol error in a user's diagnosis.
+    #[test]
+    fn the_worker_names_the_families_rust_knows() {
+        let kinds = python_tuple("mutations.py", "KINDS");
+        let rust: Vec<&str> = Family::ALL
+            .iter()
+            .filter(|f| **f != Family::Schedule)
+            .map(|f| f.name())
+            .collect();
+        assert_eq!(kinds, rust);
+        for f in Family::ALL {
+            assert_eq!(Family::parse(f.name()), Some(f));
+        }
+        assert!(super::family("a-newer-family").is_err());
+    }
+
+    /// The driving mistakes the worker makes (`golden_ref.schedule.MISTAKES`) are the runtime's
+    /// [`Mistake`]s, token for token.
+    #[test]
+    fn the_worker_makes_the_driving_mistakes_rust_asks_for() {
+        let mut python = python_tuple("schedule.py", "MISTAKES");
+        let mut rust: Vec<String> = Mistake::ALL.iter().map(|m| m.token().to_string()).collect();
+        python.sort();
+        rust.sort();
+        assert_eq!(python, rust);
+    }
 }

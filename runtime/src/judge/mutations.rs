@@ -21,40 +21,116 @@ pub struct Fit {
     pub max_diff: f64,
 }
 
-/// A mutant of the reference that the port matches.
+/// The family a mutation belongs to, as the worker names it (`golden_ref.mutations.KINDS`) and as
+/// a failure counts what it tried; `Schedule` for a mistake in how a model is driven through time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// A named entry of the catalogue (`golden_ref/catalogue.py`).
+    Catalogue,
+    /// A user's own mutation (`@mutation`).
+    Yours,
+    /// A configuration value read otherwise (`golden_ref/configs.py`).
+    Config,
+    /// An activation or a formula of one tensor replaced.
+    Activation,
+    /// An op or an argument left out.
+    Drop,
+    /// A constant replaced.
+    Constant,
+    /// Another axis or layout.
+    Axes,
+    /// Another precision.
+    Precision,
+    /// Operands or outputs exchanged.
+    Operands,
+    /// A boundary off by one.
+    Boundary,
+    /// A structural rewrite (submodules, residuals, fused layouts).
+    Structure,
+    /// The case's inputs transposed or exchanged.
+    Inputs,
+    /// A mistake in how the model is driven through time (`describe/schedule.rs`).
+    Schedule,
+}
+
+impl Family {
+    /// Every family, in the worker's order, then `Schedule`.
+    pub const ALL: [Family; 13] = [
+        Family::Catalogue,
+        Family::Yours,
+        Family::Config,
+        Family::Activation,
+        Family::Drop,
+        Family::Constant,
+        Family::Axes,
+        Family::Precision,
+        Family::Operands,
+        Family::Boundary,
+        Family::Structure,
+        Family::Inputs,
+        Family::Schedule,
+    ];
+
+    /// The name the worker gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Catalogue => "catalogue",
+            Family::Yours => "yours",
+            Family::Config => "config",
+            Family::Activation => "activation",
+            Family::Drop => "drop",
+            Family::Constant => "constant",
+            Family::Axes => "axes",
+            Family::Precision => "precision",
+            Family::Operands => "operands",
+            Family::Boundary => "boundary",
+            Family::Structure => "structure",
+            Family::Inputs => "inputs",
+            Family::Schedule => "schedule",
+        }
+    }
+
+    /// The family the worker names `name`, if any.
+    pub fn parse(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One mutation of the reference: a porting mistake made in its code (or its configuration, or
+/// the way it is driven), as the message names it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct MutationMatch {
+pub struct Mutation {
     /// Identifies the mutation across cases: the kind, its option and the call site.
     pub key: String,
-    /// The mutated call, e.g. `F.gelu(approximate='tanh')`.
+    /// The mutated call, e.g. `F.gelu(approximate='tanh')`; for a configuration mistake, the
+    /// value the port reads, e.g. `` `use_parallel_residual` were False ``.
     pub what: String,
-    /// What the reference does instead, e.g. `approximate='none'`.
+    /// What the reference does instead, e.g. `approximate='none'` (for a configuration mistake,
+    /// the configuration's value).
     pub instead: String,
     /// Where, in the reference's source (`file:line`, relative to its import root or
-    /// site-packages); empty for a mutation of the inputs.
+    /// site-packages); empty for a mutation of the inputs or of the driving.
     pub site: String,
     /// The fix, in candle terms.
     pub fix: String,
-    /// Its family (`drop`, `boundary`, `constant`, `structure`, …).
-    pub kind: String,
+    /// Its family.
+    pub family: Family,
     /// The reference's source line at the site, when it is known.
     pub code: Option<String>,
-    /// The fit (the worse of the two cases when both were examined).
-    pub fit: Fit,
-    /// Whether it fitted on two failing cases (the smallest and another), not one.
-    pub both_cases: bool,
-    /// A second mistake: matched on the other failing case only, made together with the first
-    /// (whose claim this is), which alone matched the smallest case. The first then reads as a
-    /// cause on both cases.
-    pub second: Option<String>,
 }
 
-impl MutationMatch {
-    /// What the match says the port does, with where: "the port matches the reference with WHAT at
-    /// SITE (instead of INSTEAD)"; for a configuration mistake "the port behaves as if `FIELD`
-    /// were VALUE (the config says VALUE), read at SITE".
+impl Mutation {
+    /// What the mutation says the port does, with where: "the port matches the reference with
+    /// WHAT at SITE (instead of INSTEAD)"; for a configuration mistake "the port behaves as if
+    /// `FIELD` were VALUE (the config says VALUE), read at SITE".
     pub fn claim(&self) -> String {
-        if self.kind == "config" {
+        if self.family == Family::Config {
             let site = if self.site.is_empty() {
                 String::new()
             } else {
@@ -79,6 +155,28 @@ impl MutationMatch {
             "the port matches the reference with {}{site}{instead}",
             self.what
         )
+    }
+}
+
+/// A mutant of the reference that the port matches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MutationMatch {
+    /// The mutation.
+    pub mutation: Mutation,
+    /// The fit (the worse of the cases examined).
+    pub fit: Fit,
+    /// Whether it fitted on two failing cases (the smallest and another), not one.
+    pub both_cases: bool,
+    /// A second mistake: matched on the other failing case only, made together with the first
+    /// (whose claim this is), which alone matched the smallest case. The first then reads as a
+    /// cause on both cases.
+    pub second: Option<String>,
+}
+
+impl MutationMatch {
+    /// The mutation's claim ([`Mutation::claim`]).
+    pub fn claim(&self) -> String {
+        self.mutation.claim()
     }
 }
 
@@ -158,7 +256,7 @@ pub fn both(
             smallest
                 .iter()
                 .filter_map(|m| {
-                    let other = first.iter().find(|f| f.key == m.key)?;
+                    let other = first.iter().find(|f| f.mutation.key == m.mutation.key)?;
                     let mut m = m.clone();
                     m.fit.worst_ratio = m.fit.worst_ratio.max(other.fit.worst_ratio);
                     m.fit.max_diff = m.fit.max_diff.max(other.fit.max_diff);
@@ -178,7 +276,7 @@ pub fn both(
     // Two spellings of one mutant (eps ÷10 and eps=1e-6) read the same: keep the best.
     let mut seen = Vec::new();
     out.retain(|m| {
-        let said = (m.what.clone(), m.site.clone());
+        let said = (m.mutation.what.clone(), m.mutation.site.clone());
         let new = !seen.contains(&said);
         seen.push(said);
         new
@@ -248,13 +346,15 @@ mod tests {
 
     fn matched(key: &str, worst: f64) -> MutationMatch {
         MutationMatch {
-            key: key.into(),
-            what: key.into(),
-            instead: String::new(),
-            site: String::new(),
-            fix: String::new(),
-            kind: "drop".into(),
-            code: None,
+            mutation: Mutation {
+                key: key.into(),
+                what: key.into(),
+                instead: String::new(),
+                site: String::new(),
+                fix: String::new(),
+                family: Family::Drop,
+                code: None,
+            },
             fit: Fit {
                 worst_ratio: worst,
                 max_diff: 0.0,
@@ -269,7 +369,7 @@ mod tests {
         let smallest = vec![matched("a", 0.5), matched("b", 0.1), matched("c", 0.2)];
         let first = vec![matched("c", 0.6), matched("a", 0.1)];
         let kept = both(smallest, Some(&first), 3);
-        let keys: Vec<&str> = kept.iter().map(|m| m.key.as_str()).collect();
+        let keys: Vec<&str> = kept.iter().map(|m| m.mutation.key.as_str()).collect();
         assert_eq!(keys, ["a", "c"]);
         assert_eq!(kept[0].fit.worst_ratio, 0.5);
         assert_eq!(kept[1].fit.worst_ratio, 0.6);
@@ -282,7 +382,7 @@ mod tests {
         // smallest case matches there alone; it is evidence, not dropped.
         let smallest = vec![matched("a", 0.5), matched("b", 0.1)];
         let kept = both(smallest, Some(&[]), 3);
-        let keys: Vec<&str> = kept.iter().map(|m| m.key.as_str()).collect();
+        let keys: Vec<&str> = kept.iter().map(|m| m.mutation.key.as_str()).collect();
         assert_eq!(keys, ["a", "b"]);
         assert!(kept.iter().all(|m| !m.both_cases));
     }

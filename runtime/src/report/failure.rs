@@ -274,7 +274,7 @@ impl Failure {
         let c = self.case_failure()?;
         let matched = MutationMatch::claim;
         if let Some(m) = c.mutations.iter().find(|m| m.both_cases) {
-            return Some(format!("{} — fix: {}", matched(m), m.fix));
+            return Some(format!("{} — fix: {}", matched(m), m.mutation.fix));
         }
         if let Some(d) = c.diagnoses.iter().find(|d| d.confirmed) {
             return Some(format!("`{}`: {}", d.leaf, d.diagnosis));
@@ -301,7 +301,7 @@ impl Failure {
             return Some(format!(
                 "evidence from one failing case only: {}, which would mean: {}",
                 matched(m),
-                m.fix
+                m.mutation.fix
             ));
         }
         c.diagnoses.first().map(|d| {
@@ -1134,6 +1134,7 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
 /// third read "or: ...". A match on one failing case alone reads as evidence, without a fix.
 fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result {
     let code = m
+        .mutation
         .code
         .as_ref()
         .map(|c| format!(", where the reference reads `{c}`"))
@@ -1145,7 +1146,7 @@ fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result 
              (max diff {}){code} — fix: {}",
             m.claim(),
             num(m.fit.max_diff),
-            m.fix
+            m.mutation.fix
         );
     }
     if !m.both_cases {
@@ -1155,7 +1156,7 @@ fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result 
             "  {lead}: on one failing case {} (max diff {}){code}, which would mean: {}",
             m.claim(),
             num(m.fit.max_diff),
-            m.fix
+            m.mutation.fix
         );
     }
     let lead = if i == 0 { "likely cause" } else { "or" };
@@ -1164,7 +1165,7 @@ fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result 
         "  {lead}: {} on both failing cases (max diff {}){code} — fix: {}",
         m.claim(),
         num(m.fit.max_diff),
-        m.fix
+        m.mutation.fix
     )
 }
 

@@ -101,7 +101,7 @@ pub(crate) fn explain(
     // a cause must hold on every other case that was evaluated (a mistake that the smallest case
     // cannot tell from another — no mask and a diagonal one further, on two positions — is told
     // apart by a longer case).
-    let keys: Vec<String> = matches.iter().map(|m| m.key.clone()).collect();
+    let keys: Vec<String> = matches.iter().map(|m| m.mutation.key.clone()).collect();
     let mut confirmed: Option<Vec<MutationMatch>> = None;
     let mut second_out_of_time = false;
     // The other case on which no match of the smallest case held any more: where a port with two
@@ -247,7 +247,7 @@ impl Refuted<'_> {
             ask(self.focus, left(1.0) / 2.0, None, None),
         ) {
             searched.push(search);
-            let keys: Vec<String> = found.iter().map(|m| m.key.clone()).collect();
+            let keys: Vec<String> = found.iter().map(|m| m.mutation.key.clone()).collect();
             if !keys.is_empty() && left(1.0) > 0.0 {
                 if let Ok((back, _)) = matches_on(
                     self.layer,
@@ -271,7 +271,7 @@ impl Refuted<'_> {
             }
         }
         let first = matches.first()?;
-        let key = first.key.clone();
+        let key = first.mutation.key.clone();
         let paired = |second: MutationMatch| {
             let mut first = first.clone();
             first.both_cases = true;
@@ -356,7 +356,7 @@ fn common(before: Vec<MutationMatch>, found: &[MutationMatch]) -> Vec<MutationMa
     before
         .into_iter()
         .filter_map(|mut m| {
-            let other = found.iter().find(|f| f.key == m.key)?;
+            let other = found.iter().find(|f| f.mutation.key == m.mutation.key)?;
             m.fit.worst_ratio = m.fit.worst_ratio.max(other.fit.worst_ratio);
             m.fit.max_diff = m.fit.max_diff.max(other.fit.max_diff);
             Some(m)
@@ -515,13 +515,7 @@ fn matches_on(
                 compare::ROUNDING_FACTOR,
             )?;
             Some(MutationMatch {
-                key: m.key.clone(),
-                what: m.what.clone(),
-                instead: m.instead.clone(),
-                site: m.site.clone(),
-                fix: m.fix.clone(),
-                kind: m.kind.clone(),
-                code: m.code.clone(),
+                mutation: m.mutation.clone(),
                 fit,
                 both_cases: false,
                 second: None,

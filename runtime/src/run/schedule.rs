@@ -492,17 +492,19 @@ pub(crate) fn driving_match(
 ) -> crate::judge::mutations::MutationMatch {
     let (what, instead, fix) = m.explain(window);
     crate::judge::mutations::MutationMatch {
-        key: format!("schedule {}", m.token()),
-        what: if looped {
-            format!("the loop run with {what}")
-        } else {
-            format!("the schedule driven with {what}")
+        mutation: crate::judge::mutations::Mutation {
+            key: format!("schedule {}", m.token()),
+            what: if looped {
+                format!("the loop run with {what}")
+            } else {
+                format!("the schedule driven with {what}")
+            },
+            instead,
+            site: String::new(),
+            fix,
+            family: crate::judge::mutations::Family::Schedule,
+            code: None,
         },
-        instead,
-        site: String::new(),
-        fix,
-        kind: "schedule".into(),
-        code: None,
         fit,
         both_cases: false,
         second: None,
