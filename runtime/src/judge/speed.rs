@@ -397,6 +397,12 @@ pub struct Speed {
     pub decode: Option<Phase>,
     /// What was not measured, and why.
     pub notes: Vec<String>,
+    /// `debug` when golden itself is built with debug assertions (the dev and test profiles),
+    /// else `release`: the port's time is its build's (candle's speed depends on the opt-level
+    /// its crates are built with).
+    pub build: String,
+    /// How long the timing took, both sides, warm-up included (its cost to the check), seconds.
+    pub spent: f64,
 }
 
 impl Speed {
@@ -468,6 +474,8 @@ impl Speed {
             "prefill": self.prefill.as_ref().map(Phase::to_json),
             "decode": self.decode.as_ref().map(Phase::to_json),
             "notes": self.notes,
+            "build": self.build,
+            "spent": self.spent,
         })
     }
 
@@ -501,6 +509,8 @@ impl Speed {
                 .flatten()
                 .filter_map(|n| n.as_str().map(str::to_string))
                 .collect(),
+            build: v["build"].as_str().unwrap_or_default().to_string(),
+            spent: v["spent"].as_f64().unwrap_or(0.0),
         })
     }
 }

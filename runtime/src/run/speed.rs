@@ -68,6 +68,7 @@ pub(crate) fn measure(
     runs: usize,
 ) -> Result<Speed, String> {
     let _serial = TIMING.lock().unwrap_or_else(|e| e.into_inner());
+    let started = std::time::Instant::now();
     if layer.steps.is_some() {
         return Err("a step loop (`steps(...)`) is not timed yet".into());
     }
@@ -136,7 +137,7 @@ pub(crate) fn measure(
     let (prefill, decode) = phases(&mine.steps, theirs.as_ref());
     Ok(Speed {
         dtype: dtype_name(dtype).to_string(),
-        case: params.to_string(),
+        case: params.token(),
         warmup: WARMUP,
         port: Side {
             seconds: port_seconds,
@@ -149,6 +150,13 @@ pub(crate) fn measure(
         prefill,
         decode,
         notes,
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+        .to_string(),
+        spent: started.elapsed().as_secs_f64(),
     })
 }
 
