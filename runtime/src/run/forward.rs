@@ -48,10 +48,12 @@ struct ForwardRunner<'a> {
     timed: std::cell::RefCell<Vec<(DType, Timed)>>,
 }
 
-/// The passing case a dtype is timed on: the largest, a schedule's with decode steps first.
+/// The passing case a dtype is timed on: a schedule's with both a prefill and decode steps, the
+/// longer both the better, then the largest.
 struct Timed {
-    /// (whether its schedule has decode steps, its inputs' elements).
-    rank: (bool, usize),
+    /// (whether its schedule has decode steps, its prefill's tokens times its decode steps, its
+    /// inputs' elements).
+    rank: (bool, usize, usize),
     params: CaseParams,
     /// Its answer, without what timing does not need (the outputs but a schedule's tokens and
     /// its steps' shapes, the rounding estimates).
@@ -67,10 +69,16 @@ impl ForwardRunner<'_> {
         args: &[HostTensor],
         reference: &ReferenceOutputs,
     ) {
-        let decodes = params
-            .plan(self.layer)
-            .is_some_and(|p| p.steps.lengths().iter().skip(1).any(|&len| len == 1));
-        let rank = (decodes, args.iter().map(HostTensor::numel).sum::<usize>());
+        let (prefill, decodes) = params.plan(self.layer).map_or((0, 0), |p| {
+            let lengths = p.steps.lengths();
+            let decodes = lengths.iter().skip(1).filter(|&&len| len == 1).count();
+            (lengths.first().copied().unwrap_or(0), decodes)
+        });
+        let rank = (
+            decodes > 0,
+            prefill * decodes,
+            args.iter().map(HostTensor::numel).sum::<usize>(),
+        );
         let mut timed = self.timed.borrow_mut();
         let slot = timed.iter_mut().find(|(d, _)| *d == dtype);
         if slot.as_ref().is_some_and(|(_, t)| t.rank >= rank) {
