@@ -42,8 +42,8 @@
   };
 
   // Speed (see runtime/src/run/speed.rs): the port's time over the reference's, medians of warm
-  // runs, with the range every run agrees on (the port's fastest over the reference's slowest,
-  // its slowest over their fastest).
+  // runs, with the range the runs agree on (the port's lower quartile over the reference's upper
+  // one, its upper quartile over their lower one).
   const secs = (x) => {
     if (x === null || x === undefined) return "–";
     const a = Math.abs(x);
@@ -118,7 +118,7 @@
     html += `</table>`;
     const s0 = runs[0];
     html += `<p class="muted">Medians of ${s0.port.seconds.runs} timed runs on each side after ${s0.warmup} warm-up, the same inputs, parameters and dtype; ` +
-      `the range is what every run agrees on. A ${esc(s0.build || "?")} build of golden` + (s0.build === "debug" ? " (the port's time is its build's: optimise its dependencies for figures that mean speed)" : "") +
+      `in brackets each side's fastest and slowest run, and the range of the ratio the middle half of each side's runs agree on. A ${esc(s0.build || "?")} build of golden` + (s0.build === "debug" ? " (the port's time is its build's: optimise its dependencies for figures that mean speed)" : "") +
       `. The timing cost the check ${secs(s0.spent)}.</p>`;
     const notes = [...new Set(runs.flatMap((s) => s.notes || []))];
     if (notes.length) html += `<ul class="muted">` + notes.map((n) => `<li>${esc(n)}</li>`).join("") + `</ul>`;

@@ -201,7 +201,7 @@ pub const OPTIONS: &[Opt] = &[
         name: "speed",
         form: "speed(max = x)",
         doc: "fail the forward check when the port takes more than `x` times the reference's \
-              time, every timed run agreeing (a speed failure, apart from the numbers)",
+              time, its timed runs agreeing (a speed failure, apart from the numbers)",
         module_only: None,
         parse: |key, input, attr| {
             attr.speed = Some(parse::speed(key, input)?);

@@ -738,7 +738,7 @@ pub struct Layer {
     /// see `describe/invariants.rs`), by leaf, in declaration order.
     pub(crate) invariants: Vec<(String, Vec<crate::describe::invariants::Invariant>)>,
     /// At most this many times the reference's time (`speed(max = N)`): the forward check fails
-    /// with a speed failure when every timed run agrees the port is slower (`run/speed.rs`).
+    /// with a speed failure when its timed runs agree the port is slower (`run/speed.rs`).
     pub(crate) speed_max: Option<f64>,
 }
 
@@ -1093,7 +1093,8 @@ impl Layer {
     }
 
     /// Fail the forward check when the port takes more than `max` times the reference's time on
-    /// the case it is timed on, every timed run agreeing (`speed(max = N)`): a failure of its own
+    /// the case it is timed on, its timed runs agreeing (`speed(max = N)`: the port's lower
+    /// quartile over the reference's upper quartile is above `max`): a failure of its own
     /// kind ([`FailureKind::Speed`](crate::FailureKind::Speed)), after the numbers matched.
     pub fn speed_max(mut self, max: f64) -> Self {
         self.speed_max = Some(max);

@@ -4,10 +4,10 @@
 //! Once a forward check's cases pass in a dtype, golden times the port and the reference on one of
 //! them (`run/speed.rs`; the reference's side is `reference_py/golden_ref/timing.py`): the same
 //! inputs, parameters and dtype, each side warmed up, then run several times. A side's time is
-//! the **median** of its timed runs, and the runs' **spread** (fastest and slowest) is its noise.
-//! The port's time over the reference's is the **ratio**; its range, from the port's fastest over
-//! the reference's slowest to the port's slowest over the reference's fastest, is what every run
-//! agrees on ([`Ratio`]).
+//! the **median** of its timed runs, and the runs' **spread** (quartiles, fastest and slowest) is
+//! its noise. The port's time over the reference's is the **ratio**; its range, from the port's
+//! lower quartile over the reference's upper one to the port's upper quartile over the
+//! reference's lower one, is what the runs agree on ([`Ratio`]).
 //!
 //! What is measured on the port's side ([`clocked`]): the call of the port (its function, as the
 //! attribute calls it), less the time golden's own `VarBuilder` spends serving it weights (a
@@ -147,11 +147,15 @@ pub(crate) fn clocked<R>(f: impl FnOnce() -> R) -> (R, Clocked) {
     (out, clocked)
 }
 
-/// Several runs' times of one thing, seconds: their median, fastest and slowest.
+/// Several runs' times of one thing, seconds: their median, quartiles, fastest and slowest.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Spread {
     /// The median run.
     pub median: f64,
+    /// The lower quartile (the second fastest of five runs): a quarter of the runs were faster.
+    pub q1: f64,
+    /// The upper quartile (the second slowest of five).
+    pub q3: f64,
     /// The fastest run.
     pub min: f64,
     /// The slowest run.
@@ -161,7 +165,8 @@ pub struct Spread {
 }
 
 impl Spread {
-    /// The spread of `samples` (finite ones); `None` when there are none.
+    /// The spread of `samples` (finite ones); `None` when there are none. Quantiles interpolate
+    /// between the sorted runs (NumPy's default).
     pub fn of(samples: &[f64]) -> Option<Spread> {
         let mut v: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
         if v.is_empty() {
@@ -169,13 +174,18 @@ impl Spread {
         }
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        let quantile = |p: f64| {
+            let h = (n - 1) as f64 * p;
+            let (k, frac) = (h.floor() as usize, h - h.floor());
+            match v.get(k + 1) {
+                Some(next) => v[k] + frac * (next - v[k]),
+                None => v[k],
+            }
         };
         Some(Spread {
-            median,
+            median: quantile(0.5),
+            q1: quantile(0.25),
+            q3: quantile(0.75),
             min: v[0],
             max: v[n - 1],
             runs: n,
@@ -184,15 +194,25 @@ impl Spread {
 
     /// As the results file holds it.
     pub fn to_json(&self) -> Json {
-        json!({"median": self.median, "min": self.min, "max": self.max, "runs": self.runs})
+        json!({
+            "median": self.median,
+            "q1": self.q1,
+            "q3": self.q3,
+            "min": self.min,
+            "max": self.max,
+            "runs": self.runs,
+        })
     }
 
     /// From the results file.
     pub fn from_json(v: &Json) -> Option<Spread> {
+        let (min, max) = (v["min"].as_f64()?, v["max"].as_f64()?);
         Some(Spread {
             median: v["median"].as_f64()?,
-            min: v["min"].as_f64()?,
-            max: v["max"].as_f64()?,
+            q1: v["q1"].as_f64().unwrap_or(min),
+            q3: v["q3"].as_f64().unwrap_or(max),
+            min,
+            max,
             runs: v["runs"].as_u64()? as usize,
         })
     }
@@ -210,8 +230,10 @@ impl Spread {
     }
 }
 
-/// The port's time over the reference's: the medians', and the range every run agrees on (the
-/// port's fastest over the reference's slowest, the port's slowest over the reference's fastest).
+/// The port's time over the reference's: the medians', and the range the runs agree on — the
+/// port's lower quartile over the reference's upper quartile, to the port's upper quartile over
+/// the reference's lower one: what the middle half of each side's runs allow, however far one
+/// stray run (a context switch, another process) went.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Ratio {
     /// The port's median over the reference's.
@@ -225,10 +247,10 @@ pub struct Ratio {
 impl Ratio {
     /// `port` over `reference`; `None` when the reference took no measurable time.
     pub fn of(port: &Spread, reference: &Spread) -> Option<Ratio> {
-        (reference.min > 0.0 && reference.median > 0.0).then(|| Ratio {
+        (reference.q1 > 0.0 && reference.median > 0.0).then(|| Ratio {
             median: port.median / reference.median,
-            lo: port.min / reference.max,
-            hi: port.max / reference.min,
+            lo: port.q1 / reference.q3,
+            hi: port.q3 / reference.q1,
         })
     }
 
@@ -419,8 +441,8 @@ impl Speed {
         (reference > 0).then(|| port as f64 / reference as f64)
     }
 
-    /// Whether every run agrees that the port is more than `max` times slower than the
-    /// reference (the smallest ratio the runs allow is above it); `None` when the reference was
+    /// Whether the runs agree that the port is more than `max` times slower than the reference
+    /// (the smallest ratio they allow, [`Ratio::lo`], is above it); `None` when the reference was
     /// not timed.
     pub fn over(&self, max: f64) -> Option<bool> {
         Some(self.ratio()?.lo > max)
@@ -515,7 +537,7 @@ impl Speed {
     }
 }
 
-/// A port slower than its check allows (`speed(max = N)`), every timed run agreeing: a failure of
+/// A port slower than its check allows (`speed(max = N)`), its timed runs agreeing: a failure of
 /// its own kind, told after the numbers matched.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TooSlow {
@@ -583,7 +605,8 @@ impl TooSlow {
         }
         if let Some(r) = s.ratio() {
             out.push(format!(
-                "every run agrees: the port's fastest run took {}× the reference's slowest",
+                "the runs agree: the port's lower quartile is {}× the reference's upper quartile \
+                 (the middle half of each side's runs, so that one stray run cannot decide)",
                 times(r.lo)
             ));
         }
@@ -725,14 +748,19 @@ mod tests {
     fn a_spread_is_the_median_and_the_extremes() {
         let s = Spread::of(&[3.0, 1.0, 2.0, f64::NAN, 10.0]).unwrap();
         assert_eq!((s.median, s.min, s.max, s.runs), (2.5, 1.0, 10.0, 4));
+        assert_eq!((s.q1, s.q3), (1.75, 4.75));
         assert_eq!(Spread::of(&[]), None);
-        let r = Ratio::of(
-            &Spread::of(&[2.0, 2.2, 2.4]).unwrap(),
-            &Spread::of(&[1.0, 1.1, 1.2]).unwrap(),
-        )
-        .unwrap();
+        // Five runs: the quartiles are the second fastest and the second slowest, and one stray
+        // run on each side moves neither.
+        let port = Spread::of(&[2.0, 2.1, 2.2, 2.3, 9.0]).unwrap();
+        let reference = Spread::of(&[0.2, 1.0, 1.1, 1.2, 1.3]).unwrap();
+        assert_eq!((port.q1, port.q3), (2.1, 2.3));
+        let r = Ratio::of(&port, &reference).unwrap();
         assert_eq!(r.median, 2.0);
-        assert!((r.lo - 2.0 / 1.2).abs() < 1e-12 && (r.hi - 2.4).abs() < 1e-12);
+        assert!(
+            (r.lo - 2.1 / 1.2).abs() < 1e-12 && (r.hi - 2.3).abs() < 1e-12,
+            "{r:?}"
+        );
     }
 
     #[test]

@@ -345,9 +345,9 @@ fn run_inner(
 }
 
 /// Time the port beside the reference in each dtype whose cases passed (`GOLDEN_SPEED` runs
-/// each side, `off`: none), and hold the port to `speed(max = N)`: a port every timed run finds
+/// each side, `off`: none), and hold the port to `speed(max = N)`: a port its timed runs find
 /// slower fails with a speed failure of its own. A case that cannot be timed says why on stderr
-/// and in the results, and fails nothing.
+/// and fails nothing.
 fn time_passing(
     layer: &Layer,
     runner: &impl CaseRunner,
