@@ -125,7 +125,7 @@
     for (const s of runs) {
       if (!(s.points || []).length) continue;
       html += `<h3>Where the time goes, layer by layer (${esc(s.dtype)})</h3><p class="muted">Each trace point from the end of the point before it to its own end, ` +
-        `the points inside it included; ${s.points.length} points both sides have.</p>` + speedChart(s);
+        `the points inside it included; ${s.points.length} points both sides have (work between points only one side has counts in the next one both have: compare the layers, in bold, first).</p>` + speedChart(s);
     }
     return html;
   }

@@ -210,6 +210,7 @@ fn a_port_beyond_its_speed_limit_fails_apart_from_the_numbers() {
     assert_eq!(too_slow.max, 50.0);
     assert!(too_slow.speed.ratio().unwrap().lo > 50.0);
     let message = failure.to_string();
+    println!("{message}");
     let headline = message.lines().next().unwrap();
     assert!(
         headline.starts_with(
@@ -225,6 +226,7 @@ fn a_port_beyond_its_speed_limit_fails_apart_from_the_numbers() {
         "  the port: ",
         "  the runs agree: the port's lower quartile is",
         "  fix: profile the port where it is furthest behind the reference",
+        "  re-run the check on this case: GOLDEN_CASE='",
     ] {
         assert!(message.contains(line), "no `{line}` in:\n{message}");
     }

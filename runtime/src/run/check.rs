@@ -325,7 +325,7 @@ fn run_inner(
         }
         return Err(f);
     }
-    let speed = time_passing(layer, runner, source, &runs)?;
+    let speed = time_passing(layer, kind, runner, source, &runs)?;
     Ok(Report {
         layer: layer.clone(),
         kind,
@@ -350,6 +350,7 @@ fn run_inner(
 /// and fails nothing.
 fn time_passing(
     layer: &Layer,
+    kind: Kind,
     runner: &impl CaseRunner,
     source: &Source,
     runs: &[DTypeRun],
@@ -385,6 +386,12 @@ fn time_passing(
                     })),
                 );
                 f.dtype = Some(dtype_name(run.dtype));
+                if let Some(case) = &case {
+                    f.notes.push(format!(
+                        "re-run the check on this case: {}",
+                        artifacts::rerun_case_command(layer, kind.test(), run.dtype, case)
+                    ));
+                }
                 f.case = case;
                 return Err(f);
             }
