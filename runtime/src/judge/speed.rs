@@ -9,10 +9,10 @@
 //! lower quartile over the reference's upper one to the port's upper quartile over the
 //! reference's lower one, is what the runs agree on ([`Ratio`]).
 //!
-//! What is measured on the port's side ([`clocked`]): the call of the port (its function, as the
+//! What is measured on the port's side (`clocked`): the call of the port (its function, as the
 //! attribute calls it), less the time golden's own `VarBuilder` spends serving it weights (a
-//! lookup per weight, measured inside it: [`serving`]). A traced check's points are the times of
-//! its taps ([`mark`]); a schedule's steps the time of each call of its stepper ([`step`]), its
+//! lookup per weight, measured inside it: `serving`). A traced check's points are the times of
+//! its taps (`mark`); a schedule's steps the time of each call of its stepper (`step`), its
 //! construction left out. Per trace point, both sides count the time from the end of the point
 //! before it to its own end, the points inside it (tapped right before it, named under it)
 //! included: [`point_times`]. The clock costs a thread-local lookup per tap, step and weight
