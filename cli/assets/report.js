@@ -67,8 +67,13 @@
   // Where the time goes in a whole model: a pair of bars per trace point (the port's above, the
   // reference's below), on one scale, indented by how deep the point is; the ratio beside them, in
   // red where it is over 1.5 times the whole model's.
+  // At most `MAX_ROWS` rows: a deep model's points down to the depth that fits (its layers at
+  // least); the deeper ones are in the results file.
+  const MAX_ROWS = 80;
   function speedChart(s) {
-    const points = s.points;
+    let depth = 0;
+    while (s.points.filter((p) => p.depth <= depth + 1).length <= MAX_ROWS && s.points.some((p) => p.depth > depth)) depth++;
+    const points = s.points.filter((p) => p.depth <= depth);
     const rowH = 22, left = 300, right = 150, w = 1100, barW = w - left - right, top = 24;
     const h = top + points.length * rowH + 30;
     const longest = Math.max(...points.map((p) => Math.max(p.port.median, p.reference.median)), 1e-12);
@@ -90,7 +95,9 @@
       `<rect x="${left + 90}" y="6" width="10" height="8" fill="#8250df"/><text x="${left + 104}" y="14">the reference</text>` +
       `<text x="${left + barW + 8}" y="14">port / reference</text>`;
     const axis = `<text x="${left}" y="${h - 8}">0</text><text x="${left + barW - 60}" y="${h - 8}">${secs(longest)}</text>`;
-    return `<svg class="speed-chart" width="${w}" height="${h}" role="img" aria-label="where the time goes, port against reference">${legend}${rows}${axis}</svg>`;
+    const hidden = s.points.length - points.length;
+    const more = hidden ? `<p class="muted">${hidden} deeper points are left out of the chart (at most ${MAX_ROWS} rows); the results file has them all.</p>` : "";
+    return `<svg class="speed-chart" width="${w}" height="${h}" role="img" aria-label="where the time goes, port against reference">${legend}${rows}${axis}</svg>${more}`;
   }
 
   function speedSection(c) {

@@ -42,6 +42,10 @@ pub(crate) const WARMUP: usize = 1;
 /// Timed runs on each side, unless `GOLDEN_SPEED` says otherwise.
 pub const RUNS: usize = 5;
 
+/// Timed runs on each side for a model at size (`answers::live::AT_SIZE` parameters and more),
+/// where each run is a whole model's: at most this many, whatever `GOLDEN_SPEED` asks.
+pub const AT_SIZE_RUNS: usize = 3;
+
 /// Timings of two checks of a test process never overlap.
 static TIMING: Mutex<()> = Mutex::new(());
 
@@ -74,6 +78,16 @@ pub(crate) fn measure(
     }
     let args = inputs::make_args(layer, params, dtype)?;
     let mut notes = Vec::new();
+    // A whole model at size: each run is a whole model's, on both sides.
+    let elements: usize = reference.state_dict.iter().map(|(_, t)| t.numel()).sum();
+    let runs = if elements >= crate::answers::live::AT_SIZE && runs > AT_SIZE_RUNS {
+        notes.push(format!(
+            "a model at size ({elements} parameters): {AT_SIZE_RUNS} timed runs on each side"
+        ));
+        AT_SIZE_RUNS
+    } else {
+        runs
+    };
     let asked = Runs {
         warmup: WARMUP,
         runs,
