@@ -41,6 +41,102 @@
     return `${text} older than the last run`;
   };
 
+  // Speed (see runtime/src/run/speed.rs): the port's time over the reference's, medians of warm
+  // runs, with the range the runs agree on (the port's lower quartile over the reference's upper
+  // one, its upper quartile over their lower one).
+  const secs = (x) => {
+    if (x === null || x === undefined) return "–";
+    const a = Math.abs(x);
+    const [v, u] = a === 0 ? [0, "s"] : a < 1e-6 ? [x * 1e9, "ns"] : a < 1e-3 ? [x * 1e6, "µs"] : a < 1 ? [x * 1e3, "ms"] : [x, "s"];
+    return `${+v.toPrecision(3)} ${u}`;
+  };
+  const times = (x) => (x === null || x === undefined ? "–" : String(+x.toPrecision(x < 10 ? 3 : 2)));
+  const ratioText = (r) => (r ? `${times(r.median)}× <span class="muted">(${times(r.lo)}–${times(r.hi)}×)</span>` : "–");
+  const bytes = (n) => (n === null || n === undefined ? "–" : n < 1024 ? `${n} B` : n < 1048576 ? `${+(n / 1024).toPrecision(3)} KiB` : `${+(n / 1048576).toPrecision(3)} MiB`);
+  // The checks table's cell: the port over the reference in each dtype timed, or the port alone.
+  const speedOf = (c) => {
+    const runs = c.speed || [];
+    if (!runs.length) return '<span class="muted">–</span>';
+    return runs.map((s) => {
+      const dtype = runs.length > 1 ? ` <span class="muted">${esc(s.dtype)}</span>` : "";
+      const slow = c.speed_limit && c.speed_limit.exceeded ? ' class="point diverged"' : "";
+      return s.ratio ? `<span${slow}>${times(s.ratio.median)}×</span>${dtype}` : `<span class="muted">${secs(s.port.seconds.median)} (port only)</span>${dtype}`;
+    }).join("<br>");
+  };
+
+  // Where the time goes in a whole model: a pair of bars per trace point (the port's above, the
+  // reference's below), on one scale, indented by how deep the point is; the ratio beside them, in
+  // red where it is over 1.5 times the whole model's.
+  // At most `MAX_ROWS` rows: a deep model's points down to the depth that fits (its layers at
+  // least); the deeper ones are in the results file.
+  const MAX_ROWS = 80;
+  function speedChart(s) {
+    let depth = 0;
+    while (s.points.filter((p) => p.depth <= depth + 1).length <= MAX_ROWS && s.points.some((p) => p.depth > depth)) depth++;
+    const points = s.points.filter((p) => p.depth <= depth);
+    const rowH = 22, left = 300, right = 150, w = 1100, barW = w - left - right, top = 24;
+    const h = top + points.length * rowH + 30;
+    const longest = Math.max(...points.map((p) => Math.max(p.port.median, p.reference.median)), 1e-12);
+    const x = (v) => (v / longest) * barW;
+    const whole = s.ratio ? s.ratio.median : null;
+    let rows = "";
+    points.forEach((p, i) => {
+      const y = top + i * rowH;
+      const r = p.ratio ? p.ratio.median : null;
+      const hot = whole !== null && r !== null && r > 1.5 * whole;
+      const layer = p.depth === 0 ? ' class="layer"' : "";
+      rows += `<g class="speed-point" data-point="${esc(p.point)}"><title>${esc(p.point)}: the port ${secs(p.port.median)} (${secs(p.port.min)}–${secs(p.port.max)}), the reference ${secs(p.reference.median)} (${secs(p.reference.min)}–${secs(p.reference.max)})</title>` +
+        `<text x="${4 + 12 * p.depth}" y="${y + 14}"${layer}>${esc(p.point)}</text>` +
+        `<rect class="port-bar" x="${left}" y="${y + 3}" width="${Math.max(1, x(p.port.median)).toFixed(1)}" height="8" fill="#0969da"/>` +
+        `<rect class="reference-bar" x="${left}" y="${y + 12}" width="${Math.max(1, x(p.reference.median)).toFixed(1)}" height="8" fill="#8250df"/>` +
+        `<text class="speed-ratio${hot ? " hot" : ""}" x="${left + barW + 8}" y="${y + 14}">${r === null ? "–" : times(r) + "×"}</text></g>`;
+    });
+    const legend = `<rect x="${left}" y="6" width="10" height="8" fill="#0969da"/><text x="${left + 14}" y="14">the port</text>` +
+      `<rect x="${left + 90}" y="6" width="10" height="8" fill="#8250df"/><text x="${left + 104}" y="14">the reference</text>` +
+      `<text x="${left + barW + 8}" y="14">port / reference</text>`;
+    const axis = `<text x="${left}" y="${h - 8}">0</text><text x="${left + barW - 60}" y="${h - 8}">${secs(longest)}</text>`;
+    const hidden = s.points.length - points.length;
+    const more = hidden ? `<p class="muted">${hidden} deeper points are left out of the chart (at most ${MAX_ROWS} rows); the results file has them all.</p>` : "";
+    return `<svg class="speed-chart" width="${w}" height="${h}" role="img" aria-label="where the time goes, port against reference">${legend}${rows}${axis}</svg>${more}`;
+  }
+
+  function speedSection(c) {
+    const runs = c.speed || [];
+    if (!runs.length) return "";
+    let html = `<h3>Speed beside the reference</h3><table class="speed"><tr><th>dtype</th><th>case</th><th>the port</th><th>the reference</th><th>port / reference</th><th>threads</th><th>peak memory rise (port / reference)</th></tr>`;
+    const threads = (side) => (side && side.threads !== null && side.threads !== undefined ? side.threads : "?");
+    for (const s of runs) {
+      const ref = s.reference;
+      html += `<tr><td>${esc(s.dtype)}</td><td><code>${esc(s.case)}</code></td>` +
+        `<td class="num">${secs(s.port.seconds.median)} <span class="muted">(${secs(s.port.seconds.min)}–${secs(s.port.seconds.max)})</span></td>` +
+        `<td class="num">${ref ? `${secs(ref.seconds.median)} <span class="muted">(${secs(ref.seconds.min)}–${secs(ref.seconds.max)})</span>` : "not timed"}</td>` +
+        `<td class="num">${ratioText(s.ratio)}</td>` +
+        `<td>${threads(s.port)} / ${threads(ref)} <span class="muted">(candle alone: ${s.port_default_threads})</span></td>` +
+        `<td class="num">${bytes(s.port.peak_bytes)} / ${ref ? bytes(ref.peak_bytes) : "–"}</td></tr>`;
+      for (const [what, ph] of [["prefill", s.prefill], ["decode", s.decode]]) {
+        if (!ph) continue;
+        const rate = (x) => (x === null || x === undefined ? "–" : `${+x.toPrecision(3)} tok/s`);
+        html += `<tr class="phase"><td></td><td>${what}: ${ph.tokens} token${ph.tokens === 1 ? "" : "s"}, ${ph.steps} step${ph.steps === 1 ? "" : "s"}</td>` +
+          `<td class="num">${secs(ph.port.median)} · ${rate(ph.port_tokens_per_second)}</td>` +
+          `<td class="num">${ph.reference ? secs(ph.reference.median) + " · " + rate(ph.reference_tokens_per_second) : "–"}</td>` +
+          `<td class="num">${ratioText(ph.ratio)}</td><td></td><td></td></tr>`;
+      }
+    }
+    html += `</table>`;
+    const s0 = runs[0];
+    html += `<p class="muted">Medians of ${s0.port.seconds.runs} timed runs on each side after ${s0.warmup} warm-up, the same inputs, parameters and dtype; ` +
+      `in brackets each side's fastest and slowest run, and the range of the ratio the middle half of each side's runs agree on. A ${esc(s0.build || "?")} build of golden` + (s0.build === "debug" ? " (the port's time is its build's: optimise its dependencies for figures that mean speed)" : "") +
+      `. The timing cost the check ${secs(s0.spent)}.</p>`;
+    const notes = [...new Set(runs.flatMap((s) => s.notes || []))];
+    if (notes.length) html += `<ul class="muted">` + notes.map((n) => `<li>${esc(n)}</li>`).join("") + `</ul>`;
+    for (const s of runs) {
+      if (!(s.points || []).length) continue;
+      html += `<h3>Where the time goes, layer by layer (${esc(s.dtype)})</h3><p class="muted">Each trace point from the end of the point before it to its own end, ` +
+        `the points inside it included; ${s.points.length} points both sides have (work between points only one side has counts in the next one both have: compare the layers, in bold, first).</p>` + speedChart(s);
+    }
+    return html;
+  }
+
   // float32 values from base64
   const decode = (b64) => {
     const bin = atob(b64);
@@ -178,6 +274,7 @@
       html += `<h3>Figures</h3><table>` + Object.entries(figures).map(([k, v]) => `<tr><td><code>${esc(k)}</code></td><td class="num">${num(v)}</td></tr>`).join("") + `</table>`;
     }
     if ((c.health || []).length) html += `<h3>Gradient health</h3><ul>` + c.health.map((h) => `<li>${esc(h)}</li>`).join("") + `</ul>`;
+    html += speedSection(c);
     s.innerHTML = html;
     const points = c.trace_points || [];
     if (points.length) {
@@ -202,9 +299,9 @@
   const failing = current.filter((c) => c.status !== "pass");
   const row = (c) => `<tr class="clickable" data-target="${id(c)}"><td>${badge(c.status, c.stale)}</td><td><code>${esc(c.check)}</code>${c.trace ? ' <span class="muted">(trace)</span>' : ""}</td>` +
     `<td>${esc(c.kind || "forward")}</td><td>${esc((c.dtypes || []).join(", "))}</td><td class="num">${casesOf(c)}</td>` +
-    `<td class="num">${maxAbsOf(c)}</td><td class="num">${num(worstOf(c))}</td><td class="num">${c.stale ? esc(age(c.age_ms)) : num(c.seconds)}</td></tr>`;
+    `<td class="num">${maxAbsOf(c)}</td><td class="num">${num(worstOf(c))}</td><td class="num speed">${speedOf(c)}</td><td class="num">${c.stale ? esc(age(c.age_ms)) : num(c.seconds)}</td></tr>`;
   const head = (last) => `<tr><th></th><th>check</th><th>kind</th><th>dtypes</th><th>cases</th>` +
-    `<th>max |port − ref|</th><th>worst / allowed</th><th>${last}</th></tr>`;
+    `<th>max |port − ref|</th><th>worst / allowed</th><th>port / reference time</th><th>${last}</th></tr>`;
   const run = data.last_run || {};
   let top = `<h1>golden report</h1><p class="muted">From <code>${esc(data.results)}</code>: the last run` +
     (run.id ? ` (<code>${esc(run.id)}</code>, its newest result written ${esc(new Date(run.written_ms).toISOString())})` : "") + `.</p>` +

@@ -10,8 +10,9 @@
 //!
 //! The page holds everything (its script, its style, the data as JSON, trace tensors as base64
 //! float32): it opens from a file, offline. The script renders the table of checks, per check
-//! the error histograms and, for traces, the drift against depth and a slice viewer of the two
-//! sides' tensors. See `assets/report.js`.
+//! the error histograms, the port's speed beside the reference (`run/speed.rs` in the runtime)
+//! and, for traces, the drift against depth, a slice viewer of the two sides' tensors and where
+//! the time goes, point by point. See `assets/report.js`.
 
 use golden_files::npy;
 use serde_json::{json, Value as Json};

@@ -104,6 +104,9 @@ pub struct Check {
     pub unaccepted: Option<PathBuf>,
     /// Its greatest error relative to the allowed one, over every leaf.
     pub worst_ratio: Option<f64>,
+    /// How fast the port was beside the reference, per dtype timed (a results file says it; a
+    /// snapshot holds no timings).
+    pub speed: Vec<golden::internal::judge::speed::Speed>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,6 +366,7 @@ fn from_results(doc: &Json) -> Check {
         failure,
         unaccepted,
         worst_ratio: worst,
+        speed: crate::speed::read(doc),
     }
 }
 
@@ -639,6 +643,9 @@ pub struct Entry {
     pub base: Option<Check>,
     /// What changed against the base.
     pub changes: Vec<Change>,
+    /// Speed figures both runs timed, and those that moved beyond both runs' noise
+    /// (`speed.rs`): listed apart, never a change that fails or a failure.
+    pub speed: (usize, Vec<crate::speed::SpeedMove>),
 }
 
 impl Entry {
@@ -762,10 +769,14 @@ pub fn compare(head: &[Check], base: Option<&[Check]>) -> Vec<Entry> {
                 (None, Some(_)) => vec![Change::new("new check", c.name.clone())],
                 (None, None) => Vec::new(),
             };
+            let speed = b
+                .as_ref()
+                .map_or((0, Vec::new()), |b| crate::speed::moves(&b.speed, &c.speed));
             Entry {
                 check: c.clone(),
                 base: b,
                 changes,
+                speed,
             }
         })
         .collect();
@@ -780,6 +791,7 @@ pub fn compare(head: &[Check], base: Option<&[Check]>) -> Vec<Entry> {
                 },
                 base: Some(b.clone()),
                 changes: vec![Change::new("removed check", b.name.clone())],
+                speed: (0, Vec::new()),
             });
         }
     }
@@ -1141,6 +1153,10 @@ impl Summary {
             }
         }
 
+        if self.base.is_some() {
+            out.push_str(&self.speed_markdown(room(&out)));
+        }
+
         let rest: Vec<&Entry> = self
             .entries
             .iter()
@@ -1174,6 +1190,77 @@ impl Summary {
         out
     }
 
+    /// The speed against the base: the figures that moved beyond both runs' noise, the most
+    /// moved first, in at most `budget` characters; a line when none did, or when there was
+    /// nothing to compare.
+    fn speed_markdown(&self, budget: usize) -> String {
+        let compared: usize = self.entries.iter().map(|e| e.speed.0).sum();
+        let moved: Vec<(&Entry, &crate::speed::SpeedMove)> = self
+            .entries
+            .iter()
+            .flat_map(|e| e.speed.1.iter().map(move |m| (e, m)))
+            .collect();
+        let timed = self.entries.iter().any(|e| !e.check.speed.is_empty());
+        if compared == 0 {
+            return if timed {
+                "Speed is compared with a base of results (the results folder of a run of the \
+                 base): its snapshots hold no timings, so none was compared.\n\n"
+                    .to_string()
+            } else {
+                String::new()
+            };
+        }
+        if moved.is_empty() {
+            return format!(
+                "Speed: none of the {compared} figure{} timed in both runs (the port's time over \
+                 the reference's) moved beyond the noise of their runs.\n\n",
+                if compared == 1 { "" } else { "s" }
+            );
+        }
+        let mut out = format!(
+            "#### Speed against the base\n\nThe port's time over the reference's, each the median \
+             of warm runs on both sides, in brackets the range the runs agree on (the port's lower \
+             quartile over the reference's upper one, to its upper quartile over their lower one). \
+             Listed only where this run's range and the base's do not overlap ({} of {compared} \
+             figures); never a failure: timings on shared machines are noisy.\n\n",
+            moved.len()
+        );
+        let mut table = Table::new(&["check", "dtype", "where", "before", "after", "moved"]);
+        let ratio = |r: &golden::internal::judge::speed::Ratio| {
+            use golden::internal::judge::speed::times;
+            format!("{}× ({}–{}×)", times(r.median), times(r.lo), times(r.hi))
+        };
+        for (e, m) in &moved {
+            let words = if m.factor >= 1.0 {
+                format!(
+                    "**{}× slower**",
+                    golden::internal::judge::speed::times(m.factor)
+                )
+            } else {
+                format!(
+                    "{}× faster",
+                    golden::internal::judge::speed::times(1.0 / m.factor)
+                )
+            };
+            table.row(&[
+                code(&e.check.name),
+                cell(&m.dtype),
+                if m.point {
+                    code(&m.what)
+                } else {
+                    cell(&m.what)
+                },
+                format!("{} over {} runs", cell(&ratio(&m.before)), m.runs.0),
+                format!("{} over {} runs", cell(&ratio(&m.after)), m.runs.1),
+                words,
+            ]);
+        }
+        let (text, _) = table.render(budget.saturating_sub(out.chars().count()), "speed figures");
+        out.push_str(&text);
+        out.push('\n');
+        out
+    }
+
     /// Everything, as JSON (untruncated).
     pub fn json(&self) -> Json {
         let (total, failed, unaccepted) = self.counts();
@@ -1198,6 +1285,16 @@ impl Summary {
                     "changed": e.failure_changed(),
                 })),
                 "snapshot_not_accepted": c.unaccepted,
+                "speed_compared": e.speed.0,
+                "speed_moves": e.speed.1.iter().map(|m| json!({
+                    "dtype": m.dtype,
+                    "what": m.what,
+                    "point": m.point,
+                    "before": m.before.to_json(),
+                    "after": m.after.to_json(),
+                    "factor": m.factor,
+                    "runs": [m.runs.0, m.runs.1],
+                })).collect::<Vec<_>>(),
                 "changes": e.changes.iter().map(|c| json!({
                     "kind": c.kind,
                     "what": c.what,

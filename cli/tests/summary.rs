@@ -425,3 +425,142 @@ fn failures_that_got_worse_are_changes_and_their_tag_says_what_the_base_says() {
         "{markdown}"
     );
 }
+
+/// A dtype's speed as the runtime writes it: the whole call's and each point's times (port,
+/// reference), each `(median, min, max)` of 5 runs.
+type Times = (f64, f64, f64);
+
+fn speed(whole: (Times, Times), points: &[(&str, Times, Times)]) -> serde_json::Value {
+    use golden::internal::judge::speed::{Point, Side, Speed, Spread};
+    // Quartiles at the extremes: the range is every run's.
+    let spread = |(median, min, max): Times| Spread {
+        median,
+        q1: min,
+        q3: max,
+        min,
+        max,
+        runs: 5,
+    };
+    let side = |t: Times| Side {
+        seconds: spread(t),
+        peak_bytes: None,
+        threads: Some(1),
+    };
+    Speed {
+        dtype: "f32".into(),
+        case: "b=1:declared:0x1".into(),
+        warmup: 1,
+        port: side(whole.0),
+        reference: Some(side(whole.1)),
+        port_default_threads: 2,
+        points: points
+            .iter()
+            .map(|(name, port, reference)| Point {
+                name: name.to_string(),
+                depth: 0,
+                port: spread(*port),
+                reference: spread(*reference),
+            })
+            .collect(),
+        prefill: None,
+        decode: None,
+        notes: Vec::new(),
+        build: "debug".into(),
+        spent: 0.1,
+    }
+    .to_json()
+}
+
+#[test]
+fn speed_that_moved_beyond_both_runs_noise_is_listed_apart_and_fails_nothing() {
+    let d = Dir::new("summary-speed");
+    let (results, base) = (d.path().join("results"), d.path().join("base"));
+    let evil = "EVIL | *x* <b>y</b> [l](http://e.vil)";
+    let model = |block2: Times, evil_point: Times| {
+        json!([speed(
+            ((2.0, 1.9, 2.1), (1.0, 0.95, 1.05)),
+            &[
+                ("blocks.1", (0.7, 0.68, 0.72), (0.1, 0.098, 0.102)),
+                ("blocks.2", block2, (0.1, 0.098, 0.102)),
+                (evil, evil_point, (0.1, 0.098, 0.102)),
+            ]
+        )])
+    };
+    let doc = |name: &str, speed: serde_json::Value| {
+        json!({"check": name, "layer": name, "status": "pass",
+               "snapshot": snapshot_text(name, "r.M", 0.1), "speed": speed})
+    };
+    // The base: block 2 at 7× its reference; the head: 25× (a copy too many), the whole call
+    // within the noise, the hostile point twice as fast.
+    result(
+        &base,
+        "krate",
+        doc("model", model((0.7, 0.68, 0.72), (0.4, 0.39, 0.41))),
+    );
+    result(
+        &results,
+        "krate",
+        doc("model", model((2.5, 2.4, 2.6), (0.2, 0.19, 0.21))),
+    );
+    let steady = json!([speed(((1.0, 0.9, 1.1), (1.0, 0.9, 1.1)), &[])]);
+    result(&base, "krate", doc("steady", steady.clone()));
+    result(&results, "krate", doc("steady", steady));
+
+    let summary = Summary::build(&results, Some(&base)).unwrap();
+    let markdown = summary.markdown(GITHUB_LIMIT);
+    println!("{markdown}");
+    // Never a failure: the run passes, and nothing else changed.
+    assert!(
+        markdown.starts_with("### ✅ golden: 2 of 2 checks passed"),
+        "{markdown}"
+    );
+    let rendered = render(&markdown);
+    assert_inert(&markdown, &rendered);
+    let table = rendered
+        .tables()
+        .into_iter()
+        .find(|t| t[0] == ["check", "dtype", "where", "before", "after", "moved"])
+        .unwrap_or_else(|| panic!("no speed table:\n{markdown}"));
+    assert_eq!(table.len(), 3, "{table:?}");
+    assert_eq!(
+        table[1],
+        [
+            "model",
+            "f32",
+            "blocks.2",
+            "7× (6.67–7.35×) over 5 runs",
+            "25× (24–27×) over 5 runs",
+            "3.57× slower"
+        ]
+    );
+    assert_eq!(table[2][2], evil);
+    assert_eq!(table[2][5], "2× faster");
+    assert!(
+        markdown.contains(
+            "Listed only where this run's range and the base's do not overlap (2 of 5 figures)"
+        ),
+        "{markdown}"
+    );
+    let json = summary.json();
+    let model = json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["check"] == "model")
+        .unwrap();
+    assert_eq!(model["speed_compared"], 4);
+    assert_eq!(model["speed_moves"][0]["what"], "blocks.2");
+
+    // A base of snapshots holds no timings: nothing is compared, and the summary says why.
+    let snapshots = d.path().join("snapshots");
+    snap(&snapshots, "model", &snapshot_text("model", "r.M", 0.1));
+    snap(&snapshots, "steady", &snapshot_text("steady", "r.M", 0.1));
+    let markdown = Summary::build(&results, Some(&snapshots))
+        .unwrap()
+        .markdown(GITHUB_LIMIT);
+    assert!(
+        markdown.contains("Speed is compared with a base of results")
+            && !markdown.contains("#### Speed against the base"),
+        "{markdown}"
+    );
+}

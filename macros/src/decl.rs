@@ -247,6 +247,8 @@ pub struct Attr {
     pub overfit: Option<OverfitDecl>,
     /// Seconds.
     pub timeout: Option<f64>,
+    /// `speed(max = x)`: the most times the reference's time the port may take.
+    pub speed: Option<f64>,
     /// The `trace` keyword, if given.
     pub trace: Option<Ident>,
     /// `params = init` (keep the module's own init) or `params = drawn` (the default), with the

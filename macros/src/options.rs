@@ -198,6 +198,17 @@ pub const OPTIONS: &[Opt] = &[
         },
     },
     Opt {
+        name: "speed",
+        form: "speed(max = x)",
+        doc: "fail the forward check when the port takes more than `x` times the reference's \
+              time, its timed runs agreeing (a speed failure, apart from the numbers)",
+        module_only: None,
+        parse: |key, input, attr| {
+            attr.speed = Some(parse::speed(key, input)?);
+            Ok(())
+        },
+    },
+    Opt {
         name: "trace",
         form: "trace",
         doc: "compare the port's `golden::tap` points with the reference's submodules, in \
@@ -407,6 +418,7 @@ mod tests {
             grad(wrt = [x, "fc.weight"], mode = full),
             overfit(steps = 20, loss = mse),
             timeout = 2.5,
+            speed(max = 3),
             trace,
             params = init,
             weights = "w.safetensors",
@@ -447,6 +459,7 @@ mod tests {
         assert_eq!(attr.grad.unwrap().full, Some(true));
         assert_eq!(attr.overfit.unwrap().steps, Some(20));
         assert_eq!(attr.timeout, Some(2.5));
+        assert_eq!(attr.speed, Some(3.0));
         assert!(attr.decode.unwrap().padding);
         assert_eq!(attr.steps.unwrap().carry[0].1, "out");
         assert_eq!(attr.invariants.unwrap().leaves[0].2.len(), 2);
@@ -500,6 +513,39 @@ mod tests {
             "{:?}",
             errors.messages()
         );
+    }
+
+    #[test]
+    fn speed_takes_a_positive_factor() {
+        let (attr, errors) = parse(quote!(reference = "m.f", speed(max = 2.5)));
+        assert!(errors.messages().is_empty(), "{:?}", errors.messages());
+        assert_eq!(attr.speed, Some(2.5));
+        for (written, error) in [
+            (
+                quote!(reference = "m.f", speed),
+                "expected `speed(max = x)`",
+            ),
+            (
+                quote!(reference = "m.f", speed(min = 2)),
+                "expected `speed(max = x)`",
+            ),
+            (
+                quote!(reference = "m.f", speed(max = 0)),
+                "must be a positive factor",
+            ),
+            (
+                quote!(reference = "m.f", speed(max = 2, runs = 3)),
+                "expected `speed(max = x)`",
+            ),
+        ] {
+            let (attr, errors) = parse(written);
+            assert!(
+                errors.messages().len() == 1 && errors.messages()[0].contains(error),
+                "{:?}",
+                errors.messages()
+            );
+            assert!(attr.is_broken("speed"));
+        }
     }
 
     use crate::decl::{DistDecl, ValueDecl};

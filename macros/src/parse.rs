@@ -497,6 +497,37 @@ pub fn timeout(key: &Ident, input: ParseStream) -> Result<f64> {
     Ok(seconds)
 }
 
+/// `(max = x)`: the most times the reference's time the port may take, positive.
+pub fn speed(key: &Ident, input: ParseStream) -> Result<f64> {
+    let help = || {
+        format!(
+            "expected `{key}(max = x)`: the most times the reference's time the port may take \
+             (e.g. `{key}(max = 3.0)`)"
+        )
+    };
+    if !has_parens(input) {
+        return Err(Error::new(key.span(), help()));
+    }
+    let content;
+    parenthesized!(content in input);
+    let name: Ident = content.parse().map_err(|e| Error::new(e.span(), help()))?;
+    if name != "max" {
+        return Err(Error::new(name.span(), help()));
+    }
+    content.parse::<Token![=]>()?;
+    let max = number(&content)?;
+    if !content.is_empty() {
+        return Err(content.error(help()));
+    }
+    if !(max.is_finite() && max > 0.0) {
+        return Err(Error::new(
+            name.span(),
+            format!("`{key}(max = ..)` must be a positive factor (the port's time over the reference's)"),
+        ));
+    }
+    Ok(max)
+}
+
 /// `= init`, `= drawn`, `= drawn_all` or `= init_scale`.
 pub fn params(input: ParseStream) -> Result<Ident> {
     let how: Ident = equals(input)?;

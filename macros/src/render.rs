@@ -329,6 +329,7 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
     let tol = attr.tol.map(|(atol, rtol)| quote!(.tol(#atol, #rtol)));
     let cases = attr.cases.map(|n| quote!(.cases(#n)));
     let timeout = attr.timeout.map(|s| quote!(.timeout(#s)));
+    let speed = attr.speed.map(|max| quote!(.speed_max(#max)));
     let trace = attr.trace.as_ref().map(|_| quote!(.trace()));
     let params = attr
         .params
@@ -448,6 +449,7 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
                     #tol
                     #cases
                     #timeout
+                    #speed
                     #trace
                     #params
                     #weights

@@ -34,6 +34,7 @@ import contextlib
 import copy
 import inspect
 import sys
+import time
 
 from .backends import flatten_outputs
 
@@ -85,6 +86,9 @@ class Plan:
         self.forced = None
         # A submodule's rotary embedding, built by the first evaluation (see `_Builder`).
         self.rotary = None
+        # `clock(k, t, started_ns, ended_ns)` after each step's call of the module, when golden
+        # times the reference (`golden_ref.timing`); None otherwise.
+        self.clock = None
 
     @classmethod
     def single(cls, arg: int = 0, axis: int = 1, length: int = 1):
@@ -513,6 +517,7 @@ def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_e
         call = target
         if plan.mistake == "no-cache" and builder.cache_name is None and pristine is not None:
             call = copy.deepcopy(pristine)
+        started = time.perf_counter_ns() if plan.clock is not None else 0
         try:
             with _window_uncached(past if plan.mistake == "window-uncached" else None):
                 out = call(*call_args, **kwargs)
@@ -520,6 +525,8 @@ def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_e
             if isinstance(e, KeyboardInterrupt):
                 raise
             raise phase_error(f"step {k} of the schedule ({_describe(k, past, t, prompt)})", e) from None
+        if plan.clock is not None:
+            plan.clock(k, t, started, time.perf_counter_ns())
         prefix = "out" if plan.plain else f"step.{k}.out"
         step_leaves = _kept(backend, _tensor_leaves(out, backend, prefix))
         step_leaves = _zero_padding(torch, step_leaves, mask if past < prompt else None, plan.axis, past, t)

@@ -26,6 +26,8 @@ Requests (`op` in the JSON header):
   for those mutations that move it toward the port's outputs (:mod:`golden_ref.mutations`)
 * `gradients` -> PyTorch's gradients of sum(out * cotangent) on one case
 * `train` -> the overfit check's training steps in PyTorch (:mod:`golden_ref.training`)
+* `timing` -> the reference's time on one case, warm runs, beside the port's
+  (:mod:`golden_ref.timing`)
 * `echo` -> the request's tensors, as they came (the transport's benchmark)
 
 Large tensors travel through shared memory when both sides can map it (:mod:`golden_ref.shm`):
@@ -48,7 +50,7 @@ import threading
 import time
 import traceback
 
-from . import shm, variables, wire
+from . import shm, timing, variables, wire
 from .backends import BACKENDS, BackendError, OutputError
 from .evaluate import Case, NotDeterministic, ReferenceRaised, forward, gradient_case, param_spec, variants
 from .limits import AnswerTooLarge
@@ -141,6 +143,10 @@ class Worker:
             return {"id": state.id, "entries": len(state.entries)}, []
         if op == "forward":
             return self.forward(header, tensors)
+        if op == "timing":
+            answer = timing.measure(self.case(header, tensors), int(header.get("warmup", 1)),
+                             int(header.get("runs", 5)), bool(header.get("points", False)))
+            return answer, []
         if op == "variants":
             return self.variants(header, tensors)
         if op == "mutations":

@@ -241,6 +241,7 @@ fn every_variable_names_a_value_it_cannot_read() {
         ("GOLDEN_SHM", "on"),
         ("GOLDEN_MUTATIONS", "some"),
         ("GOLDEN_VARIANTS", "yes"),
+        ("GOLDEN_SPEED", "fast"),
         ("GOLDEN_PARENT_PID", "abc"),
         ("GOLDEN_MAX_FRAME", "-1"),
     ];

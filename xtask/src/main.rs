@@ -155,6 +155,27 @@ fn fmt_num(x: f64) -> String {
     }
 }
 
+/// A check's speed in `dtype` beside its reference, as its results file says it (the runtime's
+/// `run/speed.rs`): the port's time over the reference's (medians of warm runs), or the port's
+/// time alone when the reference was not timed (a replay).
+fn speed_cell(doc: &Json, dtype: &str) -> String {
+    let Some(speed) = doc["speed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["dtype"] == dtype)
+    else {
+        return "-".into();
+    };
+    match speed["ratio"]["median"].as_f64() {
+        Some(r) => format!("{r:.2}x"),
+        None => match speed["port"]["seconds"]["median"].as_f64() {
+            Some(s) => format!("port {:.3} ms", s * 1e3),
+            None => "-".into(),
+        },
+    }
+}
+
 /// Print the zoo's results, as written by the runtime under `target/golden/results/golden_zoo/`.
 fn print_zoo_report() -> Result<(), String> {
     let dir = target_dir()
@@ -191,8 +212,8 @@ fn print_zoo_report() -> Result<(), String> {
     }
     println!();
     println!(
-        "{:<52} {:<6} {:<6} {:>6} {:>15} {:>14}",
-        "check", "dtype", "status", "cases", "max |port-ref|", "worst/allowed"
+        "{:<52} {:<6} {:<6} {:>6} {:>15} {:>14} {:>16}",
+        "check", "dtype", "status", "cases", "max |port-ref|", "worst/allowed", "port/ref time"
     );
     let mut failures = Vec::new();
     for doc in &docs {
@@ -225,11 +246,12 @@ fn print_zoo_report() -> Result<(), String> {
         }
         let row = |what: String, dtype: &str, max_abs: f64, worst: f64| {
             println!(
-                "{:<52} {dtype:<6} {status:<6} {:>6} {:>15} {:>14}",
+                "{:<52} {dtype:<6} {status:<6} {:>6} {:>15} {:>14} {:>16}",
                 format!("{check} {what}"),
                 doc["cases"].as_u64().unwrap_or(0),
                 fmt_num(max_abs),
                 format!("{worst:.3}"),
+                speed_cell(doc, dtype),
             );
         };
         // A traced check's points fold into one row per dtype: (dtype, points, max, worst).
@@ -251,10 +273,55 @@ fn print_zoo_report() -> Result<(), String> {
             row(format!("trace ({points} points)"), dtype, max_abs, worst);
         }
     }
+    print_where_the_time_goes(&docs);
     for doc in failures {
         println!("\n{}", doc["failure"].as_str().unwrap_or("(no message)"));
     }
     Ok(())
+}
+
+/// Per traced model, its layers' times beside the reference's (the trace points at depth 0), and
+/// what the speed figures are.
+fn print_where_the_time_goes(docs: &[Json]) {
+    let timed: Vec<&Json> = docs
+        .iter()
+        .filter(|d| d["speed"].as_array().is_some_and(|s| !s.is_empty()))
+        .collect();
+    let Some(first) = timed.first().and_then(|d| d["speed"].get(0)) else {
+        return;
+    };
+    println!(
+        "\nport/ref time: the port's time over PyTorch's on one passing case, medians of {} warm \
+         runs each, {} build (`golden report` charts each traced model; GOLDEN_SPEED=off: not \
+         timed)",
+        first["port"]["seconds"]["runs"],
+        first["build"].as_str().unwrap_or("?")
+    );
+    for doc in timed {
+        for speed in doc["speed"].as_array().into_iter().flatten() {
+            let layers: Vec<String> = speed["points"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["depth"] == 0)
+                .filter_map(|p| {
+                    Some(format!(
+                        "{} {:.1}x",
+                        p["point"].as_str()?,
+                        p["ratio"]["median"].as_f64()?
+                    ))
+                })
+                .collect();
+            if !layers.is_empty() {
+                println!(
+                    "  {} ({}), layer by layer: {}",
+                    doc["check"].as_str().unwrap_or("?"),
+                    speed["dtype"].as_str().unwrap_or("?"),
+                    layers.join(", ")
+                );
+            }
+        }
+    }
 }
 
 fn zoo() -> Result<(), String> {

@@ -13,6 +13,9 @@ pub struct Mlp {
     fc1: Linear,
     fc2: Linear,
     name: String,
+    /// Extra copies of the hidden activations: 0 but in `tests/speed.rs`'s deliberately slow
+    /// model.
+    copies: usize,
 }
 
 impl Mlp {
@@ -21,13 +24,18 @@ impl Mlp {
             fc1: linear(d_model, hidden, vb.pp("fc1"))?,
             fc2: linear(hidden, d_model, vb.pp("fc2"))?,
             name: vb.prefix(),
+            copies: 0,
         })
     }
 }
 
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.fc2.forward(&self.fc1.forward(x)?.gelu_erf()?)?;
+        let mut h = self.fc1.forward(x)?.gelu_erf()?;
+        for _ in 0..self.copies {
+            h = h.copy()?;
+        }
+        let y = self.fc2.forward(&h)?;
         golden::tap(&self.name, &y);
         Ok(y)
     }
@@ -144,6 +152,13 @@ impl TransformerBlock {
     /// The deliberately wrong block of `tests/trace.rs`: attention without its causal mask.
     pub fn without_causal_mask(mut self) -> Self {
         self.attn.causal = false;
+        self
+    }
+
+    /// The deliberately slow block of `tests/speed.rs`: its MLP copies its hidden activations
+    /// `copies` times, where no copy is needed (a right port, only slower).
+    pub fn with_copies(mut self, copies: usize) -> Self {
+        self.mlp.copies = copies;
         self
     }
 }

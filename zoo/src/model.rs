@@ -44,6 +44,14 @@ impl TinyLm {
         self.blocks.insert(i, block.without_causal_mask());
         self
     }
+
+    /// The deliberately slow model of `tests/speed.rs`: block `i`'s MLP makes `copies` copies of
+    /// its hidden activations that nothing needs. Its numbers are right; only its speed shows it.
+    pub fn with_copies_in_block(mut self, i: usize, copies: usize) -> Self {
+        let block = self.blocks.remove(i);
+        self.blocks.insert(i, block.with_copies(copies));
+        self
+    }
 }
 
 impl Module for TinyLm {

@@ -1,13 +1,16 @@
 //! The HTML report (`golden report`), rendered by a real headless Chromium (Debian's `chromium`;
 //! `cargo xtask setup` installs it where it can): from the results of checks run here in replay —
-//! one passing, a traced model failing at block 2, a wrong port, a training — the page must render
+//! one passing, a traced model failing at block 2, a wrong port, a training — and of a traced
+//! model timed live beside its reference, its block 2 deliberately slow, the page must render
 //! offline, name the first divergence, draw the drift plot and fill the slice viewer, show the
-//! training's losses and parity, and keep an earlier run's result of a removed check apart as
-//! stale; its screenshot must show the pass and fail badges and the plot.
+//! training's losses and parity, the speed column and the chart of where the time goes (block 2's
+//! MLP marked), and keep an earlier run's result of a removed check apart as stale; its
+//! screenshots must show the pass and fail badges, the plot and the chart's bars.
 
 mod common;
 
 use candle_core::Module;
+use golden::internal::describe::env::Mode;
 use golden::{IntoOutputs, PortInputs};
 use golden_zoo::model::TinyLm;
 use std::path::{Path, PathBuf};
@@ -73,6 +76,16 @@ fn run_checks(target: &Path) -> PathBuf {
     common::must_pass_check(golden::internal::run::overfit::check, &training, |i| {
         common::overfit_mlp::mlp(i.var_builder(), i.tensor(0), false)
     });
+    // A traced model timed beside its reference (live: a store holds no timings), its block 2
+    // deliberately slow (`tests/speed.rs`): the report's chart of where the time goes.
+    common::must_pass(
+        &common::tiny_lm::layer("t_tiny_lm_timed").mode(Mode::Live),
+        |i| {
+            TinyLm::new(i.var_builder(), common::tiny_lm::CONFIG)?
+                .with_copies_in_block(2, 6000)
+                .forward(i.tensor(0))
+        },
+    );
     common::must_fail(&common::tiny_lm::layer("t_tiny_lm_block2"), |i| {
         TinyLm::new(i.var_builder(), common::tiny_lm::CONFIG)?
             .with_bug_in_block(2)
@@ -107,7 +120,7 @@ fn the_report_renders_in_headless_chromium() {
     // The last run's four checks; the removed check's result is stale, apart, counted nowhere.
     assert!(
         dom.contains(
-            "<title>golden report: 4 checks, 2 failing; 1 stale from earlier runs</title>"
+            "<title>golden report: 5 checks, 2 failing; 1 stale from earlier runs</title>"
         ),
         "{dom:.2000}"
     );
@@ -161,8 +174,14 @@ fn the_report_renders_in_headless_chromium() {
     );
     // The drift plot has a dot per reference point: 31 tapped, 8 not (hollow, on the axis); the
     // slice viewer rows of both sides.
+    // (In the failing model's section: the timed model passes with a trace of its own.)
+    let failing = &dom[dom
+        .find("t_tiny_lm_block2\"><h2>")
+        .expect("the failing model's section")..];
+    let failing = &failing[..failing.find("</section>").unwrap()];
     let dots = |class: &str| {
-        dom.split(&format!("<circle class=\"{class}\" data-i=\""))
+        failing
+            .split(&format!("<circle class=\"{class}\" data-i=\""))
             .skip(1)
             .filter(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
             .count()
@@ -176,12 +195,55 @@ fn the_report_renders_in_headless_chromium() {
     assert!(dom.contains("not tapped"), "the untapped points say so");
     assert!(dom.contains("class=\"hist\""), "no error histogram");
 
+    // Speed: the timed model's row has its port-over-reference ratio, the replayed checks their
+    // port's time alone (a replay has no reference to time).
+    let timed_row = &last[last.find("<code>t_tiny_lm_timed</code>").expect(&last)..];
+    let timed_row = &timed_row[..timed_row.find("</tr>").unwrap()];
+    assert!(
+        timed_row.contains("<td class=\"num speed\"><span>") && timed_row.contains("×</span>"),
+        "{timed_row}"
+    );
+    let replayed_row = &last[last.find("<code>t_untraced_block</code>").unwrap()..];
+    assert!(
+        replayed_row[..replayed_row.find("</tr>").unwrap()].contains("(port only)"),
+        "{replayed_row}"
+    );
+    // Its chart: a pair of bars per point both sides have, block 2's MLP in red.
+    assert!(
+        dom.contains("<h3>Where the time goes, layer by layer (f32)</h3>"),
+        "{dom:.3000}"
+    );
+    let chart = &dom[dom
+        .find("<svg class=\"speed-chart\"")
+        .expect("a speed chart")..];
+    let chart = &chart[..chart.find("</svg>").unwrap()];
+    let points = chart.matches("<g class=\"speed-point\"").count();
+    assert_eq!(
+        (
+            points,
+            chart.matches("class=\"port-bar\"").count(),
+            chart.matches("class=\"reference-bar\"").count()
+        ),
+        (31, 31, 31),
+        "{chart}"
+    );
+    let mlp = &chart[chart.find("data-point=\"blocks.2.mlp\"").expect(chart)..];
+    let mlp = &mlp[..mlp.find("</g>").unwrap()];
+    assert!(
+        mlp.contains("class=\"speed-ratio hot\""),
+        "block 2's MLP is not marked: {mlp}"
+    );
+    assert!(
+        dom.contains("<h3>Speed beside the reference</h3>"),
+        "{dom:.3000}"
+    );
+
     // The screenshot: the badges' colours and the drift line's are on it.
     let shot = target.join("report.png");
     let out = headless(
         &page,
         &[
-            "--window-size=1280,2600",
+            "--window-size=1280,3000",
             "--virtual-time-budget=5000",
             &format!("--screenshot={}", shot.display()),
         ],
@@ -195,7 +257,7 @@ fn the_report_renders_in_headless_chromium() {
     let mut reader = decoder.read_info().unwrap();
     let mut buf = vec![0; reader.output_buffer_size()];
     let info = reader.next_frame(&mut buf).unwrap();
-    assert_eq!((info.width, info.height), (1280, 2600));
+    assert_eq!((info.width, info.height), (1280, 3000));
     let channels = info.color_type.samples();
     let count = |rgb: [u8; 3]| {
         buf[..info.buffer_size()]
@@ -212,6 +274,30 @@ fn the_report_renders_in_headless_chromium() {
     assert!(fail > 600, "fail-badge red: {fail} pixels");
     assert!(line > 200, "drift-line blue: {line} pixels");
     assert!(white < total * 95 / 100, "the page is nearly blank");
+    // The whole page, tall enough for the timed model's chart: its bars are on it, the
+    // reference's in their own colour.
+    let tall = target.join("report-tall.png");
+    headless(
+        &page,
+        &[
+            "--window-size=1280,7000",
+            "--virtual-time-budget=5000",
+            &format!("--screenshot={}", tall.display()),
+        ],
+    );
+    let decoder = png::Decoder::new(std::fs::File::open(&tall).expect("the tall screenshot"));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    let reference_bars = buf[..info.buffer_size()]
+        .chunks(channels)
+        .filter(|p| p[..3] == [0x82, 0x50, 0xdf])
+        .count();
+    assert!(
+        reference_bars > 1000,
+        "reference-bar purple: {reference_bars} pixels"
+    );
     if std::env::var_os("GOLDEN_KEEP_REPORT").is_none() {
         let _ = std::fs::remove_dir_all(&target);
     }

@@ -8,3 +8,4 @@ pub mod params;
 pub mod provenance;
 pub mod source;
 pub mod store;
+pub mod timing;

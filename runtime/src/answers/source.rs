@@ -18,14 +18,14 @@
 
 use crate::answers::checkpoint::{self, Resolved};
 use crate::answers::live::{Live, Named, ReferenceOutputs, Request, State, VariantOutputs};
-use crate::answers::params::ParamSpec;
+use crate::answers::params::{ParamSpec, StateDict};
 use crate::answers::provenance::Provenance;
 use crate::answers::store::{self, Entry, Store};
 use crate::describe::env::Mode;
 use crate::describe::inputs::CaseParams;
 use crate::describe::layer::{Form, Layer, Params};
 use crate::python::worker::{RemoteError, RemoteKind, WorkerError};
-use candle_core::DType;
+use candle_core::{DType, Device};
 use golden_files::HostTensor;
 use serde_json::Value as Json;
 use std::cell::RefCell;
@@ -615,6 +615,43 @@ impl Source {
             crate::describe::numbers::bytes(limit as u128)
         )))
     }
+}
+
+/// Module form: the parameters the port is served for a case, from the reference's answer (a
+/// checkpoint's shared once per process); `None` in function form.
+pub(crate) fn port_state(
+    layer: &Layer,
+    dtype: DType,
+    reference: &ReferenceOutputs,
+    device: &Device,
+) -> candle_core::Result<Option<StateDict>> {
+    let state = match (layer.form, reference.state_id) {
+        (Form::Module, Some(id)) => {
+            let shared = StateDict::shared(
+                id,
+                &reference.state_dict,
+                &reference.aliases,
+                &layer.rename,
+                dtype,
+                device,
+            )?;
+            // The port's tensors are copies: the mapped pages go back to the page cache.
+            crate::answers::checkpoint::release_all();
+            Some(shared)
+        }
+        (Form::Module, None) => Some(StateDict::serve(
+            &reference.state_dict,
+            &reference.aliases,
+            &layer.rename,
+            dtype,
+            device,
+        )?),
+        (Form::Function, None | Some(_)) => None,
+    };
+    if let Some(state) = &state {
+        state.not_in_checkpoints(&reference.unsaved);
+    }
+    Ok(state)
 }
 
 /// The line that says a store's answers are stale evidence, if `differences` has any.

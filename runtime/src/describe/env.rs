@@ -83,6 +83,7 @@ pub const VARIABLES: &[Variable] = &[
     variable("GOLDEN_SHARED_DIR", Group::Tuning, "where the shared worker's sockets live (default `target/golden/workers`)", any_text),
     variable("GOLDEN_SHM", Group::Tuning, "`auto` (default) or `off`: whether large tensors travel through shared memory", |v| parse_shared_memory(v).map(drop)),
     variable("GOLDEN_MUTATIONS", Group::Tuning, "the mutation diagnosis of a failure: `auto` (default), `always`, `off`", |v| parse_mutations(v).map(drop)),
+    variable("GOLDEN_SPEED", Group::Tuning, "timed runs of the port and the reference per forward check (default 5; `off`: not timed)", |v| parse_speed(v).map(drop)),
     variable("GOLDEN_VARIANTS", Group::Tuning, "`off` leaves the reference's declared `@variant`s unevaluated (`on`: the default)", |v| parse_variants(v).map(drop)),
     variable("GOLDEN_PARENT_PID", Group::Internal, "set by golden on its workers: the test process whose end ends them", parse_parent_pid),
     variable("GOLDEN_MAX_FRAME", Group::Internal, "lowers the worker's frame limit (bytes), for golden's own tests", parse_max_frame),
@@ -336,6 +337,29 @@ fn parse_cases(v: &str) -> Result<u32, String> {
              {}), or unset it for the check's own `cases = N`",
             u32::MAX
         )),
+    }
+}
+
+/// `GOLDEN_SPEED`: how many timed runs each side of a forward check gets once its cases pass
+/// (`run/speed.rs`), `default` when unset; 0 (`off`) times nothing.
+pub fn speed_runs(default: usize) -> Result<usize, String> {
+    Ok(var("GOLDEN_SPEED")
+        .map(|v| parse_speed(&v))
+        .transpose()?
+        .unwrap_or(default))
+}
+
+fn parse_speed(v: &str) -> Result<usize, String> {
+    match v.trim() {
+        "off" | "0" => Ok(0),
+        t => match t.parse::<usize>() {
+            Ok(n) if (1..=1000).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "GOLDEN_SPEED={v:?} is neither `off` nor a number of timed runs: use `off` (the \
+                 forward checks time nothing), or a whole number from 1 to 1000 (each side's timed \
+                 runs; the default is 5)"
+            )),
+        },
     }
 }
 

@@ -740,6 +740,9 @@ pub struct Layer {
     /// Properties of the port's outputs checked on every case (`invariants(out = [finite, ...])`;
     /// see `describe/invariants.rs`), by leaf, in declaration order.
     pub(crate) invariants: Vec<(String, Vec<crate::describe::invariants::Invariant>)>,
+    /// At most this many times the reference's time (`speed(max = N)`): the forward check fails
+    /// with a speed failure when its timed runs agree the port is slower (`run/speed.rs`).
+    pub(crate) speed_max: Option<f64>,
 }
 
 /// How drawn parameters are scaled (`params = init_scale`; `answers/params.rs`).
@@ -833,6 +836,7 @@ impl Layer {
             decode: None,
             steps: None,
             invariants: Vec::new(),
+            speed_max: None,
         }
     }
 
@@ -1101,6 +1105,15 @@ impl Layer {
     /// (over `GOLDEN_TIMEOUT`).
     pub fn timeout(mut self, seconds: f64) -> Self {
         self.timeout = Some(std::time::Duration::from_secs_f64(seconds));
+        self
+    }
+
+    /// Fail the forward check when the port takes more than `max` times the reference's time on
+    /// the case it is timed on, its timed runs agreeing (`speed(max = N)`: the port's lower
+    /// quartile over the reference's upper quartile is above `max`): a failure of its own
+    /// kind ([`FailureKind::Speed`](crate::FailureKind::Speed)), after the numbers matched.
+    pub fn speed_max(mut self, max: f64) -> Self {
+        self.speed_max = Some(max);
         self
     }
 
@@ -1702,6 +1715,14 @@ impl Layer {
 
     /// Check the description for mistakes the macro would have rejected at compile time.
     pub(crate) fn validate(&self) -> Result<(), String> {
+        if let Some(max) = self.speed_max {
+            if !(max.is_finite() && max > 0.0) {
+                return Err(format!(
+                    "speed(max = {max}) is not a factor golden can hold the port to: give a \
+                     positive number, the most times the reference's time the port may take"
+                ));
+            }
+        }
         let known = |d: &str| self.dims.iter().any(|s| s.name == d);
         for dim in &self.dims {
             if dim.lo > dim.hi {

@@ -55,9 +55,38 @@ pub fn bytes(n: u128) -> String {
     format!("{} {}", num(value), UNITS[unit])
 }
 
+/// A duration in seconds, short, in the unit that suits it: `850 ns`, `12.5 µs`, `3.2 ms`, `1.5 s`.
+pub fn duration(seconds: f64) -> String {
+    let a = seconds.abs();
+    if !seconds.is_finite() {
+        return format!("{seconds} s");
+    }
+    let (value, unit) = if a == 0.0 {
+        (0.0, "s")
+    } else if a < 1e-6 {
+        (seconds * 1e9, "ns")
+    } else if a < 1e-3 {
+        (seconds * 1e6, "µs")
+    } else if a < 1.0 {
+        (seconds * 1e3, "ms")
+    } else {
+        (seconds, "s")
+    };
+    format!("{} {unit}", num_sig(value, 3))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_in_the_unit_that_suits_them() {
+        assert_eq!(duration(0.0), "0 s");
+        assert_eq!(duration(8.5e-7), "850 ns");
+        assert_eq!(duration(1.25e-5), "12.5 µs");
+        assert_eq!(duration(0.0032), "3.2 ms");
+        assert_eq!(duration(1.5), "1.5 s");
+    }
 
     #[test]
     fn sizes_in_binary_units() {

@@ -8,4 +8,5 @@ pub mod distribution;
 pub mod invariants;
 pub mod mutations;
 pub mod sampler;
+pub mod speed;
 pub mod trace;

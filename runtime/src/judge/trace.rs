@@ -21,8 +21,9 @@
 //! compared, with the names it could mean ([`unknown_tap`]): a typo would otherwise compare
 //! nothing, and it is no divergence.
 //!
-//! A tap costs a thread-local lookup when no trace is recording (every check but a traced forward
-//! check, and every use outside golden).
+//! A tap costs two thread-local lookups when no trace is recording and no call is timed (every
+//! check but a traced forward check, and every use outside golden); while golden times the port
+//! (`judge/speed.rs`), it marks the time too.
 
 use crate::judge::compare::{Leaf, Verdict};
 use candle_core::Tensor;
@@ -38,6 +39,7 @@ thread_local! {
 /// the reference taps itself (`golden_ref.tap`). Tapped again, a name is `<name>#2`, `#3`, … on
 /// both sides.
 pub fn tap(name: impl AsRef<str>, t: &Tensor) {
+    crate::judge::speed::mark(name.as_ref());
     RECORDING.with(|r| {
         if let Some(taps) = r.borrow_mut().as_mut() {
             taps.push((name.as_ref().to_string(), t.clone()));
@@ -79,10 +81,15 @@ pub const PREFIX: &str = "trace.";
 /// Leaf names for the taps: `trace.<name>`, a name tapped again `<name>#2` (as the worker names a
 /// module called twice).
 pub(crate) fn leaf_names(taps: &[(String, Tensor)]) -> Vec<String> {
+    numbered(taps.iter().map(|(name, _)| name.as_str()))
+}
+
+/// Tap names as trace leaves: `trace.<name>`, a name tapped again `<name>#2`, `#3`, ….
+pub(crate) fn numbered<'a>(names: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut seen: Vec<(&str, usize)> = Vec::new();
-    taps.iter()
-        .map(|(name, _)| {
-            let count = match seen.iter_mut().find(|(n, _)| n == name) {
+    names
+        .map(|name| {
+            let count = match seen.iter_mut().find(|(n, _)| *n == name) {
                 Some((_, c)) => {
                     *c += 1;
                     *c

@@ -25,6 +25,9 @@ pub enum FailureKind {
     /// The worker died, hung or broke the protocol during a case (not shrunk: each retry would
     /// restart Python).
     Worker(WorkerError),
+    /// Every case passed, but the port is slower than the check's `speed(max = N)` allows, every
+    /// timed run agreeing: a failure of its own kind, never mixed with the numbers' verdict.
+    Speed(Box<crate::judge::speed::TooSlow>),
 }
 
 /// What went wrong with the port on a case, when it did not return outputs.
@@ -271,6 +274,9 @@ impl Failure {
     /// check names. Failing those, evidence from one failing case (a replay that had no
     /// second recorded case to confirm it on), said to be only that.
     pub fn likely_cause(&self) -> Option<String> {
+        if let FailureKind::Speed(slow) = &self.kind {
+            return Some(slow.likely_cause());
+        }
         let c = self.case_failure()?;
         let matched = MutationMatch::claim;
         if let Some(m) = c.mutations.iter().find(|m| m.both_cases) {
@@ -603,6 +609,18 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
+            FailureKind::Speed(slow) => {
+                let ratio = slow.speed.ratio().map_or("?".into(), |r| r.describe());
+                writeln!(
+                    out,
+                    "golden: `{}` is slower than its speed limit allows: it takes {ratio} the \
+                     time of its reference `{}`{dtype}; `speed(max = {})` allows {}×",
+                    self.layer,
+                    self.reference,
+                    crate::describe::numbers::num(slow.max),
+                    crate::describe::numbers::num(slow.max)
+                )?;
+            }
             FailureKind::Case(c)
                 if remote_kind(c.reference_error.as_ref())
                     == Some(&RemoteKind::Nondeterministic) =>
@@ -779,6 +797,11 @@ impl fmt::Display for Failure {
                         .collect();
                     writeln!(out, "; passed before with {}", passed.join(", "))?;
                 }
+            }
+        }
+        if let FailureKind::Speed(slow) = &self.kind {
+            for line in slow.lines() {
+                writeln!(out, "  {line}")?;
             }
         }
         if let FailureKind::Case(c) = &self.kind {

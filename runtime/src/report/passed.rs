@@ -189,4 +189,8 @@ pub struct Report {
     /// Module form: what the snapshot says about parameters that are not drawn from their own
     /// statistics (kept as the module has them, drawn fresh because uninitialised).
     pub params: Vec<String>,
+    /// The forward check: per dtype, how fast and how big the port is beside the reference on one
+    /// of its cases (`run/speed.rs`). Not in the snapshot (timings vary from run to run): in the
+    /// results file.
+    pub speed: Vec<crate::judge::speed::Speed>,
 }

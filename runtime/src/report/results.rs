@@ -230,6 +230,10 @@ pub fn record(
                 doc["training"] = json!(training_json(&figures));
             }
             doc["health"] = json!(report.health);
+            doc["speed"] = Json::Array(report.speed.iter().map(|s| s.to_json()).collect());
+            if let Some(max) = layer.speed_max {
+                doc["speed_limit"] = json!({"max": max, "exceeded": false});
+            }
             let mut notes: Vec<&str> = Vec::new();
             for n in report
                 .runs
@@ -252,6 +256,12 @@ pub fn record(
             doc["dtype"] = json!(failure.dtype);
             doc["case"] = json!(failure.case.as_ref().map(|c| c.to_string()));
             doc["passed_before"] = json!(failure.passed_before);
+            if let crate::report::failure::FailureKind::Speed(slow) = &failure.kind {
+                // The numbers matched: the check's cases all passed, its speed did not.
+                doc["speed"] = json!([slow.speed.to_json()]);
+                doc["speed_limit"] = json!({"max": slow.max, "exceeded": true});
+                doc["passed_before"] = json!(slow.cases);
+            }
             if let (Some(dir), true) = (
                 crate::report::artifacts::folder(layer, kind),
                 matches!(failure.kind, crate::report::failure::FailureKind::Case(_)),

@@ -12,6 +12,7 @@ use crate::describe::env;
 use crate::describe::inputs::{self, CaseParams};
 use crate::describe::layer::dtype_name;
 use crate::describe::layer::Layer;
+use crate::judge::speed::{Speed, TooSlow};
 use crate::python::worker::{RemoteKind, WorkerError};
 use crate::report::artifacts;
 use crate::report::failure::{CaseFailure, Failure, FailureKind, PortFault};
@@ -87,6 +88,18 @@ pub(crate) trait CaseRunner {
     /// How many other failing cases `finish` wants.
     fn others_wanted(&self) -> usize {
         1
+    }
+
+    /// Once a dtype's cases passed: how fast and how big the port is beside the reference on one
+    /// of them, `runs` timed runs on each side (`run/speed.rs`); `None` for a kind of check that
+    /// is not timed, `Err` for why this one could not be.
+    fn speed(
+        &self,
+        _source: &Source,
+        _dtype: DType,
+        _runs: usize,
+    ) -> Option<Result<Speed, String>> {
+        None
     }
 }
 
@@ -437,6 +450,7 @@ fn run_inner(
         }
         return Err(f);
     }
+    let speed = time_passing(layer, kind, runner, source, &runs)?;
     Ok(Report {
         layer: layer.clone(),
         kind,
@@ -451,7 +465,70 @@ fn run_inner(
             .and_then(|p| crate::answers::store::stamp(&p)),
         recorded: matches!(source.via, Via::Record(..)),
         params: source.param_notes(layer),
+        speed,
     })
+}
+
+/// Time the port beside the reference in each dtype whose cases passed (`GOLDEN_SPEED` runs
+/// each side, `off`: none), and hold the port to `speed(max = N)`: a port its timed runs find
+/// slower fails with a speed failure of its own. A case that cannot be timed says why on stderr
+/// and fails nothing.
+fn time_passing(
+    layer: &Layer,
+    kind: Kind,
+    runner: &impl CaseRunner,
+    source: &Source,
+    runs: &[DTypeRun],
+) -> Result<Vec<Speed>, Failure> {
+    let timed_runs = env::speed_runs(crate::run::speed::RUNS)
+        .map_err(|m| Failure::new(layer, FailureKind::Config(m)))?;
+    let mut speeds = Vec::new();
+    if timed_runs == 0 {
+        return Ok(speeds);
+    }
+    for run in runs {
+        let mut speed = match runner.speed(source, run.dtype, timed_runs) {
+            None => continue,
+            Some(Ok(speed)) => speed,
+            Some(Err(why)) => {
+                eprintln!(
+                    "golden: `{}` was not timed in {}: {why}",
+                    layer.name,
+                    dtype_name(run.dtype)
+                );
+                continue;
+            }
+        };
+        match layer.speed_max.map(|max| (max, speed.over(max))) {
+            Some((max, Some(true))) => {
+                let case = CaseParams::parse(&speed.case, layer).ok();
+                let mut f = Failure::new(
+                    layer,
+                    FailureKind::Speed(Box::new(TooSlow {
+                        speed,
+                        max,
+                        cases: run.cases.len() + run.replayed.len(),
+                    })),
+                );
+                f.dtype = Some(dtype_name(run.dtype));
+                if let Some(case) = &case {
+                    f.notes.push(format!(
+                        "re-run the check on this case: {}",
+                        artifacts::rerun_case_command(layer, kind.test(), run.dtype, case)
+                    ));
+                }
+                f.case = case;
+                return Err(f);
+            }
+            Some((max, None)) => speed.notes.push(format!(
+                "`speed(max = {})` was not judged: the reference was not timed",
+                crate::describe::numbers::num(max)
+            )),
+            _ => {}
+        }
+        speeds.push(speed);
+    }
+    Ok(speeds)
 }
 
 /// Write the artifacts of a failed case and end the message with how to use them; the folder's

@@ -3,7 +3,7 @@
 
 use crate::answers::live::{ReferenceOutputs, Request};
 use crate::answers::params::StateDict;
-use crate::answers::source::{Answer, Source};
+use crate::answers::source::{port_state, Answer, Source};
 use crate::describe::checks::Kind;
 use crate::describe::inputs::{self, CaseParams};
 use crate::describe::layer::{Form, Layer};
@@ -11,6 +11,7 @@ use crate::describe::outputs::{Outputs, PortInputs};
 use crate::describe::schedule::PortSchedule;
 use crate::judge::compare::{self, Leaf};
 use crate::judge::diagnose;
+use crate::judge::speed::Speed;
 use crate::python::worker::WorkerError;
 use crate::report::failure::{
     CaseFailure, Failure, FailureKind, LeafDiagnosis, PortFault, VariantMatch,
@@ -32,6 +33,7 @@ pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
         layer,
         port: PortThread::of(port, layer),
         trace_written: std::cell::Cell::new(false),
+        timed: std::cell::RefCell::new(Vec::new()),
     };
     check::run(layer, Kind::Forward, layer.cases, &description, &runner)
 }
@@ -42,6 +44,67 @@ struct ForwardRunner<'a> {
     port: PortThread,
     /// Traced checks leave the first passing case's trace for `golden report`.
     trace_written: std::cell::Cell<bool>,
+    /// Per dtype, the passing case the port and the reference are timed on (`run/speed.rs`).
+    timed: std::cell::RefCell<Vec<(DType, Timed)>>,
+}
+
+/// The passing case a dtype is timed on: a schedule's with both a prefill and decode steps, the
+/// longer both the better, then the largest.
+struct Timed {
+    /// (whether its schedule has decode steps, its prefill's tokens times its decode steps, its
+    /// inputs' elements).
+    rank: (bool, usize, usize),
+    params: CaseParams,
+    /// Its answer, without what timing does not need (the outputs but a schedule's tokens and
+    /// its steps' shapes, the rounding estimates).
+    reference: ReferenceOutputs,
+}
+
+impl ForwardRunner<'_> {
+    /// Keep a passing case to time if it is the dtype's largest so far.
+    fn consider(
+        &self,
+        dtype: DType,
+        params: &CaseParams,
+        args: &[HostTensor],
+        reference: &ReferenceOutputs,
+    ) {
+        let (prefill, decodes) = params.plan(self.layer).map_or((0, 0), |p| {
+            let lengths = p.steps.lengths();
+            let decodes = lengths.iter().skip(1).filter(|&&len| len == 1).count();
+            (lengths.first().copied().unwrap_or(0), decodes)
+        });
+        let rank = (
+            decodes > 0,
+            prefill * decodes,
+            args.iter().map(HostTensor::numel).sum::<usize>(),
+        );
+        let mut timed = self.timed.borrow_mut();
+        let slot = timed.iter_mut().find(|(d, _)| *d == dtype);
+        if slot.as_ref().is_some_and(|(_, t)| t.rank >= rank) {
+            return;
+        }
+        let kept = ReferenceOutputs {
+            expected: reference
+                .expected
+                .iter()
+                .filter(|(n, _)| n == crate::run::schedule::TOKENS || n.starts_with("step."))
+                .cloned()
+                .collect(),
+            rounding: None,
+            precise: None,
+            ..reference.clone()
+        };
+        let candidate = Timed {
+            rank,
+            params: params.clone(),
+            reference: kept,
+        };
+        match slot {
+            Some((_, t)) => *t = candidate,
+            None => timed.push((dtype, candidate)),
+        }
+    }
 }
 
 impl CaseRunner for ForwardRunner<'_> {
@@ -52,18 +115,33 @@ impl CaseRunner for ForwardRunner<'_> {
         // Every case's answer is proven deterministic by the worker itself (its first evaluation
         // in each precision repeated after the others: `evaluate.py`'s `_confirm`); a failing case
         // is asked for again (`run_case`).
-        let outcome = run_case(
+        let outcome = run_case_keeping(
             self.layer,
             dtype,
             params,
             &self.port,
             source,
             trace_to.as_deref(),
+            &mut |args, reference| self.consider(dtype, params, args, reference),
         );
         if trace_to.is_some() && matches!(outcome, Outcome::Pass(_)) {
             self.trace_written.set(true);
         }
         outcome
+    }
+
+    fn speed(&self, source: &Source, dtype: DType, runs: usize) -> Option<Result<Speed, String>> {
+        let timed = self.timed.borrow();
+        let (_, t) = timed.iter().find(|(d, _)| *d == dtype)?;
+        Some(crate::run::speed::measure(
+            self.layer,
+            dtype,
+            &t.params,
+            &self.port,
+            source,
+            &t.reference,
+            runs,
+        ))
     }
 
     /// Two: a hypothesis about the numbers is a cause when it holds on two failing cases, and
@@ -220,6 +298,19 @@ pub(crate) fn run_case(
     source: &Source,
     trace_to: Option<&std::path::Path>,
 ) -> Outcome {
+    run_case_keeping(layer, dtype, params, port, source, trace_to, &mut |_, _| {})
+}
+
+/// [`run_case`], giving a passing case's inputs and answer to `keep`.
+fn run_case_keeping(
+    layer: &Layer,
+    dtype: DType,
+    params: &CaseParams,
+    port: &PortThread,
+    source: &Source,
+    trace_to: Option<&std::path::Path>,
+    keep: &mut dyn FnMut(&[HostTensor], &ReferenceOutputs),
+) -> Outcome {
     let mut failure = CaseFailure::default();
     let args = match inputs::make_args(layer, params, dtype) {
         Ok(a) => a,
@@ -266,6 +357,10 @@ pub(crate) fn run_case(
             // A schedule's failure keeps the answer as its steps were compared with it.
             f.reference.get_or_insert(reference);
             Outcome::Fail(f)
+        }
+        passed @ Outcome::Pass(_) => {
+            keep(&args, &reference);
+            passed
         }
         other => other,
     }
@@ -331,33 +426,7 @@ pub(crate) fn run_port(
             .iter()
             .map(|a| a.to_candle(&device))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let state = match (layer.form, reference.state_id) {
-            (Form::Module, Some(id)) => {
-                let shared = StateDict::shared(
-                    id,
-                    &reference.state_dict,
-                    &reference.aliases,
-                    &layer.rename,
-                    dtype,
-                    &device,
-                )?;
-                // The port's tensors are copies: the mapped pages go back to the page cache.
-                crate::answers::checkpoint::release_all();
-                Some(shared)
-            }
-            (Form::Module, None) => Some(StateDict::serve(
-                &reference.state_dict,
-                &reference.aliases,
-                &layer.rename,
-                dtype,
-                &device,
-            )?),
-            (Form::Function, None | Some(_)) => None,
-        };
-        if let Some(state) = &state {
-            state.not_in_checkpoints(&reference.unsaved);
-        }
-        Ok((tensors, state))
+        Ok((tensors, port_state(layer, dtype, reference, &device)?))
     })();
     let (tensors, state) = match prepared {
         Ok(p) => p,

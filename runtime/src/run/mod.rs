@@ -1,7 +1,8 @@
 //! The runners: generating cases and shrinking failures (`check`), and the kinds of check that use
 //! it: the forward comparison, the gradient check and the overfit check; how they call the port
 //! (`port`: on a thread of its own, bounded by the timeout, panics caught); the saved failing
-//! cases each check replays first (`regressions`).
+//! cases each check replays first (`regressions`); how fast the port is beside the reference on a
+//! passing case (`speed`).
 
 pub mod check;
 pub mod forward;
@@ -12,4 +13,5 @@ pub mod port;
 pub(crate) mod regressions;
 pub(crate) mod sampling;
 pub mod schedule;
+pub mod speed;
 pub mod steps;

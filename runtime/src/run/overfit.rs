@@ -553,6 +553,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result
             .and_then(|p| crate::answers::store::stamp(&p)),
         recorded: matches!(source.via, crate::answers::source::Via::Record(..)),
         params: source.param_notes(layer),
+        speed: Vec::new(),
     })
 }
 

@@ -288,7 +288,9 @@ pub fn drive(
             mask: step_mask,
             dims: dims.clone(),
         };
-        let outputs = stepper.step(&step).map_err(|e| err(k, e))?;
+        // Timed when golden times the port (`run/speed.rs`): the step's call alone.
+        let outputs =
+            crate::judge::speed::step(k, len, || stepper.step(&step)).map_err(|e| err(k, e))?;
         // Kept as the step returned them: a port that writes its next output into this one's
         // memory (`slice_set` into a buffer it reuses) changes nothing golden kept.
         let mut outputs = outputs
