@@ -165,15 +165,15 @@ fn a_string_inside_a_list_is_named_by_its_position() {
 fn a_reference_returning_two_outputs_against_a_port_returning_one() {
     let msg = failure(&layer("fault_ref.returns_pair"), &identity).to_string();
     assert!(
-        msg.contains("leaf `out.0` (f32 [1]): the reference returns it, the port does not"),
+        msg.contains("leaf `out.0` (f32 [4]): the reference returns it, the port does not"),
         "{msg}"
     );
     assert!(
-        msg.contains("leaf `out.1` (f32 [1]): the reference returns it, the port does not"),
+        msg.contains("leaf `out.1` (f32 [4]): the reference returns it, the port does not"),
         "{msg}"
     );
     assert!(
-        msg.contains("leaf `out` (f32 [1]): the port returns it, the reference does not"),
+        msg.contains("leaf `out` (f32 [4]): the port returns it, the reference does not"),
         "{msg}"
     );
 }
