@@ -269,7 +269,7 @@ pub const OPTIONS: &[Opt] = &[
     },
     Opt {
         name: "decode",
-        form: "decode / decode(over = x, axis = N, padding, generate = N, window = N, sample(temperature = T, top_k = K, top_p = P, min_p = M, repetition_penalty = R))",
+        form: "decode / decode(over = x, axis = N, padding, generate = N, window = N, sample(temperature = T, top_k = K, top_p = P, min_p = M, repetition_penalty = R), beams = K, length_penalty = L, early_stopping)",
         doc: "drive a port that keeps state (a KV cache) through generated schedules of calls",
         module_only: Some(
             "`decode` drives a module through time: it needs the module form, whose first \

@@ -1957,6 +1957,25 @@ impl Layer {
                 }
                 sampling.validate()?;
             }
+            if let Some(beams) = &decode.beams {
+                if decode.generate == 0 {
+                    return Err("`decode(beams = K)` searches the generated tokens: give \
+                                `generate = N` too"
+                        .into());
+                }
+                if decode.sample.is_some() {
+                    return Err("`decode(beams = K)` is transformers' beam search without \
+                                sampling (`do_sample=False`): give `sample(...)` or `beams`, \
+                                not both"
+                        .into());
+                }
+                if decode.padding {
+                    return Err("`decode(beams = K)` is checked on unpadded batches: leave \
+                                `padding` out"
+                        .into());
+                }
+                beams.validate()?;
+            }
         }
         if self.form == Form::Function
             && (self.params != Params::Drawn
