@@ -211,7 +211,7 @@ fn wrong(name: &str, flaw: Flaw, cause: &str) -> String {
 }
 
 #[test]
-fn scores_that_are_not_cumulative_are_named() {
+fn scores_that_are_not_cumulative_are_caught_and_named() {
     let msg = wrong(
         "beamed_wrong_not_cumulative",
         Flaw::NotCumulative,
@@ -222,7 +222,7 @@ fn scores_that_are_not_cumulative_are_named() {
 }
 
 #[test]
-fn a_length_penalty_applied_per_token_is_named() {
+fn a_length_penalty_applied_per_token_is_caught_and_named() {
     let msg = wrong(
         "beamed_wrong_penalty_per_token",
         Flaw::PenaltyPerToken,
@@ -233,7 +233,7 @@ fn a_length_penalty_applied_per_token_is_named() {
 }
 
 #[test]
-fn a_length_penalty_missing_is_named() {
+fn a_length_penalty_missing_is_caught_and_named() {
     let msg = wrong(
         "beamed_wrong_penalty_missing",
         Flaw::PenaltyMissing,
@@ -247,7 +247,7 @@ fn a_length_penalty_missing_is_named() {
 }
 
 #[test]
-fn each_beam_extended_by_its_own_best_token_is_named() {
+fn each_beam_extended_by_its_own_best_token_is_caught_and_named() {
     wrong(
         "beamed_wrong_per_beam_best",
         Flaw::PerBeamBest,
