@@ -516,6 +516,31 @@ mod tests {
     }
 
     #[test]
+    fn decode_takes_the_beam_search_parameters() {
+        let (attr, errors) = parse(quote!(
+            reference = "m.M",
+            decode(
+                generate = 3,
+                beams = 4,
+                length_penalty = -0.5,
+                early_stopping
+            ),
+        ));
+        assert!(errors.messages().is_empty(), "{:?}", errors.messages());
+        let decode = attr.decode.unwrap();
+        assert_eq!(
+            (decode.beams, decode.length_penalty, decode.early_stopping),
+            (Some(4), Some(-0.5), true)
+        );
+        let (_, errors) = parse(quote!(reference = "m.M", decode(generate = 3, beams = 0)));
+        assert!(
+            errors.messages()[0].contains("`beams` must be at least 1"),
+            "{:?}",
+            errors.messages()
+        );
+    }
+
+    #[test]
     fn speed_takes_a_positive_factor() {
         let (attr, errors) = parse(quote!(reference = "m.f", speed(max = 2.5)));
         assert!(errors.messages().is_empty(), "{:?}", errors.messages());
