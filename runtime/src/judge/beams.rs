@@ -179,6 +179,6 @@ mod tests {
             Some(BeamMistake::PenaltyMissing),
         );
         assert!((missing[0].score + 1.1).abs() < 1e-6);
-        assert!((margin(&logprobs, &scores) - 0.6).abs() < 1e-6);
+        assert!((margin(&logprobs, &scores) - 0.2).abs() < 1e-6);
     }
 }

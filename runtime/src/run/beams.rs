@@ -151,6 +151,102 @@ fn first_difference(tol: Tol, port: &[Beam], reference: &[Beam]) -> Option<usize
     })
 }
 
+/// The port's beams after a step against the reference's (`kept`), from the same
+/// log-probabilities and scores (`job`): `None` where they are the same; a tie within rounding
+/// (`Ok`, a note); otherwise the failure, with the mistakes of a beam step that keep the port's
+/// beams (`Err`).
+fn selection(
+    at: &str,
+    job: &BeamJob,
+    kept: &[Beam],
+    port: &[Beam],
+    tol: Tol,
+) -> Option<Result<String, String>> {
+    let i = first_difference(tol, port, kept)?;
+    let margin = beams::margin(&job.logprobs, &job.scores);
+    let same_set = {
+        let key = |v: &[Beam]| {
+            let mut k: Vec<(usize, u32)> = v.iter().map(|b| (b.from, b.token)).collect();
+            k.sort_unstable();
+            k
+        };
+        key(port) == key(kept)
+    };
+    let top = kept.first().map_or(0.0, |b| f64::from(b.score).abs());
+    let rounding = 10.0 * (tol.atol + tol.rtol * top);
+    if f64::from(margin) <= rounding && !same_set && port.len() == kept.len() {
+        return Some(Ok(format!(
+            "{at}, the port keeps {} where transformers keeps {}: its {}-th and \
+             {}-th best candidates are {} apart, within rounding",
+            shown(port),
+            shown(kept),
+            kept.len(),
+            kept.len() + 1,
+            num(f64::from(margin))
+        )));
+    }
+    let what = match (port.get(i), kept.get(i)) {
+        (Some(p), Some(r)) => format!(
+            "its beam {i} is token {} from running beam {} with score {} where \
+             transformers' beam {i} is token {} from running beam {} with score {}",
+            p.token,
+            p.from,
+            num(f64::from(p.score)),
+            r.token,
+            r.from,
+            num(f64::from(r.score))
+        ),
+        _ => format!(
+            "it keeps {} beams where transformers keeps {}",
+            port.len(),
+            kept.len()
+        ),
+    };
+    let causes: Vec<String> = BeamMistake::ALL
+        .into_iter()
+        .filter(|&m| {
+            let mine = beams::select(
+                &job.logprobs,
+                &job.scores,
+                job.index,
+                job.count,
+                job.length_penalty,
+                Some(m),
+            );
+            mine != kept && first_difference(tol, port, &mine).is_none()
+        })
+        .map(|m| {
+            let (what, instead, fix) = m.explain();
+            format!(
+                "likely cause: the port's beam search with {what} (instead of \
+                 {instead}) — fix: {fix}"
+            )
+        })
+        .collect();
+    let causes = if causes.is_empty() {
+        "no mistake golden knows of a beam step (scores not cumulative, the length \
+         penalty applied per token or missing, each beam extended by its own best token \
+         only) keeps the beams the port keeps"
+            .to_string()
+    } else {
+        causes.join("\n  ")
+    };
+    Some(Err(format!(
+        "{at}{}, the port's beam step, given transformers' log-probabilities and the \
+         running beams' scores {:?}, keeps other beams: {what} (the port's beams: {}; \
+         transformers': {})\n  the model's log-probabilities of every candidate matched, \
+         so the selection differs\n  {causes}",
+        if job.index + 1 == job.count {
+            " (the last: the finished hypotheses, length-penalised)"
+        } else {
+            ""
+        },
+        job.scores,
+        shown(port),
+        shown(kept),
+    )))
+}
+
 /// The beam search of a case whose steps match along the best beam.
 pub(crate) fn check(
     plan: &Plan,
@@ -252,92 +348,14 @@ pub(crate) fn check(
                     return verdict;
                 }
             };
-            let Some(i) = first_difference(tol, &port, &kept) else {
-                continue;
-            };
-            let margin = beams::margin(&job.logprobs, &job.scores);
-            let same_set = {
-                let key = |v: &[Beam]| {
-                    let mut k: Vec<(usize, u32)> = v.iter().map(|b| (b.from, b.token)).collect();
-                    k.sort_unstable();
-                    k
-                };
-                key(&port) == key(&kept)
-            };
-            let rounding = 10.0 * (tol.atol + tol.rtol * f64::from(kept[0].score).abs());
-            if f64::from(margin) <= rounding && !same_set && port.len() == kept.len() {
-                ties.push(format!(
-                    "{at}, the port keeps {} where transformers keeps {}: its {}-th and \
-                     {}-th best candidates are {} apart, within rounding",
-                    shown(&port),
-                    shown(&kept),
-                    kept.len(),
-                    kept.len() + 1,
-                    num(f64::from(margin))
-                ));
-                continue;
+            match selection(&at, &job, &kept, &port, tol) {
+                None => {}
+                Some(Ok(tie)) => ties.push(tie),
+                Some(Err(issue)) => {
+                    verdict.issues.push(ScheduleIssue::Beams(issue));
+                    return verdict;
+                }
             }
-            let what = match (port.get(i), kept.get(i)) {
-                (Some(p), Some(r)) => format!(
-                    "its beam {i} is token {} from running beam {} with score {} where \
-                     transformers' beam {i} is token {} from running beam {} with score {}",
-                    p.token,
-                    p.from,
-                    num(f64::from(p.score)),
-                    r.token,
-                    r.from,
-                    num(f64::from(r.score))
-                ),
-                _ => format!(
-                    "it keeps {} beams where transformers keeps {}",
-                    port.len(),
-                    kept.len()
-                ),
-            };
-            let causes: Vec<String> = BeamMistake::ALL
-                .into_iter()
-                .filter(|&m| {
-                    let mine = beams::select(
-                        &job.logprobs,
-                        &job.scores,
-                        job.index,
-                        job.count,
-                        job.length_penalty,
-                        Some(m),
-                    );
-                    mine != kept && first_difference(tol, &port, &mine).is_none()
-                })
-                .map(|m| {
-                    let (what, instead, fix) = m.explain();
-                    format!(
-                        "likely cause: the port's beam search with {what} (instead of \
-                         {instead}) — fix: {fix}"
-                    )
-                })
-                .collect();
-            let causes = if causes.is_empty() {
-                "no mistake golden knows of a beam step (scores not cumulative, the length \
-                 penalty applied per token or missing, each beam extended by its own best token \
-                 only) keeps the beams the port keeps"
-                    .to_string()
-            } else {
-                causes.join("\n  ")
-            };
-            verdict.issues.push(ScheduleIssue::Beams(format!(
-                "{at}{}, the port's beam step, given transformers' log-probabilities and the \
-                 running beams' scores {:?}, keeps other beams: {what} (the port's beams: {}; \
-                 transformers': {})\n  the model's log-probabilities of every candidate matched, \
-                 so the selection differs\n  {causes}",
-                if job.index + 1 == job.count {
-                    " (the last: the finished hypotheses, length-penalised)"
-                } else {
-                    ""
-                },
-                job.scores,
-                shown(&port),
-                shown(&kept),
-            )));
-            return verdict;
         }
     }
     let summary = "the port's model gives transformers' log-probabilities to every candidate of \
@@ -361,4 +379,81 @@ pub(crate) fn check(
         });
     }
     verdict
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(logprobs: Vec<Vec<f32>>, scores: Vec<f32>, index: usize) -> BeamJob {
+        BeamJob {
+            sequences: vec![vec![1, 2]; scores.len()],
+            scores,
+            logprobs,
+            index,
+            count: 3,
+            length_penalty: 1.0,
+        }
+    }
+
+    #[test]
+    fn the_same_beams_pass_a_tie_is_a_note_and_a_mistake_is_named() {
+        // Two beams; candidates (score + log-probability): beam 0 token 0 -1.1, beam 1 token 0
+        // -1.7, beam 1 token 1 -1.9, beam 0 token 1 -3.0.
+        let j = job(
+            vec![vec![-0.1, -2.0], vec![-0.5, -0.7]],
+            vec![-1.0, -1.2],
+            0,
+        );
+        let kept = beams::select(&j.logprobs, &j.scores, 0, 3, 1.0, None);
+        assert!(selection("at", &j, &kept, &kept, DEFAULT_TOL).is_none());
+        // Scores not cumulative: beam 0 token 0 (-0.1), then beam 1 token 0 (-0.5).
+        let port = beams::select(
+            &j.logprobs,
+            &j.scores,
+            0,
+            3,
+            1.0,
+            Some(BeamMistake::NotCumulative),
+        );
+        let Some(Err(issue)) = selection(
+            "at generated token 0 of row 0",
+            &j,
+            &kept,
+            &port,
+            DEFAULT_TOL,
+        ) else {
+            panic!("a mistake passed")
+        };
+        assert!(
+            issue.contains("its beam 0 is token 0 from running beam 0 with score -0.1"),
+            "{issue}"
+        );
+        assert!(
+            issue.contains(
+                "likely cause: the port's beam search with scores that are not cumulative"
+            ),
+            "{issue}"
+        );
+        // The 2nd and 3rd candidates tied within rounding: the other one kept is a note.
+        let tied = job(
+            vec![vec![-0.1, -2.0], vec![-0.5, -0.5000001]],
+            vec![-1.0, -1.2],
+            0,
+        );
+        let kept = beams::select(&tied.logprobs, &tied.scores, 0, 3, 1.0, None);
+        let mut port = kept.clone();
+        port[1].token = 1 - port[1].token;
+        let Some(Ok(tie)) = selection("at", &tied, &kept, &port, DEFAULT_TOL) else {
+            panic!("a tie failed")
+        };
+        assert!(tie.contains("within rounding"), "{tie}");
+        // The same beams with another score: not a tie.
+        let mut port = kept.clone();
+        port[0].score -= 0.5;
+        assert!(matches!(
+            selection("at", &tied, &kept, &port, DEFAULT_TOL),
+            Some(Err(_))
+        ));
+    }
 }
