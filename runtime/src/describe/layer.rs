@@ -2095,6 +2095,53 @@ mod tests {
     }
 
     #[test]
+    fn beam_search_needs_generated_tokens_two_beams_and_no_sampling_or_padding() {
+        use crate::describe::beams::Beams;
+        use crate::describe::schedule::Decode;
+        let with = |decode: Decode| {
+            Layer::module("l", "m.M")
+                .dim("b", 1, 2)
+                .dim("n", 2, 4)
+                .arg(
+                    "input_ids",
+                    [DimExpr::from("b"), DimExpr::from("n")],
+                    Dist::int(0, 32),
+                )
+                .decode(decode)
+                .validate()
+        };
+        let beams = |k| Decode {
+            generate: 3,
+            beams: Some(Beams::new(k)),
+            ..Decode::over("input_ids")
+        };
+        assert_eq!(with(beams(3)), Ok(()));
+        let err = with(Decode {
+            generate: 0,
+            ..beams(3)
+        })
+        .unwrap_err();
+        assert!(err.contains("give `generate = N` too"), "{err}");
+        let err = with(Decode {
+            sample: Some(crate::describe::sampling::Sampling::new()),
+            ..beams(3)
+        })
+        .unwrap_err();
+        assert!(
+            err.contains("give `sample(...)` or `beams`, not both"),
+            "{err}"
+        );
+        let err = with(Decode {
+            padding: true,
+            ..beams(3)
+        })
+        .unwrap_err();
+        assert!(err.contains("leave `padding` out"), "{err}");
+        let err = with(beams(1)).unwrap_err();
+        assert!(err.contains("keeps at least 2 beams"), "{err}");
+    }
+
+    #[test]
     fn a_declaration_given_again_replaces_the_first_in_place() {
         let layer = Layer::module("l", "torch.nn.Linear")
             .config("transformers.LlamaConfig")
