@@ -7,6 +7,8 @@
 //!   the finished hypotheses' scores divided by `generated ** length_penalty`): passes;
 //! - wrong ones, each a porting mistake of a beam search: caught, the first step, row and beam
 //!   that differ named, and the mistake named by the diagnosis (the words asserted).
+//! - a model that gives every row of a batch the first row's logits: its steps match on one row,
+//!   and the running beams (a batch of k rows) show it on their log-probabilities.
 //!
 //! golden feeds each running beam's whole sequence to a freshly built port (no cache to reorder:
 //! the candle model is built per beam step), so the port needs no cache reordering.
@@ -92,6 +94,8 @@ enum Flaw {
     PenaltyPerToken,
     PenaltyMissing,
     PerBeamBest,
+    /// Not the beam step: the model gives every row of a batch the first row's logits.
+    FirstRowForAll,
 }
 
 /// A beam step written after transformers' beam search (no end-of-sequence token): every
@@ -159,6 +163,12 @@ fn port(
                 model: move |step: &Step| -> candle_core::Result<BTreeMap<&'static str, Tensor>> {
                     let logits =
                         model.forward(step.input("input_ids")?, step.offset(), &mut cache)?;
+                    let logits = match flaw {
+                        Flaw::FirstRowForAll => {
+                            logits.narrow(0, 0, 1)?.repeat((logits.dim(0)?, 1))?
+                        }
+                        _ => logits,
+                    };
                     Ok([("logits", logits)].into())
                 },
                 search: move |step: &BeamStep| beam_step(flaw, step),
@@ -252,5 +262,28 @@ fn each_beam_extended_by_its_own_best_token_is_caught_and_named() {
         "beamed_wrong_per_beam_best",
         Flaw::PerBeamBest,
         "each beam extended by its own best token only",
+    );
+}
+
+#[test]
+fn a_model_that_mixes_the_beams_rows_is_caught_on_their_log_probabilities() {
+    let layer = beamed_llama("beamed_wrong_first_row_for_all");
+    let msg = match check(&layer, Flaw::FirstRowForAll) {
+        Ok(_) => panic!("a model giving every beam the first one's logits passed"),
+        Err(f) => f.to_string(),
+    };
+    println!("{msg}");
+    // Shrunk to one row, whose steps match: the beams, a batch of k rows, show it.
+    assert!(
+        msg.contains("step by step, but its beam search does not keep transformers' beams"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("the port's model gives candidate token "),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("the model's output for one beam depends on the others in the batch"),
+        "{msg}"
     );
 }
