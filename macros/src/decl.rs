@@ -169,6 +169,12 @@ pub struct DecodeDecl {
     /// `sample(temperature = .., top_k = .., top_p = .., min_p = .., repetition_penalty = ..)`:
     /// generate by sampling, each parameter optional.
     pub sample: Option<SampleDecl>,
+    /// `beams = K`: generate by beam search with K beams.
+    pub beams: Option<usize>,
+    /// `length_penalty = L` (with `beams`).
+    pub length_penalty: Option<f64>,
+    /// `early_stopping` (with `beams`).
+    pub early_stopping: bool,
 }
 
 /// `sample(...)` inside `decode(...)`: the sampling parameters of `generate(do_sample=True)`.
@@ -192,6 +198,9 @@ impl DecodeDecl {
             generate: None,
             window: None,
             sample: None,
+            beams: None,
+            length_penalty: None,
+            early_stopping: false,
         }
     }
 }

@@ -269,7 +269,7 @@ pub const OPTIONS: &[Opt] = &[
     },
     Opt {
         name: "decode",
-        form: "decode / decode(over = x, axis = N, padding, generate = N, window = N, sample(temperature = T, top_k = K, top_p = P, min_p = M, repetition_penalty = R))",
+        form: "decode / decode(over = x, axis = N, padding, generate = N, window = N, sample(temperature = T, top_k = K, top_p = P, min_p = M, repetition_penalty = R), beams = K, length_penalty = L, early_stopping)",
         doc: "drive a port that keeps state (a KV cache) through generated schedules of calls",
         module_only: Some(
             "`decode` drives a module through time: it needs the module form, whose first \
@@ -510,6 +510,31 @@ mod tests {
         let (_, errors) = parse(quote!(reference = "m.M", decode(sample(top_q = 0.5))));
         assert!(
             errors.messages()[0].contains("expected `temperature = <float>`"),
+            "{:?}",
+            errors.messages()
+        );
+    }
+
+    #[test]
+    fn decode_takes_the_beam_search_parameters() {
+        let (attr, errors) = parse(quote!(
+            reference = "m.M",
+            decode(
+                generate = 3,
+                beams = 4,
+                length_penalty = -0.5,
+                early_stopping
+            ),
+        ));
+        assert!(errors.messages().is_empty(), "{:?}", errors.messages());
+        let decode = attr.decode.unwrap();
+        assert_eq!(
+            (decode.beams, decode.length_penalty, decode.early_stopping),
+            (Some(4), Some(-0.5), true)
+        );
+        let (_, errors) = parse(quote!(reference = "m.M", decode(generate = 3, beams = 0)));
+        assert!(
+            errors.messages()[0].contains("`beams` must be at least 1"),
             "{:?}",
             errors.messages()
         );

@@ -665,11 +665,13 @@ pub fn overfit(input: ParseStream) -> Result<OverfitDecl> {
     Ok(o)
 }
 
-/// `(over = input_ids, axis = 1, padding, generate = N, window = W)`, each optional.
+/// `(over = input_ids, axis = 1, padding, generate = N, window = W, sample(..) | beams = K,
+/// length_penalty = L, early_stopping)`, each optional.
 pub fn decode(key: &Ident, input: ParseStream) -> Result<DecodeDecl> {
     const HELP: &str = "expected `over = <argument>`, `axis = N`, `padding`, `generate = N`, \
-                        `window = N` or `sample(temperature = .., top_k = .., top_p = .., \
-                        min_p = .., repetition_penalty = ..)`";
+                        `window = N`, `sample(temperature = .., top_k = .., top_p = .., \
+                        min_p = .., repetition_penalty = ..)`, `beams = K`, \
+                        `length_penalty = <float>` or `early_stopping`";
     let mut d = DecodeDecl::bare(key.clone());
     parenthesized_list(input, |input| {
         let key: Ident = input.parse()?;
@@ -694,6 +696,21 @@ pub fn decode(key: &Ident, input: ParseStream) -> Result<DecodeDecl> {
             "generate" => d.generate = Some(at_least_one(number(input)?)?),
             "window" => d.window = Some(at_least_one(number(input)?)?),
             "sample" => d.sample = Some(sample(input)?),
+            "beams" => d.beams = Some(at_least_one(number(input)?)?),
+            "length_penalty" => {
+                input.parse::<Token![=]>()?;
+                let negative = input.peek(Token![-]);
+                if negative {
+                    input.parse::<Token![-]>()?;
+                }
+                let v: f64 = if input.peek(LitInt) {
+                    input.parse::<LitInt>()?.base10_parse()?
+                } else {
+                    input.parse::<syn::LitFloat>()?.base10_parse()?
+                };
+                d.length_penalty = Some(if negative { -v } else { v });
+            }
+            "early_stopping" => d.early_stopping = true,
             _ => return Err(Error::new(key.span(), HELP)),
         }
         Ok(())

@@ -385,6 +385,15 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
                 repetition_penalty: #r,
             })
         }));
+        let beams = some(d.beams.map(|k| {
+            let penalty = d.length_penalty.unwrap_or(1.0);
+            let early = d.early_stopping;
+            quote!(::golden::Beams {
+                beams: #k,
+                length_penalty: #penalty,
+                early_stopping: #early,
+            })
+        }));
         quote!(.decode(::golden::Decode {
             over: ::std::string::String::from(#over),
             axis: #axis,
@@ -392,6 +401,7 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
             generate: #generate,
             window: #window,
             sample: #sample,
+            beams: #beams,
         }))
     });
     let steps = attr.steps.as_ref().map(|s| {

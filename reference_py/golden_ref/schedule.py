@@ -75,6 +75,10 @@ class Plan:
         # parameters, "uniforms": golden's uniforms [b, N], "probe_uniforms": [16]}; the tokens are
         # `generate()`'s, drawn with golden's uniforms (`golden_ref.sampling`).
         self.sample = spec.get("sample")
+        # Beam search (`decode(generate = N, beams = k)`): {"beams": k, "length_penalty": ..,
+        # "early_stopping": ..}; the tokens are the best beam's of `generate(num_beams=k)`, and
+        # every step's beams are recorded (`golden_ref.beams`), leaves `beams.…`.
+        self.beams = spec.get("beams")
         # The sampling leaves of the first evaluation (`sample.…`): later ones return the same.
         self.sampled = None
         if self.mistake is not None and self.mistake not in MISTAKES:
@@ -490,12 +494,31 @@ def _sample(case, torch, target, pristine, x, plan, mask, phase_error):
     return tokens, leaves
 
 
+def _beams(torch, target, pristine, x, plan, mask, phase_error):
+    """Beam search, once per request (its first evaluation): `generate(num_beams=k)` on a copy of
+    the module, every step's beams recorded; the best beam's tokens become the forced ones every
+    evaluation feeds, the records the leaves `beams.…`."""
+    from . import beams
+
+    model = copy.deepcopy(_inner(pristine if pristine is not None else target))
+    try:
+        return beams.generate(model, x, mask, plan.beams, plan.generate)
+    except beams.BeamError as e:
+        raise ScheduleError(str(e)) from None
+    except BaseException as e:  # SystemExit too: a reference must not end the worker
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise phase_error("generate() with beam search", e) from None
+
+
 def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_error):
     backend = case.backend
     x = args[plan.arg]
     batch = x.shape[0]
     if plan.sample is not None and plan.generate and plan.forced is None:
         plan.forced, plan.sampled = _sample(case, torch, target, pristine, x, plan, mask, phase_error)
+    if plan.beams is not None and plan.generate and plan.forced is None:
+        plan.forced, plan.sampled = _beams(torch, target, pristine, x, plan, mask, phase_error)
     builder = _Builder(torch, target, plan, batch, mask)
     leaves = []
     generated = []

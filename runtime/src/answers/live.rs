@@ -859,6 +859,9 @@ pub(crate) fn add_schedule(header: &mut Json, plan: Option<&Plan>, table: &mut T
             "probe_uniforms": table.add(sample.probe_uniforms.clone()),
         });
     }
+    if let Some(beams) = &plan.beams {
+        header["schedule"]["beams"] = beams.to_json();
+    }
     if let Some(looped) = &plan.looped {
         header["schedule"]["loop"] = json!({
             "per_step": looped.per_step,

@@ -294,11 +294,13 @@ impl CaseParams {
                 mistake: None,
                 looped: Some(looped),
                 sample: None,
+                beams: None,
             });
         }
         let (arg, axis) = layer.scheduled_arg()?;
         let shape = self.shape(&layer.args[arg]);
         let mask = steps.mask(shape[0], shape[axis], self.seed);
+        let steps_generate = steps.generate;
         let sample = layer
             .decode
             .as_ref()
@@ -329,6 +331,11 @@ impl CaseParams {
             mistake: None,
             looped: None,
             sample,
+            beams: layer
+                .decode
+                .as_ref()
+                .and_then(|d| d.beams.clone())
+                .filter(|_| steps_generate > 0),
         })
     }
 

@@ -1957,6 +1957,25 @@ impl Layer {
                 }
                 sampling.validate()?;
             }
+            if let Some(beams) = &decode.beams {
+                if decode.generate == 0 {
+                    return Err("`decode(beams = K)` searches the generated tokens: give \
+                                `generate = N` too"
+                        .into());
+                }
+                if decode.sample.is_some() {
+                    return Err("`decode(beams = K)` is transformers' beam search without \
+                                sampling (`do_sample=False`): give `sample(...)` or `beams`, \
+                                not both"
+                        .into());
+                }
+                if decode.padding {
+                    return Err("`decode(beams = K)` is checked on unpadded batches: leave \
+                                `padding` out"
+                        .into());
+                }
+                beams.validate()?;
+            }
         }
         if self.form == Form::Function
             && (self.params != Params::Drawn
@@ -2073,6 +2092,53 @@ mod tests {
         assert!(layer
             .can_be_empty(&less)
             .is_some_and(|m| m.contains("may be 0 over the declared dims")));
+    }
+
+    #[test]
+    fn beam_search_needs_generated_tokens_two_beams_and_no_sampling_or_padding() {
+        use crate::describe::beams::Beams;
+        use crate::describe::schedule::Decode;
+        let with = |decode: Decode| {
+            Layer::module("l", "m.M")
+                .dim("b", 1, 2)
+                .dim("n", 2, 4)
+                .arg(
+                    "input_ids",
+                    [DimExpr::from("b"), DimExpr::from("n")],
+                    Dist::int(0, 32),
+                )
+                .decode(decode)
+                .validate()
+        };
+        let beams = |k| Decode {
+            generate: 3,
+            beams: Some(Beams::new(k)),
+            ..Decode::over("input_ids")
+        };
+        assert_eq!(with(beams(3)), Ok(()));
+        let err = with(Decode {
+            generate: 0,
+            ..beams(3)
+        })
+        .unwrap_err();
+        assert!(err.contains("give `generate = N` too"), "{err}");
+        let err = with(Decode {
+            sample: Some(crate::describe::sampling::Sampling::new()),
+            ..beams(3)
+        })
+        .unwrap_err();
+        assert!(
+            err.contains("give `sample(...)` or `beams`, not both"),
+            "{err}"
+        );
+        let err = with(Decode {
+            padding: true,
+            ..beams(3)
+        })
+        .unwrap_err();
+        assert!(err.contains("leave `padding` out"), "{err}");
+        let err = with(beams(1)).unwrap_err();
+        assert!(err.contains("keeps at least 2 beams"), "{err}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What a check is about: the layer and its reference, the kinds of check and their options, the
 //! generated inputs, the port's outputs, and the environment. Imports nothing else of the runtime.
 
+pub mod beams;
 pub mod checks;
 pub mod env;
 pub mod file_names;

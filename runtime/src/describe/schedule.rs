@@ -39,6 +39,10 @@ pub struct Decode {
     /// greedily: the reference's draws take golden's uniforms (`describe/sampling.rs`), and the
     /// port's sampler is checked exactly or in distribution.
     pub sample: Option<crate::describe::sampling::Sampling>,
+    /// Generate by beam search (`beams = k`), as `generate(num_beams=k, do_sample=False)` does:
+    /// every step's running beams are recorded (`golden_ref/beams.py`), and the port's model and
+    /// beam step are checked against each step (`run/beams.rs`).
+    pub beams: Option<crate::describe::beams::Beams>,
 }
 
 impl Decode {
@@ -51,6 +55,7 @@ impl Decode {
             generate: 0,
             window: None,
             sample: None,
+            beams: None,
         }
     }
 }
@@ -69,6 +74,9 @@ impl fmt::Display for Decode {
         }
         if let Some(sampling) = &self.sample {
             write!(f, ", {sampling}")?;
+        }
+        if let Some(beams) = &self.beams {
+            write!(f, ", {beams}")?;
         }
         Ok(())
     }
@@ -331,6 +339,8 @@ pub struct Plan {
     pub looped: Option<LoopPlan>,
     /// Sampled generation: its parameters and golden's uniforms.
     pub sample: Option<SamplePlan>,
+    /// Beam search: its parameters (the tokens generated are the best beam's).
+    pub beams: Option<crate::describe::beams::Beams>,
 }
 
 /// A case's sampled generation: what the worker's `generate()` and the port's sampler get.
@@ -587,6 +597,10 @@ pub(crate) struct PortSchedule {
     /// built, its sampler given each job, and its tokens returned (`draw.<i>`, and `took.<i>`: 1
     /// where the sampler took golden's uniform).
     pub(crate) draws: Option<std::sync::Arc<Vec<crate::describe::sampling::DrawJob>>>,
+    /// One beam step asked of the port instead of its steps (`run/beams.rs`): the port is built,
+    /// its model run on the reference's running beams and its beam step given their candidates
+    /// (`beam.logprobs`, `beam.from`, `beam.tokens`, `beam.scores`).
+    pub(crate) beam: Option<std::sync::Arc<crate::describe::beams::BeamJob>>,
 }
 
 /// The kinds of schedule, in shrinking order.
@@ -782,6 +796,7 @@ mod tests {
             mistake: None,
             looped: None,
             sample: None,
+            beams: None,
         };
         // The prefill of 3: the reference's logits [2, 3, 32].
         assert_eq!(plan.holds(0, &[2, 3, 32], &[2, 3, 32]), Some(Holds::Step));

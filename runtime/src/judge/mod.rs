@@ -2,6 +2,7 @@
 //! numbers, and from mutants of the reference), how a trace of tapped points is compared, and the
 //! invariants declared for the port's outputs.
 
+pub mod beams;
 pub mod compare;
 pub mod diagnose;
 pub mod distribution;

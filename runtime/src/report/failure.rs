@@ -689,6 +689,18 @@ impl fmt::Display for Failure {
                     self.layer, self.reference
                 )?;
             }
+            FailureKind::Case(c)
+                if c.schedule_issues
+                    .iter()
+                    .any(|i| matches!(i, crate::report::issues::ScheduleIssue::Beams(_))) =>
+            {
+                writeln!(
+                    out,
+                    "golden: `{}` matches its reference `{}` step by step, but its beam search \
+                     does not keep transformers' beams{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
             FailureKind::Case(c) if !c.schedule_issues.is_empty() => {
                 writeln!(
                     out,

@@ -155,6 +155,9 @@ pub enum ScheduleIssue {
     /// The port's sampler does not draw as transformers' does (`decode(generate = N,
     /// sample(...))`): the vector, the draws or counts, and its diagnosis.
     Sampler(Box<crate::judge::sampler::SamplerFinding>),
+    /// The port's beam search does not keep transformers' beams (`decode(generate = N,
+    /// beams = k)`): the step, row and beam, the numbers and the likely cause (as printed).
+    Beams(String),
 }
 
 impl fmt::Display for ScheduleIssue {
@@ -162,7 +165,8 @@ impl fmt::Display for ScheduleIssue {
         match self {
             ScheduleIssue::PaddingLeaks(text)
             | ScheduleIssue::FreeRunning(text)
-            | ScheduleIssue::CouldNotRun(text) => f.write_str(text),
+            | ScheduleIssue::CouldNotRun(text)
+            | ScheduleIssue::Beams(text) => f.write_str(text),
             ScheduleIssue::Sampler(finding) => write!(f, "{finding}"),
         }
     }

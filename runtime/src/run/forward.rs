@@ -276,6 +276,7 @@ fn explain_sampler(
             at: std::sync::Arc::default(),
             reference_shapes: Vec::new(),
             draws: Some(std::sync::Arc::new(jobs)),
+            beam: None,
         };
         call_port(port, tensors.clone(), state.as_ref(), false, Some(draws))
             .map_err(|f| f.message)
@@ -927,6 +928,24 @@ fn schedule_checks(
         if failed {
             return (issues, notes);
         }
+    }
+    // Beam search: the port's model and beam step from the reference's beams (`run/beams.rs`),
+    // in place of the free-running pass (the best beam is not the port's greedy tokens).
+    if plan.beams.is_some() && plan.steps.generate > 0 {
+        let session = |job: crate::describe::beams::BeamJob| {
+            let beam = PortSchedule {
+                forced: None,
+                beam: Some(std::sync::Arc::new(job)),
+                ..fresh()
+            };
+            run(tensors.to_vec(), beam)
+                .map_err(|f| f.message)
+                .and_then(host)
+        };
+        let verdict = crate::run::beams::check(plan, answer, layer.tol, &session);
+        issues.extend(verdict.issues);
+        notes.extend(verdict.notes);
+        return (issues, notes);
     }
     if plan.steps.generate > 0 {
         let free = PortSchedule {

@@ -4,6 +4,7 @@
 //! cases each check replays first (`regressions`); how fast the port is beside the reference on a
 //! passing case (`speed`).
 
+pub(crate) mod beams;
 pub mod check;
 pub mod forward;
 pub mod gradients;

@@ -40,6 +40,7 @@ pub(crate) fn port_schedule(
         at: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         reference_shapes: shapes,
         draws: None,
+        beam: None,
     })
 }
 
@@ -70,7 +71,9 @@ pub(crate) fn align(
     let mut notes = Vec::new();
     // The generated tokens and a sampled generation's leaves are judged by their own checks
     // (`free_running`, `run/sampling.rs`).
-    retain_leaves(&mut r, |n| n != TOKENS && !n.starts_with(SAMPLE));
+    retain_leaves(&mut r, |n| {
+        n != TOKENS && !n.starts_with(SAMPLE) && !n.starts_with(crate::run::beams::BEAMS)
+    });
     // A step loop's free-running steps are held to the reference's trajectory, whose rounding
     // estimate (nudged inputs and float64 along the whole loop) covers the drift rounding makes.
     if plan.looped.is_some() {
@@ -605,6 +608,7 @@ mod tests {
             mistake: None,
             looped: None,
             sample: None,
+            beams: None,
         }
     }
 

@@ -25,6 +25,7 @@
 //! Without a schedule (the gradient and training checks of the same port), one step runs the
 //! whole input: the prefill, whose outputs keep their plain names.
 
+use crate::describe::beams::{Beam, BeamJob, BeamStep};
 use crate::describe::outputs::{IntoOutputs, Outputs, PortInputs};
 use crate::describe::sampling::{Draw, DrawJob};
 use candle_core::{DType, Tensor};
@@ -116,6 +117,51 @@ pub trait Stepper {
     /// sample(...))`): [`Sampled`] has one; a plain closure has none.
     fn sampler(&mut self) -> Option<&mut dyn Sampler> {
         None
+    }
+
+    /// The port's beam step, for a check that generates by beam search (`decode(generate = N,
+    /// beams = k)`): [`Beamed`] has one; a plain closure has none.
+    fn beam_search(&mut self) -> Option<&mut dyn BeamSearch> {
+        None
+    }
+}
+
+/// A model that keeps state and the beam step that keeps its beams: what the constructor of a port
+/// with `decode(generate = N, beams = k)` returns. golden calls `model` once per step, as for any
+/// decode (teacher-forced along the reference's best beam), then, for every generated token, on
+/// the reference's k running beams (each beam's whole sequence from position 0, a fresh model per
+/// beam step: no cache to reorder), and `search` on the reference's log-probabilities and scores
+/// of that step.
+pub struct Beamed<M, B> {
+    /// The model, called once per step.
+    pub model: M,
+    /// The beam step, called once per generated token with every running beam's candidates.
+    pub search: B,
+}
+
+impl<M: Stepper, B: BeamSearch> Stepper for Beamed<M, B> {
+    fn step(&mut self, step: &Step) -> Result<Outputs, String> {
+        self.model.step(step)
+    }
+
+    fn beam_search(&mut self) -> Option<&mut dyn BeamSearch> {
+        Some(&mut self.search)
+    }
+}
+
+/// A port's beam step: the k beams kept after a generated token, best first.
+pub trait BeamSearch {
+    /// The beams kept.
+    fn step(&mut self, step: &BeamStep) -> Result<Vec<Beam>, String>;
+}
+
+impl<F, E> BeamSearch for F
+where
+    F: FnMut(&BeamStep) -> Result<Vec<Beam>, E>,
+    E: Display,
+{
+    fn step(&mut self, step: &BeamStep) -> Result<Vec<Beam>, String> {
+        self(step).map_err(|e| crate::describe::outputs::without_backtrace(&e.to_string()))
     }
 }
 
@@ -234,6 +280,10 @@ pub fn drive(
     };
     if let Some(jobs) = &schedule.draws {
         return draws(stepper.as_mut(), jobs);
+    }
+    if let Some(job) = &schedule.beam {
+        let x = &inputs.tensors[schedule.plan.arg];
+        return beam_step(stepper.as_mut(), job, x, inputs, names, dims);
     }
     let plan = &schedule.plan;
     let x = &inputs.tensors[plan.arg];
@@ -537,6 +587,108 @@ fn draws(stepper: &mut dyn Stepper, jobs: &[DrawJob]) -> Result<Outputs, String>
         ));
     }
     Ok(Outputs(leaves))
+}
+
+/// One beam step asked of the port (`PortSchedule::beam`): its model on the reference's k running
+/// beams, each whole sequence from position 0 on the model just built (no cache to reorder), the
+/// log-softmax of the last position's logits as `beam.logprobs` (`[k, vocab]`); then its beam
+/// step on the reference's log-probabilities and scores, the beams kept as `beam.from`,
+/// `beam.tokens` (`[k]` i64) and `beam.scores` (`[k]` f32).
+fn beam_step(
+    stepper: &mut dyn Stepper,
+    job: &BeamJob,
+    x: &Tensor,
+    inputs: &PortInputs,
+    names: Arc<Vec<String>>,
+    dims: Arc<Vec<(String, usize)>>,
+) -> Result<Outputs, String> {
+    let device = x.device().clone();
+    let k = job.sequences.len();
+    let len = job.sequences.first().map_or(0, Vec::len);
+    let flat: Vec<u32> = job.sequences.iter().flatten().copied().collect();
+    let err = |what: &str, e: String| {
+        format!(
+            "at generated token {} of the beam search ({what}): {e}",
+            job.index
+        )
+    };
+    let sequences = Tensor::from_vec(flat, (k, len), &device)
+        .and_then(|t| t.to_dtype(x.dtype()))
+        .map_err(|e| err("the running beams as the model's input", e.to_string()))?;
+    let mut tensors = fresh(&inputs.tensors).map_err(|e| err("its inputs", e.to_string()))?;
+    let plan_arg = inputs.schedule.as_ref().map_or(0, |s| s.plan.arg);
+    tensors[plan_arg] = sequences;
+    let step = Step {
+        index: 0,
+        offset: 0,
+        len,
+        names,
+        tensors,
+        positions: positions(None, k, 0, len).map_err(|e| err("positions", e.to_string()))?,
+        mask: None,
+        dims,
+    };
+    let outputs = stepper
+        .step(&step)
+        .map_err(|e| err("the model on the running beams", e))?;
+    let axis = inputs.schedule.as_ref().map_or(1, |s| s.plan.axis);
+    let logprobs = last_logits(&outputs.0, axis)
+        .and_then(|l| {
+            l.to_dtype(DType::F32)
+                .and_then(|l| log_softmax(&l))
+                .map_err(|e| e.to_string())
+        })
+        .map_err(|e| err("the model's log-probabilities", e))?;
+    let search = stepper.beam_search().ok_or_else(no_beam_search)?;
+    let given = job.logprobs.iter().flatten().copied().collect::<Vec<f32>>();
+    let vocab = job.logprobs.first().map_or(0, Vec::len);
+    let given = Tensor::from_vec(given, (k, vocab), &device).map_err(|e| e.to_string())?;
+    let kept = search
+        .step(&BeamStep::new(
+            given,
+            job.scores.clone(),
+            job.index,
+            job.count,
+            job.length_penalty,
+        ))
+        .map_err(|e| err("the beam step", e))?;
+    let n = kept.len();
+    let from: Vec<i64> = kept.iter().map(|b| b.from as i64).collect();
+    let tokens: Vec<i64> = kept.iter().map(|b| i64::from(b.token)).collect();
+    let scores: Vec<f32> = kept.iter().map(|b| b.score).collect();
+    let tensor = |r: candle_core::Result<Tensor>| r.map_err(|e| e.to_string());
+    Ok(Outputs(vec![
+        ("beam.logprobs".into(), logprobs),
+        (
+            "beam.from".into(),
+            tensor(Tensor::from_vec(from, n, &device))?,
+        ),
+        (
+            "beam.tokens".into(),
+            tensor(Tensor::from_vec(tokens, n, &device))?,
+        ),
+        (
+            "beam.scores".into(),
+            tensor(Tensor::from_vec(scores, n, &device))?,
+        ),
+    ]))
+}
+
+/// The log-softmax of `[rows, vocab]` logits along the vocabulary, as transformers computes it:
+/// `x - max - log(sum(exp(x - max)))`.
+fn log_softmax(logits: &Tensor) -> candle_core::Result<Tensor> {
+    let max = logits.max_keepdim(1)?;
+    let shifted = logits.broadcast_sub(&max)?;
+    let sum = shifted.exp()?.sum_keepdim(1)?.log()?;
+    shifted.broadcast_sub(&sum)
+}
+
+/// The message for a port searching beams without a beam step.
+fn no_beam_search() -> String {
+    "`decode(beams = k)` checks the port's beam step, and the port has none: return \
+     `golden::Beamed { model, search }` from the constructor (the model's closure as `model`, a \
+     `FnMut(&golden::BeamStep) -> Result<Vec<golden::Beam>>` as `search`)"
+        .to_string()
 }
 
 /// The `i`-th of the reference's generated tokens, `[batch]`.
