@@ -57,7 +57,7 @@ import numpy as np
 
 from .backends import OutputError, flatten_outputs
 from .limits import check_answer
-from . import schedule
+from . import checkpointed, schedule
 from .precision import promoted
 from .tap import recording
 from .tracebacks import format_user_traceback
@@ -287,10 +287,11 @@ def build_module(case: Case, dtype: str | None = None):
 
 def _shared_module(case: Case):
     """The module of a checkpoint's case, built once per (reference, init, config, dtype) and kept
-    with the worker's state (one at a time): constructed without running its initialisers on its
-    parameters (the checkpoint replaces every one of them: `_construct_uninitialised`), with the
-    checkpoint's tensors assigned as its parameters (views of the mapped file, converted only
-    where the case dtype differs), in eval mode."""
+    with the worker's state (one at a time): constructed with its parameters on the meta device
+    (no memory, no initialisers run: the checkpoint replaces every one of them), then given the
+    checkpoint's tensors as its parameters — views of the mapped files in the file's own dtype,
+    never converted here: an evaluation converts them as it reads them
+    (`golden_ref.checkpointed`), in eval mode."""
     torch = case.backend.torch
     config = None if case.config is None else (case.config[0], repr(sorted(case.config[1].items())))
     key = (case.obj, repr(sorted(case.init.items())), config, case.dtype)
@@ -300,8 +301,8 @@ def _shared_module(case: Case):
     modules.clear()
     target = torch_dtype(torch, case.dtype)
     half = case.dtype in ("f16", "bf16")
-    with _default_dtype(torch, target if half else None):
-        module = _construct_uninitialised(case)
+    with _default_dtype(torch, target if half else None), checkpointed.parameters_on_meta(torch):
+        module = construct(case)
     inner = reference_module(module)
     have = inner.state_dict()
     names = {name for name, _ in case.state}
@@ -309,42 +310,19 @@ def _shared_module(case: Case):
     extra = [n for n in names if n not in have]
     if missing or extra:
         raise OutputError(f"the checkpoint golden resolved does not fit the module: missing {missing}, unknown {extra}")
-    state = {}
-    for name, t in case.state:
-        value = case.backend.to_native(t)
-        if value.is_floating_point() and value.dtype != target:
-            value = value.to(target)
-        state[name] = value
-    inner.load_state_dict(state, strict=True, assign=True)
+    # The buffers the module computes take the case dtype (as `build_module` gives them), but in
+    # half precision, where they keep their code's dtype; the parameters are still shapes only.
     computed = _computed_buffers(module) if half else []
     module = module.to(target).eval()
-    for owner, key, value in computed:
-        owner._buffers[key] = value  # as build_module: computed buffers keep their code's dtype
+    for owner, key_, value in computed:
+        owner._buffers[key_] = value
+    state = {name: case.backend.to_native(t) for name, t in case.state}
+    reference_module(module).load_state_dict(state, strict=True, assign=True)
+    left = checkpointed.still_on_meta(reference_module(module))
+    if left:
+        raise OutputError(f"the checkpoint golden resolved leaves {left} of the module without values")
     modules[key] = module
     return module
-
-
-def _construct_uninitialised(case: Case):
-    """`construct(case)` with the in-place initialisers of parameters (`normal_`, `uniform_`,
-    `fill_`, ... on an `nn.Parameter`) turned into no-ops: a whole model's random init takes
-    seconds and its memory for values the checkpoint replaces. Buffers are computed as usual
-    (a rotary embedding's `inv_freq` is not in the state_dict)."""
-    torch = case.backend.torch
-    from torch.overrides import TorchFunctionMode
-
-    T = torch.Tensor
-    initialisers = {T.normal_, T.uniform_, T.zero_, T.fill_, T.copy_, T.erfinv_, T.mul_, T.add_,
-                    T.clamp_, T.exponential_, T.bernoulli_, T.random_, T.cauchy_, T.log_normal_,
-                    T.geometric_}
-
-    class SkipInit(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func in initialisers and args and isinstance(args[0], torch.nn.Parameter):
-                return args[0]
-            return func(*args, **(kwargs or {}))
-
-    with SkipInit():
-        return construct(case)
 
 
 def _versions(module) -> dict:
@@ -484,10 +462,25 @@ def _trace_leaves(recorded: list):
     return leaves
 
 
-def forward(case: Case, perturbations: int = 4, precise: bool = True):
+# The stages of a whole model's evaluation a request may stop at (`forward`'s `upto`), in order.
+STAGES = ("case", "float64", "nudged")
+
+
+def forward(case: Case, perturbations: int = 4, precise: bool = True, upto: str | None = None,
+            key: str | None = None):
     """Evaluate the reference; returns a dict of lists of (name, WireTensor) and notes.
 
-    `precise=False` skips the float64 and nudged evaluations (the benchmark's transport figures)."""
+    `precise=False` skips the float64 and nudged evaluations (the benchmark's transport figures).
+
+    `upto`, for a checkpoint's module (`case.shared`: a whole model, each evaluation seconds): the
+    last stage to evaluate, the runtime asking for the next only when the port's comparison needs
+    it (`answers/live.rs`, `Stage`): `case`, the case-dtype answer alone (assert_close's bound
+    needs nothing more); `float64`, with the float64 answer (the rounding estimate's first sample:
+    the reference's own error at the real inputs) and the case dtype again under an inert
+    TorchFunctionMode (`_confirm`: the float64 pass runs under one); `nudged`, with the nudged
+    evaluations and the confirmation after them, as the whole request always was. Evaluations an
+    earlier stage made for the same case (`key`, the runtime's key of the case) are kept with the
+    checkpoint's state and not made again."""
     backend = case.backend
     module = None
     state_dict, buffers, aliases, unsaved = [], [], [], []
@@ -499,20 +492,47 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
                 state_dict.append((name, backend.from_native(value, case.dtype)))
         buffers, aliases = module_entries(inner)
         unsaved = unsaved_names(inner, aliases)
+    staged = upto in STAGES and case.shared and key is not None
+    kept = case.checkpoint.recall(key) if staged else {}
 
     # An answer over the frame limit is refused from the shapes, before any copy of it.
     limit = lambda leaves: check_answer(leaves, state_dict, case.dtype, precise)  # noqa: E731
-    expected, mutated = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}", limit)
+    if "expected" in kept:
+        expected, mutated = kept["expected"], kept["mutated"]
+    else:
+        expected, mutated = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}", limit)
     if case.twice:
         again, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, again")
         _same_bits(expected, again)
 
     high, own, moved, own_mean, precise_error, mode_shift = None, None, None, None, None, None
-    if precise:
+    if staged:
+        parts = {"expected": expected, "mutated": mutated}
+        if precise and upto != "case":
+            if "precise" in kept:
+                high, precise_error, mode_shift = kept["precise"], kept["precise_error"], kept["mode_shift"]
+            else:
+                try:
+                    high = _float64(case, module, expected)
+                except Exception as e:  # best effort: the runtime falls back to the strict tolerance
+                    precise_error = f"{type(e).__name__}: {e}"
+                if upto == "float64":
+                    mode_shift = _confirm(case, module, expected, high)
+            parts.update(precise=high, precise_error=precise_error, mode_shift=mode_shift)
+            if upto == "nudged" and high is not None:
+                try:
+                    own, moved, own_mean = _nudged(case, module, expected, high, perturbations)
+                except Exception as e:  # best effort, as above
+                    high, precise_error = None, f"{type(e).__name__}: {e}"
+                # After the nudged evaluations: an answer that drifts from call to call.
+                mode_shift = _confirm(case, module, expected, high)
+        case.checkpoint.keep(key, parts)
+    elif precise:
         try:
-            high, own, moved, own_mean = _precise(case, module, expected, perturbations)
+            high = _float64(case, module, expected)
+            own, moved, own_mean = _nudged(case, module, expected, high, perturbations)
         except Exception as e:  # best effort: the runtime falls back to the strict tolerance
-            precise_error = f"{type(e).__name__}: {e}"
+            high, precise_error = None, f"{type(e).__name__}: {e}"
         mode_shift = _confirm(case, module, expected, high)
     return {
         "state_dict": state_dict,
@@ -562,12 +582,17 @@ def module_entries(inner):
     for name, value in inner.state_dict(keep_vars=True).items():
         if name not in parameters:
             buffers.append(name)
-        key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), tuple(value.stride()))
+        if value.is_meta:
+            # No storage to compare (a checkpoint's module, built on the meta device): tied
+            # entries are one tensor object.
+            key = ("meta", id(value))
+        else:
+            key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), tuple(value.stride()))
         groups.setdefault(key, []).append(name)
     return buffers, [names for names in groups.values() if len(names) > 1]
 
 
-def param_spec(case: Case):
+def param_spec(case: Case, weights: bool = False):
     """What the runtime needs to draw the module's parameters: every state_dict entry with its
     shape, whether it is floating point, a parameter or a buffer, the names it is tied to, and the
     statistics of its initial values (so that a drawn tensor keeps its scale and its domain: a norm
@@ -581,9 +606,14 @@ def param_spec(case: Case):
     and router so). Statistics come from finite values only. Kept as they are (`kept`, with their
     values): frozen parameters (`requires_grad=False`: Whisper's sinusoidal positions) and buffers
     the module computes at init from a formula (not constant, and the same when the module is
-    built under another seed): their value is their meaning."""
+    built under another seed): their value is their meaning.
+
+    `weights`: the checkpoint gives every parameter its value (`weights = "..."`), so the module is
+    built with its trainable parameters on the meta device (`checkpointed.parameters_on_meta`: a
+    whole model's random init costs seconds and its size in memory) and they have no statistics:
+    only their names and shapes are listed."""
     torch = case.backend.torch
-    inner = reference_module(_construct_marking_empty(case))
+    inner = reference_module(_construct_marking_empty(case, meta=weights))
     buffers, aliases = module_entries(inner)
     frozen = {n for n, p in inner.named_parameters(remove_duplicate=False) if not p.requires_grad}
     state = inner.state_dict()
@@ -598,6 +628,9 @@ def param_spec(case: Case):
             entries.append(entry)
             continue
         entry["float"] = True
+        if value.is_meta:
+            entries.append(entry)
+            continue
         v = value.detach().to(torch.float64)
         kept = None
         if bool(torch.isnan(v).any()):
@@ -606,7 +639,7 @@ def param_spec(case: Case):
             kept = "frozen"
         elif name in buffers and v.numel() > 1 and bool(v.min() != v.max()):
             if other is None:
-                other = _construct_marking_empty(case, seed=case.seed ^ 0x5EED_5EED).state_dict()
+                other = _construct_marking_empty(case, seed=case.seed ^ 0x5EED_5EED, meta=weights).state_dict()
             if name in other and torch.equal(other[name], value):
                 kept = "computed"
         if kept is not None:
@@ -633,10 +666,11 @@ def param_spec(case: Case):
     return spec, tensors
 
 
-def _construct_marking_empty(case: Case, seed: int | None = None):
+def _construct_marking_empty(case: Case, seed: int | None = None, meta: bool = False):
     """`construct(case)` (under `seed` instead of the case's when given) with what `torch.empty`
     and its kin return filled with NaN: memory the construction never initialises shows as NaN,
-    never as whatever the allocator handed back."""
+    never as whatever the allocator handed back. `meta`: the trainable parameters on the meta
+    device instead (`checkpointed.parameters_on_meta`), nothing marked."""
     torch = case.backend.torch
     from torch.overrides import TorchFunctionMode
 
@@ -653,6 +687,11 @@ def _construct_marking_empty(case: Case, seed: int | None = None):
     built = case if seed is None else case.derived(case.obj)
     if seed is not None:
         built.seed = seed
+    if meta:
+        # No marking: it would write every page of the parameters' memory before they go to the
+        # meta device (a whole model's worth); a checkpoint gives the parameters their values.
+        with checkpointed.parameters_on_meta(torch):
+            return construct(built)
     with MarkEmpty():
         return construct(built)
 
@@ -671,7 +710,8 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     _progress(case, "case", phase)
     if private:
         native = [backend.to_native(a) for a in args]
-        leaves = _call(case, module if module is not None else case.obj, native, phase)
+        with _checkpointed(case, module):
+            leaves = _call(case, module if module is not None else case.obj, native, phase)
         if limit is not None:
             limit(leaves)
         return [(name, backend.from_native(v, case.dtype)) for name, v in leaves], []
@@ -684,7 +724,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
         target, versions_before = module, _versions(module)
     else:
         target = copy.deepcopy(module) if module is not None else case.obj
-    with under if under is not None else contextlib.nullcontext():
+    with _checkpointed(case, module), under if under is not None else contextlib.nullcontext():
         leaves = _call(case, target, native, phase)
     if limit is not None:
         limit(leaves)
@@ -708,6 +748,16 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
             if name in pristine and not backend.torch.equal(value, pristine[name]):
                 mutated.append(f"parameter {name}")
     return outputs, mutated
+
+
+def _checkpointed(case: Case, module):
+    """A case-dtype evaluation of a checkpoint's module (`case.shared`): its tensors converted to
+    the case dtype as they are read, its pages given back module by module
+    (`checkpointed.evaluating`); nothing for any other module."""
+    if not case.shared or module is None:
+        return contextlib.nullcontext()
+    torch = case.backend.torch
+    return checkpointed.evaluating(torch, module, case.checkpoint, torch_dtype(torch, case.dtype))
 
 
 def _owned_outputs(backend, leaves: list, dtype: str):
@@ -841,8 +891,9 @@ def _evaluate64(case: Case, module, args, phase: str):
     target = case.obj
     if case.shared and module is not None:
         # No float64 copy of a whole model: its parameters are upcast as each operation reads them
-        # (`promoted(upcast=True)`), the largest one at a time.
-        with promoted(backend, upcast=True):
+        # (`promoted(upcast=True)`), the largest a slice at a time, and each module's mapped pages
+        # go back once it has run (`golden_ref.checkpointed`).
+        with checkpointed.evaluating(backend.torch, module, case.checkpoint), checkpointed.float64(backend.torch):
             return _call(case, module, native, phase)
     if module is not None:
         target = copy.deepcopy(module).to(backend.torch.float64)
@@ -866,7 +917,9 @@ def _nudge_in_place(case: Case, module, rng):
         seen.add(id(t))
         wire_k = nudge(case.backend.from_native(t.detach(), case.dtype), rng)
         swapped.append((t, t.data))
-        t.data = case.backend.to_native(wire_k).to(t.dtype)
+        # In the case dtype: a checkpoint in another (bf16 checked in float32) would round a
+        # nudge of one ulp of the case dtype away.
+        t.data = case.backend.to_native(wire_k)
     del torch
     return swapped
 
@@ -879,15 +932,21 @@ def _module_with_state(module, state: dict, torch):
     return copy_
 
 
-def _precise(case: Case, module, expected, perturbations: int):
-    backend = case.backend
+def _float64(case: Case, module, expected):
+    """The float64 answer on the real inputs, as (name, float64 wire tensor) per float leaf."""
     names = [name for name, _ in expected]
     leaves64 = _evaluate64(case, module, case.args, "the float64 evaluation")
     # Its own copy where it is the evaluation's output itself (a float64 output that the reference
     # may write again on its next call); a conversion is a copy already.
-    precise = [(n, t if t.array.flags.owndata else WireTensor(t.dtype, np.array(t.array, copy=True)))
-               for n, t in _float64_leaves(backend, leaves64, names)]
-    del leaves64
+    return [(n, t if t.array.flags.owndata else WireTensor(t.dtype, np.array(t.array, copy=True)))
+            for n, t in _float64_leaves(case.backend, leaves64, names)]
+
+
+def _nudged(case: Case, module, expected, precise, perturbations: int):
+    """The rounding error's samples at `perturbations` nudged inputs (see the module docstring),
+    against `precise`, the float64 answer at the real inputs: (own, moved, own_mean)."""
+    backend = case.backend
+    names = [name for name, _ in expected]
     base64 = {name: t.array for name, t in precise}
 
     # Samples of the rounding error at inputs one ulp away (see the module docstring), folded in
@@ -945,7 +1004,7 @@ def _precise(case: Case, module, expected, perturbations: int):
     own = [(name, WireTensor("f32", samples[name].own)) for name, _ in precise]
     moved = [(name, WireTensor("f32", samples[name].moved)) for name, _ in precise]
     own_mean = [(name, WireTensor("f32", samples[name].mean)) for name, _ in precise]
-    return precise, own, moved, own_mean
+    return own, moved, own_mean
 
 
 class _Samples:

@@ -532,6 +532,11 @@ impl Live {
         let mut table = TensorTable::default();
         let mut header = self.header(layer, dtype, 0, &[], None, &mut table);
         header["op"] = json!("params");
+        if matches!(layer.params, crate::describe::layer::Params::Weights(_)) {
+            // A checkpoint gives every parameter its value: the worker lists them without
+            // initialising a whole model's worth of them.
+            header["weights"] = json!(true);
+        }
         let mut worker = pool().check_out(&self.key)?;
         let during = format!("constructing `{}` to list its parameters", layer.reference);
         let (response, tensors) = worker.request(header, table.tensors, self.timeout, &during)?;
@@ -675,11 +680,16 @@ impl Live {
                 trace,
                 twice,
                 plan,
+                stage,
                 ..
             } => {
                 let mut h = self.header(layer, dtype, seed, args, state, &mut table);
                 if *trace {
                     h["trace"] = json!(true);
+                }
+                if let Some(stage) = stage {
+                    h["upto"] = json!(stage.token());
+                    h["case_key"] = json!(case_key(layer, dtype, seed, request, state));
                 }
                 if *twice {
                     // Asked again to see whether it answers the same (a failing case): the case
@@ -795,6 +805,59 @@ impl Live {
     }
 }
 
+/// What names one case of a whole model's staged evaluation to the worker, which keeps the
+/// evaluations of a stage for the next (`Stage`): everything the answer depends on but the stage.
+fn case_key(
+    layer: &Layer,
+    dtype: DType,
+    seed: u64,
+    request: &Request<'_>,
+    state: Option<State<'_>>,
+) -> String {
+    let unstaged = match *request {
+        Request::Forward {
+            args,
+            trace,
+            twice,
+            precise,
+            plan,
+            ..
+        } => Request::Forward {
+            args,
+            trace,
+            twice,
+            precise,
+            plan,
+            stage: None,
+        },
+        other => other,
+    };
+    let (what, tensors) = unstaged.key_parts();
+    let mut bytes = format!(
+        "{}\0{}\0{}\0{}\0{}\0{}\0{seed}\0{what}",
+        layer.reference,
+        dtype_name(dtype),
+        values_json(&layer.consts),
+        values_json(&layer.init),
+        layer
+            .config
+            .as_ref()
+            .map(Config::to_json)
+            .unwrap_or_default(),
+        match state {
+            Some(State::Checkpoint(r)) => r.id_hex(),
+            _ => String::new(),
+        }
+    )
+    .into_bytes();
+    for t in tensors {
+        bytes.extend_from_slice(t.dtype.name().as_bytes());
+        bytes.extend(t.shape.iter().flat_map(|d| (*d as u64).to_le_bytes()));
+        bytes.extend_from_slice(&t.data);
+    }
+    format!("{:016x}", crate::describe::hash::fnv1a(&bytes))
+}
+
 /// A case's schedule in a request's header (`golden_ref/schedule.py` reads it), its padding mask
 /// added to the request's tensors.
 pub(crate) fn add_schedule(header: &mut Json, plan: Option<&Plan>, table: &mut TensorTable) {
@@ -824,6 +887,67 @@ pub(crate) fn input_scale(args: &[HostTensor], state: Option<State<'_>>) -> f64 
     largest(args.iter()).max(state.map_or(0.0, |s| s.largest()))
 }
 
+/// How far the reference's evaluation of a whole model (a checkpoint's case: each evaluation is
+/// seconds) goes in one request, the forward check asking for the next stage only when the port's
+/// comparison needs it (`run/forward.rs`): a case far inside its tolerance needs no further
+/// evaluations. Each stage's answer is complete (the worker keeps the evaluations of the stages
+/// before it: `reference_py/golden_ref/evaluate.py`'s `forward`), and none can make a case fail
+/// that passed at the stage before it, but where the reference is NaN or ±Inf: a rounding term
+/// only widens the tolerance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// The case dtype's answer alone: assert_close's bound, no rounding term.
+    Case,
+    /// With the float64 answer: the rounding estimate's first sample, the reference's own error
+    /// at the real inputs (and the case dtype again under an inert TorchFunctionMode, as the
+    /// float64 pass runs under one).
+    Float64,
+    /// With the nudged evaluations: the whole estimate.
+    Nudged,
+}
+
+impl Stage {
+    /// Every stage, in order.
+    pub const ALL: [Stage; 3] = [Stage::Case, Stage::Float64, Stage::Nudged];
+
+    /// Its name in a request and a store key.
+    pub fn token(self) -> &'static str {
+        match self {
+            Stage::Case => "case",
+            Stage::Float64 => "float64",
+            Stage::Nudged => "nudged",
+        }
+    }
+
+    /// The stage after this one.
+    pub fn next(self) -> Option<Stage> {
+        match self {
+            Stage::Case => Some(Stage::Float64),
+            Stage::Float64 => Some(Stage::Nudged),
+            Stage::Nudged => None,
+        }
+    }
+
+    /// The first stage a check in `dtype` can stop at: in float16 and bfloat16 the port is also
+    /// judged against the float64 answer (`compare.rs`'s `Accuracy`), so the case dtype's answer
+    /// alone never suffices there.
+    pub fn first(dtype: DType) -> Stage {
+        match dtype {
+            DType::F16 | DType::BF16 => Stage::Float64,
+            _ => Stage::Case,
+        }
+    }
+
+    /// What a case that stopped here was evaluated with, for the snapshot.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Stage::Case => "the case dtype alone (assert_close's bound held)",
+            Stage::Float64 => "with float64 (the reference's own error at the real inputs)",
+            Stage::Nudged => "with float64 and nudged inputs (the whole rounding estimate)",
+        }
+    }
+}
+
 /// What a check asks of the reference for one case.
 #[derive(Clone, Copy, Debug)]
 pub enum Request<'a> {
@@ -844,6 +968,9 @@ pub enum Request<'a> {
         /// A check with `decode(...)`: the case's schedule (the answer holds every step's
         /// outputs, `step.<k>.…`, and the one-shot forward's at the same positions).
         plan: Option<&'a Plan>,
+        /// A whole model's evaluation, staged: how far this request goes ([`Stage`]). `None`:
+        /// every evaluation in one request.
+        stage: Option<Stage>,
     },
     /// PyTorch's gradients of `Σ sum(out · cotangent)` with respect to the inputs `wrt` (by
     /// index) and, with `params`, the module's parameters; leaves named `grad.<name>`.
@@ -881,7 +1008,11 @@ impl Request<'_> {
     pub fn key_parts(&self) -> (String, Vec<&HostTensor>) {
         match *self {
             Request::Forward {
-                args, trace, plan, ..
+                args,
+                trace,
+                plan,
+                stage,
+                ..
             } => {
                 let mut text = if trace {
                     "trace".to_string()
@@ -893,6 +1024,9 @@ impl Request<'_> {
                     if let Some(m) = plan.mistake {
                         text.push_str(&format!(" mistake={}", m.token()));
                     }
+                }
+                if let Some(stage) = stage {
+                    text = format!("{text} stage={}", stage.token()).trim().to_string();
                 }
                 (text, args.iter().collect())
             }

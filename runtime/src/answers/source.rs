@@ -448,13 +448,10 @@ impl Source {
                 if let (Some((state, _)), Some(spec)) = (&state, spec) {
                     match state {
                         ModuleState::Drawn(named) => outputs.state_dict = named.clone(),
-                        ModuleState::Checkpoint(resolved) => match resolved.named(dtype) {
-                            Ok(named) => {
-                                outputs.state_dict = (*named).clone();
-                                outputs.state_id = Some(resolved.id);
-                            }
-                            Err(e) => return Answer::Failed(remote(RemoteKind::Weights, e)),
-                        },
+                        ModuleState::Checkpoint(resolved) => {
+                            outputs.state_dict = (*resolved.named()).clone();
+                            outputs.state_id = Some(resolved.id);
+                        }
                     }
                     outputs.aliases = spec.aliases.clone();
                     outputs.unsaved = spec.unsaved.clone();
@@ -575,9 +572,23 @@ impl Source {
             limit,
         )
         .map_err(|e| e.to_string())?;
+        // A whole model's staged evaluation records one answer per stage of each case.
+        let cases = |entries: &[Entry]| {
+            let mut seen: Vec<(DType, &str)> =
+                entries.iter().map(|e| (e.dtype, e.case.as_str())).collect();
+            seen.sort_unstable_by(|a, b| (a.0.as_str(), a.1).cmp(&(b.0.as_str(), b.1)));
+            seen.dedup();
+            seen.len()
+        };
+        let answers = if cases(&entries[..kept]) < kept {
+            format!(" ({kept} answers: a stage of a whole model's evaluation each)")
+        } else {
+            String::new()
+        };
         let mut line = format!(
-            "golden: `{}`: recorded {kept} cases in {} ({:.0} KiB)",
+            "golden: `{}`: recorded {} cases{answers} in {} ({:.0} KiB)",
             layer.name,
+            cases(&entries[..kept]),
             path.display(),
             size as f64 / 1024.0
         );

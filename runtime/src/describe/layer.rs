@@ -1349,8 +1349,9 @@ impl Layer {
                 Params::Init => writeln!(s, "params: the module's own init (params = init)"),
                 Params::Weights(path) => writeln!(
                     s,
-                    "params: weights from {path} (the reference evaluated six times per case, \
-                     once in float64: rounding sampled at three nudges in the case dtype)"
+                    "params: weights from {path} (a whole model: the reference evaluated in \
+                     the case dtype, then in float64, then at nudged inputs, each stage only where \
+                     the port's comparison needs it)"
                 ),
             };
             if !self.rename.is_empty() {

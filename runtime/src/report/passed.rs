@@ -18,6 +18,9 @@ pub struct CaseRecord {
     pub figures: Vec<(String, f64)>,
     /// What the case showed that does not fail the check.
     pub notes: Vec<Note>,
+    /// A whole model's reference evaluated in stages (a checkpoint's case): the stage the case
+    /// was judged at (`answers/live.rs`' `Stage`: the case dtype alone, with float64, nudged).
+    pub evaluations: Option<crate::answers::live::Stage>,
 }
 
 /// Something a check noticed that does not fail it: the snapshot records its summary (stable from

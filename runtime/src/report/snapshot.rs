@@ -441,6 +441,7 @@ impl Report {
                 self.write_leaves(&mut s, &run.cases);
             }
             Self::write_figures(&mut s, &run.cases);
+            write_evaluations(&mut s, &run.cases);
             let mut notes: Vec<&str> = Vec::new();
             for note in run.cases.iter().flat_map(|c| &c.notes) {
                 if !notes.contains(&note.summary.as_str()) {
@@ -605,6 +606,40 @@ impl Report {
                 );
             }
         }
+    }
+}
+
+/// A whole model's staged evaluations (a checkpoint's cases): how many cases were judged at each
+/// stage of the reference's evaluation (`answers/live.rs`' `Stage`), the later ones only where the
+/// comparison needed them.
+fn write_evaluations(s: &mut String, cases: &[crate::report::passed::CaseRecord]) {
+    use crate::answers::live::Stage;
+    let counts: Vec<(Stage, usize)> = Stage::ALL
+        .into_iter()
+        .map(|stage| {
+            let n = cases
+                .iter()
+                .filter(|c| c.evaluations == Some(stage))
+                .count();
+            (stage, n)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    if counts.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "  reference evaluations (a whole model's, each further stage only where the comparison \
+         needed it):"
+    );
+    for (stage, n) in counts {
+        let _ = writeln!(
+            s,
+            "    {n} case{} {}",
+            if n == 1 { "" } else { "s" },
+            stage.describe()
+        );
     }
 }
 

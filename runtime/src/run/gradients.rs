@@ -120,6 +120,7 @@ fn forward(
             twice: false,
             precise: true,
             plan: None,
+            stage: None,
         },
     )
 }
@@ -484,6 +485,7 @@ impl CaseRunner for GradRunner<'_> {
                 leaves: failure.leaves,
                 figures,
                 notes,
+                evaluations: None,
             })
         } else {
             failure.notes = notes;

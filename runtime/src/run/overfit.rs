@@ -590,6 +590,7 @@ fn run(
         twice: false,
         precise: false,
         plan: None,
+        stage: None,
     })?;
     let elements = forward
         .expected
@@ -878,6 +879,7 @@ fn run(
                 leaves: Vec::new(),
                 figures,
                 notes: Vec::new(),
+                evaluations: None,
             },
             health,
         ))
