@@ -329,6 +329,7 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
     let tol = attr.tol.map(|(atol, rtol)| quote!(.tol(#atol, #rtol)));
     let cases = attr.cases.map(|n| quote!(.cases(#n)));
     let timeout = attr.timeout.map(|s| quote!(.timeout(#s)));
+    let budget = attr.budget.map(|s| quote!(.budget(#s)));
     let trace = attr.trace.as_ref().map(|_| quote!(.trace()));
     let params = attr
         .params
@@ -424,6 +425,7 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
                     .dtypes(&[#(#dtypes),*])
                     #tol
                     #cases
+                    #budget
                     #timeout
                     #trace
                     #params

@@ -735,12 +735,15 @@ impl Live {
         if let Some(object) = header.as_object_mut() {
             object.retain(|_, v| !v.is_null());
         }
+        let (response, tensors) = self.send(header, table.tensors, state, self.timeout, during)?;
+        // The scale of the rounding estimate, only where there is one to make (a whole model's
+        // case-dtype answer alone has none: its parameters' largest magnitude is not read).
         let scale = match request {
+            _ if response["precise"].is_null() => 0.0,
             Request::Forward { args, .. }
             | Request::Gradients { args, .. }
             | Request::Train { args, .. } => input_scale(args, state),
         };
-        let (response, tensors) = self.send(header, table.tensors, state, self.timeout, during)?;
         let protocol = |e: wire::WireError| WorkerError::Protocol(e.to_string());
         match request {
             Request::Forward { precise, .. } => {

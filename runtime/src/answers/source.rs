@@ -111,6 +111,9 @@ pub struct Source {
     weights: RefCell<HashMap<String, Arc<Resolved>>>,
     /// The test function of the check, for the commands golden prints.
     test: String,
+    /// A budgeted check (`budget = "60s"`): per dtype, how many cases its golden store says the
+    /// budget held (every run but a recording keeps that count), then what this run's budget held.
+    budgeted: RefCell<Vec<(DType, usize)>>,
 }
 
 /// Why no source could be opened.
@@ -192,6 +195,17 @@ impl Source {
                 }),
                 Via::Record(..) => None,
             };
+            // What a budget held when the store was recorded: the count this run keeps (a
+            // recording times its cases afresh).
+            let budgeted = match &via {
+                _ if layer.budget.is_none() => Vec::new(),
+                Via::Replay(store) | Via::Verify(_, store) => store.budgeted.clone(),
+                Via::Live(_) => store::path(layer, target.store_suffix)
+                    .and_then(|p| Store::load(&p).ok().flatten())
+                    .filter(|store| store.description == target.description)
+                    .map_or(Vec::new(), |store| store.budgeted),
+                Via::Record(..) => Vec::new(),
+            };
             Source {
                 via,
                 spec: RefCell::new(Vec::new()),
@@ -199,6 +213,7 @@ impl Source {
                 stale,
                 weights: RefCell::new(HashMap::new()),
                 test: target.test.to_string(),
+                budgeted: RefCell::new(budgeted),
             }
         };
         if mode == Mode::Replay {
@@ -542,6 +557,24 @@ impl Source {
         self.stale.as_deref()
     }
 
+    /// A budgeted check's number of cases in `dtype` when it is already fixed: the count its
+    /// golden store recorded, or the one this run's budget held (a recording's first pass).
+    pub fn budgeted_cases(&self, dtype: DType) -> Option<usize> {
+        self.budgeted
+            .borrow()
+            .iter()
+            .find(|(d, _)| *d == dtype)
+            .map(|(_, n)| *n)
+    }
+
+    /// Keep `n` as the number of cases the budget held in `dtype` (a recording writes it into the
+    /// store).
+    pub fn hold_budgeted(&self, dtype: DType, n: usize) {
+        let mut held = self.budgeted.borrow_mut();
+        held.retain(|(d, _)| *d != dtype);
+        held.push((dtype, n));
+    }
+
     /// Whether answers come from the store.
     pub fn is_replay(&self) -> bool {
         matches!(self.via, Via::Replay(_))
@@ -563,13 +596,14 @@ impl Source {
                 .map(|(k, s)| (Some(k.clone()), s.clone()))
                 .collect(),
         };
-        let (kept, size) = store::save(
+        let (kept, size) = store::save_budgeted(
             &path,
             target.description,
             &specs,
             self.provenance.as_ref(),
             entries,
             limit,
+            &self.budgeted.borrow(),
         )
         .map_err(|e| e.to_string())?;
         // A whole model's staged evaluation records one answer per stage of each case.

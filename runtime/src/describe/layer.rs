@@ -707,6 +707,9 @@ pub struct Layer {
     pub(crate) tol: Option<Tol>,
     /// Number of generated cases per dtype (`GOLDEN_CASES` overrides).
     pub(crate) cases: u32,
+    /// A time budget for the whole check (`budget = "60s"`; `GOLDEN_BUDGET` overrides): as many of
+    /// the `cases` run as fit in it, at least one.
+    pub(crate) budget: Option<std::time::Duration>,
     /// Where the check is declared (set by the macro with [`declared!`](crate::declared)); without
     /// it there is no regression file, no snapshot path and no golden store.
     pub(crate) declared: Option<Declared>,
@@ -806,6 +809,7 @@ impl Layer {
             dtypes: vec![DType::F32],
             tol: None,
             cases: DEFAULT_CASES,
+            budget: None,
             declared: None,
             mode: None,
             grad: None,
@@ -1066,6 +1070,14 @@ impl Layer {
     /// Number of generated cases per dtype.
     pub fn cases(mut self, cases: u32) -> Self {
         self.cases = cases;
+        self
+    }
+
+    /// A time budget for the whole check, in seconds (`budget = "60s"`): the check runs as many
+    /// of its cases as fit, at least one; the golden store keeps the count (see the book's
+    /// whole-models chapter). `GOLDEN_BUDGET` overrides it.
+    pub fn budget(mut self, seconds: f64) -> Self {
+        self.budget = Some(std::time::Duration::from_secs_f64(seconds));
         self
     }
 
@@ -1372,7 +1384,18 @@ impl Layer {
             let _ = writeln!(s, "steps: {steps}");
         }
 
-        let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
+        match self.budget {
+            Some(budget) => {
+                let _ = writeln!(
+                    s,
+                    "cases: up to {cases} per dtype, as many as a {} budget holds, seed {seed}",
+                    crate::describe::numbers::duration(budget)
+                );
+            }
+            None => {
+                let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
+            }
+        }
         if self.trace {
             let _ = writeln!(s, "trace: the port's taps against every submodule's output");
         }

@@ -55,6 +55,16 @@ pub fn bytes(n: u128) -> String {
     format!("{} {}", num(value), UNITS[unit])
 }
 
+/// A duration as a budget is written: whole seconds (`60 s`), or with a tenth (`1.5 s`).
+pub fn duration(d: std::time::Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs.fract() == 0.0 {
+        format!("{secs:.0} s")
+    } else {
+        format!("{} s", num(secs))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

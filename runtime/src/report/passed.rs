@@ -157,6 +157,9 @@ pub struct DTypeRun {
     pub replayed: Vec<CaseRecord>,
     /// Replay of a partial store: generated cases it has no outputs for (not run).
     pub skipped: usize,
+    /// A budgeted check (`budget = "60s"`): how many cases its budget held, of at most how many,
+    /// and the budget.
+    pub budgeted: Option<(usize, u32, std::time::Duration)>,
 }
 
 /// A passing check.

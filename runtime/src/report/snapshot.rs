@@ -425,6 +425,14 @@ impl Report {
         }
         for run in &self.runs {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
+            if let Some((held, of, budget)) = run.budgeted {
+                let _ = writeln!(
+                    s,
+                    "  cases: {held} of at most {of}, as many as the {} budget held (the golden \
+                     store keeps the count)",
+                    crate::describe::numbers::duration(budget)
+                );
+            }
             let covered = crate::describe::sweep::covered(
                 run.cases.iter().map(|c| c.params.config.as_slice()),
             );

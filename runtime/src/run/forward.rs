@@ -26,6 +26,7 @@ use golden_files::HostTensor;
 /// Check a port against its reference: `Ok` carries what the snapshot records, `Err` says what
 /// failed on the smallest failing case.
 pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
+    let layer = &*check::with_budget(layer);
     let mut description = layer.description(check::cases(layer, layer.cases), check::seed());
     description.extend(layer.invariants_line());
     let runner = ForwardRunner {

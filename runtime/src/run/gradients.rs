@@ -48,7 +48,8 @@ use std::sync::Arc;
 /// Check a port's gradients (the layer's `grad` options, or the defaults).
 pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     // Through time, gradients mean something on the prefill: one forward of the whole input.
-    let layer = &layer.without_schedule();
+    let budgeted = check::with_budget(layer);
+    let layer = &budgeted.without_schedule();
     let spec = layer.grad.clone().unwrap_or_default();
     let description = format!(
         "{}{}\n",

@@ -544,6 +544,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result
             cases: vec![record],
             replayed: Vec::new(),
             skipped: 0,
+            budgeted: None,
         }],
         health,
         store: crate::answers::store::path(layer, Kind::Overfit.suffix())
