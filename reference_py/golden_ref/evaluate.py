@@ -1063,7 +1063,7 @@ def variants(case: Case, perturbations: int = 4):
     return out
 
 
-def gradient_case(case: Case, names: list, wrt: list, params: bool) -> Case:
+def gradient_case(case: Case, names: list, wrt: list, params: bool, along: dict | None = None) -> Case:
     """The case of the function (inputs, cotangents) -> gradient of sum(out * cotangent), as a
     reference of its own: golden evaluates it like any reference (case dtype, float64, nudged), so
     gradients get a rounding estimate too.
@@ -1071,21 +1071,36 @@ def gradient_case(case: Case, names: list, wrt: list, params: bool) -> Case:
     `case.args` holds the inputs, then one cotangent per output leaf. `wrt` indexes the inputs to
     differentiate; `params` adds the module's parameters. Leaves are named by argument or parameter;
     a gradient PyTorch does not produce (no dependence) is left out.
+
+    `along` (`{"names": [...], "at": k}`: a layer at size, whose gradients are millions of values):
+    `case.args[k:]` holds one direction per named target, and each leaf is the gradient's
+    derivative along it, `<gradient, direction>` — gradcheck's fast mode, vᵀJu — summed in float64
+    and given in the gradient's dtype, instead of the gradient itself; the other targets are left
+    out.
     """
     torch = case.backend.torch
     n_inputs = len(names)
+    end = along["at"] if along else None
+    directions = {name: k for k, name in enumerate(along["names"])} if along else None
 
     def gradients(call, args, parameters):
         with torch.enable_grad():
             inputs = [a.detach().clone().requires_grad_(i in wrt) for i, a in enumerate(args[:n_inputs])]
-            cotangents = args[n_inputs:]
+            cotangents = args[n_inputs:end]
             leaves = flatten_outputs(call(*inputs), case.backend)
             if len(leaves) != len(cotangents):
                 raise ValueError(f"{len(leaves)} outputs for {len(cotangents)} cotangents")
             total = sum((leaf * c).sum() for (_, leaf), c in zip(leaves, cotangents))
             targets = [(names[i], inputs[i]) for i in wrt] + list(parameters)
             grads = torch.autograd.grad(total, [t for _, t in targets], allow_unused=True)
-        return {name: g for (name, _), g in zip(targets, grads) if g is not None}
+        if directions is None:
+            return {name: g for (name, _), g in zip(targets, grads) if g is not None}
+        out = {}
+        for (name, _), g in zip(targets, grads):
+            if g is not None and name in directions:
+                u = args[end + directions[name]]
+                out[name] = (g.to(torch.float64) * u.to(torch.float64)).sum().to(g.dtype)
+        return out
 
     if case.form == "module":
         cls = case.obj

@@ -147,7 +147,8 @@ class Worker:
             return self.mutations(header, tensors)
         if op == "gradients":
             case = gradient_case(
-                self.case(header, tensors), header["names"], header["wrt"], bool(header["params"])
+                self.case(header, tensors), header["names"], header["wrt"], bool(header["params"]),
+                header.get("along"),
             )
             table = wire.TensorTable()
             result = forward(case, int(header.get("perturbations", 4)))

@@ -707,13 +707,21 @@ impl Live {
                 names,
                 wrt,
                 params,
+                along,
             } => {
-                let all: Vec<HostTensor> = args.iter().chain(cotangents.iter()).cloned().collect();
+                let mut all: Vec<HostTensor> =
+                    args.iter().chain(cotangents.iter()).cloned().collect();
+                let at = all.len();
+                all.extend(along.iter().flat_map(|a| a.iter().map(|(_, u)| u.clone())));
                 let mut h = self.header(layer, dtype, seed, &all, state, &mut table);
                 h["op"] = json!("gradients");
                 h["names"] = json!(names);
                 h["wrt"] = json!(wrt);
                 h["params"] = json!(params);
+                if let Some(along) = along {
+                    let targets: Vec<&str> = along.iter().map(|(n, _)| n.as_str()).collect();
+                    h["along"] = json!({"names": targets, "at": at});
+                }
                 h
             }
             Request::Train {
@@ -988,6 +996,10 @@ pub enum Request<'a> {
         wrt: &'a [usize],
         /// Whether to differentiate the module's parameters too.
         params: bool,
+        /// A layer at size: for these targets (by name), the gradient's derivative along the
+        /// given direction (one scalar each, gradcheck's fast mode), instead of the gradient; the
+        /// other targets are left out.
+        along: Option<&'a [(String, HostTensor)]>,
     },
     /// The overfit check's training steps: leaves `losses` (f64, one per step) and
     /// `final.<parameter>`.
@@ -1039,10 +1051,17 @@ impl Request<'_> {
                 names,
                 wrt,
                 params,
-            } => (
-                format!("gradients {names:?} {wrt:?} {params}"),
-                args.iter().chain(cotangents).collect(),
-            ),
+                along,
+            } => {
+                let mut text = format!("gradients {names:?} {wrt:?} {params}");
+                let mut tensors: Vec<&HostTensor> = args.iter().chain(cotangents).collect();
+                if let Some(along) = along {
+                    let targets: Vec<&str> = along.iter().map(|(n, _)| n.as_str()).collect();
+                    text.push_str(&format!(" along {targets:?}"));
+                    tensors.extend(along.iter().map(|(_, u)| u));
+                }
+                (text, tensors)
+            }
             Request::Train {
                 args,
                 targets,

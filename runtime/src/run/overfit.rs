@@ -429,6 +429,7 @@ fn reference_gradients(
         names: &names,
         wrt: &[],
         params: true,
+        along: None,
     };
     match source.request(layer, dtype, params, &request) {
         Answer::Outputs(o) => Some(o),
