@@ -166,6 +166,19 @@ pub struct DecodeDecl {
     pub padding: bool,
     pub generate: Option<usize>,
     pub window: Option<usize>,
+    /// `sample(temperature = .., top_k = .., top_p = .., min_p = .., repetition_penalty = ..)`:
+    /// generate by sampling, each parameter optional.
+    pub sample: Option<SampleDecl>,
+}
+
+/// `sample(...)` inside `decode(...)`: the sampling parameters of `generate(do_sample=True)`.
+#[derive(Default)]
+pub struct SampleDecl {
+    pub temperature: Option<f64>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
 }
 
 impl DecodeDecl {
@@ -178,6 +191,7 @@ impl DecodeDecl {
             padding: false,
             generate: None,
             window: None,
+            sample: None,
         }
     }
 }

@@ -226,9 +226,10 @@ pub const OPTIONS: &[Opt] = &[
     },
     Opt {
         name: "params",
-        form: "params = drawn | init | drawn_all",
-        doc: "where the module's parameters come from: drawn per case (the default), its own \
-              init, or drawn including frozen ones and buffers computed at init",
+        form: "params = drawn | init | drawn_all | init_scale",
+        doc: "where the module's parameters come from: drawn per case at unit gain (the default), \
+              its own init, drawn including frozen ones and buffers computed at init, or drawn at \
+              each entry's own initial scale",
         module_only: Some(
             "`params` is about the reference module's parameters: it needs the module form, whose \
              first parameter is a `VarBuilder`",
@@ -270,7 +271,7 @@ pub const OPTIONS: &[Opt] = &[
     },
     Opt {
         name: "decode",
-        form: "decode / decode(over = x, axis = N, padding, generate = N, window = N)",
+        form: "decode / decode(over = x, axis = N, padding, generate = N, window = N, sample(temperature = T, top_k = K, top_p = P, min_p = M, repetition_penalty = R))",
         doc: "drive a port that keeps state (a KV cache) through generated schedules of calls",
         module_only: Some(
             "`decode` drives a module through time: it needs the module form, whose first \
@@ -474,6 +475,46 @@ mod tests {
         assert!(grad.wrt.is_none() && grad.full.is_none());
         assert!(attr.overfit.unwrap().steps.is_none());
         assert!(attr.decode.unwrap().over.is_none());
+    }
+
+    #[test]
+    fn decode_takes_the_sampling_parameters() {
+        let (attr, errors) = parse(quote!(
+            reference = "m.M",
+            decode(
+                generate = 3,
+                sample(
+                    temperature = 0.7,
+                    top_k = 8,
+                    top_p = 0.9,
+                    min_p = 0.05,
+                    repetition_penalty = 1
+                )
+            ),
+        ));
+        assert!(errors.messages().is_empty(), "{:?}", errors.messages());
+        let decode = attr.decode.unwrap();
+        assert_eq!(decode.generate, Some(3));
+        let sample = decode.sample.unwrap();
+        assert_eq!(
+            (
+                sample.temperature,
+                sample.top_k,
+                sample.top_p,
+                sample.min_p,
+                sample.repetition_penalty
+            ),
+            (Some(0.7), Some(8), Some(0.9), Some(0.05), Some(1.0))
+        );
+        let (attr, errors) = parse(quote!(reference = "m.M", decode(generate = 2, sample)));
+        assert!(errors.messages().is_empty(), "{:?}", errors.messages());
+        assert!(attr.decode.unwrap().sample.unwrap().temperature.is_none());
+        let (_, errors) = parse(quote!(reference = "m.M", decode(sample(top_q = 0.5))));
+        assert!(
+            errors.messages()[0].contains("expected `temperature = <float>`"),
+            "{:?}",
+            errors.messages()
+        );
     }
 
     use crate::decl::{DistDecl, ValueDecl};

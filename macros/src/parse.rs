@@ -7,7 +7,8 @@
 
 use crate::decl::{
     ArgDecl, Axis, BoundDecl, ConfigDecl, DecodeDecl, DimDecl, DimValueDecl, DistDecl, GradDecl,
-    InvariantDecl, InvariantsDecl, KeyValue, OverfitDecl, StepsDecl, ValueDecl, WrtName,
+    InvariantDecl, InvariantsDecl, KeyValue, OverfitDecl, SampleDecl, StepsDecl, ValueDecl,
+    WrtName,
 };
 use crate::errors::Errors;
 use quote::quote;
@@ -531,15 +532,19 @@ pub fn parse_duration(text: &str) -> Option<f64> {
     (seconds.is_finite() && seconds > 0.0).then_some(seconds)
 }
 
-/// `= init`, `= drawn` or `= drawn_all`.
+/// `= init`, `= drawn`, `= drawn_all` or `= init_scale`.
 pub fn params(input: ParseStream) -> Result<Ident> {
     let how: Ident = equals(input)?;
-    if how != "init" && how != "drawn" && how != "drawn_all" {
+    if !["init", "drawn", "drawn_all", "init_scale"]
+        .iter()
+        .any(|h| how == h)
+    {
         return Err(Error::new(
             how.span(),
             "expected `params = init` (the module's own initialisation), `params = drawn` (the \
-             default: drawn per case, frozen parameters and buffers computed at init kept) or \
-             `params = drawn_all` (those drawn too)",
+             default: drawn per case at unit gain, frozen parameters and buffers computed at init \
+             kept), `params = drawn_all` (those drawn too) or `params = init_scale` (drawn at \
+             each entry's own initial scale)",
         ));
     }
     Ok(how)
@@ -666,8 +671,9 @@ pub fn overfit(input: ParseStream) -> Result<OverfitDecl> {
 
 /// `(over = input_ids, axis = 1, padding, generate = N, window = W)`, each optional.
 pub fn decode(key: &Ident, input: ParseStream) -> Result<DecodeDecl> {
-    const HELP: &str = "expected `over = <argument>`, `axis = N`, `padding`, `generate = N` or \
-                        `window = N`";
+    const HELP: &str = "expected `over = <argument>`, `axis = N`, `padding`, `generate = N`, \
+                        `window = N` or `sample(temperature = .., top_k = .., top_p = .., \
+                        min_p = .., repetition_penalty = ..)`";
     let mut d = DecodeDecl::bare(key.clone());
     parenthesized_list(input, |input| {
         let key: Ident = input.parse()?;
@@ -691,11 +697,46 @@ pub fn decode(key: &Ident, input: ParseStream) -> Result<DecodeDecl> {
             "padding" => d.padding = true,
             "generate" => d.generate = Some(at_least_one(number(input)?)?),
             "window" => d.window = Some(at_least_one(number(input)?)?),
+            "sample" => d.sample = Some(sample(input)?),
             _ => return Err(Error::new(key.span(), HELP)),
         }
         Ok(())
     })?;
     Ok(d)
+}
+
+/// `(temperature = 0.7, top_k = 8, top_p = 0.9, min_p = 0.05, repetition_penalty = 1.3)`, each
+/// optional: `sample` alone (or `sample()`) draws from the softmax of the logits.
+fn sample(input: ParseStream) -> Result<SampleDecl> {
+    const HELP: &str = "expected `temperature = <float>`, `top_k = <integer>`, `top_p = <float>`, \
+                        `min_p = <float>` or `repetition_penalty = <float>`";
+    let mut s = SampleDecl::default();
+    if !has_parens(input) {
+        return Ok(s);
+    }
+    parenthesized_list(input, |input| {
+        let key: Ident = input.parse()?;
+        let float = |input: ParseStream| -> Result<f64> {
+            input.parse::<Token![=]>()?;
+            if input.peek(LitInt) {
+                return input.parse::<LitInt>()?.base10_parse();
+            }
+            input.parse::<syn::LitFloat>()?.base10_parse()
+        };
+        match key.to_string().as_str() {
+            "temperature" => s.temperature = Some(float(input)?),
+            "top_k" => {
+                input.parse::<Token![=]>()?;
+                s.top_k = Some(input.parse::<LitInt>()?.base10_parse()?);
+            }
+            "top_p" => s.top_p = Some(float(input)?),
+            "min_p" => s.min_p = Some(float(input)?),
+            "repetition_penalty" => s.repetition_penalty = Some(float(input)?),
+            _ => return Err(Error::new(key.span(), HELP)),
+        }
+        Ok(())
+    })?;
+    Ok(s)
 }
 
 /// `(over = k, carry(x = out, h = "out.1"))`.

@@ -337,6 +337,7 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
         .and_then(|(_, how)| match how.to_string().as_str() {
             "init" => Some(quote!(.params_init())),
             "drawn_all" => Some(quote!(.params_drawn_all())),
+            "init_scale" => Some(quote!(.params_init_scale())),
             _ => None,
         });
     let weights = attr
@@ -363,12 +364,34 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
             Some(w) => quote!(::std::option::Option::Some(#w)),
             None => quote!(::std::option::Option::None),
         };
+        let some = |v: Option<proc_macro2::TokenStream>| match v {
+            Some(v) => quote!(::std::option::Option::Some(#v)),
+            None => quote!(::std::option::Option::None),
+        };
+        let sample = some(d.sample.as_ref().map(|s| {
+            let float = |v: Option<f64>| some(v.map(|v| quote!(#v)));
+            let (t, p, m, r) = (
+                float(s.temperature),
+                float(s.top_p),
+                float(s.min_p),
+                float(s.repetition_penalty),
+            );
+            let k = some(s.top_k.map(|k| quote!(#k)));
+            quote!(::golden::Sampling {
+                temperature: #t,
+                top_k: #k,
+                top_p: #p,
+                min_p: #m,
+                repetition_penalty: #r,
+            })
+        }));
         quote!(.decode(::golden::Decode {
             over: ::std::string::String::from(#over),
             axis: #axis,
             padding: #padding,
             generate: #generate,
             window: #window,
+            sample: #sample,
         }))
     });
     let steps = attr.steps.as_ref().map(|s| {

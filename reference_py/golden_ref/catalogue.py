@@ -392,17 +392,36 @@ def _sdpa_options(c):
             out.append(label)
     if c.get("is_causal", False):
         out.append("not causal")
+        if q.shape[-2] > 1:
+            out += ["diagonal+1", "diagonal-1"]
     elif c.get("attn_mask") is None and q.shape[-2] > 1:
         out.append("causal")
     if c.get("attn_mask") is not None:
         out.append("no mask")
+    k = c.get("key")
+    if c.get("enable_gqa", False) and isinstance(k, torch.Tensor) and k.shape[-3] < q.shape[-3]:
+        out.append("kv tiled")
     return out
 
 
 def _sdpa_apply(c, label):
     d = c.get("query").shape[-1]
+    if label == "kv tiled":
+        # Query head h reads key/value head h mod kv_heads (the heads tiled), where the kernel's
+        # grouping gives it head h // (heads / kv_heads).
+        groups = c.get("query").shape[-3] // c.get("key").shape[-3]
+        tile = lambda t: t.repeat(*([1] * (t.dim() - 3)), groups, 1, 1)  # noqa: E731
+        return c.run(key=tile(c.get("key")), value=tile(c.get("value")), enable_gqa=False)
     if label in ("1/d", "1", "1/√d"):
         return c.run(scale={"1/d": 1.0 / d, "1": 1.0, "1/√d": 1.0 / math.sqrt(d)}[label])
+    if label.startswith("diagonal"):
+        # The causal mask written out with its diagonal moved: query i sees keys j ≤ i ± 1 (the
+        # queries are the last of the keys, as with a cache).
+        q, k = c.get("query"), c.get("key")
+        length, keys = q.shape[-2], k.shape[-2]
+        shift = int(label[len("diagonal"):])
+        mask = torch.ones(length, keys, dtype=torch.bool, device=q.device).tril(keys - length + shift)
+        return c.run(is_causal=False, attn_mask=mask)
     if label == "not causal":
         return c.run(is_causal=False)
     if label == "causal":
@@ -411,27 +430,46 @@ def _sdpa_apply(c, label):
 
 
 def _sdpa_what(c, label):
+    if label == "kv tiled":
+        return (f"{c.name} with its key/value heads tiled to the query heads (head h reads kv head h mod "
+                f"{c.get('key').shape[-3]})")
     if label in ("1/d", "1", "1/√d"):
         return f"{c.name}(scale={label})"
+    if label.startswith("diagonal"):
+        more = label.endswith("+1")
+        return (f"{c.name} with its causal mask's diagonal {'one further' if more else 'one nearer'} "
+                f"(query i sees keys j ≤ i {'+' if more else '−'} 1)")
     return {"not causal": f"{c.name} without the causal mask (is_causal=False)",
             "causal": f"{c.name} with a causal mask (is_causal=True)",
             "no mask": f"{c.name} without its attn_mask"}[label]
 
 
 def _sdpa_instead(c, label):
+    if label == "kv tiled":
+        groups = c.get("query").shape[-3] // c.get("key").shape[-3]
+        return f"grouped: query head h reads kv head h // {groups} (enable_gqa)"
     if label in ("1/d", "1", "1/√d"):
         d = c.get("query").shape[-1]
         current = _sdpa_scale(c)
         names = {1.0 / d: "1/d", 1.0: "1", 1.0 / math.sqrt(d): "1/√d"}
         name = next((n for v, n in names.items() if math.isclose(v, current, rel_tol=1e-6)), _fmt(current))
         return f"scale={name}"
+    if label.startswith("diagonal"):
+        return "is_causal=True: keys j ≤ i"
     return {"not causal": "is_causal=True", "causal": "no mask", "no mask": "the mask applied"}[label]
 
 
 def _sdpa_fix(c, label):
+    if label == "kv tiled":
+        groups = c.get("query").shape[-3] // c.get("key").shape[-3]
+        return (f"repeat each key/value head {groups} times in a row (repeat_interleave on the heads axis, "
+                "as candle-transformers' repeat_kv does), not the whole set of heads")
     if label in ("1/d", "1", "1/√d"):
         return f"scale the scores as the reference does ({_sdpa_instead(c, label)}, head_dim " \
                f"{c.get('query').shape[-1]}): (q.matmul(&k.t()?)? * scale)?"
+    if label.startswith("diagonal"):
+        return ("the causal mask is one diagonal off: query i attends to keys j ≤ i, the diagonal included "
+                "(candle: a mask of (j > i) filled with -inf, e.g. from Tensor::tril2 of ones)")
     return {"not causal": "mask the scores above the diagonal with -inf before the softmax "
                           "(a tril mask and where_cond)",
             "causal": "this attention is not causal: do not mask",
@@ -493,6 +531,61 @@ _add(Mutation(
         "which pairs neighbouring elements)",
     joint=True,
     shown=lambda c: _rope_role(c) == "rotate_half",
+))
+
+
+
+def _stack_pair(c):
+    """(a, b) of `torch.stack((a, b), dim=-1)` of two same-shaped tensors, else None."""
+    tensors = c.get("tensors")
+    if not isinstance(tensors, (tuple, list)) or len(tensors) != 2:
+        return None
+    a, b = tensors
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+        return None
+    if _norm_dim(c.get("dim", 0), a.dim() + 1) != a.dim():
+        return None
+    return a, b
+
+
+def _interleaved_role(c):
+    """`stack((-x2, x1), -1)` (flattened after) is an interleaved rotation's rotate_half;
+    `repeat_interleave(f, 2, -1)` duplicates the frequencies for neighbouring pairs."""
+    if c.op == "repeat_interleave":
+        x = c.input
+        repeats, dim = c.get("repeats"), c.get("dim")
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and repeats == 2 and dim in (-1, x.dim() - 1):
+            return "frequencies"
+        return None
+    pair = _stack_pair(c)
+    if pair is None:
+        return None
+    negated = c.state.get("negated")
+    if negated is not None and negated.holds(pair[0]):
+        return "rotate_half"
+    return None
+
+
+def _halves_apply(c, label):
+    if _interleaved_role(c) == "frequencies":
+        return torch.cat((c.input, c.input), dim=-1)
+    a, b = _stack_pair(c)
+    x = _interleave(b, -a)  # the rotation's input: x1 = x[..., ::2], x2 = x[..., 1::2]
+    half = x.shape[-1] // 2
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return turned.reshape(*a.shape, 2)  # what the reference flattens next
+
+
+_add(Mutation(
+    "rope-halves", ("stack", "repeat_interleave"),
+    options=lambda c: ["halves"] if _interleaved_role(c) else [],
+    apply=_halves_apply,
+    what=lambda c, label: "rotary embeddings on the two halves (rotate_half, rope) instead of interleaved pairs",
+    instead="interleaved pairs (x0,x1),(x2,x3)…",
+    fix="rotate neighbouring pairs as the reference does: candle_nn::rotary_emb::rope_i (not rope, which "
+        "pairs the two halves), with each frequency repeated for its pair",
+    joint=True,
+    shown=lambda c: _interleaved_role(c) == "rotate_half",
 ))
 
 # --- resampling, convolution and padding ---------------------------------------------------------

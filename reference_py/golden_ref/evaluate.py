@@ -119,6 +119,13 @@ class Case:
         # (`golden_ref.states.State`); the module is built from it once and shared by the case's
         # evaluations (see `build_module` and `shared`).
         self.checkpoint = None
+        # `around(target, run)` runs `run()`, one whole call of the reference (its driving
+        # included), and returns its result: the mutation diagnosis runs it under a mutation.
+        self.around = None
+        # The diagnosis builds the reference from a changed configuration that may have fewer
+        # parameters (a final norm a switch turns off): the state's entries it does not have are
+        # left out instead of refused.
+        self.partial_state = False
         # Told `(stage, phase)` before each of golden's evaluations of the reference (`case`: in
         # the case dtype, `float64`, `construct`), so that a worker that dies or hangs in one is
         # reported in it, whatever killed it: `golden_ref.worker` sends it to the runtime.
@@ -139,6 +146,8 @@ class Case:
         case.config = self.config
         case.schedule = self.schedule
         case.checkpoint = self.checkpoint
+        case.around = self.around
+        case.partial_state = self.partial_state
         case.progress = self.progress
         return case
 
@@ -150,14 +159,19 @@ def _progress(case: Case, stage: str, phase: str) -> None:
 
 
 def reference_module(module):
-    """The reference module inside one of golden's wrappers (variants, gradients), or itself."""
-    return module.inner if getattr(type(module), "golden_wrapper", False) else module
+    """The reference module inside golden's wrappers (variants, gradients, mutations, which may
+    wrap one another), or itself."""
+    while getattr(type(module), "golden_wrapper", False):
+        module = module.inner
+    return module
 
 
 def reference_class(obj):
-    """The reference's class behind one of golden's wrapper classes (variants, gradients,
-    mutations), or `obj` itself."""
-    return getattr(obj, "golden_inner", obj)
+    """The reference's class behind golden's wrapper classes (variants, gradients, mutations, which
+    may wrap one another), or `obj` itself."""
+    while hasattr(obj, "golden_inner"):
+        obj = obj.golden_inner
+    return obj
 
 
 def _takes_config_keyword(cls) -> bool:
@@ -211,13 +225,14 @@ def construct(case: Case):
     return module.eval()
 
 
-def load_state(module, state, backend):
+def load_state(module, state, backend, extra_ok: bool = False):
     """Load `state` ((name, wire tensor) pairs, the reference's names) into the reference module.
-    Tied parameters appear under each of their names, with equal values."""
+    Tied parameters appear under each of their names, with equal values. With `extra_ok`, entries
+    the module does not have are left out."""
     torch = backend.torch
     inner = reference_module(module)
-    wanted = {name: backend.to_native(_copy(t)) for name, t in state}
     have = inner.state_dict()
+    wanted = {name: backend.to_native(_copy(t)) for name, t in state if not extra_ok or name in have}
     missing = [n for n in have if n not in wanted]
     extra = [n for n in wanted if n not in have]
     if missing or extra:
@@ -273,9 +288,15 @@ def build_module(case: Case, dtype: str | None = None):
     target = torch_dtype(torch, name)
     half = name in ("f16", "bf16")
     with _default_dtype(torch, target if half else None):
-        module = construct(case)
+        # With a state that replaces every parameter, their random init is wasted time (most of a
+        # tiny model's construction, and of the diagnosis, which builds it per mistake); a
+        # parameter the state does not hold (one a module leaves out of its state_dict) keeps the
+        # value its constructor gives it.
+        module = construct(case) if case.state is None else _construct_uninitialised(case)
+        if case.state is not None and not _state_covers(module, case.state):
+            module = construct(case)
     if case.state is not None:
-        load_state(module, case.state, case.backend)
+        load_state(module, case.state, case.backend, extra_ok=case.partial_state)
     if not half:
         return module.to(target)
     computed = _computed_buffers(module)
@@ -325,6 +346,43 @@ def _shared_module(case: Case):
     return module
 
 
+def _state_covers(module, state) -> bool:
+    """Whether `state` ((name, tensor) pairs) holds every parameter of the module."""
+    names = {name for name, _ in state}
+    inner = reference_module(module)
+    return all(name in names for name, _ in inner.named_parameters(remove_duplicate=False))
+
+
+def _construct_uninitialised(case: Case):
+    """`construct(case)` with the in-place initialisers of parameters (`normal_`, `uniform_`,
+    `fill_`, ... on an `nn.Parameter`) turned into no-ops: a whole model's random init takes
+    seconds and its memory for values the checkpoint replaces. Buffers are computed as usual
+    (a rotary embedding's `inv_freq` is not in the state_dict)."""
+    torch = case.backend.torch
+    from torch.overrides import TorchFunctionMode
+
+    T = torch.Tensor
+    initialisers = {T.normal_, T.uniform_, T.zero_, T.fill_, T.copy_, T.erfinv_, T.mul_, T.add_,
+                    T.clamp_, T.exponential_, T.bernoulli_, T.random_, T.cauchy_, T.log_normal_,
+                    T.geometric_}
+
+    class SkipInit(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            # torch.nn.init's functions are dispatched with their tensor as a keyword.
+            tensor = args[0] if args else (kwargs or {}).get("tensor")
+            # torch.nn.init's functions dispatch to the mode themselves (and what they call then
+            # does not reach it): `nn.Linear`'s kaiming_uniform_, transformers' `_init_weights`
+            # (which keeps torch's originals while it patches the module's names).
+            initialiser = func in initialisers or (
+                getattr(func, "__module__", None) == "torch.nn.init" and func.__name__.endswith("_"))
+            if initialiser and isinstance(tensor, torch.nn.Parameter):
+                return tensor
+            return func(*args, **(kwargs or {}))
+
+    with SkipInit():
+        return construct(case)
+
+
 def _versions(module) -> dict:
     """Each parameter's and buffer's in-place version counter (what an in-place write bumps)."""
     inner = reference_module(module)
@@ -354,7 +412,16 @@ def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
     return all(np.array_equal(x[i:i + step], y[i:i + step]) for i in range(0, x.size, step))
 
 
-def _call(case: Case, target, args, phase: str):
+def call(case: Case, target, args, phase: str, grad: bool = False):
+    """Call the reference `target` on the native inputs `args` as the case says: once, or driven
+    through its schedule (a cached decode, a submodule given what its model builds); returns its
+    leaves, (name, native value) pairs, with the trace's when tracing."""
+    if case.around is not None:
+        return case.around(target, lambda: _call(case, target, args, phase, grad))
+    return _call(case, target, args, phase, grad)
+
+
+def _call(case: Case, target, args, phase: str, grad: bool = False):
     backend = case.backend
     backend.seed(case.seed)
     plan = _plan(case, target, args)
@@ -366,7 +433,7 @@ def _call(case: Case, target, args, phase: str):
     taps = recording(_tap_recorder(case, recorded)) if case.trace else contextlib.nullcontext()
     leaves = None
     try:
-        with backend.no_grad(), taps:
+        with (contextlib.nullcontext() if grad else backend.no_grad()), taps:
             if plan is not None:
                 # The driver wraps what the reference raises in each call; its own errors (a
                 # schedule the reference cannot follow, outputs that are no tensors) stand.
@@ -592,6 +659,33 @@ def module_entries(inner):
     return buffers, [names for names in groups.values() if len(names) > 1]
 
 
+def _fan_ins(inner) -> dict:
+    """The fan-in of each weight whose module says how it is read, by state_dict name: a Linear's
+    `in_features`, a convolution's input channels per group times its kernel, Hugging Face's
+    `Conv1D` (`x @ weight`) its first dimension, and 0 for an embedding's weight (each row is an
+    activation of its own). The runtime draws such a weight at unit gain (`answers/params.rs`);
+    other weights of two or more dimensions count their last dimension as the fan-in."""
+    import math
+
+    import torch.nn as nn
+
+    out = {}
+    for name, module in inner.named_modules(remove_duplicate=False):
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, nn.Parameter) or weight.dim() < 2:
+            continue
+        key = f"{name}.weight" if name else "weight"
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            out[key] = 0
+        elif isinstance(module, nn.Linear):
+            out[key] = module.in_features
+        elif isinstance(module, nn.modules.conv._ConvNd):
+            out[key] = (module.in_channels // module.groups) * math.prod(module.kernel_size)
+        elif type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+            out[key] = int(weight.shape[0])
+    return out
+
+
 def param_spec(case: Case, weights: bool = False):
     """What the runtime needs to draw the module's parameters: every state_dict entry with its
     shape, whether it is floating point, a parameter or a buffer, the names it is tied to, and the
@@ -606,7 +700,8 @@ def param_spec(case: Case, weights: bool = False):
     and router so). Statistics come from finite values only. Kept as they are (`kept`, with their
     values): frozen parameters (`requires_grad=False`: Whisper's sinusoidal positions) and buffers
     the module computes at init from a formula (not constant, and the same when the module is
-    built under another seed): their value is their meaning.
+    built under another seed): their value is their meaning. A weight whose module says how it is
+    read carries its `fan_in` (`_fan_ins`).
 
     `weights`: the checkpoint gives every parameter its value (`weights = "..."`), so the module is
     built with its trainable parameters on the meta device (`checkpointed.parameters_on_meta`: a
@@ -615,6 +710,7 @@ def param_spec(case: Case, weights: bool = False):
     torch = case.backend.torch
     inner = reference_module(_construct_marking_empty(case, meta=weights))
     buffers, aliases = module_entries(inner)
+    fan_ins = _fan_ins(inner)
     frozen = {n for n, p in inner.named_parameters(remove_duplicate=False) if not p.requires_grad}
     state = inner.state_dict()
     other = None  # the module under another seed, built when a buffer needs it
@@ -628,6 +724,8 @@ def param_spec(case: Case, weights: bool = False):
             entries.append(entry)
             continue
         entry["float"] = True
+        if name in fan_ins:
+            entry["fan_in"] = fan_ins[name]
         if value.is_meta:
             entries.append(entry)
             continue
@@ -711,7 +809,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     if private:
         native = [backend.to_native(a) for a in args]
         with _checkpointed(case, module):
-            leaves = _call(case, module if module is not None else case.obj, native, phase)
+            leaves = call(case, module if module is not None else case.obj, native, phase)
         if limit is not None:
             limit(leaves)
         return [(name, backend.from_native(v, case.dtype)) for name, v in leaves], []
@@ -725,7 +823,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     else:
         target = copy.deepcopy(module) if module is not None else case.obj
     with _checkpointed(case, module), under if under is not None else contextlib.nullcontext():
-        leaves = _call(case, target, native, phase)
+        leaves = call(case, target, native, phase)
     if limit is not None:
         limit(leaves)
     outputs = _owned_outputs(backend, leaves, case.dtype)
@@ -894,11 +992,11 @@ def _evaluate64(case: Case, module, args, phase: str):
         # (`promoted(upcast=True)`), the largest a slice at a time, and each module's mapped pages
         # go back once it has run (`golden_ref.checkpointed`).
         with checkpointed.evaluating(backend.torch, module, case.checkpoint), checkpointed.float64(backend.torch):
-            return _call(case, module, native, phase)
+            return call(case, module, native, phase)
     if module is not None:
         target = copy.deepcopy(module).to(backend.torch.float64)
     with promoted(backend):
-        return _call(case, target, native, phase)
+        return call(case, target, native, phase)
 
 
 def _nudge_in_place(case: Case, module, rng):
@@ -908,6 +1006,7 @@ def _nudge_in_place(case: Case, module, rng):
     in place of theirs. Returns what to put back: (tensor, its own data)."""
     torch = case.backend.torch
     inner = reference_module(module)
+    target = torch_dtype(torch, case.dtype)
     entries = [t for _, t in inner.state_dict(keep_vars=True).items() if t.is_floating_point()]
     small = [t for t in entries if t.dim() <= 1]
     swapped, seen = [], set()
@@ -915,12 +1014,11 @@ def _nudge_in_place(case: Case, module, rng):
         if id(t) in seen:
             continue
         seen.add(id(t))
-        wire_k = nudge(case.backend.from_native(t.detach(), case.dtype), rng)
+        # In the case dtype: a checkpoint in another (bf16 checked in float32) would nudge by one
+        # ulp of its own dtype (256 of float32's), or round a float32 ulp away.
+        wire_k = nudge(case.backend.from_native(t.detach().to(target), case.dtype), rng)
         swapped.append((t, t.data))
-        # In the case dtype: a checkpoint in another (bf16 checked in float32) would round a
-        # nudge of one ulp of the case dtype away.
         t.data = case.backend.to_native(wire_k)
-    del torch
     return swapped
 
 
@@ -994,12 +1092,15 @@ def _nudged(case: Case, module, expected, precise, perturbations: int):
                 # taken against the float64 answer at the real inputs, so that it holds the output's
                 # move under the nudge as well as its rounding (never less than either): a sample
                 # of the estimate's max(own, moved) for a whole-model evaluation, not three.
+                # Its rounding and its move are one sample then, and count as both: the runtime
+                # judges an error beyond what the output's move explains as the case dtype's own
+                # noise (`answers/live.rs`, `rounding_estimate`), which it is not here.
                 high64 = {name: t for name, t in precise}
             else:
                 high64 = dict(_float64_leaves(backend, high, names))
             del high
             for name, sample in samples.items():
-                sample.add(name, low[name], high64[name].array, base64[name])
+                sample.add(name, low[name], high64[name].array, base64[name], combined=case.shared)
             del low, high64
     own = [(name, WireTensor("f32", samples[name].own)) for name, _ in precise]
     moved = [(name, WireTensor("f32", samples[name].moved)) for name, _ in precise]
@@ -1021,7 +1122,10 @@ class _Samples:
         self.mean = np.zeros(shape, np.float32)
         self.count = 0
 
-    def add(self, name: str, low: WireTensor, high: np.ndarray, base: np.ndarray):
+    def add(self, name: str, low: WireTensor, high: np.ndarray, base: np.ndarray, combined: bool = False):
+        """One nudge's sample. `combined` (a whole model, whose nudged evaluations run in the case
+        dtype only: `high` is `base`): the error against the float64 answer at the real inputs
+        holds the output's move as well as the rounding, and is taken as both."""
         if low.array.shape != self.own.shape or high.shape != self.own.shape:
             raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
         k = self.count
@@ -1034,7 +1138,7 @@ class _Samples:
             j = min(i + step, lows.size)
             e = _floats(WireTensor(low.dtype, lows[i:j]))
             d = e - highs[i:j]  # the reference's rounding error there
-            m = highs[i:j] - bases[i:j]  # the output's sensitivity to the nudge
+            m = d if combined else highs[i:j] - bases[i:j]  # the output's sensitivity to the nudge
             own[i:j] = np.sqrt((np.square(own[i:j], dtype=np.float64) * k + d * d) / (k + 1))
             moved[i:j] = np.sqrt((np.square(moved[i:j], dtype=np.float64) * k + m * m) / (k + 1))
             mean[i:j] = (mean[i:j].astype(np.float64) * k + d) / (k + 1)

@@ -433,7 +433,13 @@ def _index_slices(c):
 def _boundary_options(c):
     if c.op in _COMPARE:
         a, b = _operands(c)
-        return [_COMPARE[c.op]] if _tensor(a) else []
+        if not _tensor(a):
+            return []
+        out = [_COMPARE[c.op]]
+        if _integral(a) and (_integral(b) or (isinstance(b, int) and not isinstance(b, bool))):
+            # `kv_idx <= q_idx + 1`: a mask's diagonal (a window's edge) one further or nearer.
+            out += ["by+1", "by-1"]
+        return out
     if c.op == "arange":
         return list(_SHIFTS) if _arange_bounds(c) is not None else []
     if c.op in ("triu", "tril"):
@@ -463,7 +469,14 @@ def _boundary_options(c):
     return []
 
 
+def _integral(x) -> bool:
+    return _tensor(x) and not x.is_floating_point() and not x.is_complex() and x.dtype != torch.bool
+
+
 def _boundary_apply(c, label):
+    if c.op in _COMPARE and label.startswith("by"):
+        a, b = _operands(c)
+        return c.func(a, b + int(label[2:]))
     if c.op in _COMPARE:
         return getattr(torch.Tensor, label)(*c.args, **c.kwargs) if label.startswith("__") else \
             getattr(torch, label)(*c.args, **c.kwargs)
@@ -496,6 +509,10 @@ def _boundary_apply(c, label):
 
 
 def _boundary_what(c, label):
+    if c.op in _COMPARE and label.startswith("by"):
+        by = int(label[2:])
+        return (f"{_code(c)} with its right side {'+' if by > 0 else '−'} 1 (a mask's diagonal, a window's "
+                f"edge, one {'further' if by > 0 else 'nearer'})")
     if c.op in _COMPARE:
         return f"{_code(c)} with {_SIGN[label]} instead of {_SIGN[c.op]}"
     if c.op == "arange":
@@ -533,6 +550,10 @@ def _boundary_fix(c, label):
     if c.op in ("triu", "tril"):
         return (f"the mask is off by one: use the reference's diagonal ({int(c.get('diagonal', 0) or 0)}: "
                 "position i attends to j ≤ i for a causal tril); candle's Tensor::tril2(n) keeps the diagonal")
+    if c.op in _COMPARE and label.startswith("by"):
+        return (f"off by one: the reference's bound is exactly {_code(c)} (a causal mask lets query i see keys "
+                "j ≤ i, the diagonal included; a window of w keys is j > i − w): build the port's mask from "
+                "the same comparison")
     if c.op in _COMPARE:
         return (f"off by one: the reference compares with {_SIGN[c.op]} in {_code(c)} (a window of exactly "
                 "that many keys, a mask that keeps or drops the diagonal): use the same comparison")

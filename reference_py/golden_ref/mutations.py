@@ -30,6 +30,9 @@ those it matches on two failing cases.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import hashlib
 import sys
 import time
 import weakref
@@ -38,10 +41,10 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import structure
-from .backends import OutputError, bf16_bits_to_f32, flatten_outputs
+from . import configs, rewrites, structure  # noqa: F401  (rewrites: registers its mutations)
+from .backends import OutputError, bf16_bits_to_f32
 from .catalogue import CATALOGUE, Call, mutation  # noqa: F401  (mutation: re-exported)
-from .evaluate import Case, ReferenceRaised, forward
+from .evaluate import UNIT_ROUNDOFF, Case, ReferenceRaised, call, construct, forward, reference_class, reference_module
 from .families import CASTS, ELEMENTWISE, NONLINEAR
 from .sites import INTERNAL as _INTERNAL  # noqa: F401  (tests mark their own file internal)
 from .sites import join_places, site_of
@@ -52,8 +55,19 @@ SWAPPABLE = frozenset(("linear", "matmul", "conv1d", "conv2d", "bmm"))
 _ADDS = frozenset(("add", "__add__", "__radd__", "add_", "__iadd__"))
 
 # The kinds of candidate, in the order they are tried when the evidence says nothing in particular.
-KINDS = ("catalogue", "yours", "activation", "drop", "constant", "axes", "precision", "operands",
+KINDS = ("catalogue", "yours", "config", "activation", "drop", "constant", "axes", "precision", "operands",
          "boundary", "structure", "inputs")
+
+
+def mechanisms() -> tuple:
+    """Every mechanism of the diagnosis, by the name a candidate's key starts with: the catalogue's
+    and the families' mutations, the structural plans, configuration changes, the inputs' and
+    outputs' exchanges, and the mistakes of driving a schedule (the book's table lists each,
+    `tests/test_docs.py`)."""
+    from .schedule import MISTAKES
+
+    return (tuple(m.key for m in CATALOGUE) + structure.PLAN_KINDS
+            + ("config", "outputs-swapped", "input-transposed", "inputs-swapped") + MISTAKES)
 
 
 def catalogue_for(reference) -> list:
@@ -191,7 +205,7 @@ class Candidate:
     message's words, `kind` its family."""
 
     def __init__(self, key, what, instead, fix, where, targets=None, mutation=None, label=None,
-                 swap=None, args=None, kind="catalogue", code=None, plan=None, modules=()):
+                 swap=None, args=None, kind="catalogue", code=None, plan=None, modules=(), config=None):
         self.key = key
         self.what = what
         self.instead = instead
@@ -206,11 +220,33 @@ class Candidate:
         self.code = code
         self.plan = plan  # a structure.Plan
         self.modules = set(modules)  # the submodules its sites run in
+        self.config = config  # a configs.Change: the reference built from another configuration
 
     def case(self, case: Case, ops, sites, sizes) -> Case:
         if self.args is not None:
             return case.derived(case.obj, args=self.args)
+        if self.config is not None:
+            return _configured(case, self.config)
         return _wrapped(case, lambda: _Session(self, ops, sites, sizes))
+
+
+def _ops_of(candidate, ops, sites) -> frozenset:
+    """The ops a candidate's session must see: those of the sites it mutates (a call site is
+    worked out from the Python stack, the largest cost of running a mutant), the negations a
+    rotation's pattern reads, and, for a formula's replacement or a pattern spread over several
+    calls, every elementwise op (the formula a call ends is followed through them)."""
+    c = candidate
+    if c.plan is not None:
+        return _ADDS
+    keys = set(c.targets or ()) | set(c.swap or ())
+    if not keys:
+        return ops
+    narrowed = {sites[k].op for k in keys if k in sites} | {"neg", "__neg__"}
+    if c.mutation is not None:
+        narrowed |= c.mutation.ops
+        if c.kind == "activation" or c.mutation.joint:
+            narrowed |= ELEMENTWISE
+    return frozenset(narrowed) & ops
 
 
 class _Session:
@@ -218,7 +254,7 @@ class _Session:
 
     def __init__(self, candidate, ops, sites, sizes=()):
         self.candidate = candidate
-        self.ops = ops
+        self.ops = _ops_of(candidate, ops, sites)
         self.sites = sites
         self.sizes = sizes
 
@@ -297,6 +333,10 @@ def _wrapped(case: Case, session, built=None) -> Case:
                 super().__init__()
                 holder = {}
 
+                watch = getattr(session(), "watch_config", None)
+                if watch is not None:
+                    args, init = watch(args, init)
+
                 def build():
                     holder["inner"] = cls(*args, **init)
 
@@ -306,9 +346,21 @@ def _wrapped(case: Case, session, built=None) -> Case:
                     built.append(self)
 
             def forward(self, *args, **kwargs):
-                return session().run(lambda: self.inner(*args, **kwargs), root=self.inner)
+                return self.inner(*args, **kwargs)
 
-        obj = Mutated
+        derived = case.derived(Mutated)
+        # The whole call runs in the session: the module's forward and what the driving builds
+        # for it from its configuration (a submodule's rotary tables and mask, every step of a
+        # schedule), as a whole model's own code would build them. Inside a mutation made before
+        # (a second mistake on top of a first), both apply.
+        before = case.around
+
+        def around(target, run):
+            inner = run if before is None else (lambda: before(target, run))
+            return session().run(inner, root=reference_module(target))
+
+        derived.around = around
+        return derived
     else:
         fn = case.obj
 
@@ -317,6 +369,51 @@ def _wrapped(case: Case, session, built=None) -> Case:
 
         obj.golden_inner = fn  # what golden's schedules read the signature of
     return case.derived(obj)
+
+
+class _ConfigBuilder:
+    """A configuration class as `evaluate.constructor_arguments` calls it, building the
+    configuration with one change (`configs.Change`)."""
+
+    def __init__(self, config_class, change):
+        self.config_class = config_class
+        self.change = change
+        self.__name__ = getattr(config_class, "__name__", "config")
+
+    def __call__(self, **keywords):
+        return self.change.build(self.config_class, keywords)
+
+
+def _configured(case: Case, change) -> Case:
+    """The case with its reference built from the configuration with `change`."""
+    derived = case.derived(case.obj)
+    config_class, keywords = case.config
+    derived.config = (_ConfigBuilder(config_class, change), keywords)
+    derived.partial_state = True
+    if case.schedule is not None:
+        # What the driving builds from the configuration once per case (a submodule's rotary
+        # embedding) is built again from this one; the tokens a generation was fed stay.
+        derived.schedule = copy.copy(case.schedule)
+        derived.schedule.rotary = None
+    return derived
+
+
+def _fits(case: Case) -> bool:
+    """Whether the case's state fits the module the case builds: the same names and shapes,
+    worked out on torch's meta device (no memory, no initialisation)."""
+    if case.state is None or case.form != "module":
+        return True
+    torch = case.backend.torch
+    try:
+        with torch.device("meta"):
+            module = construct(case)
+        have = {name: tuple(t.shape) for name, t in reference_module(module).state_dict().items()}
+    except Exception:
+        return False
+    # Every entry the changed module has, with the case's shape; entries it no longer has (a
+    # final norm its configuration turns off) are left out of it.
+    wanted = {name: tuple(t.array.shape) for name, t in case.state}
+    return all(wanted.get(name) == shape for name, shape in have.items())
 
 
 class Recording:
@@ -339,9 +436,30 @@ class Recording:
         self.recorder = None
         self.flow = None
         self.seconds = 0.0
+        # The configuration's fields the reference reads (module form built from a configuration).
+        self.reads = configs.Reads()
 
     def session(self):
         return self
+
+    def watch_config(self, args, init):
+        """The constructor's arguments with its configuration object watched (`configs.Reads`)."""
+        if "config" in init:
+            init = {**init, "config": self.reads.watch(init["config"])}
+        elif args:
+            args = (self.reads.watch(args[0]), *args[1:])
+        return args, init
+
+    def config_candidates(self, case: Case) -> list:
+        """A candidate per configuration mistake (`configs.changes`) of the fields read, but those
+        under which the case's weights no longer fit the module (a size that shapes a weight)."""
+        out = []
+        for change in configs.changes(self.reads, case.config[0], case.config[1]):
+            if not _fits(_configured(case, change)):
+                continue
+            out.append(Candidate(change.key, change.what(), change.instead(), change.fix(), change.where(),
+                                 kind="config", code=change.code(), config=change))
+        return out
 
     def run(self, call_reference, constructing=False, root=None):
         self.constructing = constructing
@@ -460,7 +578,7 @@ class Recording:
                         else:
                             what = f"the outputs of two {op} calls swapped"
                         out.append(Candidate(
-                            f"swap|{op}|{self._id(a)}|{self._id(b)}",
+                            f"outputs-swapped|{op}|{self._id(a)}|{self._id(b)}",
                             what,
                             "each where it is",
                             "the port exchanges these two results (e.g. SwiGLU's gate and up "
@@ -529,6 +647,44 @@ def _as_f64(t: WireTensor) -> np.ndarray:
 
 
 _FAR = 1e15
+# A mutant within this many units of the case dtype's rounding (at the outputs' size) of the port
+# reproduces it; once `_ENOUGH` of them are found, the cheap pass stops.
+_EXACT_UNITS = 64
+_ENOUGH = 2
+
+
+def _rms(leaves: dict) -> float:
+    """The root mean square of the outputs (finite elements), at least the smallest normal."""
+    total, count = 0.0, 0
+    for t in leaves.values():
+        a = _as_f64(t)
+        a = a[np.isfinite(a)]
+        total += float(np.sum(a * a))
+        count += a.size
+    return max(float(np.sqrt(total / count)) if count else 0.0, 1e-30)
+
+
+def _digest(leaves) -> bytes:
+    """The bits of a candidate's outputs, hashed: equal for mutants that compute the same."""
+    h = hashlib.blake2b(digest_size=16)
+    for name, t in leaves:
+        h.update(f"{name}\0{t.dtype}\0{np.shape(t.array)}\0".encode())
+        h.update(np.ascontiguousarray(t.array).view(np.uint8).reshape(-1))
+    return h.digest()
+
+
+def _as_port_holds(a: np.ndarray, port_shape) -> np.ndarray:
+    """A step's output as a port that returns only the last position holds it (`[b, 1, …]` or
+    `[b, …]` of a `[b, t, …]` leaf, as candle-transformers' causal LMs return their logits),
+    as the runtime compares them; else unchanged."""
+    port_shape = tuple(port_shape)
+    if a.shape == port_shape or a.ndim < 2 or a.shape[1] == 0:
+        return a
+    if port_shape == (a.shape[0], 1, *a.shape[2:]):
+        return a[:, -1:]
+    if port_shape == (a.shape[0], *a.shape[2:]):
+        return a[:, -1]
+    return a
 
 
 def distance(leaves, port: dict) -> float:
@@ -539,7 +695,8 @@ def distance(leaves, port: dict) -> float:
         p = port.get(name)
         if p is None:
             continue
-        a, b = _as_f64(t), _as_f64(p)
+        b = _as_f64(p)
+        a = _as_port_holds(_as_f64(t), b.shape)
         if a.shape != b.shape:
             return float("inf")
         same = (a == b) | (np.isnan(a) & np.isnan(b))
@@ -560,7 +717,8 @@ def evidence(reference, port: dict) -> list:
         p = port.get(name)
         if p is None:
             continue
-        r, q = _as_f64(t), _as_f64(p)
+        q = _as_f64(p)
+        r = _as_port_holds(_as_f64(t), q.shape)
         if r.shape != q.shape or r.size < 2 or not (np.isfinite(r).all() and np.isfinite(q).all()):
             continue
         tol = 1e-5 * (1 + np.abs(r))
@@ -606,11 +764,28 @@ def order_of_kinds(found: list) -> list:
         first += ["boundary", "operands", "drop"]
     if "scaled" in found:
         first += ["constant", "drop"]
-    out = []
+    # A configuration mistake is tried first whatever the evidence: where one reproduces the port,
+    # it is the cause every kind of check names alike (the op it changes differs from check to
+    # check; the field does not).
+    out = ["config"]
     for kind in first + list(KINDS):
         if kind not in out:
             out.append(kind)
     return out
+
+
+# Comparisons say a bound as the reference's code says it (`kv_idx <= q_idx`): of the equivalent
+# spellings of an off-by-one, they are named first.
+_COMPARISONS = frozenset(("le", "lt", "ge", "gt", "__le__", "__lt__", "__ge__", "__gt__", "less", "less_equal",
+                          "greater", "greater_equal"))
+
+
+def _plainer(candidate, recording) -> int:
+    """0 for the candidates that name a mistake most plainly among equivalent ones, else 1."""
+    targets = candidate.targets or ()
+    if candidate.kind == "boundary" and any(recording.sites[k].op in _COMPARISONS for k in targets):
+        return 0
+    return 1
 
 
 def _focused(candidate, focus) -> bool:
@@ -621,6 +796,18 @@ def _focused(candidate, focus) -> bool:
         if name == focus or name.startswith(focus + ".") or focus.startswith(name + "."):
             return True
     return False
+
+
+def _stepwise(case: Case) -> Case:
+    """The case with its schedule's steps only: the cheap pass ranks candidates by the cached
+    steps, without the one-shot run of the whole sequence after them (a copy of the module and a
+    forward more per candidate, a third of a decode's search)."""
+    if case.schedule is None or not case.schedule.oneshot:
+        return case
+    derived = case.derived(case.obj)
+    derived.schedule = copy.copy(case.schedule)
+    derived.schedule.oneshot = False
+    return derived
 
 
 def _cheap(case: Case, target, candidate, ops, sites, sizes):
@@ -634,12 +821,14 @@ def _cheap(case: Case, target, candidate, ops, sites, sizes):
     # The CPU generator only: torch.manual_seed also queues a CUDA re-seed, and on a CUDA build
     # that records a stack trace each time (~1 ms, the cheap pass's largest cost).
     torch.default_generator.manual_seed(case.seed)
-    with backend.no_grad():
-        if session is None:
-            out = target(*args, **case.kwargs)
-        else:
-            out = session.run(lambda: target(*args, **case.kwargs), root=root)
-    return [(name, backend.from_native(value, case.dtype)) for name, value in flatten_outputs(out, backend)]
+    case = _stepwise(case)
+    # Driven as the reference is (a schedule's steps, a submodule's position embeddings and mask):
+    # a bare call would answer for another computation, or not at all.
+    if session is None:
+        leaves = call(case, target, args, "the diagnosis's cheap pass")
+    else:
+        leaves = session.run(lambda: call(case, target, args, "the diagnosis's cheap pass"), root=root)
+    return [(name, backend.from_native(value, case.dtype)) for name, value in leaves]
 
 
 def config_sizes(case: Case) -> list:
@@ -677,8 +866,47 @@ class Budget:
         return self.seconds - (time.monotonic() - self.started)
 
 
+def _record(case: Case, sizes, names):
+    """Run the reference once under the recording: (the recording, the modules it built, its
+    result, the candidates it admits)."""
+    recording = Recording(catalogue_for(reference_class(case.obj)), sizes)
+    built = []
+    result = forward(_wrapped(case, recording.session, built), precise=False)
+    recording.reads.stop()
+    candidates = recording.candidates() + _input_candidates(case, names)
+    if case.config is not None:
+        candidates += recording.config_candidates(case)
+    return recording, built, result, candidates
+
+
+@contextlib.contextmanager
+def _masks_materialised():
+    """transformers' masks built as tensors on every call while the diagnosis runs: where a step has
+    no padding it lets the attention kernel imply the causal mask (`is_causal`, no tensor), and
+    builds it from `kv_idx <= q_idx` where a step has a cache. A port's mistake in its mask is then
+    a mutation of one rule, whatever the step (one diagonal further: the same comparison in a
+    prefill and in a chunk on a cache), not of two code paths."""
+    masking = sys.modules.get("transformers.masking_utils")
+    skip = getattr(masking, "_ignore_causal_mask_sdpa", None)
+    if skip is None:
+        yield
+        return
+    masking._ignore_causal_mask_sdpa = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        masking._ignore_causal_mask_sdpa = skip
+
+
 def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, perturbations: int = 4,
-           only=None, sizes=(), focus=None):
+           only=None, sizes=(), focus=None, base=None):
+    """See `_search`; with transformers' masks materialised (`_masks_materialised`)."""
+    with _masks_materialised():
+        return _search(case, port, names, keep, budget, perturbations, only, sizes, focus, base)
+
+
+def _search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, perturbations: int = 4,
+            only=None, sizes=(), focus=None, base=None):
     """Find the mutations of the reference that move it toward the port on this case, within
     `budget` seconds.
 
@@ -687,20 +915,28 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
     Returns a summary (calls, sites, candidates of each kind and how many were tried, whether the
     budget ran out and where) and, for the `keep` closest candidates, (candidate, result of
     `forward`). With `only` (candidate keys, those that matched on another case), just those are
-    evaluated, in full, without the cheap pass."""
+    evaluated, in full, without the cheap pass. With `base` (a candidate's key), the search is of
+    a second mistake on top of that one: every candidate is evaluated with `base` made too (a port
+    with two mistakes, the first named on a smaller case)."""
     clock = Budget(budget)
     sizes = [(name, value, "config") for name, value in config_sizes(case)] + [
         (str(n), int(v), "case") for n, v in sizes]
-    recording = Recording(catalogue_for(case.obj), sizes)
-    built = []
-    base = forward(_wrapped(case, recording.session, built), precise=False)
+    first = None
+    if base is not None:
+        recording, _, _, candidates = _record(case, sizes, names)
+        first = next((c for c in candidates if c.key == base), None)
+        if first is None:
+            raise OutputError(f"the mutation {base!r} does not apply to this case")
+        case = first.case(case, recording.ops, recording.sites, sizes)
+    recording, built, base, candidates = _record(case, sizes, names)
+    if first is not None:
+        candidates = [c for c in candidates if c.key != first.key]
     # The cheap pass reuses the reference as forward() built it (its weights included), unless a
     # mutation is in its constructor.
     target = case.obj if case.form != "module" else (built[-1].inner if built else None)
     port = dict(port)
     base_expected = dict(base["expected"])
     base_distance = distance(base["expected"], port)
-    candidates = recording.candidates() + _input_candidates(case, names)
     ops = recording.ops
     # A full evaluation runs the reference 2 + 2 × perturbations times (case dtype, float64, and
     # each nudge in both).
@@ -726,9 +962,16 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
     # Which leaves differ: a mutant that moves a leaf the port already matches is not the port.
     agreed = [name for name, t in base["expected"] if name in port and _agrees(t, port[name])]
     rank = {kind: i for i, kind in enumerate(order)}
-    candidates.sort(key=lambda c: (not _focused(c, focus), rank.get(c.kind, len(rank))))
+    # A configuration is read throughout the model: its mistakes come first with a trace's focus too.
+    candidates.sort(key=lambda c: (not (c.kind == "config" or _focused(c, focus)), rank.get(c.kind, len(rank)),
+                                   _plainer(c, recording)))
     reserve = min(clock.seconds / 2, keep * full_cost)
     scored = []
+    seen = set()
+    # What reproducing the port to rounding means here: the case dtype's rounding, a few dozen
+    # units at the outputs' size (not a share of how far the port is from the reference: a port
+    # far off would make a merely closer mutant "exact").
+    exact = _EXACT_UNITS * UNIT_ROUNDOFF.get(case.dtype, 2.0**-24) * _rms(port)
     truncated, stage = False, None
     tried = 0
     for candidate in candidates:
@@ -738,8 +981,10 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
         tried += 1
         counts[candidate.kind][1] += 1
         try:
-            if target is None or (candidate.targets and candidate.targets & recording.construction):
-                expected = forward(candidate.case(case, ops, recording.sites, sizes), precise=False)["expected"]
+            if (target is None or candidate.config is not None
+                    or (candidate.targets and candidate.targets & recording.construction)):
+                expected = forward(_stepwise(candidate.case(case, ops, recording.sites, sizes)),
+                                   precise=False)["expected"]
             else:
                 expected = _cheap(case, target, candidate, ops, recording.sites, sizes)
         except Exception:  # a mutated reference that raises cannot be the port
@@ -747,14 +992,30 @@ def search(case: Case, port, names=None, keep: int = 6, budget: float = 20.0, pe
         moved = distance(expected, base_expected)
         if moved == 0.0:
             continue  # a mutation that changes nothing explains nothing
+        # Two values of one configuration field that compute the same (a key absent and its
+        # fallback value) are one mistake: the first named says it. Other mutants that compute
+        # the same on this case may not on another (a mask one diagonal further and no mask at
+        # all, on two positions): the other failing case tells them apart.
+        if candidate.config is not None:
+            digest = (tuple(path for path, _ in candidate.config.values), _digest(expected))
+            if digest in seen:
+                continue
+            seen.add(digest)
         if any(not _agrees(t, base_expected[name]) for name, t in expected if name in agreed):
             continue
         d = distance(expected, port)
         if d < 0.5 * base_distance:
-            scored.append((d, candidate))
-    scored.sort(key=lambda s: s[0])
+            scored.append((d, len(scored), candidate))
+        if sum(1 for e, _, _ in scored if e <= exact) >= _ENOUGH:
+            # Mutants that are the port to rounding, in the order the evidence ranks the kinds:
+            # the rest could only add other spellings of them.
+            break
+    # Mutants that reproduce the port to rounding, in the order they were tried (the same order
+    # in every kind of check, so that one mistake gets one name: configuration first); then the
+    # closest of the rest. Among those that reproduce it, which fits best is rounding's choice.
+    scored.sort(key=lambda s: (s[0] > exact, s[1] if s[0] <= exact else s[0]))
     evaluated = []
-    for d, candidate in scored[:keep]:
+    for d, _, candidate in scored[:keep]:
         if clock.left() <= 0:
             truncated, stage = True, stage or "full evaluations"
             break

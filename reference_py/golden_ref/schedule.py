@@ -70,6 +70,12 @@ class Plan:
         self.mistake = spec.get("mistake")
         # A step loop (`steps(...)`): {"per_step": [argument indices], "carry": [[index, leaf]]}.
         self.loop = spec.get("loop")
+        # Sampled generation (`decode(generate = N, sample(...))`): {"spec": the sampling
+        # parameters, "uniforms": golden's uniforms [b, N], "probe_uniforms": [16]}; the tokens are
+        # `generate()`'s, drawn with golden's uniforms (`golden_ref.sampling`).
+        self.sample = spec.get("sample")
+        # The sampling leaves of the first evaluation (`sample.…`): later ones return the same.
+        self.sampled = None
         if self.mistake is not None and self.mistake not in MISTAKES:
             raise ValueError(f"unknown schedule mistake {self.mistake!r}")
         self.mask = mask
@@ -443,10 +449,49 @@ def _check_length(module, total: int):
         )
 
 
+def _sample(case, torch, target, pristine, x, plan, mask, phase_error):
+    """Sampled generation, once per request (its first evaluation): `generate()` on a copy of the
+    module with golden's uniforms in place of `torch.multinomial`; its tokens become the forced
+    ones every evaluation feeds, and its raw logits and drawn probabilities, with those of golden's
+    probe (a vector of whole-number logits, ties everywhere, `golden_ref.sampling.probe`), the
+    leaves `sample.…`."""
+    from . import sampling
+
+    backend = case.backend
+    spec = plan.sample["spec"]
+    uniforms = backend.to_native(plan.sample["uniforms"]).to(torch.float64)
+    model = copy.deepcopy(_inner(pristine if pristine is not None else target))
+    try:
+        tokens, logits, probs = sampling.generate(model, x, mask, spec, uniforms)
+    except sampling.SamplingError as e:
+        raise ScheduleError(str(e)) from None
+    except BaseException as e:  # SystemExit too: a reference must not end the worker
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise phase_error("generate() with golden's draws", e) from None
+    leaves = []
+    for j, (l, p) in enumerate(zip(logits, probs)):
+        leaves.append((f"sample.{j}.logits", l.to(torch.float32)))
+        leaves.append((f"sample.{j}.probs", p.to(torch.float32)))
+    # The probe, after row 0's prompt (its valid tokens) and its generated tokens.
+    vocab = logits[0].shape[-1]
+    row = x[0] if mask is None else x[0][mask[0].bool()]
+    previous = torch.cat([row.reshape(-1).to(torch.int64), tokens[0].to(torch.int64)]).unsqueeze(0)
+    probe = sampling.probe(case.seed, vocab, spec, previous)
+    u = backend.to_native(plan.sample["probe_uniforms"]).to(torch.float64).reshape(1, -1)
+    answer = sampling.process(probe, previous, u, **spec)
+    leaves.append(("sample.probe.logits", probe.to(torch.float32)))
+    leaves.append(("sample.probe.probs", answer["probs"]))
+    leaves.append(("sample.probe.tokens", answer["tokens"]))
+    return tokens, leaves
+
+
 def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_error):
     backend = case.backend
     x = args[plan.arg]
     batch = x.shape[0]
+    if plan.sample is not None and plan.generate and plan.forced is None:
+        plan.forced, plan.sampled = _sample(case, torch, target, pristine, x, plan, mask, phase_error)
     builder = _Builder(torch, target, plan, batch, mask)
     leaves = []
     generated = []
@@ -488,6 +533,7 @@ def _run(case, torch, target, pristine, args, plan, mask, steps, prompt, phase_e
         tokens = plan.forced
         sequence = torch.cat([x, tokens.reshape(list(tokens.shape) + [1] * (x.dim() - 2)).to(x.dtype)], dim=plan.axis)
         leaves.append(("tokens", tokens))
+        leaves.extend(plan.sampled or [])
     if plan.cached and plan.oneshot:
         leaves.extend(_oneshot(case, torch, pristine, args, plan, mask, steps, sequence, phase_error))
     return leaves

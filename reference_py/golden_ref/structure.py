@@ -21,6 +21,9 @@ import torch
 
 from .sites import frame_of_call, display_path, join_places, source_line
 
+# The kinds of `Plan`, as a candidate's key starts.
+PLAN_KINDS = ("skip", "swap", "post-norm", "pre-norm", "residual-after-norm", "sequential", "parallel")
+
 _DIGITS = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)")
 
 
@@ -63,7 +66,8 @@ def _same(a, b) -> bool:
 class ModuleCall:
     """One call of a submodule during the recording."""
 
-    __slots__ = ("name", "cls", "order", "inp", "out", "where", "code", "parent", "preserves", "fed_by")
+    __slots__ = ("name", "cls", "order", "inp", "out", "where", "code", "parent", "preserves", "fed_by", "inp_id",
+                 "parent_call", "from_sum")
 
     def __init__(self, name, cls, order, inp, where, code, parent):
         self.name = name
@@ -76,6 +80,9 @@ class ModuleCall:
         self.parent = parent
         self.preserves = False  # its output has its input's shape and dtype
         self.fed_by = None  # the submodule call whose output is its input
+        self.inp_id = None  # id() of its input while it ran (the input may be gone after the run)
+        self.parent_call = None  # the call of its parent module it ran in
+        self.from_sum = None  # the site key of the residual add whose sum is its input, if any
 
 
 def _where(frame):
@@ -143,6 +150,7 @@ class Recorder(_Hooks):
         self._by_input = {}  # id(tensor) -> (ref, ModuleCall), the last module fed the tensor
         self._by_output = {}  # id(tensor) -> (ref, ModuleCall)
         self._sums = {}  # id(sum of a residual add whose branch starts at its other operand) -> info
+        self._residual_sums = {}  # id(sum of any residual add) -> (ref, site key)
         self.patterns = []  # (kind, norm call, branch start call, add site)
 
     def current(self):
@@ -163,6 +171,8 @@ class Recorder(_Hooks):
         where, code = _where(sys._getframe(1))
         call = ModuleCall(name, type(module).__name__, len(self.calls), weakref.ref(t) if t is not None else None,
                           where, code, self.stack[-1].name if self.stack else None)
+        call.inp_id = id(t) if t is not None else None
+        call.parent_call = self.stack[-1] if self.stack else None
         self.calls.append(call)
         self.stack.append(call)
         if t is not None:
@@ -172,6 +182,9 @@ class Recorder(_Hooks):
             summed = self._sums.get(id(t))
             if summed is not None and summed[0]() is t:
                 self.patterns.append(("pre-norm", call, summed[1], summed[2]))
+            residual_sum = self._residual_sums.get(id(t))
+            if residual_sum is not None and residual_sum[0]() is t:
+                call.from_sum = residual_sum[1]
         return None
 
     def _post(self, module, args, kwargs, output):
@@ -199,6 +212,7 @@ class Recorder(_Hooks):
                 if norm is not None and norm.preserves and call.fed_by is norm:
                     self.patterns.append(("post-norm", norm, call, site_key))
                     self.patterns.append(("residual-after-norm", norm, call, site_key))
+                    self._residual_sums[id(out)] = (weakref.ref(out), site_key)
                     return
                 if call.inp is not None and call.inp() is residual:
                     self._sums[id(out)] = (weakref.ref(out), call, site_key)
@@ -250,6 +264,7 @@ class Recorder(_Hooks):
                     instead=f"`{la}` then `{lb}`",
                     fix=f"apply `{la}` ({a.cls}) first and then `{lb}` ({b.cls}), as the reference does",
                     where=_places([x for pair in chosen for x in pair]), code=a.code))
+        out += self._branch_plans()
         # Residuals: pre- vs post-norm, and the residual taken on the other side of the norm; one
         # at a time, the same one in every layer, every residual of one block at once (a block
         # written post-norm), and that in every layer.
@@ -284,6 +299,68 @@ class Recorder(_Hooks):
                 what=words[0], instead=words[1], fix=words[2], where=join_places(places),
                 code=add_sites.get(chosen[0][3], ("", None))[1]))
         return out
+
+
+def _branch_plans(self) -> list:
+    """Two residual branches of one block computed in parallel where the reference computes them
+    in sequence, and the reverse (GPT-NeoX's, GPT-J's and Phi's blocks run attention and the MLP on
+    the same normalised input; Llama's feed the MLP the attention's residual sum). One block at a
+    time and every layer at once."""
+    found = {}
+    # Parallel in the reference: two branches of one block call, each fed a norm of the same
+    # input (one norm shared, or two), the second not fed by the first.
+    for b2 in self.calls:
+        n2 = b2.fed_by
+        if n2 is None or not n2.preserves or not b2.preserves:
+            continue
+        for b1 in self.calls:
+            if b1.order >= b2.order or b1 is n2 or b1.parent_call is not b2.parent_call:
+                continue
+            n1 = b1.fed_by
+            if n1 is None or not n1.preserves or n1.inp_id != n2.inp_id or not b1.preserves:
+                continue
+            if b1.order < n2.order <= b2.order or n1 is n2:
+                found.setdefault(("sequential", b1.name, b2.name), (b2.name, b1.name, n2.name))
+    # Sequential in the reference: a second branch's norm fed the residual sum x + branch(norm(x)).
+    for kind, first_norm, start, site in self.patterns:
+        if kind != "post-norm":
+            continue
+        for norm in self.calls:
+            if norm.from_sum == site and norm.preserves and any(c.fed_by is norm for c in self.calls):
+                found.setdefault(("parallel", first_norm.name, norm.name), (norm.name, first_norm.name, site))
+    out = []
+    by_group = {}
+    for (kind, a, b), instance in found.items():
+        by_group.setdefault((kind, group_of(a), group_of(b)), []).append(instance)
+    for (kind, ga, gb), instances in by_group.items():
+        sets = [[i] for i in instances] if len(instances) <= 3 else []
+        if len(instances) > 1:
+            sets.append(instances)
+        for chosen in sets:
+            if kind == "sequential":
+                second, first = (_label([i[0] for i in chosen]), _label([i[1] for i in chosen]))
+                norm = _label([i[2] for i in chosen])
+                words = (f"`{first}` and `{second}` in sequence: `{second}` fed `{norm}` of the residual sum "
+                         f"x + {first}(…), instead of in parallel on the block's input",
+                         f"in parallel: x + {first}(…) + {second}({norm}(x))",
+                         f"compute both branches from the block's input, as the reference does: "
+                         f"x + {first}(…) + {second}({norm}(x)), not {second} of the sum after {first}")
+                calls = [c for c in self.calls if c.name in {i[0] for i in chosen}]
+            else:
+                norm, first_norm = (_label([i[0] for i in chosen]), _label([i[1] for i in chosen]))
+                words = (f"the branch after `{norm}` fed the block's input x instead of the residual sum "
+                         f"x + f(…) (two branches in parallel where the reference runs them in sequence)",
+                         f"in sequence: {norm}(x + f(…))",
+                         f"feed `{norm}` the residual sum after the first branch, as the reference does, not "
+                         f"the block's input")
+                calls = [c for c in self.calls if c.name in {i[0] for i in chosen}]
+            out.append(Plan(f"{kind}|{';'.join('|'.join(map(str, i)) for i in chosen)}", kind,
+                            [tuple(i) for i in chosen], what=words[0], instead=words[1], fix=words[2],
+                            where=_places(calls[:3]), code=calls[0].code if calls else None))
+    return out
+
+
+Recorder._branch_plans = _branch_plans
 
 
 def _label(names):
@@ -343,11 +420,13 @@ class Applying(_Hooks):
         self.modules = {name: module for name, module in (root.named_modules() if root is not None else ())}
         roles = {}
         for instance in plan.instances:
-            for i, name in enumerate(instance[:2]):
+            named = instance[:3] if plan.kind == "sequential" else instance[:2]
+            for i, name in enumerate(named):
                 roles.setdefault(name, []).append((i, instance))
         self.roles = roles
         self.inputs = {}  # name -> the tensor its last call got
         self.outputs = {}  # name -> what its last call returned (before the plan changed it)
+        self.sums = {}  # id(a residual sum) -> (the sum, its residual operand), for `parallel`
 
     def _call(self, name, t):
         self.bypass = True
@@ -364,6 +443,25 @@ class Applying(_Hooks):
         if name not in self.roles or t is None:
             return None
         self.inputs[name] = t
+        replaced = None
+        for role, instance in self.roles[name]:
+            if self.plan.kind == "sequential" and role == 0:
+                # The second branch gets its norm of x + the first branch's output.
+                second, first, norm = instance
+                x, branch = self.inputs.get(norm), self.outputs.get(first)
+                if _same(x, branch):
+                    replaced = self._call(norm, x + branch)
+            elif self.plan.kind == "parallel" and role == 0:
+                # The norm of the residual sum gets the sum's residual instead.
+                summed = self.sums.get(id(t))
+                if summed is not None and summed[0] is t:
+                    replaced = summed[1]
+        if replaced is not None:
+            if isinstance(where, int):
+                args = list(args)
+                args[where] = replaced
+                return tuple(args), kwargs
+            return args, {**kwargs, where: replaced}
         if self.plan.kind == "pre-norm":
             for role, (norm, start, _) in self.roles[name]:
                 if role == 1:  # the branch's first module gets norm(x)
@@ -395,7 +493,17 @@ class Applying(_Hooks):
         return None
 
     def on_call(self, call):
-        """The plan's adds: the sum normalised (post-norm) or the residual from after the norm."""
+        """The plan's adds: the sum normalised (post-norm) or the residual from after the norm; for
+        `parallel`, the residual operand of the sum noted."""
+        if self.plan.kind == "parallel" and call.site is not None and len(call.args) >= 2:
+            for norm, branch_norm, site in self.plan.instances:
+                x = self.inputs.get(branch_norm)
+                a, b = call.args[0], call.args[1]
+                if site == call.site.key and x is not None and (a is x or b is x):
+                    out = call.func(*call.args, **call.kwargs)
+                    self.sums[id(out)] = (out, x)
+                    return out
+            return None
         if self.plan.kind not in ("post-norm", "residual-after-norm") or call.site is None or len(call.args) < 2:
             return None
         a, b = call.args[0], call.args[1]

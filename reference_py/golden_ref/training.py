@@ -7,8 +7,7 @@ optimizer, and golden compares the loss at every step and the final weights.
 
 from __future__ import annotations
 
-from .backends import flatten_outputs
-from .evaluate import Case, ReferenceRaised, build_module
+from .evaluate import Case, ReferenceRaised, build_module, call
 
 
 def _loss(torch, kind: str, outputs, targets):
@@ -52,11 +51,15 @@ def train(case: Case, targets: list, loss: str, optimizer: dict, steps: int) -> 
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
             with torch.enable_grad():
-                outputs = flatten_outputs(module(*inputs, **case.kwargs), backend)
+                # Driven as the forward check drives it: a submodule gets the position embeddings
+                # and the mask its model builds.
+                outputs = call(case, module, inputs, "training", grad=True)
                 value = _loss(torch, loss, outputs, targets)
                 value.backward()
             losses.append(float(value))
             opt.step()
+    except ReferenceRaised:
+        raise
     except Exception as e:
         raise ReferenceRaised("training", e) from None
     final = [(name, backend.from_native(t, case.dtype)) for name, t in module.state_dict().items()]

@@ -194,8 +194,8 @@ class Worker:
             case.state = checkpoint.entries
         spec = header.get("schedule")
         if spec is not None:
-            mask = wire.resolve_refs(spec["mask"], tensors) if spec.get("mask") is not None else None
-            case.schedule = Plan(spec, mask)
+            spec = wire.resolve_refs(spec, tensors)
+            case.schedule = Plan(spec, spec.get("mask"))
         return case
 
     def variants(self, header: dict, tensors: list):
@@ -221,6 +221,7 @@ class Worker:
             only=header.get("only"),
             sizes=[(str(n), int(v)) for n, v in header.get("sizes", [])],
             focus=header.get("focus"),
+            base=header.get("base"),
         )
         table = wire.TensorTable()
         summary["mutants"] = [

@@ -285,6 +285,37 @@ class EvaluateTest(unittest.TestCase):
             self.assertTrue(np.isfinite(entries[drawn]["mean"]), drawn)
         np.testing.assert_array_equal(tensors[entries["ramp"]["value"]].array, np.linspace(0, 1, 5, dtype=np.float32))
 
+    def test_param_spec_gives_each_weight_the_fan_in_its_module_reads_it_with(self):
+        import torch
+
+        from golden_ref.evaluate import param_spec
+
+        class Conv1D(torch.nn.Module):
+            """Hugging Face's GPT-2 projection: `x @ weight`, weight [nx, nf]."""
+
+            def __init__(self, nf, nx):
+                super().__init__()
+                self.nf = nf
+                self.weight = torch.nn.Parameter(torch.randn(nx, nf) * 0.02)
+
+        class Wide(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(10, 6)
+                self.fc = torch.nn.Linear(6, 4)
+                self.conv = torch.nn.Conv1d(6, 8, kernel_size=3, groups=2)
+                self.proj = Conv1D(12, 6)
+                self.experts = torch.nn.Parameter(torch.randn(2, 4, 6))
+
+        spec, _ = param_spec(_torch_case(Wide, [], form="module"))
+        fan_in = {e["name"]: e.get("fan_in") for e in spec["entries"]}
+        self.assertEqual(fan_in["emb.weight"], 0)  # an embedding's rows: activations of their own
+        self.assertEqual(fan_in["fc.weight"], 6)
+        self.assertEqual(fan_in["conv.weight"], 9)  # 6 input channels in 2 groups, kernel 3
+        self.assertEqual(fan_in["proj.weight"], 6)  # x @ weight: its first dimension
+        self.assertIsNone(fan_in["experts"])  # no module says: the runtime takes the last axis
+        self.assertIsNone(fan_in["fc.bias"])
+
     def test_a_header_with_nan_is_still_json(self):
         import json
 

@@ -318,3 +318,57 @@ fn variants_and_shared_worker_variables_are_read_strictly() {
         with_env(&[(var, value)], &gelu(&scratch)).unwrap_or_else(|f| panic!("{var}: {f}"));
     }
 }
+
+/// #31 item 7: after a failing 200 MB output golden still worked past 200 s — shrinking, other
+/// failing cases, the diagnoses of each, the known variants, the mutation diagnosis, each a whole
+/// evaluation of the output. The work after a failure is bounded by the output's size
+/// (`GOLDEN_FAILURE_BUDGET`, elements in millions), and the failure says what it skipped. Here the
+/// budget (a million elements) is below one more case of the output (2^20 elements): nothing but
+/// the failure itself is evaluated; a right port passes as before.
+#[test]
+fn the_work_after_a_failure_is_bounded_by_the_output_s_size() {
+    let scratch = Scratch::new("big_output");
+    let layer = Layer::function("big_output", "torch.clone")
+        .dim("n", 1 << 20, 1 << 20)
+        .arg("x", ["n"], Dist::default())
+        .cases(4)
+        .declared_at(scratch.declared)
+        .mode(Mode::Live);
+    let run = |port: fn(&PortInputs) -> Result<golden::Outputs, String>| {
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        std::env::set_var("GOLDEN_FAILURE_BUDGET", "1");
+        let result = golden::check(&layer, &port).map_err(Box::new);
+        std::env::remove_var("GOLDEN_FAILURE_BUDGET");
+        result
+    };
+    let failure = match run(|i| (i.tensor(0) * 2.0).into_outputs()) {
+        Ok(_) => panic!("a port that doubles its input passed `torch.clone`"),
+        Err(f) => f,
+    };
+    let msg = failure.to_string();
+    assert!(
+        msg.contains("golden: `big_output` does not match its reference `torch.clone`")
+            && msg.contains("leaf `out`"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(
+            "note: the failing output has 1048576 elements, and what golden evaluates after a \
+             failure is bounded by the output's size (GOLDEN_FAILURE_BUDGET=1: 1000000 elements, \
+             about 0.95 cases of this size): skipped shrinking (no smaller case tried)"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("shrinking (no smaller case tried)")
+            && msg.contains("another failing case")
+            && msg.contains("the mutation diagnosis"),
+        "{msg}"
+    );
+    // Not shrunk: the failure is the first failing case, as it happened.
+    assert_eq!(
+        failure.shrunk_from.as_ref().map(|(_, steps)| *steps),
+        Some(0)
+    );
+    run(|i| i.tensor(0).clone().into_outputs()).unwrap_or_else(|f| panic!("{f}"));
+}

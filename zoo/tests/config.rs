@@ -181,6 +181,7 @@ fn a_replay_of_a_store_from_another_transformers_says_so_without_changing_the_sn
         Some(&provenance),
         stored.entries(),
         usize::MAX,
+        0,
     )
     .unwrap();
     // Passing: the snapshot is what it was, but for its store lines: the store was re-sealed, and

@@ -45,7 +45,8 @@ fn expect(p: PorterPort) {
     );
     assert!(first.both_cases, "{msg}");
     assert!(
-        msg.contains("likely cause: the port matches the reference with ")
+        (msg.contains("likely cause: the port matches the reference with ")
+            || msg.contains("likely cause: the port behaves as if "))
             && msg.contains(" on both failing cases (max diff ")
             && msg.contains(" — fix: "),
         "{msg}"

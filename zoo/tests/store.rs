@@ -176,6 +176,7 @@ fn a_store_missing_a_generated_case_is_out_of_date() {
         stored.provenance.as_ref(),
         &entries,
         usize::MAX,
+        0,
     )
     .unwrap();
     let msg = fails(&gelu(&scratch).mode(Mode::Replay), &right).to_string();
@@ -238,6 +239,7 @@ fn a_partial_store_replays_what_it_holds_and_skips_the_snapshot() {
         stored.provenance.as_ref(),
         stored.entries(),
         10_000,
+        0,
     )
     .unwrap();
     assert!(kept > 0 && kept < 32, "{kept}");
@@ -281,6 +283,7 @@ fn zero_outputs(path: &std::path::Path, limit: usize) -> usize {
         stored.provenance.as_ref(),
         &entries,
         limit,
+        0,
     )
     .unwrap()
     .0
@@ -340,6 +343,7 @@ fn a_partial_store_is_trusted_only_as_far_as_its_snapshot_s_digest() {
         None,
         stored.entries(),
         10_000,
+        0,
     )
     .unwrap();
     commit_live_snapshot(&gelu(&scratch));
@@ -380,6 +384,7 @@ fn a_tampered_store_shows_in_the_snapshot_and_fails_verify() {
         stored.provenance.as_ref(),
         &entries,
         usize::MAX,
+        0,
     )
     .unwrap();
     let tampered =

@@ -126,8 +126,17 @@ fn group_norm_one_group() {
 
 #[test]
 fn batch_norm_batch_statistics() {
-    // No mutation; but the running statistics the port never reads are named.
-    let msg = missed(unseen_ports::batch_norm_batch_statistics(true));
+    // Missed when this set was written; named since a call's boolean switch the other way is a
+    // family of its own (issue #30): the BatchNorm's `training` flag. The running statistics the
+    // port never reads are named too.
+    let (msg, _) = wrong(unseen_ports::batch_norm_batch_statistics(true));
+    assert!(
+        msg.contains(
+            "likely cause: the port matches the reference with F.batch_norm(training=True) at \
+             torch/nn/modules/batchnorm.py:"
+        ),
+        "{msg}"
+    );
     assert!(
         msg.contains(
             "the reference's state_dict has `running_mean` [8], which the port never reads"

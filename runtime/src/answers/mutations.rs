@@ -86,6 +86,12 @@ pub struct Ask<'a> {
     pub budget: f64,
     /// Just these mutations, evaluated in full.
     pub only: Option<&'a [String]>,
+    /// A mutation (its key) made in every candidate: the search is of a second mistake on top
+    /// of it.
+    pub base: Option<&'a str>,
+    /// A mistake of driving made in the schedule of every candidate (with `only`, the first
+    /// mistake's key: that mistake and a mistake of driving together).
+    pub mistake: Option<crate::describe::schedule::Mistake>,
 }
 
 impl Live {
@@ -120,6 +126,9 @@ impl Live {
         header["sizes"] = json!(sizes);
         if let Some(keys) = ask.only {
             header["only"] = json!(keys);
+        }
+        if let Some(base) = ask.base {
+            header["base"] = json!(base);
         }
         if let Some(focus) = ask.focus {
             header["focus"] = json!(focus);
@@ -254,7 +263,10 @@ pub fn search(
             &on_demand
         }
     };
-    let plan = params.plan(layer);
+    let mut plan = params.plan(layer);
+    if let (Some(plan), Some(mistake)) = (plan.as_mut(), ask.mistake) {
+        plan.mistake = Some(mistake);
+    }
     let sizes = params.sizes(layer);
     let layer = &*params.layer(layer);
     live.mutations(

@@ -6,10 +6,20 @@
 //! weight 1 and bias 0, Hugging Face zeroes Linear biases, BatchNorm's running statistics start at
 //! 0 and 1; a port that ignores any of them matches at init. So by default golden re-draws every
 //! floating-point entry of the state_dict for every case, from the case seed (the same values live,
-//! recorded and replayed), keeping each tensor's scale and domain: entries whose initial values are
-//! all positive (norm weights, running variances) are drawn log-normally around them, others
-//! normally with their mean and spread, constants with a spread of a tenth of their size (at least
-//! 0.1). Integer entries keep their values; tied names are one draw.
+//! recorded and replayed), keeping each tensor's domain: entries whose initial values are all
+//! positive (norm weights, running variances) are drawn log-normally around them, others normally
+//! with their mean and spread, constants with a spread of a tenth of their size (at least 0.1).
+//! Integer entries keep their values; tied names are one draw.
+//!
+//! **At unit gain** ([`ParamScale::UnitGain`], the default). An initialiser's scale (Hugging Face's
+//! std 0.02) makes a layer shrink what it reads: attention's scores are then almost equal and its
+//! softmax almost uniform, so a wrong `rope_theta` moved a tiny Llama's logits by 1e-5 — a hair over
+//! the tolerance — where weights of unit gain move them by tenths. So every weight of two or more
+//! dimensions is drawn with a spread of at least `1/√fan_in` (a Linear's input features, a
+//! convolution's input channels times its kernel, as the worker reports them; else its last
+//! dimension), and an embedding's rows with a spread of at least 1: each layer passes on what it
+//! reads at the size it read it, and every weight and configuration value shows in the outputs.
+//! `params = init_scale` ([`ParamScale::Init`]) keeps each entry's own spread.
 //!
 //! **Serving.** The tensors live in a `VarMap` (as `Var`s, so gradients w.r.t. them work), behind a
 //! backend that remembers what the port asked for. `VarBuilder::from_varmap` would silently *create*
@@ -21,6 +31,7 @@
 //! candle ports still call by their checkpoint names).
 
 use crate::describe::inputs::Rng;
+use crate::describe::layer::ParamScale;
 use crate::python::wire;
 use candle_core::{DType, Device, Shape, Tensor, Var};
 use candle_nn::var_builder::SimpleBackend;
@@ -53,6 +64,25 @@ pub struct ParamEntry {
     /// The module's construction left it uninitialised (`torch.empty` memory): it is drawn fresh,
     /// from no statistics of its own.
     pub uninitialised: bool,
+    /// A weight whose module says how it is read: its fan-in (0 for an embedding's rows).
+    pub fan_in: Option<usize>,
+}
+
+impl ParamEntry {
+    /// The least spread a weight is drawn with at unit gain: `1/√fan_in`, an embedding's rows 1;
+    /// `None` for entries of fewer than two dimensions.
+    pub fn unit_gain(&self) -> Option<f64> {
+        if self.shape.len() < 2 {
+            return None;
+        }
+        let fan_in = self
+            .fan_in
+            .unwrap_or_else(|| self.shape.last().copied().unwrap_or(1));
+        Some(match fan_in {
+            0 => 1.0,
+            n => 1.0 / (n as f64).sqrt(),
+        })
+    }
 }
 
 impl ParamEntry {
@@ -143,6 +173,7 @@ impl ParamSpec {
                     stats,
                     kept: e["kept"].as_str().map(str::to_string),
                     uninitialised: e["uninitialised"].as_bool().unwrap_or(false),
+                    fan_in: e["fan_in"].as_u64().map(|n| n as usize),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -181,6 +212,9 @@ impl ParamSpec {
                 }
                 if e.uninitialised {
                     j["uninitialised"] = json!(true);
+                }
+                if let Some(n) = e.fan_in {
+                    j["fan_in"] = json!(n);
                 }
                 j
             })
@@ -247,10 +281,16 @@ impl ParamSpec {
         out
     }
 
-    /// The state_dict of one case: every float entry drawn from `seed` in `dtype` (see the module's
-    /// documentation), integer entries as listed, kept entries as the module has them (drawn
-    /// too with `redraw_kept`), tied names one draw.
-    pub fn draw(&self, seed: u64, dtype: DType, redraw_kept: bool) -> Vec<(String, HostTensor)> {
+    /// The state_dict of one case: every float entry drawn from `seed` in `dtype` at `scale` (see
+    /// the module's documentation), integer entries as listed, kept entries as the module has them
+    /// (drawn too with `redraw_kept`), tied names one draw.
+    pub fn draw(
+        &self,
+        seed: u64,
+        dtype: DType,
+        redraw_kept: bool,
+        scale: ParamScale,
+    ) -> Vec<(String, HostTensor)> {
         let wire = WireDType::from_candle(dtype)
             .filter(|d| d.is_float())
             .unwrap_or(WireDType::F32);
@@ -275,10 +315,12 @@ impl ParamSpec {
                     let n: usize = e.shape.iter().product();
                     let z = Rng::new(seed, &format!("param.{}", e.name)).normals(n);
                     // Uninitialised memory says nothing: a fan-in scale, as PyTorch's inits use.
-                    let fresh = e.uninitialised.then(|| match e.shape.last() {
-                        Some(&fan_in) if e.shape.len() >= 2 => 1.0 / (fan_in.max(1) as f64).sqrt(),
-                        _ => 0.1,
-                    });
+                    let fresh = e.uninitialised.then(|| e.unit_gain().unwrap_or(0.1));
+                    // At unit gain a weight's spread is at least its gain's.
+                    let least = match scale {
+                        ParamScale::UnitGain => e.unit_gain().unwrap_or(0.0),
+                        ParamScale::Init => 0.0,
+                    };
                     let stats = if fresh.is_some() { None } else { e.stats };
                     let values: Vec<f64> = match stats {
                         Some(ParamStats {
@@ -293,6 +335,7 @@ impl ParamSpec {
                             } else {
                                 0.1 * mean.abs().max(1.0)
                             };
+                            let s = s.max(least);
                             z.iter().map(|z| mean + s * z).collect()
                         }
                         None => {
@@ -342,6 +385,9 @@ pub enum ParamIssue {
         name: String,
         /// Its shape.
         shape: Vec<usize>,
+        /// The shape of the `weight` beside it (`<prefix>.weight`), when there is one: which kind
+        /// of layer a bias belongs to.
+        weight: Option<Vec<usize>>,
     },
     /// The port reads a name of a tied tensor that a checkpoint of the module does not hold
     /// (`lm_head.weight`, which `save_pretrained` leaves out where the configuration ties it to
@@ -420,16 +466,29 @@ impl fmt::Display for ParamIssue {
                  weight than the reference's — where the configuration ties them (e.g. \
                  tie_word_embeddings), use `{saved}` (candle: the embedding's weight as the LM head)"
             ),
-            ParamIssue::Unused { name, shape } => {
+            ParamIssue::Unused {
+                name,
+                shape,
+                weight,
+            } => {
                 write!(
                     f,
                     "the reference's state_dict has `{name}` {shape:?}, which the port never reads"
                 )?;
                 if name.ends_with("bias") {
-                    write!(
-                        f,
-                        " — a forgotten bias? (candle_nn::linear_no_bias drops it)"
-                    )?;
+                    // The layer it belongs to, by the shape of the weight beside it.
+                    let hint = match weight.as_ref().map(Vec::len) {
+                        Some(2) => "a forgotten bias? (candle_nn::linear_no_bias drops it)",
+                        Some(1) => {
+                            "a norm's forgotten bias? (candle_nn::LayerNorm::new takes it; \
+                             LayerNorm::new_no_bias and RmsNorm have none)"
+                        }
+                        Some(_) => {
+                            "a convolution's forgotten bias? (candle_nn::conv*_no_bias drops it)"
+                        }
+                        None => "a forgotten bias?",
+                    };
+                    write!(f, " — {hint}")?;
                 }
                 Ok(())
             }
@@ -824,6 +883,17 @@ impl StateDict {
             .collect()
     }
 
+    /// The names of the entries the port never read (every name of a tied group).
+    pub fn unused_names(&self) -> Vec<String> {
+        let reads = self.inner.reads.lock().unwrap();
+        self.inner
+            .names
+            .iter()
+            .filter(|n| !reads.contains(*n))
+            .cloned()
+            .collect()
+    }
+
     /// Entries the port never read, in state_dict order (a tied group once, by its first name).
     pub fn unused(&self) -> Vec<ParamIssue> {
         let reads = self.inner.reads.lock().unwrap();
@@ -839,9 +909,13 @@ impl StateDict {
                 continue;
             }
             reported.push(n);
+            let beside = n
+                .rsplit_once('.')
+                .map_or_else(|| "weight".to_string(), |(p, _)| format!("{p}.weight"));
             out.push(ParamIssue::Unused {
                 name: n.clone(),
                 shape: data[n].dims().to_vec(),
+                weight: data.get(&beside).map(|t| t.dims().to_vec()),
             });
         }
         out

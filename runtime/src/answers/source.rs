@@ -73,13 +73,17 @@ impl Answer {
     }
 }
 
-/// Cases evaluated live while recording, in order.
-#[derive(Default)]
+/// Cases evaluated live while recording, in order, up to the store's size bound: the first case
+/// beyond it is kept too (the store records its size), later ones are counted only.
 pub struct Recording {
     entries: Vec<Entry>,
     index: HashMap<u64, usize>,
     /// Their size as the store's bound counts it.
     size: usize,
+    /// The bound for the entries (`GOLDEN_STORE_LIMIT` less what the store holds besides them).
+    room: usize,
+    /// Cases evaluated after the recording went past the bound: not kept.
+    beyond: usize,
 }
 
 /// Where reference outputs come from.
@@ -239,8 +243,16 @@ impl Source {
                             .into(),
                     ));
                 }
+                let limit = store::limit_bytes().map_err(OpenError::Config)?;
+                let recording = Recording {
+                    entries: Vec::new(),
+                    index: HashMap::new(),
+                    size: 0,
+                    room: limit.saturating_sub(store::base_size(target.description)),
+                    beyond: 0,
+                };
                 Ok((
-                    source(Via::Record(live, RefCell::default()), provenance),
+                    source(Via::Record(live, RefCell::new(recording)), provenance),
                     versions,
                 ))
             }
@@ -308,9 +320,12 @@ impl Source {
                 self.checkpoint(layer, &spec)
                     .map_err(|problems| remote(RemoteKind::Weights, problems.join("\n")))?,
             ),
-            _ => {
-                ModuleState::Drawn(spec.draw(params.seed, dtype, layer.params == Params::DrawnAll))
-            }
+            _ => ModuleState::Drawn(spec.draw(
+                params.seed,
+                dtype,
+                layer.params == Params::DrawnAll,
+                layer.param_scale(),
+            )),
         };
         Ok(Some((state, spec)))
     }
@@ -408,8 +423,11 @@ impl Source {
                     Some(i) => Ok(recording.borrow().entries[i].outputs.clone()),
                     None => {
                         let outputs = ask(live);
-                        if let Ok(o) = &outputs {
-                            let mut r = recording.borrow_mut();
+                        let mut r = recording.borrow_mut();
+                        if outputs.is_ok() && r.size > r.room {
+                            // Past the bound: the store keeps none of it (nor does memory).
+                            r.beyond += 1;
+                        } else if let Ok(o) = &outputs {
                             let at = r.entries.len();
                             r.index.insert(key, at);
                             r.entries.push(Entry {
@@ -542,10 +560,11 @@ impl Source {
 
     /// Record mode: whether everything recorded so far fits a store of `limit` bytes (its size
     /// bound) with this description. Other modes record nothing and always fit.
-    pub fn recording_fits(&self, description: &str, limit: usize) -> bool {
+    pub fn recording_fits(&self) -> bool {
         match &self.via {
             Via::Record(_, recording) => {
-                store::base_size(description) + recording.borrow().size <= limit
+                let r = recording.borrow();
+                r.size <= r.room
             }
             _ => true,
         }
@@ -587,7 +606,8 @@ impl Source {
         };
         let path = store::path(layer, target.store_suffix).expect("checked when opened");
         let limit = store::limit_bytes()?;
-        let entries = &recording.borrow().entries;
+        let recording = recording.borrow();
+        let entries = &recording.entries;
         // One parameter list needs no key (every case is built alike): the store reads as before.
         let specs: Vec<(Option<String>, ParamSpec)> = match &self.spec.borrow()[..] {
             [(_, one)] if !layer.values_vary() => vec![(None, one.clone())],
@@ -603,6 +623,7 @@ impl Source {
             self.provenance.as_ref(),
             entries,
             limit,
+            recording.beyond,
             &self.budgeted.borrow(),
         )
         .map_err(|e| e.to_string())?;
@@ -614,28 +635,32 @@ impl Source {
             seen.dedup();
             seen.len()
         };
-        let answers = if cases(&entries[..kept]) < kept {
+        let recorded = cases(&entries[..kept]);
+        let answers = if recorded < kept {
             format!(" ({kept} answers: a stage of a whole model's evaluation each)")
         } else {
             String::new()
         };
-        let mut line = format!(
-            "golden: `{}`: recorded {} cases{answers} in {} ({:.0} KiB)",
-            layer.name,
-            cases(&entries[..kept]),
-            path.display(),
-            size as f64 / 1024.0
-        );
-        if kept < entries.len() {
-            line.push_str(&format!(
-                "; {} more did not fit the {:.1} MiB bound (GOLDEN_STORE_LIMIT): a replay runs the \
-                 recorded ones and, instead of the snapshot, checks the store's SHA-256 against \
-                 the one the snapshot records: run the check live once to update it",
-                entries.len() - kept,
-                limit as f64 / (1024.0 * 1024.0)
-            ));
+        let evaluated = entries.len() + recording.beyond;
+        let size = crate::describe::numbers::bytes(size as u128);
+        if kept == evaluated {
+            return Ok(Some(format!(
+                "golden: `{}`: recorded {recorded} cases{answers} in {} ({size})",
+                layer.name,
+                path.display()
+            )));
         }
-        Ok(Some(line))
+        Ok(Some(format!(
+            "golden: `{}`: recorded {recorded} of the {} cases it evaluated{answers} in {} \
+             ({size}), the others beyond its size bound ({}, GOLDEN_STORE_LIMIT): a replay runs \
+             those {recorded} and, instead of comparing the snapshot's figures, checks the store's \
+             SHA-256 against the one the snapshot records (its store lines say the store is \
+             partial)",
+            layer.name,
+            cases(entries) + recording.beyond,
+            path.display(),
+            crate::describe::numbers::bytes(limit as u128)
+        )))
     }
 }
 

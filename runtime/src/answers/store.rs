@@ -34,7 +34,9 @@
 //! Byte-for-byte deterministic: entries in the order the cases ran, JSON with sorted keys. A store is
 //! bounded (`GOLDEN_STORE_LIMIT` MiB, default 4): when a check's cases would exceed it, the cases
 //! that fit are kept and the store is marked partial; a replay then runs those cases only and does
-//! not compare the snapshot, which describes all of them.
+//! not compare the snapshot, which describes all of them (record runs every declared case live, so
+//! that it does), but checks the store's SHA-256 against the one the snapshot records, whose store
+//! lines say the store is partial ([`Stamp::partial`]).
 
 use crate::answers::live::{Named, ReferenceOutputs, Request, State, Unexplained};
 use crate::answers::params::ParamSpec;
@@ -319,14 +321,26 @@ pub struct Stamp {
     /// What it was recorded with (`None` for a format-2 store, or one that cannot be decoded: its
     /// digest is still recorded, and a replay reports the damage).
     pub provenance: Option<Provenance>,
+    /// A partial store: the cases it holds, the cases recording evaluated, and the size bound that
+    /// dropped the others (`GOLDEN_STORE_LIMIT`, in bytes).
+    pub partial: Option<(usize, usize, usize)>,
 }
 
 /// The [`Stamp`] of the store at `path`; `None` when there is no file.
 pub fn stamp(path: &Path) -> Option<Stamp> {
     let bytes = std::fs::read(path).ok()?;
     let sha256 = crate::answers::provenance::sha256(&bytes);
-    let provenance = Store::decode(path, bytes).ok().and_then(|s| s.provenance);
-    Some(Stamp { sha256, provenance })
+    let store = Store::decode(path, bytes).ok();
+    let partial = store.as_ref().and_then(|s| {
+        let (kept, evaluated) = s.partial?;
+        Some((kept, evaluated, s.cut?.0))
+    });
+    let provenance = store.and_then(|s| s.provenance);
+    Some(Stamp {
+        sha256,
+        provenance,
+        partial,
+    })
 }
 
 /// Why `name` may not be in a store: it could name a file outside golden's folders where a failure
@@ -430,7 +444,9 @@ pub(crate) fn base_size(description: &str) -> usize {
 }
 
 /// Write a store; returns how many entries were kept and the file's size. `params`: the module's
-/// parameter list per construction key (none in function form or with `params = init`).
+/// parameter list per construction key (none in function form or with `params = init`). The
+/// entries that fit `limit` are kept; `beyond` counts the cases evaluated after `entries`, which a
+/// recording no longer keeps once it is past the bound (the header's count of evaluated cases).
 pub fn save(
     path: &Path,
     description: &str,
@@ -438,8 +454,18 @@ pub fn save(
     provenance: Option<&Provenance>,
     entries: &[Entry],
     limit: usize,
+    beyond: usize,
 ) -> Result<(usize, usize), StoreError> {
-    save_budgeted(path, description, params, provenance, entries, limit, &[])
+    save_budgeted(
+        path,
+        description,
+        params,
+        provenance,
+        entries,
+        limit,
+        beyond,
+        &[],
+    )
 }
 
 /// [`save`] a budgeted check's store (`budget = "60s"`): `budgeted` is, per dtype, how many cases
@@ -452,6 +478,7 @@ pub fn save_budgeted(
     provenance: Option<&Provenance>,
     entries: &[Entry],
     limit: usize,
+    beyond: usize,
     budgeted: &[(DType, usize)],
 ) -> Result<(usize, usize), StoreError> {
     for (i, e) in entries.iter().enumerate() {
@@ -520,7 +547,7 @@ pub fn save_budgeted(
     let mut header = json!({
         "golden_store": FORMAT,
         "description": description,
-        "cases": {"kept": kept, "evaluated": entries.len()},
+        "cases": {"kept": kept, "evaluated": entries.len() + beyond},
         "entries": items,
     });
     if kept < entries.len() {
@@ -810,9 +837,9 @@ mod tests {
     fn round_trips_and_is_deterministic() {
         let path = temp("round");
         let entries = vec![entry(1, 10), entry(2, 3)];
-        save(&path, "desc", &[], None, &entries, 1 << 20).unwrap();
+        save(&path, "desc", &[], None, &entries, 1 << 20, 0).unwrap();
         let first = std::fs::read(&path).unwrap();
-        save(&path, "desc", &[], None, &entries, 1 << 20).unwrap();
+        save(&path, "desc", &[], None, &entries, 1 << 20, 0).unwrap();
         assert_eq!(first, std::fs::read(&path).unwrap(), "byte for byte");
         let store = Store::load(&path).unwrap().unwrap();
         assert_eq!(store.description, "desc");
@@ -824,7 +851,7 @@ mod tests {
     #[test]
     fn every_truncation_and_any_flipped_byte_is_corrupt_never_a_store() {
         let path = temp("corrupt");
-        save(&path, "desc", &[], None, &[entry(7, 4)], 1 << 20).unwrap();
+        save(&path, "desc", &[], None, &[entry(7, 4)], 1 << 20, 0).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         for cut in 0..bytes.len() {
             let err = Store::decode(&path, bytes[..cut].to_vec()).unwrap_err();
@@ -848,7 +875,7 @@ mod tests {
         for name in ["../x", "/abs", "a/b", "a\\b", "out..", "nul\0", "C:\\x"] {
             let mut e = entry(1, 2);
             e.outputs.state_dict[0].0 = name.to_string();
-            let err = save(&path, "desc", &[], None, &[e], 1 << 20)
+            let err = save(&path, "desc", &[], None, &[e], 1 << 20, 0)
                 .unwrap_err()
                 .to_string();
             assert!(
@@ -864,6 +891,7 @@ mod tests {
             None,
             &[entry(1, 2), entry(2, 2)],
             1 << 20,
+            0,
         )
         .unwrap();
         let bytes = std::fs::read(&path).unwrap();
@@ -887,7 +915,7 @@ mod tests {
     fn the_size_bound_keeps_the_first_cases_and_says_so() {
         let path = temp("bound");
         let entries: Vec<Entry> = (0..10).map(|k| entry(k, 1000)).collect();
-        let (kept, size) = save(&path, "desc", &[], None, &entries, 20_000).unwrap();
+        let (kept, size) = save(&path, "desc", &[], None, &entries, 20_000, 0).unwrap();
         assert!(kept > 0 && kept < 10, "{kept}");
         assert!(size <= 20_000, "{size}");
         let store = Store::load(&path).unwrap().unwrap();

@@ -76,6 +76,7 @@ pub const VARIABLES: &[Variable] = &[
     variable("GOLDEN_START_TIMEOUT", Group::Tuning, "seconds a worker may take to start or import a reference (default 180)", |v| parse_seconds("GOLDEN_START_TIMEOUT", v).map(drop)),
     variable("GOLDEN_MEMORY_LIMIT", Group::Tuning, "MiB golden may generate for one case's tensors (default 1024)", |v| parse_memory_limit(v).map(drop)),
     variable("GOLDEN_STORE_LIMIT", Group::Tuning, "size bound of one golden store, in MiB (default 4)", |v| parse_store_limit(v).map(drop)),
+    variable("GOLDEN_FAILURE_BUDGET", Group::Tuning, "millions of output elements golden may evaluate after a check's first failure: shrinking, other failing cases, diagnoses (default 32)", |v| failure_budget_of(v).map(drop)),
     variable("GOLDEN_READ_BUDGET", Group::Tuning, "how much `golden diff`, `show` and `view` may expand one file to (`512MiB`, `4GiB`)", any_text),
     variable("GOLDEN_WORKERS", Group::Tuning, "most Python workers per test process (default: cores, at most 4)", |v| parse_workers(v).map(drop)),
     variable("GOLDEN_SHARED_WORKER", Group::Tuning, "`auto` (default: on under nextest), `always`, `never`", |v| parse_shared_worker(v).map(drop)),
@@ -562,6 +563,31 @@ fn parse_store_limit(v: &str) -> Result<f64, String> {
         .ok()
         .filter(|m| *m > 0.0)
         .ok_or_else(|| format!("GOLDEN_STORE_LIMIT={v:?} is not a positive number of MiB"))
+}
+
+/// `GOLDEN_FAILURE_BUDGET`: how many elements golden may evaluate after a check's first failure, in
+/// millions (default `default_millions`), a positive number: the elements, and the value as set
+/// (`None` for the default); or an error naming the accepted form.
+pub fn failure_budget(default_millions: f64) -> Result<(u128, Option<String>), String> {
+    let Some(v) = var("GOLDEN_FAILURE_BUDGET") else {
+        return Ok(((default_millions * 1e6) as u128, None));
+    };
+    let millions = failure_budget_of(&v)?;
+    Ok(((millions * 1e6) as u128, Some(v.trim().to_string())))
+}
+
+/// The millions of elements `GOLDEN_FAILURE_BUDGET`'s value says, or an error naming the form.
+fn failure_budget_of(v: &str) -> Result<f64, String> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|m| m.is_finite() && *m > 0.0)
+        .ok_or_else(|| {
+            format!(
+                "GOLDEN_FAILURE_BUDGET={v:?} is not a positive number of millions of elements \
+                 (e.g. 32)"
+            )
+        })
 }
 
 /// `GOLDEN_SHARED_DIR`: where the shared worker's sockets live, when set.

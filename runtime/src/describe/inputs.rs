@@ -293,11 +293,34 @@ impl CaseParams {
                 mask: None,
                 mistake: None,
                 looped: Some(looped),
+                sample: None,
             });
         }
         let (arg, axis) = layer.scheduled_arg()?;
         let shape = self.shape(&layer.args[arg]);
         let mask = steps.mask(shape[0], shape[axis], self.seed);
+        let sample = layer
+            .decode
+            .as_ref()
+            .and_then(|d| d.sample.clone())
+            .filter(|_| steps.generate > 0)
+            .map(|sampling| {
+                use crate::describe::sampling;
+                let (batch, count) = (shape[0], steps.generate);
+                schedule::SamplePlan {
+                    sampling,
+                    uniforms: HostTensor::from_floats(
+                        vec![batch, count],
+                        &sampling::uniforms(self.seed, batch, count),
+                        golden_files::WireDType::F64,
+                    ),
+                    probe_uniforms: HostTensor::from_floats(
+                        vec![sampling::PROBE_DRAWS],
+                        &sampling::probe_uniforms(self.seed),
+                        golden_files::WireDType::F64,
+                    ),
+                }
+            });
         Some(schedule::Plan {
             arg,
             axis,
@@ -305,6 +328,7 @@ impl CaseParams {
             mask,
             mistake: None,
             looped: None,
+            sample,
         })
     }
 

@@ -729,6 +729,9 @@ pub struct Layer {
     /// Module form: where the reference module's parameters come from (`params = init`,
     /// `weights = "..."`; drawn per case by default).
     pub(crate) params: Params,
+    /// Module form, drawn parameters: at unit gain (the default) or at each entry's own initial
+    /// scale (`params = init_scale`).
+    pub(crate) param_scale: ParamScale,
     /// Module form: `rename(from = to, ...)`: the reference's state_dict names starting with
     /// `from` are served to the port starting with `to` instead (first match wins).
     pub(crate) rename: Vec<(String, String)>,
@@ -740,6 +743,18 @@ pub struct Layer {
     /// Properties of the port's outputs checked on every case (`invariants(out = [finite, ...])`;
     /// see `describe/invariants.rs`), by leaf, in declaration order.
     pub(crate) invariants: Vec<(String, Vec<crate::describe::invariants::Invariant>)>,
+}
+
+/// How drawn parameters are scaled (`params = init_scale`; `answers/params.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ParamScale {
+    /// Every weight of two or more dimensions with a spread of at least `1/√fan_in` (an
+    /// embedding's rows 1): each layer passes on what it reads at its size, so every weight and
+    /// every configuration value shows in the outputs.
+    #[default]
+    UnitGain,
+    /// Each entry with its own initial spread (Hugging Face's 0.02; `params = init_scale`).
+    Init,
 }
 
 /// Where a module-form check's parameters come from.
@@ -817,6 +832,7 @@ impl Layer {
             timeout: None,
             trace: false,
             params: Params::Drawn,
+            param_scale: ParamScale::UnitGain,
             rename: Vec::new(),
             decode: None,
             steps: None,
@@ -1120,6 +1136,20 @@ impl Layer {
         self
     }
 
+    /// Module form: draw the parameters at each entry's own initial scale (`params =
+    /// init_scale`) rather than at unit gain (the default: every weight with a spread of at least
+    /// `1/√fan_in`, an embedding's rows 1).
+    pub fn params_init_scale(mut self) -> Self {
+        self.params = Params::Drawn;
+        self.param_scale = ParamScale::Init;
+        self
+    }
+
+    /// Module form, drawn parameters: how they are scaled.
+    pub fn param_scale(&self) -> ParamScale {
+        self.param_scale
+    }
+
     /// Module form: serve the tensors of a `.safetensors` checkpoint to both sides (`weights =
     /// "path"`, relative to the crate's manifest dir unless absolute).
     pub fn weights(mut self, path: &str) -> Self {
@@ -1350,14 +1380,27 @@ impl Layer {
         }
         if self.form == Form::Module {
             let _ = match &self.params {
-                Params::Drawn => writeln!(
-                    s,
-                    "params: drawn per case (every float entry of the state_dict, seeded like the inputs)"
-                ),
-                Params::DrawnAll => writeln!(
-                    s,
-                    "params: drawn per case, frozen and computed ones too (params = drawn_all)"
-                ),
+                Params::Drawn | Params::DrawnAll => {
+                    let which = if self.params == Params::DrawnAll {
+                        "every float entry of the state_dict, frozen and computed ones too: \
+                         params = drawn_all"
+                    } else {
+                        "every float entry of the state_dict"
+                    };
+                    let scale = match self.param_scale {
+                        ParamScale::UnitGain => {
+                            "at unit gain: every weight's spread at least 1/√fan_in, an \
+                             embedding's rows 1"
+                        }
+                        ParamScale::Init => {
+                            "at each entry's own initial scale (params = init_scale)"
+                        }
+                    };
+                    writeln!(
+                        s,
+                        "params: drawn per case, seeded like the inputs ({which}), {scale}"
+                    )
+                }
                 Params::Init => writeln!(s, "params: the module's own init (params = init)"),
                 Params::Weights(path) => writeln!(
                     s,
@@ -1909,8 +1952,19 @@ impl Layer {
                     decode.over
                 ));
             }
+            if let Some(sampling) = &decode.sample {
+                if decode.generate == 0 {
+                    return Err("`decode(sample(...))` samples the generated tokens: give \
+                                `generate = N` too"
+                        .into());
+                }
+                sampling.validate()?;
+            }
         }
-        if self.form == Form::Function && (self.params != Params::Drawn || !self.rename.is_empty())
+        if self.form == Form::Function
+            && (self.params != Params::Drawn
+                || self.param_scale != ParamScale::UnitGain
+                || !self.rename.is_empty())
         {
             return Err(
                 "`params`, `weights` and `rename` are for the module form (a port taking a VarBuilder)"

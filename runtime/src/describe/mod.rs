@@ -11,5 +11,6 @@ pub mod layer;
 pub mod numbers;
 pub mod outputs;
 pub mod rng;
+pub mod sampling;
 pub mod schedule;
 pub mod sweep;

@@ -22,7 +22,7 @@ use proptest::prelude::*;
 use std::fmt;
 
 /// What `decode(...)` declares: how a check's module is driven through time.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Decode {
     /// The argument that is a sequence, split into the schedule's chunks.
     pub over: String,
@@ -35,6 +35,10 @@ pub struct Decode {
     pub generate: usize,
     /// A sliding window: lengths and prefills are drawn around it.
     pub window: Option<usize>,
+    /// Generate by sampling (`sample(...)`), as `generate(do_sample=True)` does, rather than
+    /// greedily: the reference's draws take golden's uniforms (`describe/sampling.rs`), and the
+    /// port's sampler is checked exactly or in distribution.
+    pub sample: Option<crate::describe::sampling::Sampling>,
 }
 
 impl Decode {
@@ -46,6 +50,7 @@ impl Decode {
             padding: false,
             generate: 0,
             window: None,
+            sample: None,
         }
     }
 }
@@ -61,6 +66,9 @@ impl fmt::Display for Decode {
         }
         if let Some(w) = self.window {
             write!(f, ", lengths around the window {w}")?;
+        }
+        if let Some(sampling) = &self.sample {
+            write!(f, ", {sampling}")?;
         }
         Ok(())
     }
@@ -321,6 +329,19 @@ pub struct Plan {
     pub mistake: Option<Mistake>,
     /// A step loop (`steps(...)`) rather than a decode.
     pub looped: Option<LoopPlan>,
+    /// Sampled generation: its parameters and golden's uniforms.
+    pub sample: Option<SamplePlan>,
+}
+
+/// A case's sampled generation: what the worker's `generate()` and the port's sampler get.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplePlan {
+    /// The sampling parameters.
+    pub sampling: crate::describe::sampling::Sampling,
+    /// golden's uniforms, `[batch, generate]` f64 (`describe/sampling.rs`'s `uniforms`).
+    pub uniforms: HostTensor,
+    /// The probe's uniforms, `[PROBE_DRAWS]` f64.
+    pub probe_uniforms: HostTensor,
 }
 
 /// Which of a step's positions an output holds along the sequence axis ([`Plan::holds`]).
@@ -532,6 +553,12 @@ impl Mistake {
     }
 }
 
+/// Whether a leaf is a step's output compared with the reference's one-shot forward
+/// (`oneshot.<k>.<rest>`): a copy of the port's cached step, not an output of its own.
+pub fn is_oneshot(name: &str) -> bool {
+    name.starts_with("oneshot.")
+}
+
 /// A step's leaf `step.<k>.<rest>` (compared with the one-shot forward, `oneshot.<k>.<rest>`; a
 /// step loop's free-running step, `free.<k>.<rest>`): `k` and `rest`.
 pub fn step_of(name: &str) -> Option<(usize, &str)> {
@@ -556,6 +583,10 @@ pub(crate) struct PortSchedule {
     /// The shapes of the reference's step leaves (`step.<k>.<leaf>`): which positions each of the
     /// port's outputs holds is read from them ([`Plan::holds`]).
     pub(crate) reference_shapes: Vec<(String, Vec<usize>)>,
+    /// Draws asked of the port's sampler instead of its steps (`run/sampling.rs`): the port is
+    /// built, its sampler given each job, and its tokens returned (`draw.<i>`, and `took.<i>`: 1
+    /// where the sampler took golden's uniform).
+    pub(crate) draws: Option<std::sync::Arc<Vec<crate::describe::sampling::DrawJob>>>,
 }
 
 /// The kinds of schedule, in shrinking order.
@@ -750,6 +781,7 @@ mod tests {
             steps,
             mistake: None,
             looped: None,
+            sample: None,
         };
         // The prefill of 3: the reference's logits [2, 3, 32].
         assert_eq!(plan.holds(0, &[2, 3, 32], &[2, 3, 32]), Some(Holds::Step));

@@ -15,7 +15,10 @@
 //! reference was less accurate" fallback made per element and always on. An explicit
 //! `tol(atol, rtol)` replaces the whole rule by plain `atol + rtol·|ref|`.
 //!
-//! NaN matches NaN, ±Inf only the same Inf; integer and bool leaves must be equal.
+//! NaN matches NaN, ±Inf only the same Inf; integer and bool leaves must be equal. Such a match
+//! agrees but compares nothing (a port off by any factor gives the same NaN): [`Values::compared`]
+//! counts only the elements finite on both sides, and a leaf that compares none in any case of a
+//! check fails it (`run/check.rs`), as a check whose leaves are all empty does.
 
 use crate::describe::layer::Tol;
 use crate::describe::numbers::{num, num_pair};
@@ -165,8 +168,15 @@ impl fmt::Display for Element {
 pub struct Values {
     /// The rule applied.
     pub rule: Rule,
-    /// Elements compared.
+    /// Elements in the leaf.
     pub numel: usize,
+    /// Elements that said something about the port: finite on both sides and judged (every
+    /// element of an integer leaf). NaN against NaN, the same ±Inf on both sides and the elements
+    /// left out ([`Values::unreliable`]) compare nothing.
+    pub compared: usize,
+    /// Elements NaN on both sides, or the same ±Inf on both: they agree, and a port off by any
+    /// factor there would agree as well.
+    pub nonfinite_agreed: usize,
     /// Elements outside the tolerance.
     pub mismatched: usize,
     /// Greatest `|port − ref|` over finite pairs, with its element.
@@ -431,6 +441,8 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
         return Values {
             rule,
             numel: a.len(),
+            compared: a.len(),
+            nonfinite_agreed: 0,
             mismatched: mismatch,
             greatest_abs: element.clone(),
             greatest_rel: None,
@@ -520,6 +532,8 @@ fn compare_values(port: &HostTensor, expected: &Expected<'_>, rule: Rule) -> Val
     Values {
         rule,
         numel,
+        compared: scan.compared,
+        nonfinite_agreed: scan.nonfinite_agreed,
         mismatched: scan.mismatched,
         greatest_abs: scan.greatest_abs.map(|(_, i)| element(i)),
         greatest_rel: scan.greatest_rel.map(|(rel, i)| (rel, element(i))),
@@ -664,6 +678,10 @@ fn shared_energy(len: usize, at: impl Fn(usize) -> (f64, f64)) -> f64 {
 #[derive(Clone, Default)]
 struct Scan {
     mismatched: usize,
+    /// Finite pairs judged.
+    compared: usize,
+    /// NaN on both sides, or the same ±Inf.
+    nonfinite_agreed: usize,
     nan: (usize, usize),
     inf: (usize, usize),
     first_nonfinite: Option<usize>,
@@ -748,12 +766,15 @@ impl Scan {
             self.inf.1 += r.is_infinite() as usize;
             self.unjudged += unjudged as usize;
             let same = ((x.is_nan() && r.is_nan()) || x == r) && !unjudged;
-            if !same {
+            if same {
+                self.nonfinite_agreed += 1;
+            } else {
                 self.mismatched += 1;
                 self.first_nonfinite.get_or_insert(i);
             }
             return;
         }
+        self.compared += 1;
         let diff = (x - r).abs();
         let plain = rule.allowed(r, 0.0);
         let allowed = rule.allowed(r, rounding);
@@ -790,6 +811,8 @@ impl Scan {
     /// This range's findings followed by the next range's.
     fn then(mut self, next: Scan) -> Scan {
         self.mismatched += next.mismatched;
+        self.compared += next.compared;
+        self.nonfinite_agreed += next.nonfinite_agreed;
         self.nan = (self.nan.0 + next.nan.0, self.nan.1 + next.nan.1);
         self.inf = (self.inf.0 + next.inf.0, self.inf.1 + next.inf.1);
         self.first_nonfinite = self.first_nonfinite.or(next.first_nonfinite);
@@ -980,6 +1003,11 @@ mod tests {
         let other = t(&[3], &[0.0, f64::NEG_INFINITY, 1.0], WireDType::F64);
         let pass = compare_leaf("out", &port, &expected(&same), None, ROUNDING_FACTOR);
         assert!(pass.passes());
+        // The NaN and the Inf agree, and compare nothing: one element was compared.
+        let Verdict::Values(v) = &pass.verdict else {
+            panic!()
+        };
+        assert_eq!((v.compared, v.nonfinite_agreed), (1, 2));
         let Verdict::Values(v) =
             compare_leaf("out", &port, &expected(&other), None, ROUNDING_FACTOR).verdict
         else {

@@ -5,6 +5,8 @@
 pub mod backward;
 pub mod compare;
 pub mod diagnose;
+pub mod distribution;
 pub mod invariants;
 pub mod mutations;
+pub mod sampler;
 pub mod trace;

@@ -43,6 +43,43 @@ pub struct MutationMatch {
     pub fit: Fit,
     /// Whether it fitted on two failing cases (the smallest and another), not one.
     pub both_cases: bool,
+    /// A second mistake: matched on the other failing case only, made together with the first
+    /// (whose claim this is), which alone matched the smallest case. The first then reads as a
+    /// cause on both cases.
+    pub second: Option<String>,
+}
+
+impl MutationMatch {
+    /// What the match says the port does, with where: "the port matches the reference with WHAT at
+    /// SITE (instead of INSTEAD)"; for a configuration mistake "the port behaves as if `FIELD`
+    /// were VALUE (the config says VALUE), read at SITE".
+    pub fn claim(&self) -> String {
+        if self.kind == "config" {
+            let site = if self.site.is_empty() {
+                String::new()
+            } else {
+                format!(", read at {}", self.site)
+            };
+            return format!(
+                "the port behaves as if {} (the config says {}){site}",
+                self.what, self.instead
+            );
+        }
+        let site = if self.site.is_empty() {
+            String::new()
+        } else {
+            format!(" at {}", self.site)
+        };
+        let instead = if self.instead.is_empty() || self.what.contains(" instead of ") {
+            String::new()
+        } else {
+            format!(" (instead of {})", self.instead)
+        };
+        format!(
+            "the port matches the reference with {}{site}{instead}",
+            self.what
+        )
+    }
 }
 
 /// Whether the port matches a mutant on a case: `Some` with the fit when it matches within the
@@ -107,27 +144,37 @@ pub fn fit(
 }
 
 /// The matches of the smallest case that also matched on another failing case (by key), each
-/// with the worse of its two fits; best fit first, at most `limit`. Without another case, the
-/// smallest case's matches, as evidence (`both_cases` false).
+/// with the worse of its two fits; in the worker's order, at most `limit`. When none did (or there is no
+/// other case), the smallest case's matches, as evidence (`both_cases` false): the smallest case
+/// is explained first, and a mistake that reproduces it is never dropped because another case
+/// shows more than it (a port with two mistakes).
 pub fn both(
     smallest: Vec<MutationMatch>,
     first: Option<&[MutationMatch]>,
     limit: usize,
 ) -> Vec<MutationMatch> {
-    let mut out: Vec<MutationMatch> = match first {
-        None => smallest,
-        Some(first) => smallest
-            .into_iter()
-            .filter_map(|mut m| {
-                let other = first.iter().find(|f| f.key == m.key)?;
-                m.fit.worst_ratio = m.fit.worst_ratio.max(other.fit.worst_ratio);
-                m.fit.max_diff = m.fit.max_diff.max(other.fit.max_diff);
-                m.both_cases = true;
-                Some(m)
-            })
-            .collect(),
+    let confirmed: Vec<MutationMatch> = first
+        .map(|first| {
+            smallest
+                .iter()
+                .filter_map(|m| {
+                    let other = first.iter().find(|f| f.key == m.key)?;
+                    let mut m = m.clone();
+                    m.fit.worst_ratio = m.fit.worst_ratio.max(other.fit.worst_ratio);
+                    m.fit.max_diff = m.fit.max_diff.max(other.fit.max_diff);
+                    m.both_cases = true;
+                    Some(m)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = if confirmed.is_empty() {
+        smallest
+    } else {
+        confirmed
     };
-    out.sort_by(|a, b| a.fit.worst_ratio.total_cmp(&b.fit.worst_ratio));
+    // In the worker's order: those that reproduce the port to rounding in the order they were
+    // tried, the same in every kind of check (which of them fits best is rounding's choice).
     // Two spellings of one mutant (eps ÷10 and eps=1e-6) read the same: keep the best.
     let mut seen = Vec::new();
     out.retain(|m| {
@@ -213,17 +260,30 @@ mod tests {
                 max_diff: 0.0,
             },
             both_cases: false,
+            second: None,
         }
     }
 
     #[test]
-    fn both_cases_keep_the_common_matches_best_first() {
+    fn both_cases_keep_the_common_matches_in_order() {
         let smallest = vec![matched("a", 0.5), matched("b", 0.1), matched("c", 0.2)];
         let first = vec![matched("c", 0.6), matched("a", 0.1)];
         let kept = both(smallest, Some(&first), 3);
         let keys: Vec<&str> = kept.iter().map(|m| m.key.as_str()).collect();
         assert_eq!(keys, ["a", "c"]);
+        assert_eq!(kept[0].fit.worst_ratio, 0.5);
         assert_eq!(kept[1].fit.worst_ratio, 0.6);
         assert!(kept.iter().all(|m| m.both_cases));
+    }
+
+    #[test]
+    fn the_smallest_case_s_matches_stay_as_evidence_when_the_other_confirms_none() {
+        // A port with two mistakes: the other case shows both, so the mistake that reproduces the
+        // smallest case matches there alone; it is evidence, not dropped.
+        let smallest = vec![matched("a", 0.5), matched("b", 0.1)];
+        let kept = both(smallest, Some(&[]), 3);
+        let keys: Vec<&str> = kept.iter().map(|m| m.key.as_str()).collect();
+        assert_eq!(keys, ["a", "b"]);
+        assert!(kept.iter().all(|m| !m.both_cases));
     }
 }

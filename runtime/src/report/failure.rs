@@ -87,6 +87,9 @@ pub struct CaseFailure {
     pub port_outputs: Vec<(String, HostTensor)>,
     /// Likely causes that fit the numbers (see `diagnose.rs`).
     pub diagnoses: Vec<LeafDiagnosis>,
+    /// How many other failing cases the diagnoses were tested on (a hypothesis is a cause when it
+    /// holds on two).
+    pub other_cases: usize,
     /// Known variants of the reference that the port matches (`golden_ref.variants`).
     pub variants: Vec<VariantMatch>,
     /// Mutants of the reference (one torch call turned into a common porting mistake) that the
@@ -154,6 +157,12 @@ impl CaseFailure {
     /// carry, more positions than it has): no case can run.
     pub fn reference_cannot_follow_schedule(&self) -> bool {
         remote_kind(self.reference_error.as_ref()) == Some(&RemoteKind::Schedule)
+    }
+
+    /// Whether the port returns other output leaves than the reference (a leaf one side has and
+    /// the other has not): no case changes that, so it is not shrunk, nor diagnosed.
+    pub fn outputs_differ_in_structure(&self) -> bool {
+        crate::report::structure::mismatch(&self.leaves).is_some()
     }
 
     /// One line for proptest's own bookkeeping.
@@ -263,22 +272,7 @@ impl Failure {
     /// second recorded case to confirm it on), said to be only that.
     pub fn likely_cause(&self) -> Option<String> {
         let c = self.case_failure()?;
-        let matched = |m: &MutationMatch| {
-            let site = if m.site.is_empty() {
-                String::new()
-            } else {
-                format!(" at {}", m.site)
-            };
-            let instead = if m.instead.is_empty() || m.what.contains(" instead of ") {
-                String::new()
-            } else {
-                format!(" (instead of {})", m.instead)
-            };
-            format!(
-                "the port matches the reference with {}{site}{instead}",
-                m.what
-            )
-        };
+        let matched = MutationMatch::claim;
         if let Some(m) = c.mutations.iter().find(|m| m.both_cases) {
             return Some(format!("{} — fix: {}", matched(m), m.fix));
         }
@@ -665,6 +659,18 @@ impl fmt::Display for Failure {
                     self.layer, first.invariant, first.leaf, self.reference
                 )?;
             }
+            FailureKind::Case(c)
+                if c.schedule_issues
+                    .iter()
+                    .any(|i| matches!(i, crate::report::issues::ScheduleIssue::Sampler(_))) =>
+            {
+                writeln!(
+                    out,
+                    "golden: `{}` matches its reference `{}` step by step, but its sampler does \
+                     not draw as transformers' does{dtype}",
+                    self.layer, self.reference
+                )?;
+            }
             FailureKind::Case(c) if !c.schedule_issues.is_empty() => {
                 writeln!(
                     out,
@@ -715,6 +721,13 @@ impl fmt::Display for Failure {
                         ""
                     },
                     self.reference
+                )?;
+            }
+            FailureKind::Case(c) if c.outputs_differ_in_structure() => {
+                writeln!(
+                    out,
+                    "golden: `{}` returns outputs of another structure than its reference `{}`{dtype}",
+                    self.layer, self.reference
                 )?;
             }
             FailureKind::Case(_) if self.check == crate::describe::checks::Kind::Overfit => {
@@ -877,6 +890,16 @@ impl fmt::Display for Failure {
                     write_leaf(&mut out, leaf)?;
                 }
             }
+            if let Some((port, reference)) = crate::report::structure::mismatch(&c.leaves) {
+                writeln!(
+                    out,
+                    "  the port returns {}, the reference {} — fix: {} (said on the first case: no \
+                     case changes what a port returns)",
+                    crate::report::structure::describe(&port),
+                    crate::report::structure::describe(&reference),
+                    crate::report::structure::fix(&reference)
+                )?;
+            }
             let (causes, evidence): (Vec<&LeafDiagnosis>, Vec<&LeafDiagnosis>) =
                 c.diagnoses.iter().partition(|d| d.confirmed);
             if !causes.is_empty() {
@@ -891,10 +914,14 @@ impl fmt::Display for Failure {
                 }
             }
             if !evidence.is_empty() {
+                let why = if c.other_cases == 0 {
+                    "no other failing case to test it on"
+                } else {
+                    "it does not hold on the other"
+                };
                 writeln!(
                     out,
-                    "  evidence from one failing case only (it does not hold on the other, so it \
-                     names no cause):"
+                    "  evidence from one failing case only ({why}, so it names no cause):"
                 )?;
                 for d in evidence {
                     let on = d
@@ -1106,28 +1133,27 @@ fn write_trace(out: &mut String, c: &CaseFailure) -> fmt::Result {
 /// failing cases (max diff …), where the reference reads \`CODE\` — fix: FIX"; the second and
 /// third read "or: ...". A match on one failing case alone reads as evidence, without a fix.
 fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result {
-    let site = if m.site.is_empty() {
-        String::new()
-    } else {
-        format!(" at {}", m.site)
-    };
     let code = m
         .code
         .as_ref()
         .map(|c| format!(", where the reference reads `{c}`"))
         .unwrap_or_default();
-    let instead = if m.instead.is_empty() || m.what.contains(" instead of ") {
-        String::new()
-    } else {
-        format!(" (instead of {})", m.instead)
-    };
+    if m.second.is_some() {
+        return writeln!(
+            out,
+            "  and a second mistake, made together with the first on the other failing case: {} \
+             (max diff {}){code} — fix: {}",
+            m.claim(),
+            num(m.fit.max_diff),
+            m.fix
+        );
+    }
     if !m.both_cases {
         let lead = if i == 0 { "evidence" } else { "or" };
         return writeln!(
             out,
-            "  {lead}: on one failing case the port matches the reference with {}{site}{instead} \
-             (max diff {}){code}, which would mean: {}",
-            m.what,
+            "  {lead}: on one failing case {} (max diff {}){code}, which would mean: {}",
+            m.claim(),
             num(m.fit.max_diff),
             m.fix
         );
@@ -1135,9 +1161,8 @@ fn write_mutation(out: &mut String, i: usize, m: &MutationMatch) -> fmt::Result 
     let lead = if i == 0 { "likely cause" } else { "or" };
     writeln!(
         out,
-        "  {lead}: the port matches the reference with {}{site}{instead} on both failing cases \
-         (max diff {}){code} — fix: {}",
-        m.what,
+        "  {lead}: {} on both failing cases (max diff {}){code} — fix: {}",
+        m.claim(),
         num(m.fit.max_diff),
         m.fix
     )

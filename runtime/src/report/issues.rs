@@ -152,6 +152,9 @@ pub enum ScheduleIssue {
     /// One of these passes could not run: the port failed in it, or golden could not build its
     /// input (as printed).
     CouldNotRun(String),
+    /// The port's sampler does not draw as transformers' does (`decode(generate = N,
+    /// sample(...))`): the vector, the draws or counts, and its diagnosis.
+    Sampler(Box<crate::judge::sampler::SamplerFinding>),
 }
 
 impl fmt::Display for ScheduleIssue {
@@ -160,6 +163,7 @@ impl fmt::Display for ScheduleIssue {
             ScheduleIssue::PaddingLeaks(text)
             | ScheduleIssue::FreeRunning(text)
             | ScheduleIssue::CouldNotRun(text) => f.write_str(text),
+            ScheduleIssue::Sampler(finding) => write!(f, "{finding}"),
         }
     }
 }

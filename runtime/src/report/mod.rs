@@ -7,3 +7,4 @@ pub mod issues;
 pub mod passed;
 pub mod results;
 pub mod snapshot;
+pub mod structure;

@@ -66,7 +66,8 @@ fn with_ratio(value: f64, ratio: f64) -> String {
 pub const STORE_PREFIX: &str = "golden store: ";
 
 /// The snapshot's lines about a golden store: what it was recorded with (Python and the packages'
-/// versions, one line; each reference source file's SHA-256, shortened, one line each) and the
+/// versions, one line; each reference source file's SHA-256, shortened, one line each), whether
+/// its size bound left cases out (a replay then checks the digest instead of the figures), and the
 /// file's SHA-256. A re-recorded store changes these lines, so the pull request's diff says why
 /// its bytes changed (`transformers 5.22.0` → `5.23.0`, `modeling_llama.py` edited).
 pub fn store_lines(stamp: &crate::answers::store::Stamp) -> Vec<String> {
@@ -81,6 +82,14 @@ pub fn store_lines(stamp: &crate::answers::store::Stamp) -> Vec<String> {
                 &sha[..sha.len().min(SOURCE_HASH_DIGITS)]
             ));
         }
+    }
+    if let Some((kept, evaluated, bound)) = stamp.partial {
+        lines.push(format!(
+            "{STORE_PREFIX}partial: holds {kept} of the {evaluated} cases recording evaluated, the \
+             others beyond its size bound ({}, GOLDEN_STORE_LIMIT): a replay runs those {kept} and \
+             checks the SHA-256 below instead of the figures above",
+            crate::describe::numbers::bytes(bound as u128)
+        ));
     }
     lines.push(format!("{STORE_PREFIX}sha256 {}", stamp.sha256));
     lines
@@ -598,6 +607,16 @@ impl Report {
                 continue;
             }
             let _ = writeln!(s, "    max |port - ref|: {}", figures(&values));
+            // NaN against NaN agrees and compares nothing: how much of the leaf said nothing.
+            let agreed: usize = values.iter().map(|v| v.nonfinite_agreed).sum();
+            if agreed > 0 {
+                let numel: usize = values.iter().map(|v| v.numel).sum();
+                let _ = writeln!(
+                    s,
+                    "    not compared: NaN or ±Inf on both sides at {agreed} of {numel} elements \
+                     (they agree, and would for a port off by any factor)"
+                );
+            }
             let accuracies: Vec<crate::judge::compare::Accuracy> =
                 values.iter().filter_map(|v| v.accuracy).collect();
             if !accuracies.is_empty() {

@@ -74,17 +74,136 @@ pub(crate) trait CaseRunner {
         params: &CaseParams,
     ) -> Option<WorkerError>;
     /// The final failure: add what can be told about it, given other failing cases too (the
-    /// first one first when shrinking found a smaller one; see `other_failures`).
+    /// first one first when shrinking found a smaller one; see `other_failures`), within what is
+    /// left of `after` (each evaluation of about the failing case's size takes one case of it).
     fn finish(
         &self,
         source: &Source,
         dtype: DType,
         failure: &mut Failure,
         others: Vec<(CaseParams, Box<CaseFailure>)>,
+        after: &AfterFailure,
     );
     /// How many other failing cases `finish` wants.
     fn others_wanted(&self) -> usize {
         1
+    }
+}
+
+/// Millions of elements golden may evaluate after a check's first failure, by default
+/// (`GOLDEN_FAILURE_BUDGET`): see [`AfterFailure`].
+pub const DEFAULT_FAILURE_BUDGET: f64 = 32.0;
+
+/// What golden may still evaluate after a check's first failure. Shrinking, another failing case,
+/// the diagnoses of each, the known variants and the mutation diagnosis each evaluate about one
+/// case of the failing output's size again, so the work after a failure grew with that size: a
+/// failing 200 MB output ran past 200 s after its failure. It is bounded by the output's size:
+/// `GOLDEN_FAILURE_BUDGET` million elements in all (default [`DEFAULT_FAILURE_BUDGET`]), a case
+/// counted by its output's elements. A check's usual outputs (thousands of elements) never reach
+/// it; one of millions gets what fits, and the failure says what was skipped.
+pub struct AfterFailure {
+    budget: u128,
+    /// `GOLDEN_FAILURE_BUDGET` as set (`None`: the default).
+    setting: Option<String>,
+    /// The first failing case's output elements: what one more case costs.
+    unit: Cell<u128>,
+    spent: Cell<u128>,
+    skipped: RefCell<Vec<String>>,
+}
+
+impl AfterFailure {
+    /// A budget of `budget` elements; `setting` is `GOLDEN_FAILURE_BUDGET` as set.
+    pub(crate) fn new(budget: u128, setting: Option<String>) -> Self {
+        AfterFailure {
+            budget,
+            setting,
+            unit: Cell::new(1),
+            spent: Cell::new(0),
+            skipped: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The first failure: its output's elements are what each further case costs.
+    fn start(&self, elements: u128) {
+        self.unit.set(elements.max(1));
+    }
+
+    /// Whether `cases` more cases of the failing size fit, keeping `reserve` more for what must
+    /// follow; they are charged if so, else `what` is said to be skipped.
+    pub(crate) fn take(&self, cases: u128, reserve: u128, what: &str) -> bool {
+        let unit = self.unit.get();
+        let fits = self.spent.get() + (cases + reserve) * unit <= self.budget;
+        if fits {
+            self.spent.set(self.spent.get() + cases * unit);
+        } else {
+            self.skip(what);
+        }
+        fits
+    }
+
+    /// Charge what must be evaluated anyway (the smallest case's failure, its diagnosis).
+    fn charge(&self, cases: u128) {
+        self.spent.set(self.spent.get() + cases * self.unit.get());
+    }
+
+    /// Whether a case of `elements` fits, keeping `reserve` cases of the failing size.
+    fn fits_elements(&self, elements: u128, reserve: u128) -> bool {
+        self.spent.get() + elements + reserve * self.unit.get() <= self.budget
+    }
+
+    /// Charge a case of `elements`.
+    fn charge_elements(&self, elements: u128) {
+        self.spent.set(self.spent.get() + elements);
+    }
+
+    /// Say that `what` was skipped (once).
+    pub(crate) fn skip(&self, what: &str) {
+        let mut skipped = self.skipped.borrow_mut();
+        if !skipped.iter().any(|s| s == what) {
+            skipped.push(what.to_string());
+        }
+    }
+
+    /// What a failure says when the bound skipped something.
+    pub(crate) fn note(&self) -> Option<String> {
+        let skipped = self.skipped.borrow();
+        if skipped.is_empty() {
+            return None;
+        }
+        let unit = self.unit.get();
+        let setting = match &self.setting {
+            Some(v) => format!("GOLDEN_FAILURE_BUDGET={v}"),
+            None => format!("GOLDEN_FAILURE_BUDGET, default {DEFAULT_FAILURE_BUDGET}"),
+        };
+        Some(format!(
+            "note: the failing output has {unit} elements, and what golden evaluates after a \
+             failure is bounded by the output's size ({setting}: {} elements, about {} cases of \
+             this size): skipped {}. GOLDEN_FAILURE_BUDGET=<millions of elements> raises the \
+             bound",
+            self.budget,
+            crate::describe::numbers::num_sig(self.budget as f64 / unit as f64, 2),
+            skipped.join("; ")
+        ))
+    }
+}
+
+/// The elements of a case's outputs, as its comparison saw them (the reference's shapes).
+fn output_elements(leaves: &[crate::judge::compare::Leaf]) -> u128 {
+    leaves
+        .iter()
+        .filter_map(|l| l.reference.as_ref().or(l.port.as_ref()))
+        .map(|(shape, _)| inputs::elements(shape))
+        .sum()
+}
+
+/// The elements an outcome's case evaluated: its outputs (its inputs when it has none).
+fn outcome_elements(outcome: &Outcome) -> u128 {
+    match outcome {
+        Outcome::Pass(record) => output_elements(&record.leaves),
+        Outcome::Fail(f) => {
+            output_elements(&f.leaves).max(f.inputs.iter().map(|(_, t)| t.numel() as u128).sum())
+        }
+        Outcome::Fatal(_) | Outcome::Unrecorded => 0,
     }
 }
 
@@ -128,6 +247,8 @@ struct Settings {
     started: Instant,
     /// `GOLDEN_CASE`: the one case to run, and in which dtypes.
     case: Option<(CaseParams, Vec<DType>)>,
+    /// `GOLDEN_FAILURE_BUDGET`: elements, and the value as set.
+    failure_budget: (u128, Option<String>),
 }
 
 fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
@@ -139,6 +260,7 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
     }
     env::check_all()?;
     let case = env::case().map(|v| golden_case(&v, layer)).transpose()?;
+    let failure_budget = env::failure_budget(DEFAULT_FAILURE_BUDGET)?;
     inputs::largest_case_fits(layer)?;
     Ok(Settings {
         mode: match layer.mode {
@@ -151,6 +273,7 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
         overridden: seed.is_some() || cases.is_some() || case.is_some() || env::budget()?.is_some(),
         started: Instant::now(),
         case,
+        failure_budget,
     })
 }
 
@@ -290,19 +413,21 @@ fn run_inner(
         announce_saved(layer, kind, &settings);
     }
     // Record mode: every generated case goes into the store, even those after a failing one, up
-    // to the store's size bound; the check then runs the recorded ones only.
+    // to the store's size bound. The check then runs every declared case against the live
+    // reference all the same, so that its snapshot (which describes them all) is compared and its
+    // store lines name the partial store; only when the cases were changed (`GOLDEN_CASES`, ...:
+    // no snapshot is compared) does it run the recorded ones alone.
     let mut recorded = vec![None; layer.dtypes.len()];
     if matches!(source.via, Via::Record(..)) {
         for (i, &dtype) in layer.dtypes.iter().enumerate() {
-            recorded[i] =
-                record_generated(layer, kind, dtype, runner, source, &settings, description)
-                    .map_err(config_error)?;
+            recorded[i] = record_generated(layer, kind, dtype, runner, source, &settings)
+                .map_err(config_error)?;
         }
     }
     let mut runs = Vec::new();
     let mut failure = None;
     if let Some((params, dtypes)) = &settings.case {
-        match run_one_case(layer, runner, source, params, dtypes) {
+        match run_one_case(layer, runner, source, params, dtypes, &settings) {
             Ok(r) => runs = r,
             Err(f) => failure = Some(f),
         }
@@ -346,8 +471,15 @@ fn run_inner(
 }
 
 /// Write the artifacts of a failed case and end the message with how to use them; the folder's
-/// path is the last line.
-pub(crate) fn leave_artifacts(layer: &Layer, kind: Kind, dtype: DType, failure: &mut Failure) {
+/// path is the last line. Before them, what the bound after a failure skipped (`after`).
+pub(crate) fn leave_artifacts(
+    layer: &Layer,
+    kind: Kind,
+    dtype: DType,
+    failure: &mut Failure,
+    after: &AfterFailure,
+) {
+    failure.notes.extend(after.note());
     let (FailureKind::Case(c), Some(case)) = (&failure.kind, &failure.case) else {
         return;
     };
@@ -384,6 +516,7 @@ fn run_one_case(
     source: &Source,
     params: &CaseParams,
     dtypes: &[DType],
+    settings: &Settings,
 ) -> Result<Vec<DTypeRun>, Failure> {
     let mut runs = Vec::new();
     for &dtype in dtypes {
@@ -402,8 +535,12 @@ fn run_one_case(
                 budgeted: None,
             }),
             Outcome::Fail(c) => {
+                let after =
+                    AfterFailure::new(settings.failure_budget.0, settings.failure_budget.1.clone());
+                after.start(output_elements(&c.leaves));
+                after.charge(1);
                 let mut f = failure(FailureKind::Case(c));
-                runner.finish(source, dtype, &mut f, Vec::new());
+                runner.finish(source, dtype, &mut f, Vec::new(), &after);
                 return Err(f);
             }
             Outcome::Fatal(e) => return Err(failure(FailureKind::Worker(e))),
@@ -538,7 +675,8 @@ impl BudgetClock {
 
 /// Record mode, first pass: the reference on every case the check will generate, port unseen,
 /// until the store's size bound (`GOLDEN_STORE_LIMIT`) is reached. Returns how many cases were
-/// recorded when the bound stopped it (the check then runs those only), and says so.
+/// recorded when the bound stopped it and the check's cases were changed (`GOLDEN_CASES`, ...:
+/// the check then runs those only), and says so.
 fn record_generated(
     layer: &Layer,
     kind: Kind,
@@ -546,7 +684,6 @@ fn record_generated(
     runner: &impl CaseRunner,
     source: &Source,
     settings: &Settings,
-    description: &str,
 ) -> Result<Option<usize>, String> {
     let limit = crate::answers::store::limit_bytes()?;
     // Its failures are never saved: the port does not run.
@@ -572,7 +709,7 @@ fn record_generated(
             Some(_) => Err(TestCaseError::fail("worker failure")),
             None => Ok(()),
         };
-        if !source.recording_fits(description, limit) {
+        if !source.recording_fits() {
             full.set(Some(seen.get()));
         }
         seen.set(seen.get() + 1);
@@ -596,8 +733,8 @@ fn record_generated(
         return Ok(None);
     };
     let bound = format!(
-        "the golden store's size bound (GOLDEN_STORE_LIMIT, {:.2} MiB)",
-        limit as f64 / (1024.0 * 1024.0)
+        "the golden store's size bound (GOLDEN_STORE_LIMIT, {})",
+        crate::describe::numbers::bytes(limit as u128)
     );
     if kept == 0 {
         return Err(format!(
@@ -610,14 +747,27 @@ fn record_generated(
             }
         ));
     }
+    if settings.overridden {
+        eprintln!(
+            "golden: `{}`: {bound} is reached after {kept} of {} {} cases: recording stops there, \
+             and the check runs those {kept} only (GOLDEN_SEED, GOLDEN_CASES or GOLDEN_CASE \
+             changed the cases: no snapshot is compared)",
+            layer.name,
+            settings.cases,
+            dtype_name(dtype)
+        );
+        return Ok(Some(kept));
+    }
     eprintln!(
-        "golden: `{}`: {bound} is reached after {kept} of {} {} cases: recording stops there, and \
-         the check runs those {kept} only",
+        "golden: `{}`: {bound} is reached after {kept} of {} {} cases: the store keeps those \
+         {kept}; the check runs all {} against the live reference, so that its snapshot describes \
+         them",
         layer.name,
         settings.cases,
-        dtype_name(dtype)
+        dtype_name(dtype),
+        settings.cases
     );
-    Ok(Some(kept))
+    Ok(None)
 }
 
 /// Run a case, catching a panic that escapes the runner: it happened while the case ran (in code
@@ -649,7 +799,7 @@ fn run_caught(
 /// Up to `wanted` failing cases other than `smallest`, run again: the first failing case when
 /// shrinking went below it; then fresh cases drawn as the check draws them (a shrunk case is often
 /// too small to show a mistake's shape: one position, one element); then the cases shrinking saw
-/// fail. A few tries at most; in replay only recorded cases count.
+/// fail. A few tries at most, within `after`'s bound; in replay only recorded cases count.
 #[allow(clippy::too_many_arguments)]
 fn other_failures(
     layer: &Layer,
@@ -660,6 +810,7 @@ fn other_failures(
     smallest: &CaseParams,
     first: &CaseParams,
     failing: &[CaseParams],
+    after: &AfterFailure,
 ) -> Vec<(CaseParams, Box<CaseFailure>)> {
     use proptest::strategy::{Strategy, ValueTree};
     let wanted = runner.others_wanted();
@@ -677,6 +828,14 @@ fn other_failures(
         }
         if &params == smallest || tried.contains(&params) {
             continue;
+        }
+        // A case and its diagnosis, within the bound after a failure.
+        if !after.take(
+            2,
+            0,
+            "another failing case (a likely cause is told when it holds on two)",
+        ) {
+            break;
         }
         tried.push(params.clone());
         if let Outcome::Fail(c) = run_caught(runner, source, dtype, &params) {
@@ -731,6 +890,14 @@ fn run_dtype(
     // shrinking stopped because it held still (see `STABLE_DIVERGENCE`).
     let divergences: RefCell<Vec<String>> = RefCell::new(Vec::new());
     let stable: RefCell<Option<String>> = RefCell::new(None);
+    // What may be evaluated after the first failure (`AfterFailure`): the most recent case's
+    // elements (what the next smaller one costs at most), whether the bound cut shrinking, and
+    // the first failure itself when the bound leaves no smaller case to try (it is then the
+    // smallest: kept, not evaluated again).
+    let after = AfterFailure::new(settings.failure_budget.0, settings.failure_budget.1.clone());
+    let last_elements = Cell::new(0u128);
+    let shrink_cut = Cell::new(false);
+    let kept: RefCell<Option<Box<CaseFailure>>> = RefCell::new(None);
 
     let strategy = inputs::case_strategy_for(layer, kind, replays);
     let result = proptest.run(&strategy, |params| {
@@ -742,6 +909,12 @@ fn run_dtype(
         if shrinking && stable.borrow().is_some() {
             // The first divergence held still: no more candidates are evaluated (each is a
             // whole model's at size); proptest winds down and keeps the last failing case.
+            return Ok(());
+        }
+        if shrinking && (shrink_cut.get() || !after.fits_elements(last_elements.get(), 2)) {
+            // The bound after a failure: no more smaller cases (two cases are kept for the
+            // smallest failure and its diagnosis); proptest keeps the last failing case.
+            shrink_cut.set(true);
             return Ok(());
         }
         if shrinking {
@@ -757,7 +930,12 @@ fn run_dtype(
                 return Ok(());
             }
         }
-        match run_caught(runner, source, dtype, &params) {
+        let outcome = run_caught(runner, source, dtype, &params);
+        last_elements.set(outcome_elements(&outcome));
+        if shrinking {
+            after.charge_elements(last_elements.get());
+        }
+        match outcome {
             Outcome::Pass(record) => {
                 records.borrow_mut().push(record);
                 Ok(())
@@ -784,12 +962,19 @@ fn run_dtype(
                     "the reference cannot follow the schedule",
                 ))
             }
+            // Outputs of another structure than the reference's (a leaf one side returns and the
+            // other does not) are so on every case: said on the first, not shrunk.
+            Outcome::Fail(f) if f.outputs_differ_in_structure() => {
+                *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));
+                Err(TestCaseError::fail("the outputs differ in structure"))
+            }
             // A port that did not return is not shrunk: each try would wait the whole timeout.
             Outcome::Fail(f) if matches!(f.port, Some(PortFault::TimedOut(_))) => {
                 *fatal.borrow_mut() = Some((params, FailureKind::Case(f)));
                 Err(TestCaseError::fail("the port did not return"))
             }
             Outcome::Fail(f) => {
+                let first = first_failure.borrow().is_none();
                 first_failure.borrow_mut().get_or_insert_with(|| {
                     (
                         params.clone(),
@@ -798,6 +983,15 @@ fn run_dtype(
                     )
                 });
                 failing.borrow_mut().push(params.clone());
+                if first {
+                    after.start(output_elements(&f.leaves));
+                    if !after.fits_elements(last_elements.get(), 2) {
+                        // No smaller case will be tried: this failure is the smallest.
+                        let headline = f.headline();
+                        *kept.borrow_mut() = Some(f);
+                        return Err(TestCaseError::fail(headline));
+                    }
+                }
                 if let Some((_, point)) = crate::judge::trace::first_divergence(&f.leaves) {
                     let mut seen = divergences.borrow_mut();
                     if seen.last() != Some(&point.name) {
@@ -875,7 +1069,7 @@ fn run_dtype(
                 let mut f = failure(kind, case);
                 if stuck {
                     f.passed_before = records.borrow().len() as u32;
-                    runner.finish(source, dtype, &mut f, Vec::new());
+                    runner.finish(source, dtype, &mut f, Vec::new(), &after);
                 }
                 return Err(f);
             }
@@ -889,9 +1083,27 @@ fn run_dtype(
                     minimal,
                 ));
             };
+            if shrink_cut.get() {
+                after.skip(&match shrink_steps.get() {
+                    0 => "shrinking (no smaller case tried)".to_string(),
+                    n => format!("shrinking (stopped after {n} smaller cases)"),
+                });
+            }
+            // The smallest failure: kept when no smaller case was tried, else evaluated again.
+            let reuse = kept.into_inner().filter(|_| minimal == first);
+            let again = match reuse {
+                Some(c) => Outcome::Fail(c),
+                None => {
+                    let outcome = run_caught(runner, source, dtype, &minimal);
+                    after.charge_elements(outcome_elements(&outcome));
+                    outcome
+                }
+            };
+            // Its diagnosis takes about one case more.
+            after.charge(1);
             // Whether the smallest case failed again: only then is the failure its case's.
             let mut reproduced = false;
-            let mut f = match run_caught(runner, source, dtype, &minimal) {
+            let mut f = match again {
                 Outcome::Fail(c) => {
                     reproduced = true;
                     failure(FailureKind::Case(c), minimal.clone())
@@ -947,10 +1159,11 @@ fn run_dtype(
                     &smallest,
                     &first,
                     &failing.borrow(),
+                    &after,
                 ),
                 _ => Vec::new(),
             };
-            runner.finish(source, dtype, &mut f, others);
+            runner.finish(source, dtype, &mut f, others, &after);
             if saved_case {
                 f.notes.push(format!(
                     "note: the first failing case was saved by an earlier failure of this check \
@@ -987,8 +1200,11 @@ fn run_dtype(
     }
 }
 
-/// Why a dtype's run proves nothing, when it does not: no case ran, or every case compared no
-/// element (every output leaf empty). `None` when something was compared.
+/// Why a dtype's run proves nothing, when it does not: no case ran; every case compared no element
+/// (every output leaf empty); or a leaf with elements compared none of them in any case — none
+/// finite on both sides (NaN matched NaN, the same ±Inf on both sides, or left out where the
+/// reference's own result is unreliable), so a port off by any factor there would pass it too.
+/// `None` when every leaf that has elements compared some.
 fn compared_nothing(
     layer: &Layer,
     kind: Kind,
@@ -998,34 +1214,121 @@ fn compared_nothing(
     if kind == Kind::Overfit {
         return None;
     }
-    let compared: usize = cases
-        .iter()
-        .flat_map(|c| &c.leaves)
-        .map(|l| match &l.verdict {
-            crate::judge::compare::Verdict::Values(v) => v.numel - v.unreliable.min(v.numel),
-            _ => 0,
-        })
-        .sum();
-    let figures = cases.iter().any(|c| !c.figures.is_empty());
-    if compared > 0 || (figures && kind == Kind::Gradients && !cases.is_empty()) {
-        return None;
+    use crate::judge::compare::Verdict;
+    // Per leaf, over the cases: elements, compared, NaN/±Inf agreed on both sides, left out; and
+    // the first case in which it had elements.
+    struct Tally<'a> {
+        name: &'a str,
+        numel: usize,
+        compared: usize,
+        agreed: usize,
+        unreliable: usize,
+        nan: usize,
+        first: Option<&'a CaseParams>,
     }
-    Some(if cases.is_empty() {
-        format!(
+    let mut leaves: Vec<Tally<'_>> = Vec::new();
+    for case in cases {
+        for leaf in &case.leaves {
+            let Verdict::Values(v) = &leaf.verdict else {
+                continue;
+            };
+            let i = match leaves.iter().position(|t| t.name == leaf.name) {
+                Some(i) => i,
+                None => {
+                    leaves.push(Tally {
+                        name: &leaf.name,
+                        numel: 0,
+                        compared: 0,
+                        agreed: 0,
+                        unreliable: 0,
+                        nan: 0,
+                        first: None,
+                    });
+                    leaves.len() - 1
+                }
+            };
+            let t = &mut leaves[i];
+            t.numel += v.numel;
+            t.compared += v.compared;
+            t.agreed += v.nonfinite_agreed;
+            t.unreliable += v.unreliable;
+            t.nan += v.nan.1;
+            if v.numel > 0 {
+                t.first.get_or_insert(&case.params);
+            }
+        }
+    }
+    // A gradient check's finite-difference figures compare too (a NaN one compares nothing).
+    let figures = cases
+        .iter()
+        .flat_map(|c| &c.figures)
+        .any(|(_, v)| v.is_finite());
+    if cases.is_empty() {
+        return Some(format!(
             "`{}` ran no {} case: a check that compared nothing never passes",
             layer.name,
             dtype_name(dtype)
-        )
-    } else {
-        format!(
+        ));
+    }
+    if leaves.iter().all(|t| t.numel == 0) {
+        if figures && kind == Kind::Gradients {
+            return None;
+        }
+        return Some(format!(
             "`{}` compared no element in its {} {} cases: every output leaf was empty (0 \
              elements), so no port could fail it; give the dims that size the outputs a range \
              that reaches 1",
             layer.name,
             cases.len(),
             dtype_name(dtype)
-        )
-    })
+        ));
+    }
+    // Where a gradient check's leaf is only left out (unreliable, not NaN), its finite
+    // differences still judged the port's gradient.
+    let differenced = figures && kind == Kind::Gradients;
+    let nothing: Vec<String> = leaves
+        .iter()
+        .filter(|t| t.numel > 0 && t.compared == 0 && !(differenced && t.agreed == 0))
+        .map(|t| {
+            let how = if t.agreed == t.numel && t.nan == t.numel {
+                format!("NaN on both sides at every one of its {} elements", t.numel)
+            } else {
+                format!(
+                    "of its {} elements, {} NaN or the same ±Inf on both sides and {} left out \
+                     where the reference's own result is unreliable",
+                    t.numel, t.agreed, t.unreliable
+                )
+            };
+            let first = t
+                .first
+                .map_or(String::new(), |c| format!(", the first case {c}"));
+            format!(
+                "it compared nothing at leaf `{}`: no element of it is finite on both sides in \
+                 any of its {} {} cases ({how}{first}), and NaN matches NaN: a port off by any \
+                 factor there gives the same",
+                t.name,
+                cases.len(),
+                dtype_name(dtype)
+            )
+        })
+        .collect();
+    if nothing.is_empty() {
+        return None;
+    }
+    let cause = if layer.form == crate::describe::layer::Form::Module {
+        "the reference's own outputs are not finite there on any case: a NaN or ±Inf among the \
+         parameters the reference runs with (a checkpoint's, `weights = ...`), in its inputs or \
+         constants, or an overflow on every input"
+    } else {
+        "the reference's own outputs are not finite there on any case: a NaN or ±Inf in its \
+         inputs or constants, or an overflow on every input"
+    };
+    Some(format!(
+        "{}; {cause}. Give the reference values under which it computes a finite result (a \
+         checkpoint without NaN, a distribution it is defined on), or leave the leaf out of its \
+         outputs",
+        nothing.join("; ")
+    ))
 }
 
 /// A replay of a partial store does not compare the snapshot (which describes every case), and

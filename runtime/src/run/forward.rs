@@ -17,7 +17,7 @@ use crate::report::failure::{
 };
 use crate::report::issues::ScheduleIssue;
 use crate::report::passed::{CaseRecord, Report};
-use crate::run::check::{self, CaseRunner, Outcome, Port};
+use crate::run::check::{self, AfterFailure, CaseRunner, Outcome, Port};
 use crate::run::port::{PortFailure, PortThread};
 use crate::run::schedule;
 use candle_core::{DType, Device};
@@ -112,19 +112,114 @@ impl CaseRunner for ForwardRunner<'_> {
         dtype: DType,
         failure: &mut Failure,
         others: Vec<(CaseParams, Box<CaseFailure>)>,
+        after: &AfterFailure,
     ) {
-        explain(self.layer, dtype, source, failure, &others);
+        // Outputs of another structure are said as such, with their fix: no diagnosis of values.
+        let structural =
+            matches!(&failure.kind, FailureKind::Case(c) if c.outputs_differ_in_structure());
+        if structural {
+            check::leave_artifacts(self.layer, Kind::Forward, dtype, failure, after);
+            return;
+        }
+        explain(self.layer, dtype, source, failure, &others, after);
         let passes = |params: &CaseParams| {
             let outcome = run_case(self.layer, dtype, params, &self.port, source, None);
             matches!(outcome, Outcome::Pass(_))
         };
         let other = others.first();
         // A schedule's failure is first matched against mistakes in how a model is driven
-        // through time; the reference's own calls are searched when none fits.
+        // through time; the reference's own calls (and its configuration) are searched when none
+        // holds on two failing cases. A mistake of driving seen on one case only stays as the
+        // evidence when that search names nothing.
         if !schedule::explain(self.layer, dtype, source, failure, other) {
-            crate::run::mutations::explain(self.layer, dtype, source, &passes, failure, other);
+            // Each mutant is an evaluation of the case: within the bound after a failure.
+            let wanted = !matches!(
+                crate::describe::env::mutations(),
+                Ok(crate::describe::env::Mutations::Off)
+            );
+            if wanted && after.take(1, 0, "the mutation diagnosis") {
+                let (driving, notes) = match &mut failure.kind {
+                    FailureKind::Case(c) => (std::mem::take(&mut c.mutations), failure.notes.len()),
+                    _ => (Vec::new(), failure.notes.len()),
+                };
+                crate::run::mutations::explain(
+                    self.layer, dtype, source, &passes, failure, &others,
+                );
+                if let FailureKind::Case(c) = &mut failure.kind {
+                    if c.mutations.is_empty() && !driving.is_empty() {
+                        c.mutations = driving;
+                        failure.notes.truncate(notes);
+                    }
+                }
+            }
         }
-        check::leave_artifacts(self.layer, Kind::Forward, dtype, failure);
+        explain_sampler(self.layer, dtype, source, &self.port, failure);
+        check::leave_artifacts(self.layer, Kind::Forward, dtype, failure, after);
+    }
+}
+
+/// A failing sampler's diagnosis (`run/sampling.rs`): its draws on the failing vector asked again
+/// of the port (built from the case's state), against the reference with each mistake of a
+/// sampler, and the vector shrunk.
+fn explain_sampler(
+    layer: &Layer,
+    dtype: DType,
+    source: &Source,
+    port: &PortThread,
+    failure: &mut Failure,
+) {
+    let (FailureKind::Case(c), Some(params)) = (&mut failure.kind, &failure.case) else {
+        return;
+    };
+    let Some(at) = c
+        .schedule_issues
+        .iter()
+        .position(|i| matches!(i, ScheduleIssue::Sampler(_)))
+    else {
+        return;
+    };
+    let (Some(reference), Some(schedule)) = (c.reference.clone(), params.plan(layer)) else {
+        return;
+    };
+    let device = Device::Cpu;
+    let prepared = (|| -> candle_core::Result<_> {
+        let tensors = c
+            .inputs
+            .iter()
+            .map(|(_, t)| t.to_candle(&device))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let state = match layer.form {
+            Form::Module => Some(StateDict::serve(
+                &reference.state_dict,
+                &reference.aliases,
+                &layer.rename,
+                dtype,
+                &device,
+            )?),
+            Form::Function => None,
+        };
+        Ok((tensors, state))
+    })();
+    let Ok((tensors, state)) = prepared else {
+        return;
+    };
+    port.enter_case(params);
+    let session = |jobs: Vec<crate::describe::sampling::DrawJob>| {
+        let n = jobs.len();
+        let draws = PortSchedule {
+            plan: schedule.clone(),
+            forced: None,
+            at: std::sync::Arc::default(),
+            reference_shapes: Vec::new(),
+            draws: Some(std::sync::Arc::new(jobs)),
+        };
+        call_port(port, tensors.clone(), state.as_ref(), false, Some(draws))
+            .map_err(|f| f.message)
+            .and_then(|(o, _)| crate::run::sampling::drawn(&o, n))
+    };
+    let params = params.clone();
+    if let ScheduleIssue::Sampler(finding) = &mut c.schedule_issues[at] {
+        crate::run::sampling::explain(layer, source, &params, finding, &session);
     }
 }
 
@@ -414,8 +509,9 @@ pub(crate) fn run_port(
     // A later stage of the reference's evaluation, when the comparison asked for one.
     let mut later: Option<ReferenceOutputs> = None;
     let unaligned = schedule.as_ref().map(|_| port_host.clone());
+    let original = reference;
     let (reference, schedule_notes) = loop {
-        let answer = later.as_ref().unwrap_or(reference);
+        let answer = later.as_ref().unwrap_or(original);
         if let Some(unaligned) = &unaligned {
             port_host = unaligned.clone();
         }
@@ -451,6 +547,9 @@ pub(crate) fn run_port(
         failure.reference = Some(answer.clone());
     }
     let evaluations = staging.as_ref().map(|s| s.stage);
+    // The reference's answer as it came (unaligned), of the last stage judged: the schedule's
+    // checks compare the steps with it.
+    let answer = later.as_ref().unwrap_or(original);
     let reference = reference.as_ref();
     // Reference points the port did not tap are listed, not failed.
     let (untapped, leaves): (Vec<Leaf>, Vec<Leaf>) = std::mem::take(&mut failure.leaves)
@@ -493,7 +592,7 @@ pub(crate) fn run_port(
                 .map(|(outputs, _)| outputs)
         };
         let (issues, notes) = schedule_checks(
-            layer, dtype, params, args, &tensors, s, first_run, reference, &run,
+            layer, dtype, params, args, &tensors, s, first_run, reference, answer, &run,
         );
         failure.schedule_issues = issues;
         failure.notes.extend(notes);
@@ -545,6 +644,7 @@ fn explain(
     source: &Source,
     failure: &mut Failure,
     others: &[(CaseParams, Box<CaseFailure>)],
+    after: &AfterFailure,
 ) {
     if let FailureKind::Case(c) = &failure.kind {
         failure.notes.extend(far_position(layer, c));
@@ -553,7 +653,18 @@ fn explain(
         return;
     };
     let smallest = diagnoses(layer, c, case, false);
-    c.variants = variant_matches(layer, dtype, source, case, c);
+    c.other_cases = others.len();
+    // Each declared variant is an evaluation of the case: within the bound after a failure.
+    let variants = crate::describe::env::variants() && source.live().is_some();
+    let variants = variants
+        && after.take(
+            1 + others.len().min(1) as u128,
+            0,
+            "the reference's declared variants (if it has any)",
+        );
+    if variants {
+        c.variants = variant_matches(layer, dtype, source, case, c);
+    }
     if source.is_replay() && crate::describe::env::variants() {
         failure.notes.push(
             "note: known variants of the reference (golden_ref.variants) are evaluated live only; \
@@ -561,7 +672,7 @@ fn explain(
                 .into(),
         );
     }
-    if let Some((other_case, other_failure)) = others.first() {
+    if let Some((other_case, other_failure)) = others.first().filter(|_| variants) {
         // A variant must explain two cases: a tiny case alone fits too many.
         let variants = variant_matches(layer, dtype, source, other_case, other_failure);
         c.variants
@@ -788,6 +899,7 @@ fn schedule_checks(
     schedule: &PortSchedule,
     first_run: &[(String, HostTensor)],
     reference: &ReferenceOutputs,
+    answer: &ReferenceOutputs,
     run: &dyn Fn(Vec<candle_core::Tensor>, PortSchedule) -> Result<Outputs, PortFailure>,
 ) -> (Vec<ScheduleIssue>, Vec<crate::report::passed::Note>) {
     let plan = &schedule.plan;
@@ -835,6 +947,30 @@ fn schedule_checks(
             }
         }
     }
+    // A sampled generation: the port's sampler on the reference's logits (`run/sampling.rs`).
+    let mut takes_uniforms = None;
+    if plan.sample.is_some() && plan.steps.generate > 0 {
+        let session = |jobs: Vec<crate::describe::sampling::DrawJob>| {
+            let n = jobs.len();
+            let draws = PortSchedule {
+                forced: None,
+                draws: Some(std::sync::Arc::new(jobs)),
+                ..fresh()
+            };
+            run(tensors.to_vec(), draws)
+                .map_err(|f| f.message)
+                .and_then(|o| crate::run::sampling::drawn(&o, n))
+        };
+        let verdict =
+            crate::run::sampling::check(plan, answer, &args[plan.arg], params.seed, &session);
+        takes_uniforms = verdict.takes_uniforms;
+        let failed = !verdict.issues.is_empty();
+        issues.extend(verdict.issues);
+        notes.extend(verdict.notes);
+        if failed {
+            return (issues, notes);
+        }
+    }
     if plan.steps.generate > 0 {
         let free = PortSchedule {
             forced: None,
@@ -845,13 +981,17 @@ fn schedule_checks(
             .and_then(host)
         {
             Ok(outputs) => {
-                let verdict = schedule::free_running(
-                    &outputs,
-                    schedule.forced.as_ref(),
-                    reference,
-                    plan,
-                    layer.tol,
-                );
+                let verdict = if plan.sample.is_some() {
+                    crate::run::sampling::free_running(&outputs, answer, plan, takes_uniforms)
+                } else {
+                    schedule::free_running(
+                        &outputs,
+                        schedule.forced.as_ref(),
+                        reference,
+                        plan,
+                        layer.tol,
+                    )
+                };
                 match verdict {
                     Ok(note) => notes.push(note),
                     Err(issue) => issues.push(issue),

@@ -36,7 +36,7 @@ use crate::python::worker::WorkerError;
 use crate::report::failure::{CaseFailure, Failure, PortFault};
 use crate::report::issues::{FdDisagreement, GradientIssue};
 use crate::report::passed::{reference_notes, CaseRecord, Note, Report};
-use crate::run::check::{self, CaseRunner, Outcome, Port};
+use crate::run::check::{self, AfterFailure, CaseRunner, Outcome, Port};
 use crate::run::forward::call_port;
 use crate::run::port::{Heartbeat, SharedPort};
 use crate::run::port::{PortFailure, PortThread};
@@ -612,6 +612,7 @@ impl CaseRunner for GradRunner<'_> {
         dtype: DType,
         failure: &mut Failure,
         others: Vec<(CaseParams, Box<CaseFailure>)>,
+        after: &AfterFailure,
     ) {
         let first = others.into_iter().next();
         let crate::report::failure::FailureKind::Case(c) = &mut failure.kind else {
@@ -624,6 +625,11 @@ impl CaseRunner for GradRunner<'_> {
                 && c.gradient_issues
                     .iter()
                     .any(GradientIssue::is_finite_differences)
+                && after.take(
+                    1,
+                    0,
+                    "the Jacobian that says which entry of a gradient disagrees",
+                )
         }) {
             self.locate.set(true);
             let again = self.run(source, dtype, case);
@@ -679,7 +685,7 @@ impl CaseRunner for GradRunner<'_> {
             }
             None => {}
         }
-        check::leave_artifacts(self.layer, Kind::Gradients, dtype, failure);
+        check::leave_artifacts(self.layer, Kind::Gradients, dtype, failure, after);
     }
 }
 
@@ -758,6 +764,7 @@ impl GradRunner<'_> {
             targets,
             true,
         )?;
+        let never_read = state.as_ref().map(|s| s.unused_names()).unwrap_or_default();
         if let Some(state) = &state {
             failure.params = state.request_issues();
             failure.params.extend(crate::answers::params::without_kept(
@@ -783,6 +790,14 @@ impl GradRunner<'_> {
                 .map(|(_, t)| t);
             let all_zero = |t: &HostTensor| t.to_f64().iter().all(|v| *v == 0.0);
             match (grad, theirs) {
+                (None, Some(_)) if never_read.contains(&name) => {
+                    // The port never reads it (said above, with the parameters): nothing stops
+                    // its gradient, there is none to stop.
+                    failure.gradient_issues.push(GradientIssue::Other(format!(
+                        "`{name}` gets a gradient in PyTorch and none in the port: the port never \
+                         reads it"
+                    )))
+                }
                 (None, Some(t)) if !all_zero(t) => failure.gradient_issues.push(
                     GradientIssue::Other(crate::judge::backward::why_no_gradient(&name, &run.taps)),
                 ),

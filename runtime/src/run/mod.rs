@@ -10,5 +10,6 @@ pub mod mutations;
 pub mod overfit;
 pub mod port;
 pub(crate) mod regressions;
+pub(crate) mod sampling;
 pub mod schedule;
 pub mod steps;

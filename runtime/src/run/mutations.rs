@@ -17,6 +17,7 @@ use crate::answers::source::Source;
 use crate::describe::inputs::{CaseParams, Style};
 use crate::describe::layer::Layer;
 use crate::describe::numbers::num;
+use crate::describe::schedule;
 use crate::judge::compare::{self, Expected, Leaf};
 use crate::judge::diagnose::{Diagnosis, Kind};
 use crate::judge::mutations::{both, fit, MutationMatch};
@@ -32,14 +33,14 @@ const SHOWN: usize = 3;
 const BUDGET_ON_A_CHECKPOINT: f64 = 15.0;
 
 /// Add the mutation diagnosis (and the tiny-values note) to a failed forward check. `passes` runs
-/// the port on another case and says whether it passed; `other` is another failing case.
+/// the port on another case and says whether it passed; `others` are other failing cases.
 pub(crate) fn explain(
     layer: &Layer,
     dtype: DType,
     source: &Source,
     passes: &dyn Fn(&CaseParams) -> bool,
     failure: &mut Failure,
-    other: Option<&(CaseParams, Box<CaseFailure>)>,
+    others: &[(CaseParams, Box<CaseFailure>)],
 ) {
     let started = Instant::now();
     // On a checkpoint every mutant is a whole model's evaluation: the search gets a fixed share
@@ -61,14 +62,19 @@ pub(crate) fn explain(
     }
     let focus = trace::first_divergence(&c.leaves)
         .map(|(_, l)| l.name.trim_start_matches(trace::PREFIX).to_string());
-    let other = other.filter(|(params, f)| params != case && differs_in_values(f));
-    // The smallest case's search gets most of the budget; the other case only evaluates the
+    let others: Vec<&(CaseParams, Box<CaseFailure>)> = others
+        .iter()
+        .filter(|(params, f)| params != case && differs_in_values(f))
+        .collect();
+    // The smallest case's search gets most of the budget; the other cases only evaluate the
     // smallest case's matches.
     let left = |share: f64| (budget * share - started.elapsed().as_secs_f64()).max(0.0);
     let ask = Ask {
         focus: focus.as_deref(),
-        budget: left(if other.is_some() { 0.75 } else { 1.0 }),
+        budget: left(if others.is_empty() { 1.0 } else { 0.75 }),
         only: None,
+        base: None,
+        mistake: None,
     };
     let (matches, search) = match matches_on(layer, dtype, source, case, c, ask) {
         Ok(found) => found,
@@ -91,32 +97,69 @@ pub(crate) fn explain(
         }
     };
     let mut searched = vec![search];
-    let mut confirmed = None;
+    // Only the smallest case's matches can be causes: just those are evaluated on the others, and
+    // a cause must hold on every other case that was evaluated (a mistake that the smallest case
+    // cannot tell from another — no mask and a diagonal one further, on two positions — is told
+    // apart by a longer case).
+    let keys: Vec<String> = matches.iter().map(|m| m.key.clone()).collect();
+    let mut confirmed: Option<Vec<MutationMatch>> = None;
     let mut second_out_of_time = false;
-    if let Some((params, f)) = other.filter(|_| !matches.is_empty()) {
-        // Only the smallest case's matches can match on both: just those are evaluated.
-        let keys: Vec<String> = matches.iter().map(|m| m.key.clone()).collect();
+    // The other case on which no match of the smallest case held any more: where a port with two
+    // mistakes shows the second (a window on every layer that is not applied to the cache either
+    // shows only the first on a prefill).
+    let mut refuted = None;
+    for other in others.iter().filter(|_| !matches.is_empty()) {
+        let (params, f) = *other;
         let ask = Ask {
             focus: focus.as_deref(),
             budget: left(1.0),
             only: Some(&keys),
+            base: None,
+            mistake: None,
         };
         if ask.budget <= 0.0 {
-            second_out_of_time = true;
-        } else {
-            match matches_on(layer, dtype, source, params, f, ask) {
-                Ok((found, search)) => {
-                    second_out_of_time = search.truncated;
-                    searched.push(search);
-                    confirmed = Some(found);
+            second_out_of_time = confirmed.is_none();
+            break;
+        }
+        match matches_on(layer, dtype, source, params, f, ask) {
+            Ok((found, search)) => {
+                second_out_of_time |= search.truncated && confirmed.is_none();
+                searched.push(search);
+                let now = match confirmed {
+                    None => found,
+                    Some(before) => common(before, &found),
+                };
+                let none_left = now.is_empty();
+                confirmed = Some(now);
+                if none_left {
+                    refuted = Some(*other);
+                    break;
                 }
-                Err(Skipped::OutOfTime(_)) => second_out_of_time = true,
-                // The smallest case's matches stand alone, and say so ("on one failing case").
-                Err(Skipped::Not(_)) => {}
             }
+            Err(Skipped::OutOfTime(_)) => {
+                second_out_of_time |= confirmed.is_none();
+                break;
+            }
+            // The smallest case's matches stand alone, and say so ("on one failing case").
+            Err(Skipped::Not(_)) => {}
         }
     }
-    let matches = both(matches, confirmed.as_deref(), SHOWN);
+    let other: Option<&(CaseParams, Box<CaseFailure>)> = refuted.or(others.first().copied());
+    let unconfirmed = refuted.is_some();
+    let mut matches = both(matches, confirmed.as_deref(), SHOWN);
+    if let (true, Some((params, f))) = (unconfirmed, refuted) {
+        let on = Refuted {
+            layer,
+            dtype,
+            source,
+            focus: focus.as_deref(),
+            smallest: (case, &**c),
+            refuting: (params, f),
+        };
+        if let Some(found) = on.explain(&matches, &left, &mut searched) {
+            matches = found;
+        }
+    }
     let FailureKind::Case(c) = &mut failure.kind else {
         return;
     };
@@ -156,11 +199,177 @@ pub(crate) fn explain(
     }
 }
 
+/// The smallest case's matches, refuted by another failing case: what that case says instead.
+struct Refuted<'a> {
+    layer: &'a Layer,
+    dtype: DType,
+    source: &'a Source,
+    focus: Option<&'a str>,
+    smallest: (&'a CaseParams, &'a CaseFailure),
+    refuting: (&'a CaseParams, &'a CaseFailure),
+}
+
+impl Refuted<'_> {
+    /// In order: the refuting case's own matches that hold on the smallest case too (the smallest
+    /// case could not tell them from what it matched: a window one key wider and no window at
+    /// all, on four positions); else the smallest case's first match together with a second
+    /// mistake, of driving or of the reference's calls (a port with two mistakes shows both on a
+    /// larger case). `None` when neither is found.
+    fn explain(
+        &self,
+        matches: &[MutationMatch],
+        left: &dyn Fn(f64) -> f64,
+        searched: &mut Vec<Search>,
+    ) -> Option<Vec<MutationMatch>> {
+        let (params, f) = self.refuting;
+        let (case, c) = self.smallest;
+        fn ask<'a>(
+            focus: Option<&'a str>,
+            budget: f64,
+            only: Option<&'a [String]>,
+            base: Option<&'a str>,
+        ) -> Ask<'a> {
+            Ask {
+                focus,
+                budget,
+                only,
+                base,
+                mistake: None,
+            }
+        }
+        // Half of what is left for the refuting case's own search.
+        if let Ok((found, search)) = matches_on(
+            self.layer,
+            self.dtype,
+            self.source,
+            params,
+            f,
+            ask(self.focus, left(1.0) / 2.0, None, None),
+        ) {
+            searched.push(search);
+            let keys: Vec<String> = found.iter().map(|m| m.key.clone()).collect();
+            if !keys.is_empty() && left(1.0) > 0.0 {
+                if let Ok((back, _)) = matches_on(
+                    self.layer,
+                    self.dtype,
+                    self.source,
+                    case,
+                    c,
+                    ask(self.focus, left(1.0), Some(&keys), None),
+                ) {
+                    let held: Vec<MutationMatch> = common(found, &back)
+                        .into_iter()
+                        .map(|m| MutationMatch {
+                            both_cases: true,
+                            ..m
+                        })
+                        .collect();
+                    if !held.is_empty() {
+                        return Some(held);
+                    }
+                }
+            }
+        }
+        let first = matches.first()?;
+        let key = first.key.clone();
+        let paired = |second: MutationMatch| {
+            let mut first = first.clone();
+            first.both_cases = true;
+            first.fit.worst_ratio = first.fit.worst_ratio.max(second.fit.worst_ratio);
+            first.fit.max_diff = first.fit.max_diff.max(second.fit.max_diff);
+            let second = MutationMatch {
+                second: Some(first.claim()),
+                ..second
+            };
+            vec![first, second]
+        };
+        // A mistake of driving together with it first (a window on every layer, not applied to
+        // the cache either: candle's Gemma 2), each as cheap as one evaluation; then a mistake of
+        // the reference's own calls or configuration.
+        if let Some(second) =
+            driving_together(self.layer, self.dtype, self.source, params, f, &key, left)
+        {
+            return Some(paired(second));
+        }
+        let budget = left(1.0);
+        if budget <= 0.0 {
+            return None;
+        }
+        let (found, search) = matches_on(
+            self.layer,
+            self.dtype,
+            self.source,
+            params,
+            f,
+            ask(self.focus, budget, None, Some(&key)),
+        )
+        .ok()?;
+        searched.push(search);
+        found.into_iter().next().map(paired)
+    }
+}
+
+/// A mistake of driving (`describe/schedule.rs`) that, made together with the mutation `key`,
+/// makes the reference the port on this case, as a match: the first that does.
+fn driving_together(
+    layer: &Layer,
+    dtype: DType,
+    source: &Source,
+    params: &CaseParams,
+    c: &CaseFailure,
+    key: &str,
+    left: &dyn Fn(f64) -> f64,
+) -> Option<MutationMatch> {
+    let steps = params.steps.as_ref()?;
+    let window = layer.window();
+    let only = [key.to_string()];
+    for mistake in crate::describe::schedule::Mistake::ALL
+        .into_iter()
+        .filter(|m| m.applies(steps, window))
+    {
+        let ask = Ask {
+            focus: None,
+            budget: left(1.0),
+            only: Some(&only),
+            base: None,
+            mistake: Some(mistake),
+        };
+        if ask.budget <= 0.0 {
+            return None;
+        }
+        if let Ok((found, _)) = matches_on(layer, dtype, source, params, c, ask) {
+            if let Some(m) = found.first() {
+                return Some(crate::run::schedule::driving_match(
+                    mistake,
+                    steps.looped,
+                    window,
+                    m.fit,
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The matches of `before` that are also in `found` (by key), each with the worse of the two fits.
+fn common(before: Vec<MutationMatch>, found: &[MutationMatch]) -> Vec<MutationMatch> {
+    before
+        .into_iter()
+        .filter_map(|mut m| {
+            let other = found.iter().find(|f| f.key == m.key)?;
+            m.fit.worst_ratio = m.fit.worst_ratio.max(other.fit.worst_ratio);
+            m.fit.max_diff = m.fit.max_diff.max(other.fit.max_diff);
+            Some(m)
+        })
+        .collect()
+}
+
 /// Whether the case failed on values (the port ran; a state_dict entry it never reads is named
 /// on its own, and may be the whole story).
 fn differs_in_values(c: &CaseFailure) -> bool {
     c.reference.is_some()
         && c.port.is_none()
+        && !c.outputs_differ_in_structure()
         && c.leaves
             .iter()
             .any(|l| !l.passes() && !trace::is_trace(&l.name))
@@ -267,19 +476,37 @@ fn matches_on(
         ));
     };
     let args: Vec<_> = c.inputs.iter().map(|(_, t)| t.clone()).collect();
+    // A mutant is the port when its cached run is the port's: the one-shot leaves compare the
+    // port's steps with the reference's whole-sequence forward, which a mistake that depends on a
+    // chunk's length changes otherwise than the steps (heads merged untransposed: a one-token step
+    // is right, eight tokens at once are not).
     let port: Vec<_> = c
         .port_outputs
         .iter()
-        .filter(|(n, _)| !trace::is_trace(n))
+        .filter(|(n, _)| !trace::is_trace(n) && !schedule::is_oneshot(n))
         .cloned()
         .collect();
     let search = mutations::search(source, layer, dtype, params, &args, &port, ask)?;
     let reference = expected(reference);
+    // A schedule's mutant is held to the port as the reference is: a port that returns only the
+    // last position of a step (candle-transformers' causal LMs) against the mutant's last.
+    let plan = params.plan(layer);
+    let aligned: Vec<ReferenceOutputs> = search
+        .mutants
+        .iter()
+        .map(|m| match &plan {
+            Some(plan) => {
+                crate::run::schedule::align(&m.outputs, &mut port.clone(), plan, layer.tol).0
+            }
+            None => m.outputs.clone(),
+        })
+        .collect();
     let found = search
         .mutants
         .iter()
-        .filter_map(|m| {
-            let mutant = expected(&m.outputs);
+        .zip(&aligned)
+        .filter_map(|(m, outputs)| {
+            let mutant = expected(outputs);
             let fit = fit(
                 &port,
                 &mutant,
@@ -297,6 +524,7 @@ fn matches_on(
                 code: m.code.clone(),
                 fit,
                 both_cases: false,
+                second: None,
             })
         })
         .collect();
@@ -308,7 +536,7 @@ fn expected(outputs: &ReferenceOutputs) -> Vec<(String, Expected<'_>)> {
     outputs
         .expected
         .iter()
-        .filter(|(n, _)| !trace::is_trace(n))
+        .filter(|(n, _)| !trace::is_trace(n) && !schedule::is_oneshot(n))
         .map(|(name, value)| {
             (
                 name.clone(),

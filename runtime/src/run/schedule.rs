@@ -12,6 +12,10 @@ use std::sync::Arc;
 /// The leaf of the reference's generated tokens.
 pub(crate) const TOKENS: &str = "tokens";
 
+/// The prefix of a sampled generation's leaves (`sample.<j>.logits`, `sample.<j>.probs`,
+/// `sample.probe.…`).
+pub(crate) const SAMPLE: &str = "sample.";
+
 /// The port's side of a case's schedule: its plan and the reference's tokens to feed it.
 pub(crate) fn port_schedule(
     layer: &crate::describe::layer::Layer,
@@ -35,6 +39,7 @@ pub(crate) fn port_schedule(
         forced,
         at: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         reference_shapes: shapes,
+        draws: None,
     })
 }
 
@@ -63,7 +68,9 @@ pub(crate) fn align(
     use crate::judge::compare;
     let mut r = reference.clone();
     let mut notes = Vec::new();
-    retain_leaves(&mut r, |n| n != TOKENS);
+    // The generated tokens and a sampled generation's leaves are judged by their own checks
+    // (`free_running`, `run/sampling.rs`).
+    retain_leaves(&mut r, |n| n != TOKENS && !n.starts_with(SAMPLE));
     // A step loop's free-running steps are held to the reference's trajectory, whose rounding
     // estimate (nudged inputs and float64 along the whole loop) covers the drift rounding makes.
     if plan.looped.is_some() {
@@ -464,33 +471,42 @@ pub(crate) fn explain(
     let first =
         first.filter(|(params, f)| params != case && f.reference.is_some() && f.port.is_none());
     let on_first = first.map(|(params, f)| on(params, f, &matched));
-    let as_match = |m: Mistake, fit: crate::judge::mutations::Fit| {
-        let (what, instead, fix) = m.explain(window);
-        crate::judge::mutations::MutationMatch {
-            key: format!("schedule {}", m.token()),
-            what: if steps.looped {
-                format!("the loop run with {what}")
-            } else {
-                format!("the schedule driven with {what}")
-            },
-            instead,
-            site: String::new(),
-            fix,
-            kind: "schedule".into(),
-            code: None,
-            fit,
-            both_cases: false,
-        }
-    };
+    let as_match =
+        |m: Mistake, fit: crate::judge::mutations::Fit| driving_match(m, steps.looped, window, fit);
     let smallest: Vec<_> = smallest.into_iter().map(|(m, f)| as_match(m, f)).collect();
     let on_first: Option<Vec<_>> =
         on_first.map(|found| found.into_iter().map(|(m, f)| as_match(m, f)).collect());
     let matches = crate::judge::mutations::both(smallest, on_first.as_deref(), 3);
-    if matches.is_empty() {
-        return false;
-    }
+    let confirmed = matches.iter().any(|m| m.both_cases);
     c.mutations = matches;
-    true
+    confirmed
+}
+
+/// A mistake of driving as a match of the diagnosis: "the schedule driven with …" (a step loop's
+/// "the loop run with …"), with its fix.
+pub(crate) fn driving_match(
+    m: crate::describe::schedule::Mistake,
+    looped: bool,
+    window: Option<usize>,
+    fit: crate::judge::mutations::Fit,
+) -> crate::judge::mutations::MutationMatch {
+    let (what, instead, fix) = m.explain(window);
+    crate::judge::mutations::MutationMatch {
+        key: format!("schedule {}", m.token()),
+        what: if looped {
+            format!("the loop run with {what}")
+        } else {
+            format!("the schedule driven with {what}")
+        },
+        instead,
+        site: String::new(),
+        fix,
+        kind: "schedule".into(),
+        code: None,
+        fit,
+        both_cases: false,
+        second: None,
+    }
 }
 
 /// Leaves as the comparison takes them.
@@ -587,6 +603,7 @@ mod tests {
             mask: None,
             mistake: None,
             looped: None,
+            sample: None,
         }
     }
 

@@ -26,6 +26,7 @@
 //! whole input: the prefill, whose outputs keep their plain names.
 
 use crate::describe::outputs::{IntoOutputs, Outputs, PortInputs};
+use crate::describe::sampling::{Draw, DrawJob};
 use candle_core::{DType, Tensor};
 use golden_files::HostTensor;
 use std::fmt::Display;
@@ -110,6 +111,34 @@ impl Step {
 pub trait Stepper {
     /// Run one step; its outputs are named like a port's (`out`, `out.0`, `out.<key>`).
     fn step(&mut self, step: &Step) -> Result<Outputs, String>;
+
+    /// The port's sampler, for a check that generates by sampling (`decode(generate = N,
+    /// sample(...))`): [`Sampled`] has one; a plain closure has none.
+    fn sampler(&mut self) -> Option<&mut dyn Sampler> {
+        None
+    }
+}
+
+/// A model that keeps state and the sampler that draws its tokens: what the constructor of a port
+/// with `decode(generate = N, sample(...))` returns. golden calls `model` once per step, as for
+/// any decode, and `sampler` for each token drawn: on the reference's logits (checked exactly
+/// where it takes golden's uniforms, in distribution where it draws its own random numbers) and,
+/// generating on its own, on the model's.
+pub struct Sampled<M, S> {
+    /// The model, called once per step.
+    pub model: M,
+    /// The sampler, called once per token drawn.
+    pub sampler: S,
+}
+
+impl<M: Stepper, S: Sampler> Stepper for Sampled<M, S> {
+    fn step(&mut self, step: &Step) -> Result<Outputs, String> {
+        self.model.step(step)
+    }
+
+    fn sampler(&mut self) -> Option<&mut dyn Sampler> {
+        Some(&mut self.sampler)
+    }
 }
 
 impl<F, R> Stepper for F
@@ -119,6 +148,40 @@ where
 {
     fn step(&mut self, step: &Step) -> Result<Outputs, String> {
         self(step).into_outputs()
+    }
+}
+
+/// A port's sampler: one token for a draw.
+pub trait Sampler {
+    /// The token drawn.
+    fn sample(&mut self, draw: &Draw) -> Result<u32, String>;
+}
+
+impl<F, R> Sampler for F
+where
+    F: FnMut(&Draw) -> R,
+    R: IntoToken,
+{
+    fn sample(&mut self, draw: &Draw) -> Result<u32, String> {
+        self(draw).into_token()
+    }
+}
+
+/// What a sampler may return: a token, or a `Result` of one.
+pub trait IntoToken {
+    /// The token, or the sampler's error.
+    fn into_token(self) -> Result<u32, String>;
+}
+
+impl IntoToken for u32 {
+    fn into_token(self) -> Result<u32, String> {
+        Ok(self)
+    }
+}
+
+impl<E: std::fmt::Display> IntoToken for Result<u32, E> {
+    fn into_token(self) -> Result<u32, String> {
+        self.map_err(|e| crate::describe::outputs::without_backtrace(&e.to_string()))
     }
 }
 
@@ -169,6 +232,9 @@ pub fn drive(
         };
         return stepper.step(&step);
     };
+    if let Some(jobs) = &schedule.draws {
+        return draws(stepper.as_mut(), jobs);
+    }
     let plan = &schedule.plan;
     let x = &inputs.tensors[plan.arg];
     let err = |k: usize, e: String| format!("at {}: {e}", plan.steps.describe(k));
@@ -239,9 +305,17 @@ pub fn drive(
         }
         if plan.steps.generate > generated.len() && past + len >= prompt {
             let i = generated.len();
-            let token = match &schedule.forced {
-                Some(forced) => forced_token(forced, i, device),
-                None => greedy(&outputs, plan.axis),
+            let token = match (&schedule.forced, &plan.sample) {
+                (Some(forced), _) => forced_token(forced, i, device),
+                (None, Some(sample)) => sampled(
+                    stepper.as_mut(),
+                    &outputs,
+                    plan.axis,
+                    &previous(x, mask.as_deref(), &generated),
+                    &sample.uniforms,
+                    i,
+                ),
+                (None, None) => greedy(&outputs, plan.axis),
             }
             .map_err(|e| err(k, e))?;
             generated.push(token);
@@ -363,6 +437,106 @@ fn zero_padding(
         .collect()
 }
 
+/// Each row's tokens so far: its prompt's valid tokens (`mask`, `[batch, prompt]`, 0 for padding),
+/// then those generated.
+fn previous(x: &Tensor, mask: Option<&[i64]>, generated: &[Tensor]) -> Vec<Vec<u32>> {
+    let ids: Vec<Vec<i64>> = x
+        .to_dtype(DType::I64)
+        .and_then(|t| t.flatten_from(1)?.to_vec2())
+        .unwrap_or_default();
+    let columns: Vec<Vec<i64>> = generated
+        .iter()
+        .map(|t| {
+            t.to_dtype(DType::I64)
+                .and_then(|t| t.flatten_all()?.to_vec1())
+                .unwrap_or_default()
+        })
+        .collect();
+    ids.iter()
+        .enumerate()
+        .map(|(b, row)| {
+            let prompt = row
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| mask.is_none_or(|m| m[b * row.len() + j] != 0))
+                .map(|(_, &t)| t as u32);
+            prompt
+                .chain(columns.iter().filter_map(|c| c.get(b).map(|&t| t as u32)))
+                .collect()
+        })
+        .collect()
+}
+
+/// The port's own sampled token after a step (`[batch]`): its sampler on each row's logits at the
+/// last position, with golden's uniform of generated token `i`.
+fn sampled(
+    stepper: &mut dyn Stepper,
+    outputs: &[(String, Tensor)],
+    axis: usize,
+    previous: &[Vec<u32>],
+    uniforms: &HostTensor,
+    i: usize,
+) -> Result<Tensor, String> {
+    let logits = last_logits(outputs, axis)?;
+    let sampler = stepper.sampler().ok_or_else(no_sampler)?;
+    let u = uniforms.to_f64();
+    let count = uniforms.shape.get(1).copied().unwrap_or(1);
+    let rows = logits.dim(0).map_err(|e| e.to_string())?;
+    let mut tokens = Vec::with_capacity(rows);
+    for (b, row_previous) in previous.iter().enumerate().take(rows) {
+        let row = logits
+            .get(b)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .map_err(|e| e.to_string())?;
+        let draw = Draw::new(row, row_previous.clone(), u[b * count + i]);
+        tokens.push(
+            sampler
+                .sample(&draw)
+                .map_err(|e| format!("the sampler: {e}"))?,
+        );
+    }
+    Tensor::new(tokens, logits.device()).map_err(|e| e.to_string())
+}
+
+/// The message for a port that samples without a sampler.
+fn no_sampler() -> String {
+    "`decode(sample(...))` checks the port's sampler, and the port has none: return \
+     `golden::Sampled { model, sampler }` from the constructor (the model's closure as `model`, \
+     a `FnMut(&golden::Draw) -> Result<u32>` as `sampler`)"
+        .to_string()
+}
+
+/// A sampler's draws (`PortSchedule::draws`): each job's tokens as `draw.<i>` (`[n]` i64), and
+/// `took.<i>` (`[n]` u8, 1 where the sampler took golden's uniform).
+fn draws(stepper: &mut dyn Stepper, jobs: &[DrawJob]) -> Result<Outputs, String> {
+    let sampler = stepper.sampler().ok_or_else(no_sampler)?;
+    let device = candle_core::Device::Cpu;
+    let mut leaves = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let logits = Tensor::new(job.logits.as_slice(), &device).map_err(|e| e.to_string())?;
+        let mut tokens = Vec::with_capacity(job.uniforms.len());
+        let mut took = Vec::with_capacity(job.uniforms.len());
+        for &u in &job.uniforms {
+            let draw = Draw::new(logits.clone(), job.previous.clone(), u);
+            let token = sampler
+                .sample(&draw)
+                .map_err(|e| format!("the sampler: {e}"))?;
+            tokens.push(i64::from(token));
+            took.push(u8::from(draw.took_uniform()));
+        }
+        let n = tokens.len();
+        leaves.push((
+            format!("draw.{i}"),
+            Tensor::from_vec(tokens, n, &device).map_err(|e| e.to_string())?,
+        ));
+        leaves.push((
+            format!("took.{i}"),
+            Tensor::from_vec(took, n, &device).map_err(|e| e.to_string())?,
+        ));
+    }
+    Ok(Outputs(leaves))
+}
+
 /// The `i`-th of the reference's generated tokens, `[batch]`.
 fn forced_token(
     forced: &HostTensor,
@@ -378,6 +552,13 @@ fn forced_token(
 /// The greedy token after a step, `[batch]`: the argmax of its logits (the `logits` leaf, or its
 /// only float output) at its last position.
 fn greedy(outputs: &[(String, Tensor)], axis: usize) -> Result<Tensor, String> {
+    last_logits(outputs, axis)?
+        .argmax(1)
+        .map_err(|e| format!("the greedy token of the step's logits: {e}"))
+}
+
+/// The logits of a step's last position, `[batch, vocab]`: its `logits` leaf, or its only output.
+fn last_logits(outputs: &[(String, Tensor)], axis: usize) -> Result<Tensor, String> {
     let only = match outputs {
         [one] => Some(one),
         _ => None,
@@ -401,8 +582,8 @@ fn greedy(outputs: &[(String, Tensor)], axis: usize) -> Result<Tensor, String> {
     } else {
         Ok(logits.clone())
     };
-    last.and_then(|t| t.flatten_from(1)?.argmax(1))
-        .map_err(|e| format!("the greedy token of the step's logits: {e}"))
+    last.and_then(|t| t.flatten_from(1))
+        .map_err(|e| format!("the last position of the step's logits: {e}"))
 }
 
 #[cfg(test)]

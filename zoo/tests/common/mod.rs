@@ -3,8 +3,11 @@
 
 pub mod decoder;
 pub mod gpt2;
+pub mod held_out;
+pub mod held_out_ports;
 pub mod llama;
 pub mod mutation_ports;
+pub mod neox_ports;
 pub mod overfit_mlp;
 pub mod porter_ports;
 pub mod processes;
@@ -166,4 +169,42 @@ pub fn causal_mask(
         .flat_map(|r| (0..t).map(move |c| if c <= r { 0.0 } else { f32::NEG_INFINITY }))
         .collect();
     candle_core::Tensor::from_vec(mask, (t, t), device)
+}
+
+/// Asserts that a failure names the cause a user needs (issue #30, "say why, not only where"): a
+/// line of `msg` starting `likely cause:` that [`says`] `words` at `site`.
+#[track_caller]
+pub fn assert_named(msg: &str, words: &str, site: &str) {
+    let named = msg
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with("likely cause:"))
+        .any(|l| says(l, words, site));
+    assert!(
+        named,
+        "no `likely cause:` line says `{words}` at `{site}`:\n{msg}"
+    );
+}
+
+/// Whether a line of a failure contains `words` and the reference's `site`, a `file.py:line` —
+/// written in full, or as `:line` after the same file earlier in the line (golden lists several
+/// sites of one file as `modeling_x.py:12, :14`). An empty `site` is a cause with no line of the
+/// reference (a mistake in how the port is driven through time): any line with the words.
+pub fn says(line: &str, words: &str, site: &str) -> bool {
+    if !line.contains(words) {
+        return false;
+    }
+    if site.is_empty() {
+        return true;
+    }
+    let (file, number) = site
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("a site is `file.py:line`, not `{site}`"));
+    let Some(start) = line.find(file) else {
+        return false;
+    };
+    let rest = &line[start..];
+    let needle = format!(":{number}");
+    rest.match_indices(&needle)
+        .any(|(i, _)| !rest[i + needle.len()..].starts_with(|c: char| c.is_ascii_digit()))
 }

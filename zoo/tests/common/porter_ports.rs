@@ -325,7 +325,13 @@ pub fn gemma_without_soft_capping() -> PorterPort {
             no_softcap: true,
             ..Gemma::default()
         },
-        vec![("torch.tanh left out", "modeling_gemma2.py:197")],
+        vec![
+            ("torch.tanh left out", "modeling_gemma2.py:197"),
+            (
+                "`attn_logit_softcapping` were None",
+                "modeling_gemma2.py:237",
+            ),
+        ],
     )
 }
 
@@ -345,6 +351,7 @@ pub fn gemma_sliding_window_one_wider() -> PorterPort {
                 "`q_idx - sliding_window` with 4 instead of 3",
                 "transformers/masking_utils.py:95",
             ),
+            ("`sliding_window` were 4", "modeling_gemma2.py:238"),
         ],
     )
 }
@@ -356,11 +363,14 @@ pub fn gemma_scaled_by_head_dim() -> PorterPort {
             scale_by_head_dim: true,
             ..Gemma::default()
         },
-        vec![(
-            "Tensor.mul by 0.353553 = 1/√8 (head_dim = hidden_size/num_attention_heads = 8) \
-             instead of 0.223607 = 1/√query_pre_attn_scalar (query_pre_attn_scalar = 20)",
-            "modeling_gemma2.py:193",
-        )],
+        vec![
+            (
+                "Tensor.mul by 0.353553 = 1/√8 (head_dim = hidden_size/num_attention_heads = 8) \
+                 instead of 0.223607 = 1/√query_pre_attn_scalar (query_pre_attn_scalar = 20)",
+                "modeling_gemma2.py:193",
+            ),
+            ("`query_pre_attn_scalar` were 8", "modeling_gemma2.py:221"),
+        ],
     )
 }
 
@@ -382,7 +392,10 @@ pub fn gemma_mlp_with_erf_gelu() -> PorterPort {
             mlp_gelu_erf: true,
             ..Gemma::default()
         },
-        vec![("F.gelu(approximate='none')", "transformers/activations.py:")],
+        vec![
+            ("F.gelu(approximate='none')", "transformers/activations.py:"),
+            ("`hidden_activation` were 'gelu'", "modeling_gemma2.py:77"),
+        ],
     )
 }
 
@@ -454,10 +467,13 @@ pub fn clip_mlp_right() -> PorterPort {
 pub fn clip_mlp_with_gelu() -> PorterPort {
     port(
         clip_mlp_layer("p_clip_mlp_gelu"),
-        vec![(
-            "GELU (erf) in place of the quick_gelu (x·sigmoid(1.702·x)) the reference writes out",
-            "transformers/activations.py:123",
-        )],
+        vec![
+            (
+                "GELU (erf) in place of the quick_gelu (x·sigmoid(1.702·x)) the reference writes out",
+                "transformers/activations.py:123",
+            ),
+            ("`hidden_act` were 'gelu'", "modeling_clip.py:342"),
+        ],
         |i| clip_mlp(i, false),
     )
 }
