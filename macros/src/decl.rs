@@ -252,6 +252,8 @@ pub struct Attr {
     pub dtypes: Option<(Ident, Vec<Ident>)>,
     pub tol: Option<(f64, f64)>,
     pub cases: Option<u32>,
+    /// `budget = "60s"`, in seconds.
+    pub budget: Option<f64>,
     pub grad: Option<GradDecl>,
     pub overfit: Option<OverfitDecl>,
     /// Seconds.

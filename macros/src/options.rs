@@ -155,6 +155,19 @@ pub const OPTIONS: &[Opt] = &[
         },
     },
     Opt {
+        name: "budget",
+        form: r#"budget = "60s""#,
+        doc:
+            "choose how many of the `cases` run from a time budget for the whole check (`\"90s\"`, \
+              `\"2m\"`; `GOLDEN_BUDGET` overrides): as many as fit, at least one; the golden store \
+              keeps the count",
+        module_only: None,
+        parse: |key, input, attr| {
+            attr.budget = Some(parse::budget(key, input)?);
+            Ok(())
+        },
+    },
+    Opt {
         name: "grad",
         form: "grad / grad(wrt = [x, \"fc1.weight\"], eps = x, atol = x, rtol = x, mode = fast | \
                full, cases = N)",
@@ -415,6 +428,7 @@ mod tests {
             dtypes = [f32, bf16],
             tol(atol = 1e-4),
             cases = 8,
+            budget = "1.5m",
             grad(wrt = [x, "fc.weight"], mode = full),
             overfit(steps = 20, loss = mse),
             timeout = 2.5,
@@ -456,6 +470,7 @@ mod tests {
         assert_eq!(attr.dtypes.unwrap().1.len(), 2);
         assert_eq!(attr.tol, Some((1e-4, 0.0)), "the tolerance not given is 0");
         assert_eq!(attr.cases, Some(8));
+        assert_eq!(attr.budget, Some(90.0));
         assert_eq!(attr.grad.unwrap().full, Some(true));
         assert_eq!(attr.overfit.unwrap().steps, Some(20));
         assert_eq!(attr.timeout, Some(2.5));
@@ -621,6 +636,27 @@ mod tests {
         let (attr, errors) = parse(quote!(reference = "m.f", cases = 4, cases = 8));
         assert_eq!(errors.messages(), ["`cases` is given twice"]);
         assert_eq!(attr.cases, Some(4), "the first stands");
+    }
+
+    #[test]
+    fn a_budget_is_seconds_or_minutes() {
+        let (attr, errors) = parse(quote!(reference = "m.f", budget = "45s"));
+        assert!(errors.messages().is_empty(), "{:?}", errors.messages());
+        assert_eq!(attr.budget, Some(45.0));
+        for bad in [
+            quote!(budget = "soon"),
+            quote!(budget = "0s"),
+            quote!(budget = "60"),
+        ] {
+            let (attr, errors) = parse(quote!(reference = "m.f", #bad));
+            assert_eq!(attr.budget, None);
+            let messages = errors.messages();
+            assert!(
+                messages.len() == 1
+                    && messages[0].contains("is not a time budget: write seconds or minutes"),
+                "{messages:?}"
+            );
+        }
     }
 
     #[test]

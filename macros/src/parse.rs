@@ -528,6 +528,41 @@ pub fn speed(key: &Ident, input: ParseStream) -> Result<f64> {
     Ok(max)
 }
 
+/// `= "60s"` (seconds) or `= "2m"` (minutes), positive: a time budget, in seconds.
+pub fn budget(key: &Ident, input: ParseStream) -> Result<f64> {
+    input.parse::<Token![=]>()?;
+    let lit: LitStr = input.parse()?;
+    let text = lit.value();
+    let bad = || {
+        Error::new(
+            lit.span(),
+            format!(
+                "`{key} = {text:?}` is not a time budget: write seconds or minutes, like \
+                 `{key} = \"60s\"` or `{key} = \"2m\"`"
+            ),
+        )
+    };
+    let seconds = parse_duration(&text).ok_or_else(bad)?;
+    Ok(seconds)
+}
+
+/// `60s`, `1.5m`, `2min` as seconds (positive and finite), or `None`.
+pub fn parse_duration(text: &str) -> Option<f64> {
+    let text = text.trim();
+    let (number, scale) = if let Some(n) = text.strip_suffix("min") {
+        (n, 60.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        return None;
+    };
+    let value: f64 = number.trim().parse().ok()?;
+    let seconds = value * scale;
+    (seconds.is_finite() && seconds > 0.0).then_some(seconds)
+}
+
 /// `= init`, `= drawn`, `= drawn_all` or `= init_scale`.
 pub fn params(input: ParseStream) -> Result<Ident> {
     let how: Ident = equals(input)?;

@@ -330,6 +330,7 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
     let cases = attr.cases.map(|n| quote!(.cases(#n)));
     let timeout = attr.timeout.map(|s| quote!(.timeout(#s)));
     let speed = attr.speed.map(|max| quote!(.speed_max(#max)));
+    let budget = attr.budget.map(|s| quote!(.budget(#s)));
     let trace = attr.trace.as_ref().map(|_| quote!(.trace()));
     let params = attr
         .params
@@ -458,6 +459,7 @@ pub fn render(attr: &Attr, fn_name: &Ident, params: &[Param]) -> TokenStream {
                     .dtypes(&[#(#dtypes),*])
                     #tol
                     #cases
+                    #budget
                     #timeout
                     #speed
                     #trace

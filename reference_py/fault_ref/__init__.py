@@ -96,6 +96,17 @@ def sleeps(x):
     return x.clone()
 
 
+def takes_its_time(x, delay_file):
+    """Sleeps the seconds written in `delay_file` (none when it is missing) on every call: a
+    reference whose cases a time budget counts (`tests/budget.rs`)."""
+    try:
+        with open(delay_file) as f:
+            time.sleep(float(f.read()))
+    except FileNotFoundError:
+        pass
+    return x.clone()
+
+
 def prints(x):
     print("a reference that prints to stdout " * 100)
     sys.stdout.flush()

@@ -57,7 +57,7 @@ import numpy as np
 
 from .backends import OutputError, flatten_outputs
 from .limits import check_answer
-from . import schedule
+from . import checkpointed, schedule
 from .precision import promoted
 from .tap import recording
 from .tracebacks import format_user_traceback
@@ -308,10 +308,11 @@ def build_module(case: Case, dtype: str | None = None):
 
 def _shared_module(case: Case):
     """The module of a checkpoint's case, built once per (reference, init, config, dtype) and kept
-    with the worker's state (one at a time): constructed without running its initialisers on its
-    parameters (the checkpoint replaces every one of them: `_construct_uninitialised`), with the
-    checkpoint's tensors assigned as its parameters (views of the mapped file, converted only
-    where the case dtype differs), in eval mode."""
+    with the worker's state (one at a time): constructed with its parameters on the meta device
+    (no memory, no initialisers run: the checkpoint replaces every one of them), then given the
+    checkpoint's tensors as its parameters — views of the mapped files in the file's own dtype,
+    never converted here: an evaluation converts them as it reads them
+    (`golden_ref.checkpointed`), in eval mode."""
     torch = case.backend.torch
     config = None if case.config is None else (case.config[0], repr(sorted(case.config[1].items())))
     key = (case.obj, repr(sorted(case.init.items())), config, case.dtype)
@@ -321,8 +322,8 @@ def _shared_module(case: Case):
     modules.clear()
     target = torch_dtype(torch, case.dtype)
     half = case.dtype in ("f16", "bf16")
-    with _default_dtype(torch, target if half else None):
-        module = _construct_uninitialised(case)
+    with _default_dtype(torch, target if half else None), checkpointed.parameters_on_meta(torch):
+        module = construct(case)
     inner = reference_module(module)
     have = inner.state_dict()
     names = {name for name, _ in case.state}
@@ -330,17 +331,17 @@ def _shared_module(case: Case):
     extra = [n for n in names if n not in have]
     if missing or extra:
         raise OutputError(f"the checkpoint golden resolved does not fit the module: missing {missing}, unknown {extra}")
-    state = {}
-    for name, t in case.state:
-        value = case.backend.to_native(t)
-        if value.is_floating_point() and value.dtype != target:
-            value = value.to(target)
-        state[name] = value
-    inner.load_state_dict(state, strict=True, assign=True)
+    # The buffers the module computes take the case dtype (as `build_module` gives them), but in
+    # half precision, where they keep their code's dtype; the parameters are still shapes only.
     computed = _computed_buffers(module) if half else []
     module = module.to(target).eval()
-    for owner, key, value in computed:
-        owner._buffers[key] = value  # as build_module: computed buffers keep their code's dtype
+    for owner, key_, value in computed:
+        owner._buffers[key_] = value
+    state = {name: case.backend.to_native(t) for name, t in case.state}
+    reference_module(module).load_state_dict(state, strict=True, assign=True)
+    left = checkpointed.still_on_meta(reference_module(module))
+    if left:
+        raise OutputError(f"the checkpoint golden resolved leaves {left} of the module without values")
     modules[key] = module
     return module
 
@@ -528,10 +529,25 @@ def _trace_leaves(recorded: list):
     return leaves
 
 
-def forward(case: Case, perturbations: int = 4, precise: bool = True):
+# The stages of a whole model's evaluation a request may stop at (`forward`'s `upto`), in order.
+STAGES = ("case", "float64", "nudged")
+
+
+def forward(case: Case, perturbations: int = 4, precise: bool = True, upto: str | None = None,
+            key: str | None = None):
     """Evaluate the reference; returns a dict of lists of (name, WireTensor) and notes.
 
-    `precise=False` skips the float64 and nudged evaluations (the benchmark's transport figures)."""
+    `precise=False` skips the float64 and nudged evaluations (the benchmark's transport figures).
+
+    `upto`, for a checkpoint's module (`case.shared`: a whole model, each evaluation seconds): the
+    last stage to evaluate, the runtime asking for the next only when the port's comparison needs
+    it (`answers/live.rs`, `Stage`): `case`, the case-dtype answer alone (assert_close's bound
+    needs nothing more); `float64`, with the float64 answer (the rounding estimate's first sample:
+    the reference's own error at the real inputs) and the case dtype again under an inert
+    TorchFunctionMode (`_confirm`: the float64 pass runs under one); `nudged`, with the nudged
+    evaluations and the confirmation after them, as the whole request always was. Evaluations an
+    earlier stage made for the same case (`key`, the runtime's key of the case) are kept with the
+    checkpoint's state and not made again."""
     backend = case.backend
     module = None
     state_dict, buffers, aliases, unsaved = [], [], [], []
@@ -543,20 +559,47 @@ def forward(case: Case, perturbations: int = 4, precise: bool = True):
                 state_dict.append((name, backend.from_native(value, case.dtype)))
         buffers, aliases = module_entries(inner)
         unsaved = unsaved_names(inner, aliases)
+    staged = upto in STAGES and case.shared and key is not None
+    kept = case.checkpoint.recall(key) if staged else {}
 
     # An answer over the frame limit is refused from the shapes, before any copy of it.
     limit = lambda leaves: check_answer(leaves, state_dict, case.dtype, precise)  # noqa: E731
-    expected, mutated = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}", limit)
+    if "expected" in kept:
+        expected, mutated = kept["expected"], kept["mutated"]
+    else:
+        expected, mutated = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}", limit)
     if case.twice:
         again, _ = _evaluate_once(case, module, case.args, f"the forward pass in {case.dtype}, again")
         _same_bits(expected, again)
 
     high, own, moved, own_mean, precise_error, mode_shift = None, None, None, None, None, None
-    if precise:
+    if staged:
+        parts = {"expected": expected, "mutated": mutated}
+        if precise and upto != "case":
+            if "precise" in kept:
+                high, precise_error, mode_shift = kept["precise"], kept["precise_error"], kept["mode_shift"]
+            else:
+                try:
+                    high = _float64(case, module, expected)
+                except Exception as e:  # best effort: the runtime falls back to the strict tolerance
+                    precise_error = f"{type(e).__name__}: {e}"
+                if upto == "float64":
+                    mode_shift = _confirm(case, module, expected, high)
+            parts.update(precise=high, precise_error=precise_error, mode_shift=mode_shift)
+            if upto == "nudged" and high is not None:
+                try:
+                    own, moved, own_mean = _nudged(case, module, expected, high, perturbations)
+                except Exception as e:  # best effort, as above
+                    high, precise_error = None, f"{type(e).__name__}: {e}"
+                # After the nudged evaluations: an answer that drifts from call to call.
+                mode_shift = _confirm(case, module, expected, high)
+        case.checkpoint.keep(key, parts)
+    elif precise:
         try:
-            high, own, moved, own_mean = _precise(case, module, expected, perturbations)
+            high = _float64(case, module, expected)
+            own, moved, own_mean = _nudged(case, module, expected, high, perturbations)
         except Exception as e:  # best effort: the runtime falls back to the strict tolerance
-            precise_error = f"{type(e).__name__}: {e}"
+            high, precise_error = None, f"{type(e).__name__}: {e}"
         mode_shift = _confirm(case, module, expected, high)
     return {
         "state_dict": state_dict,
@@ -606,7 +649,12 @@ def module_entries(inner):
     for name, value in inner.state_dict(keep_vars=True).items():
         if name not in parameters:
             buffers.append(name)
-        key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), tuple(value.stride()))
+        if value.is_meta:
+            # No storage to compare (a checkpoint's module, built on the meta device): tied
+            # entries are one tensor object.
+            key = ("meta", id(value))
+        else:
+            key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), tuple(value.stride()))
         groups.setdefault(key, []).append(name)
     return buffers, [names for names in groups.values() if len(names) > 1]
 
@@ -638,7 +686,7 @@ def _fan_ins(inner) -> dict:
     return out
 
 
-def param_spec(case: Case):
+def param_spec(case: Case, weights: bool = False):
     """What the runtime needs to draw the module's parameters: every state_dict entry with its
     shape, whether it is floating point, a parameter or a buffer, the names it is tied to, and the
     statistics of its initial values (so that a drawn tensor keeps its scale and its domain: a norm
@@ -653,9 +701,14 @@ def param_spec(case: Case):
     values): frozen parameters (`requires_grad=False`: Whisper's sinusoidal positions) and buffers
     the module computes at init from a formula (not constant, and the same when the module is
     built under another seed): their value is their meaning. A weight whose module says how it is
-    read carries its `fan_in` (`_fan_ins`)."""
+    read carries its `fan_in` (`_fan_ins`).
+
+    `weights`: the checkpoint gives every parameter its value (`weights = "..."`), so the module is
+    built with its trainable parameters on the meta device (`checkpointed.parameters_on_meta`: a
+    whole model's random init costs seconds and its size in memory) and they have no statistics:
+    only their names and shapes are listed."""
     torch = case.backend.torch
-    inner = reference_module(_construct_marking_empty(case))
+    inner = reference_module(_construct_marking_empty(case, meta=weights))
     buffers, aliases = module_entries(inner)
     fan_ins = _fan_ins(inner)
     frozen = {n for n, p in inner.named_parameters(remove_duplicate=False) if not p.requires_grad}
@@ -673,6 +726,9 @@ def param_spec(case: Case):
         entry["float"] = True
         if name in fan_ins:
             entry["fan_in"] = fan_ins[name]
+        if value.is_meta:
+            entries.append(entry)
+            continue
         v = value.detach().to(torch.float64)
         kept = None
         if bool(torch.isnan(v).any()):
@@ -681,7 +737,7 @@ def param_spec(case: Case):
             kept = "frozen"
         elif name in buffers and v.numel() > 1 and bool(v.min() != v.max()):
             if other is None:
-                other = _construct_marking_empty(case, seed=case.seed ^ 0x5EED_5EED).state_dict()
+                other = _construct_marking_empty(case, seed=case.seed ^ 0x5EED_5EED, meta=weights).state_dict()
             if name in other and torch.equal(other[name], value):
                 kept = "computed"
         if kept is not None:
@@ -708,10 +764,11 @@ def param_spec(case: Case):
     return spec, tensors
 
 
-def _construct_marking_empty(case: Case, seed: int | None = None):
+def _construct_marking_empty(case: Case, seed: int | None = None, meta: bool = False):
     """`construct(case)` (under `seed` instead of the case's when given) with what `torch.empty`
     and its kin return filled with NaN: memory the construction never initialises shows as NaN,
-    never as whatever the allocator handed back."""
+    never as whatever the allocator handed back. `meta`: the trainable parameters on the meta
+    device instead (`checkpointed.parameters_on_meta`), nothing marked."""
     torch = case.backend.torch
     from torch.overrides import TorchFunctionMode
 
@@ -728,6 +785,11 @@ def _construct_marking_empty(case: Case, seed: int | None = None):
     built = case if seed is None else case.derived(case.obj)
     if seed is not None:
         built.seed = seed
+    if meta:
+        # No marking: it would write every page of the parameters' memory before they go to the
+        # meta device (a whole model's worth); a checkpoint gives the parameters their values.
+        with checkpointed.parameters_on_meta(torch):
+            return construct(built)
     with MarkEmpty():
         return construct(built)
 
@@ -746,7 +808,8 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
     _progress(case, "case", phase)
     if private:
         native = [backend.to_native(a) for a in args]
-        leaves = call(case, module if module is not None else case.obj, native, phase)
+        with _checkpointed(case, module):
+            leaves = call(case, module if module is not None else case.obj, native, phase)
         if limit is not None:
             limit(leaves)
         return [(name, backend.from_native(v, case.dtype)) for name, v in leaves], []
@@ -759,7 +822,7 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
         target, versions_before = module, _versions(module)
     else:
         target = copy.deepcopy(module) if module is not None else case.obj
-    with under if under is not None else contextlib.nullcontext():
+    with _checkpointed(case, module), under if under is not None else contextlib.nullcontext():
         leaves = call(case, target, native, phase)
     if limit is not None:
         limit(leaves)
@@ -783,6 +846,16 @@ def _evaluate_once(case: Case, module, args, phase: str, limit=None, private: bo
             if name in pristine and not backend.torch.equal(value, pristine[name]):
                 mutated.append(f"parameter {name}")
     return outputs, mutated
+
+
+def _checkpointed(case: Case, module):
+    """A case-dtype evaluation of a checkpoint's module (`case.shared`): its tensors converted to
+    the case dtype as they are read, its pages given back module by module
+    (`checkpointed.evaluating`); nothing for any other module."""
+    if not case.shared or module is None:
+        return contextlib.nullcontext()
+    torch = case.backend.torch
+    return checkpointed.evaluating(torch, module, case.checkpoint, torch_dtype(torch, case.dtype))
 
 
 def _owned_outputs(backend, leaves: list, dtype: str):
@@ -916,8 +989,9 @@ def _evaluate64(case: Case, module, args, phase: str):
     target = case.obj
     if case.shared and module is not None:
         # No float64 copy of a whole model: its parameters are upcast as each operation reads them
-        # (`promoted(upcast=True)`), the largest one at a time.
-        with promoted(backend, upcast=True):
+        # (`promoted(upcast=True)`), the largest a slice at a time, and each module's mapped pages
+        # go back once it has run (`golden_ref.checkpointed`).
+        with checkpointed.evaluating(backend.torch, module, case.checkpoint), checkpointed.float64(backend.torch):
             return call(case, module, native, phase)
     if module is not None:
         target = copy.deepcopy(module).to(backend.torch.float64)
@@ -932,6 +1006,7 @@ def _nudge_in_place(case: Case, module, rng):
     in place of theirs. Returns what to put back: (tensor, its own data)."""
     torch = case.backend.torch
     inner = reference_module(module)
+    target = torch_dtype(torch, case.dtype)
     entries = [t for _, t in inner.state_dict(keep_vars=True).items() if t.is_floating_point()]
     small = [t for t in entries if t.dim() <= 1]
     swapped, seen = [], set()
@@ -939,10 +1014,11 @@ def _nudge_in_place(case: Case, module, rng):
         if id(t) in seen:
             continue
         seen.add(id(t))
-        wire_k = nudge(case.backend.from_native(t.detach(), case.dtype), rng)
+        # In the case dtype: a checkpoint in another (bf16 checked in float32) would nudge by one
+        # ulp of its own dtype (256 of float32's), or round a float32 ulp away.
+        wire_k = nudge(case.backend.from_native(t.detach().to(target), case.dtype), rng)
         swapped.append((t, t.data))
-        t.data = case.backend.to_native(wire_k).to(t.dtype)
-    del torch
+        t.data = case.backend.to_native(wire_k)
     return swapped
 
 
@@ -954,15 +1030,21 @@ def _module_with_state(module, state: dict, torch):
     return copy_
 
 
-def _precise(case: Case, module, expected, perturbations: int):
-    backend = case.backend
+def _float64(case: Case, module, expected):
+    """The float64 answer on the real inputs, as (name, float64 wire tensor) per float leaf."""
     names = [name for name, _ in expected]
     leaves64 = _evaluate64(case, module, case.args, "the float64 evaluation")
     # Its own copy where it is the evaluation's output itself (a float64 output that the reference
     # may write again on its next call); a conversion is a copy already.
-    precise = [(n, t if t.array.flags.owndata else WireTensor(t.dtype, np.array(t.array, copy=True)))
-               for n, t in _float64_leaves(backend, leaves64, names)]
-    del leaves64
+    return [(n, t if t.array.flags.owndata else WireTensor(t.dtype, np.array(t.array, copy=True)))
+            for n, t in _float64_leaves(case.backend, leaves64, names)]
+
+
+def _nudged(case: Case, module, expected, precise, perturbations: int):
+    """The rounding error's samples at `perturbations` nudged inputs (see the module docstring),
+    against `precise`, the float64 answer at the real inputs: (own, moved, own_mean)."""
+    backend = case.backend
+    names = [name for name, _ in expected]
     base64 = {name: t.array for name, t in precise}
 
     # Samples of the rounding error at inputs one ulp away (see the module docstring), folded in
@@ -1010,17 +1092,20 @@ def _precise(case: Case, module, expected, perturbations: int):
                 # taken against the float64 answer at the real inputs, so that it holds the output's
                 # move under the nudge as well as its rounding (never less than either): a sample
                 # of the estimate's max(own, moved) for a whole-model evaluation, not three.
+                # Its rounding and its move are one sample then, and count as both: the runtime
+                # judges an error beyond what the output's move explains as the case dtype's own
+                # noise (`answers/live.rs`, `rounding_estimate`), which it is not here.
                 high64 = {name: t for name, t in precise}
             else:
                 high64 = dict(_float64_leaves(backend, high, names))
             del high
             for name, sample in samples.items():
-                sample.add(name, low[name], high64[name].array, base64[name])
+                sample.add(name, low[name], high64[name].array, base64[name], combined=case.shared)
             del low, high64
     own = [(name, WireTensor("f32", samples[name].own)) for name, _ in precise]
     moved = [(name, WireTensor("f32", samples[name].moved)) for name, _ in precise]
     own_mean = [(name, WireTensor("f32", samples[name].mean)) for name, _ in precise]
-    return precise, own, moved, own_mean
+    return own, moved, own_mean
 
 
 class _Samples:
@@ -1037,7 +1122,10 @@ class _Samples:
         self.mean = np.zeros(shape, np.float32)
         self.count = 0
 
-    def add(self, name: str, low: WireTensor, high: np.ndarray, base: np.ndarray):
+    def add(self, name: str, low: WireTensor, high: np.ndarray, base: np.ndarray, combined: bool = False):
+        """One nudge's sample. `combined` (a whole model, whose nudged evaluations run in the case
+        dtype only: `high` is `base`): the error against the float64 answer at the real inputs
+        holds the output's move as well as the rounding, and is taken as both."""
         if low.array.shape != self.own.shape or high.shape != self.own.shape:
             raise ValueError(f"`{name}` changed shape under a one-ulp nudge")
         k = self.count
@@ -1050,7 +1138,7 @@ class _Samples:
             j = min(i + step, lows.size)
             e = _floats(WireTensor(low.dtype, lows[i:j]))
             d = e - highs[i:j]  # the reference's rounding error there
-            m = highs[i:j] - bases[i:j]  # the output's sensitivity to the nudge
+            m = d if combined else highs[i:j] - bases[i:j]  # the output's sensitivity to the nudge
             own[i:j] = np.sqrt((np.square(own[i:j], dtype=np.float64) * k + d * d) / (k + 1))
             moved[i:j] = np.sqrt((np.square(moved[i:j], dtype=np.float64) * k + m * m) / (k + 1))
             mean[i:j] = (mean[i:j].astype(np.float64) * k + d) / (k + 1)
@@ -1079,7 +1167,7 @@ def variants(case: Case, perturbations: int = 4):
     return out
 
 
-def gradient_case(case: Case, names: list, wrt: list, params: bool) -> Case:
+def gradient_case(case: Case, names: list, wrt: list, params: bool, along: dict | None = None) -> Case:
     """The case of the function (inputs, cotangents) -> gradient of sum(out * cotangent), as a
     reference of its own: golden evaluates it like any reference (case dtype, float64, nudged), so
     gradients get a rounding estimate too.
@@ -1087,21 +1175,36 @@ def gradient_case(case: Case, names: list, wrt: list, params: bool) -> Case:
     `case.args` holds the inputs, then one cotangent per output leaf. `wrt` indexes the inputs to
     differentiate; `params` adds the module's parameters. Leaves are named by argument or parameter;
     a gradient PyTorch does not produce (no dependence) is left out.
+
+    `along` (`{"names": [...], "at": k}`: a layer at size, whose gradients are millions of values):
+    `case.args[k:]` holds one direction per named target, and each leaf is the gradient's
+    derivative along it, `<gradient, direction>` — gradcheck's fast mode, vᵀJu — summed in float64
+    and given in the gradient's dtype, instead of the gradient itself; the other targets are left
+    out.
     """
     torch = case.backend.torch
     n_inputs = len(names)
+    end = along["at"] if along else None
+    directions = {name: k for k, name in enumerate(along["names"])} if along else None
 
     def gradients(call, args, parameters):
         with torch.enable_grad():
             inputs = [a.detach().clone().requires_grad_(i in wrt) for i, a in enumerate(args[:n_inputs])]
-            cotangents = args[n_inputs:]
+            cotangents = args[n_inputs:end]
             leaves = flatten_outputs(call(*inputs), case.backend)
             if len(leaves) != len(cotangents):
                 raise ValueError(f"{len(leaves)} outputs for {len(cotangents)} cotangents")
             total = sum((leaf * c).sum() for (_, leaf), c in zip(leaves, cotangents))
             targets = [(names[i], inputs[i]) for i in wrt] + list(parameters)
             grads = torch.autograd.grad(total, [t for _, t in targets], allow_unused=True)
-        return {name: g for (name, _), g in zip(targets, grads) if g is not None}
+        if directions is None:
+            return {name: g for (name, _), g in zip(targets, grads) if g is not None}
+        out = {}
+        for (name, _), g in zip(targets, grads):
+            if g is not None and name in directions:
+                u = args[end + directions[name]]
+                out[name] = (g.to(torch.float64) * u.to(torch.float64)).sum().to(g.dtype)
+        return out
 
     if case.form == "module":
         cls = case.obj

@@ -84,30 +84,41 @@ def flatten(out, prefix="out"):
 
 def state_dict(torch, tensor):
     """The module's state as the case had it: the entries written to `state_dict/`, and those of a
-    checkpoint (case.json's `checkpoint`: golden refers to the file instead of copying it) read from
-    the file, after checking that its hash is still the one the test saw."""
+    checkpoint (case.json's `checkpoint`: golden refers to its files instead of copying them, one
+    file or a sharded checkpoint's index and shards) read from the files, after checking that their
+    hash is still the one the test saw."""
     state = {k: tensor("state_dict", k, d) for k, d in CASE["state_dict_dtypes"].items()}
     checkpoint = CASE.get("checkpoint")
     if checkpoint:
         from safetensors import safe_open
 
-        file = checkpoint["path"]
-        if os.path.getsize(file) != checkpoint["size"]:
-            sys.exit(f"{file} is not the checkpoint the test used (its size changed): re-run the test")
+        files = checkpoint.get("files") or [checkpoint["path"]]
+        size = sum(os.path.getsize(f) for f in files)
+        if size != checkpoint["size"]:
+            sys.exit(f"{checkpoint['path']} is not the checkpoint the test used (its size changed): "
+                     "re-run the test")
         try:
             import xxhash
 
-            with open(file, "rb") as f:
-                digest = xxhash.xxh3_128_hexdigest(f.read())
+            hasher = xxhash.xxh3_128()
+            for name in files:
+                with open(name, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 24), b""):
+                        hasher.update(chunk)
+            digest = hasher.hexdigest()
             if digest != checkpoint["hash"]:
-                sys.exit(f"{file} is not the checkpoint the test used (hash {digest}, the test's "
-                         f"{checkpoint['hash']}): re-run the test")
+                sys.exit(f"{checkpoint['path']} is not the checkpoint the test used (hash {digest}, "
+                         f"the test's {checkpoint['hash']}): re-run the test")
         except ImportError:
             pass  # the size was checked; xxhash is not installed to check the content too
         dtypes = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16}
-        with safe_open(file, framework="pt") as f:
-            for name, (in_file, dtype) in checkpoint["entries"].items():
-                t = f.get_tensor(in_file)
+        opened = {}
+        with contextlib.ExitStack() as stack:
+            for name, (in_file, dtype, *holder) in checkpoint["entries"].items():
+                holder = holder[0] if holder and holder[0] else checkpoint["path"]
+                if holder not in opened:
+                    opened[holder] = stack.enter_context(safe_open(holder, framework="pt"))
+                t = opened[holder].get_tensor(in_file)
                 state[name] = t.to(dtypes[dtype]) if dtype in dtypes and t.is_floating_point() else t
     return state
 

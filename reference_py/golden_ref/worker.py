@@ -132,7 +132,7 @@ class Worker:
             info["provenance"] = provenance(objects)
             return info, []
         if op == "params":
-            spec, spec_tensors = param_spec(self.case(header, tensors))
+            spec, spec_tensors = param_spec(self.case(header, tensors), bool(header.get("weights")))
             table = wire.TensorTable()
             for entry in spec["entries"]:
                 if "value" in entry:
@@ -153,7 +153,8 @@ class Worker:
             return self.mutations(header, tensors)
         if op == "gradients":
             case = gradient_case(
-                self.case(header, tensors), header["names"], header["wrt"], bool(header["params"])
+                self.case(header, tensors), header["names"], header["wrt"], bool(header["params"]),
+                header.get("along"),
             )
             table = wire.TensorTable()
             result = forward(case, int(header.get("perturbations", 4)))
@@ -238,7 +239,8 @@ class Worker:
 
     def forward(self, header: dict, tensors: list):
         case = self.case(header, tensors)
-        result = forward(case, int(header.get("perturbations", 4)), bool(header.get("precise", True)))
+        result = forward(case, int(header.get("perturbations", 4)), bool(header.get("precise", True)),
+                         header.get("upto"), header.get("case_key"))
         table = wire.TensorTable()
         return _outputs_json(result, table), table.tensors
 

@@ -1,11 +1,17 @@
 """Make a checkpoint of a causal LM with `save_pretrained`, random init, nothing downloaded:
 
-    python -m scale_ref.make_checkpoint SHAPE DIR [SEED] [--drop NAME]
+    python -m scale_ref.make_checkpoint SHAPE DIR [SEED] [--drop NAME] [--dtype bf16] [--shard SIZE]
+                                       [--scale X]
 
-SHAPE is `tiny` or `tiny-qwen2` (a few MB, for tests), `smollm2-135m` or `qwen2.5-0.5b` (the Hugging Face configs
-of SmolLM2-135M and Qwen2.5-0.5B, tied embeddings as theirs). Writes DIR/model.safetensors and
-DIR/config.json, and prints the config as JSON on stdout. `--drop NAME` leaves the entry NAME out
-of the file (a checkpoint that does not fit its module, for the tests)."""
+SHAPE is `tiny` or `tiny-qwen2` (a few MB, for tests), `smollm2-135m`, `qwen2.5-0.5b` or
+`qwen2.5-1.5b` (the Hugging Face configs of SmolLM2-135M, Qwen2.5-0.5B and Qwen2.5-1.5B, tied
+embeddings as theirs). Writes DIR/model.safetensors and DIR/config.json, and prints the config as
+JSON on stdout. `--drop NAME` leaves the entry NAME out of the file (a checkpoint that does not fit
+its module, for the tests). `--dtype bf16` saves the weights in bfloat16, as published checkpoints
+are; `--shard SIZE` (`save_pretrained`'s `max_shard_size`, e.g. `1GB`) shards a checkpoint past
+that size into `model-0000N-of-0000M.safetensors` with `model.safetensors.index.json`. `--scale X`
+multiplies the (tied) embedding by X: logits X times larger, whose rounding error then exceeds
+assert_close's bound at some elements (for the tests of the reference's staged evaluation)."""
 
 import json
 import sys
@@ -32,15 +38,27 @@ SHAPES = {
         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
         sliding_window=32768, max_window_layers=21, use_sliding_window=False)),
+    "qwen2.5-1.5b": (Qwen2Config, Qwen2ForCausalLM, dict(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        sliding_window=32768, max_window_layers=21, use_sliding_window=False)),
 }
 
 
+def _option(argv, flag):
+    """The value of `flag VALUE` in argv (None), and argv without them."""
+    if flag not in argv:
+        return None, argv
+    at = argv.index(flag)
+    return argv[at + 1], argv[:at] + argv[at + 2:]
+
+
 def main(argv):
-    drop = None
-    if "--drop" in argv:
-        at = argv.index("--drop")
-        drop = argv[at + 1]
-        argv = argv[:at] + argv[at + 2:]
+    drop, argv = _option(argv, "--drop")
+    dtype, argv = _option(argv, "--dtype")
+    shard, argv = _option(argv, "--shard")
+    scale, argv = _option(argv, "--scale")
     shape, out = argv[1], argv[2]
     seed = int(argv[3]) if len(argv) > 3 else 0
     config_class, model_class, values = SHAPES[shape]
@@ -51,7 +69,13 @@ def main(argv):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
-    model.save_pretrained(out)
+        if scale is not None:
+            model.get_input_embeddings().weight.mul_(float(scale))
+    if dtype == "bf16":
+        model = model.to(torch.bfloat16)
+    elif dtype not in (None, "f32"):
+        sys.exit(f"--dtype {dtype}: f32 or bf16")
+    model.save_pretrained(out, **({"max_shard_size": shard} if shard else {}))
     if drop is not None:
         from safetensors.torch import load_file, save_file
 

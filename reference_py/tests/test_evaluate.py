@@ -77,6 +77,44 @@ def _torch_case(fn, args, form="function", init=None, dtype="f32"):
 
 
 class EvaluateTest(unittest.TestCase):
+    def test_a_bf16_checkpoint_checked_in_f32_is_nudged_by_a_float32_ulp(self):
+        # A whole model's nudges are set in the case dtype: a bf16 parameter nudged by one of its
+        # own ulps (256 float32 ulps) made the rounding estimate a bf16 one, which hid wrong ports.
+        import torch
+
+        from golden_ref.backends import TorchBackend
+        from golden_ref.evaluate import Case, _nudge_in_place
+
+        module = torch.nn.LayerNorm(64).to(torch.bfloat16)
+        before = module.weight.detach().to(torch.float32).clone()
+        case = Case(type(module), "module", TorchBackend(), [], {}, {}, 7, "f32")
+        swapped = _nudge_in_place(case, module, np.random.default_rng(0))
+        moved = module.weight.detach()
+        self.assertEqual(moved.dtype, torch.float32)
+        ulps = ((moved - before).abs() / torch.finfo(torch.float32).eps).max().item()
+        self.assertGreater(ulps, 0.0)
+        self.assertLessEqual(ulps, 1.0)  # one float32 ulp of values in [1, 2): eps
+        for parameter, value in swapped:
+            parameter.data = value
+        self.assertEqual(module.weight.dtype, torch.bfloat16)
+
+    def test_a_gradient_along_a_direction_is_its_inner_product_with_it(self):
+        # A layer at size: each target's gradient comes back as one number, <gradient, direction>.
+        from golden_ref.evaluate import forward, gradient_case
+
+        x = np.array([0.5, -1.0, 2.0], dtype=np.float32)
+        cotangent = np.array([1.0, 2.0, -1.0], dtype=np.float32)
+        u = np.array([0.6, 0.0, -0.8], dtype=np.float32)
+        square = _torch_case(lambda a: a * a, [x, cotangent, u])
+        case = gradient_case(square, ["x"], [0], False, {"names": ["x"], "at": 2})
+        leaves = dict(forward(case)["precise"])
+        # d/dx sum(x² · c) = 2·x·c, along u.
+        want = float(np.dot(2 * x.astype(np.float64) * cotangent, u.astype(np.float64)))
+        self.assertEqual(leaves["out.x"].array.shape, ())
+        self.assertAlmostEqual(float(leaves["out.x"].array), want, places=6)
+        whole = gradient_case(_torch_case(lambda a: a * a, [x, cotangent]), ["x"], [0], False)
+        self.assertEqual(dict(forward(whole)["precise"])["out.x"].array.shape, (3,))
+
     def test_a_reference_that_modifies_its_input_gets_fresh_copies_and_is_reported(self):
         from golden_ref.evaluate import forward
 

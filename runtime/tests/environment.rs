@@ -244,6 +244,7 @@ fn every_variable_names_a_value_it_cannot_read() {
         ("GOLDEN_SPEED", "fast"),
         ("GOLDEN_PARENT_PID", "abc"),
         ("GOLDEN_MAX_FRAME", "-1"),
+        ("GOLDEN_BUDGET", "soon"),
         ("GOLDEN_FAILURE_BUDGET", "0"),
     ];
     // Paths, names and commands; `GOLDEN_CASE`, read against each check's dims as it starts; the

@@ -12,8 +12,12 @@
 //! * `uses:` steps are actions of GitHub's: checkout, the toolchain, caches and Python are what
 //!   this machine already has, and are skipped, named; `actions/upload-artifact` is checked: the
 //!   paths it would upload are listed, and at least one must exist;
-//! * an expression (`${{ … }}`) in a `run:` or an `env:` value is refused: the recipe must run
-//!   the same anywhere.
+//! * a job with a `strategy: matrix:` (each key a list of values) runs once per combination, as
+//!   GitHub's runner starts one job per combination (the recipe splits its checks across runners
+//!   with nextest's `--partition`), each with `${{ matrix.<key> }}` replaced by its value; one
+//!   combination failing fails the job, after the others ran (`fail-fast: false`);
+//! * any other expression (`${{ … }}`) in a `run:` or an `env:` value is refused: the recipe must
+//!   run the same anywhere.
 //!
 //! * the job runs the pull request's code, so it must hold nothing to misuse: its token is
 //!   read-only (`permissions:` of the job or the workflow, each `read` or `none`) and every
@@ -43,11 +47,6 @@ fn string_map(v: &Yaml, what: &str) -> Result<BTreeMap<String, String>, String> 
             Yaml::Real(r) => r.clone(),
             other => return Err(format!("{what}.{key}: not a plain value: {other:?}")),
         };
-        if value.contains("${{") {
-            return Err(format!(
-                "{what}.{key} = {value:?}: an expression this runner does not evaluate"
-            ));
-        }
         out.insert(key.to_string(), value);
     }
     Ok(out)
@@ -98,7 +97,85 @@ fn unsafe_settings(doc: &Yaml, spec: &Yaml, job: &str) -> Option<String> {
     None
 }
 
-/// Run `job` of the workflow `file` in `dir`.
+/// One combination of a job's matrix: each key's value.
+type Combination = BTreeMap<String, String>;
+
+/// The combinations of a job's `strategy.matrix`, in the order GitHub lists them (the first key
+/// varying slowest); one empty combination for a job without a matrix.
+fn combinations(spec: &Yaml, job: &str) -> Result<Vec<Combination>, String> {
+    let matrix = &spec["strategy"]["matrix"];
+    let Some(keys) = matrix.as_hash() else {
+        if matrix.is_badvalue() || matrix.is_null() {
+            return Ok(vec![Combination::new()]);
+        }
+        return Err(format!("jobs.{job}.strategy.matrix: not a map of lists"));
+    };
+    let mut all = vec![Combination::new()];
+    for (key, values) in keys {
+        let key = key.as_str().ok_or(format!(
+            "jobs.{job}.strategy.matrix: a key that is not a string"
+        ))?;
+        if key == "include" || key == "exclude" {
+            return Err(format!(
+                "jobs.{job}.strategy.matrix.{key}: this runner expands plain lists only"
+            ));
+        }
+        let values = values
+            .as_vec()
+            .ok_or(format!("jobs.{job}.strategy.matrix.{key}: not a list"))?;
+        let values: Vec<String> = values
+            .iter()
+            .map(|v| match v {
+                Yaml::String(s) => Ok(s.clone()),
+                Yaml::Integer(i) => Ok(i.to_string()),
+                Yaml::Boolean(b) => Ok(b.to_string()),
+                Yaml::Real(r) => Ok(r.clone()),
+                other => Err(format!(
+                    "jobs.{job}.strategy.matrix.{key}: not a plain value: {other:?}"
+                )),
+            })
+            .collect::<Result<_, _>>()?;
+        all = all
+            .into_iter()
+            .flat_map(|c| {
+                values.iter().map(move |v| {
+                    let mut c = c.clone();
+                    c.insert(key.to_string(), v.clone());
+                    c
+                })
+            })
+            .collect();
+    }
+    Ok(all)
+}
+
+/// `text` with each `${{ matrix.<key> }}` replaced by the combination's value; any other
+/// expression, or a key the matrix does not have, is refused.
+fn substitute(text: &str, combination: &Combination, what: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 3..];
+        let end = after
+            .find("}}")
+            .ok_or(format!("{what}: an expression without its closing `}}}}`"))?;
+        let expression = after[..end].trim();
+        let value = expression
+            .strip_prefix("matrix.")
+            .and_then(|key| combination.get(key))
+            .ok_or(format!(
+                "{what}: the expression `${{{{ {expression} }}}}` is not one this runner \
+                 evaluates (only `matrix.<key>` of the job's matrix)"
+            ))?;
+        out.push_str(value);
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Run `job` of the workflow `file` in `dir`: once per combination of its matrix.
 pub fn run(file: &Path, job: &str, dir: &Path) -> Result<(), String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
     let docs = YamlLoader::load_from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -110,13 +187,63 @@ pub fn run(file: &Path, job: &str, dir: &Path) -> Result<(), String> {
     if let Some(why) = unsafe_settings(doc, spec, job) {
         return Err(format!("{}: {why}", file.display()));
     }
-    let mut env = string_map(&doc["env"], "env")?;
-    env.extend(string_map(&spec["env"], &format!("jobs.{job}.env"))?);
+    let mut failed = Vec::new();
+    for combination in combinations(spec, job)? {
+        let shown = if combination.is_empty() {
+            job.to_string()
+        } else {
+            let values: Vec<String> = combination
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
+            format!("{job} ({})", values.join(", "))
+        };
+        if let Err(e) = run_combination(file, doc, spec, job, &shown, &combination, dir) {
+            eprintln!("workflow: {e}");
+            failed.push(e);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("\n"))
+    }
+}
+
+/// Run one combination of a job's matrix (the job itself, without one).
+fn run_combination(
+    file: &Path,
+    doc: &Yaml,
+    spec: &Yaml,
+    job: &str,
+    shown: &str,
+    combination: &Combination,
+    dir: &Path,
+) -> Result<(), String> {
+    let expand = |map: BTreeMap<String, String>, what: &str| -> Result<_, String> {
+        map.into_iter()
+            .map(|(k, v)| {
+                Ok((
+                    k.clone(),
+                    substitute(&v, combination, &format!("{what}.{k}"))?,
+                ))
+            })
+            .collect::<Result<BTreeMap<_, _>, String>>()
+    };
+    let mut env = expand(string_map(&doc["env"], "env")?, "env")?;
+    env.extend(expand(
+        string_map(&spec["env"], &format!("jobs.{job}.env"))?,
+        &format!("jobs.{job}.env"),
+    )?);
     let steps = spec["steps"]
         .as_vec()
         .ok_or(format!("jobs.{job}.steps: not a list"))?;
 
-    let temp = std::env::temp_dir().join(format!("golden-workflow-{}-{job}", std::process::id()));
+    let temp = std::env::temp_dir().join(format!(
+        "golden-workflow-{}-{job}-{}",
+        std::process::id(),
+        combination.values().cloned().collect::<Vec<_>>().join("-")
+    ));
     let _ = std::fs::remove_dir_all(&temp);
     let runner_temp = temp.join("runner-temp");
     std::fs::create_dir_all(&runner_temp).map_err(|e| format!("{}: {e}", temp.display()))?;
@@ -154,7 +281,11 @@ pub fn run(file: &Path, job: &str, dir: &Path) -> Result<(), String> {
         }
         if let Some(action) = step["uses"].as_str() {
             if action.starts_with("actions/upload-artifact") {
-                let paths = step["with"]["path"].as_str().unwrap_or_default();
+                let paths = substitute(
+                    step["with"]["path"].as_str().unwrap_or_default(),
+                    combination,
+                    &format!("`{name}`.with.path"),
+                )?;
                 let found: Vec<&str> = paths
                     .lines()
                     .map(str::trim)
@@ -172,13 +303,13 @@ pub fn run(file: &Path, job: &str, dir: &Path) -> Result<(), String> {
         let Some(script) = step["run"].as_str() else {
             return Err(format!("`{name}`: neither `run` nor `uses`"));
         };
-        if script.contains("${{") {
-            return Err(format!(
-                "`{name}`: an expression (${{{{ … }}}}) this runner does not evaluate"
-            ));
-        }
+        let script = substitute(script, combination, &format!("`{name}`"))?;
+        let script = script.as_str();
         let mut step_env = env.clone();
-        step_env.extend(string_map(&step["env"], &format!("`{name}`.env"))?);
+        step_env.extend(expand(
+            string_map(&step["env"], &format!("`{name}`.env"))?,
+            &format!("`{name}`.env"),
+        )?);
         for line in std::fs::read_to_string(&github_env)
             .unwrap_or_default()
             .lines()
@@ -227,7 +358,7 @@ pub fn run(file: &Path, job: &str, dir: &Path) -> Result<(), String> {
         }
     }
     let text = std::fs::read_to_string(&summary).unwrap_or_default();
-    eprintln!("workflow: the job's summary ($GITHUB_STEP_SUMMARY):\n{text}");
+    eprintln!("workflow: {shown}: the job's summary ($GITHUB_STEP_SUMMARY):\n{text}");
     let writes_summary = steps.iter().any(|s| {
         s["run"]
             .as_str()
@@ -238,11 +369,11 @@ pub fn run(file: &Path, job: &str, dir: &Path) -> Result<(), String> {
     }
     let _ = std::fs::remove_dir_all(&temp);
     if failed.is_empty() {
-        eprintln!("workflow: job `{job}` of {} passed", file.display());
+        eprintln!("workflow: job `{shown}` of {} passed", file.display());
         Ok(())
     } else {
         Err(format!(
-            "job `{job}` of {} failed: {}",
+            "job `{shown}` of {} failed: {}",
             file.display(),
             failed.join("; ")
         ))
@@ -271,6 +402,53 @@ mod tests {
     fn job(text: &str) -> Option<String> {
         let doc = &YamlLoader::load_from_str(text).unwrap()[0];
         unsafe_settings(doc, &doc["jobs"]["j"], "j")
+    }
+
+    #[test]
+    fn a_matrix_runs_each_combination_with_its_values() {
+        let recipe = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/port-llama/.github/workflows/golden.yml"
+        ))
+        .unwrap();
+        let doc = &YamlLoader::load_from_str(&recipe).unwrap()[0];
+        // The recipe splits its checks across runners: both jobs, each partition once.
+        for job in ["replay", "verify"] {
+            let all = combinations(&doc["jobs"][job], job).unwrap();
+            let partitions: Vec<&str> = all.iter().map(|c| c["partition"].as_str()).collect();
+            assert_eq!(partitions, ["1", "2"], "{job}");
+            let runs: Vec<&str> = doc["jobs"][job]["steps"]
+                .as_vec()
+                .unwrap()
+                .iter()
+                .filter_map(|s| s["run"].as_str())
+                .collect();
+            let split = runs
+                .iter()
+                .find(|r| r.contains("--partition"))
+                .expect("a step runs its share of the checks");
+            assert!(
+                substitute(split, &all[1], "step")
+                    .unwrap()
+                    .contains("cargo nextest run --partition count:2/2"),
+                "{split}"
+            );
+        }
+        let two = |text: &str| YamlLoader::load_from_str(text).unwrap()[0].clone();
+        let job = two("strategy:\n  matrix:\n    a: [1, 2]\n    b: [x, y, z]\n");
+        let all = combinations(&job, "j").unwrap();
+        assert_eq!(all.len(), 6);
+        assert_eq!((all[1]["a"].as_str(), all[1]["b"].as_str()), ("1", "y"));
+        assert_eq!(combinations(&two("steps: []\n"), "j").unwrap().len(), 1);
+        assert!(
+            combinations(&two("strategy:\n  matrix:\n    include: [{a: 1}]\n"), "j")
+                .unwrap_err()
+                .contains("plain lists only")
+        );
+        let e = substitute("echo ${{ github.token }}", &all[0], "`s`").unwrap_err();
+        assert!(e.contains("not one this runner evaluates"), "{e}");
+        let e = substitute("echo ${{ matrix.c }}", &all[0], "`s`").unwrap_err();
+        assert!(e.contains("`${{ matrix.c }}`"), "{e}");
     }
 
     #[test]

@@ -30,15 +30,22 @@ fn make_checkpoint(dir: &Path, drop: Option<&str>) -> PathBuf {
 
 /// A checkpoint of `shape` (`reference_py/scale_ref/make_checkpoint.py`) in `dir`.
 fn make_shape(shape: &str, dir: &Path, drop: Option<&str>) -> PathBuf {
+    let options: Vec<&str> = drop.map_or(Vec::new(), |name| vec!["--drop", name]);
+    make_with(shape, dir, &options)
+}
+
+/// A checkpoint of `shape` in `dir`, made with `make_checkpoint.py`'s `options` (`--dtype bf16`,
+/// `--shard 20KB`, `--scale 30`, `--drop NAME`); the path of its `model.safetensors` (which a
+/// sharded one does not have: its folder stands for it).
+fn make_with(shape: &str, dir: &Path, options: &[&str]) -> PathBuf {
     let python = golden::internal::describe::env::python().program;
     let mut command = std::process::Command::new(python);
     command
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../reference_py"))
         .args(["-m", "scale_ref.make_checkpoint", shape])
-        .arg(dir);
-    if let Some(name) = drop {
-        command.args(["0", "--drop", name]);
-    }
+        .arg(dir)
+        .arg("0")
+        .args(options);
     let out = command.output().expect("python runs");
     assert!(
         out.status.success(),
@@ -151,6 +158,94 @@ fn a_wrong_rope_theta_on_a_checkpoint_fails_on_the_logits() {
     let msg = failure.to_string();
     assert!(matches!(failure.kind, FailureKind::Case(_)), "{msg}");
     assert!(msg.contains("leaf `out`"), "{msg}");
+    // A case outside assert_close's bound is judged with every stage of the reference's
+    // evaluation: the float64 answer and the nudged ones, the whole rounding estimate.
+    assert!(
+        msg.contains("16 × rounding estimate (largest rounding estimate here"),
+        "{msg}"
+    );
+}
+
+/// Published checkpoints are bf16 and, past a few GB, sharded: `weights` names the index (or the
+/// folder) and golden reads the shards through it; the reference evaluates the bf16 weights in
+/// the case dtype (f32) as `from_pretrained(dtype=float32)` would, without a float32 copy of them,
+/// and the port is served them converted once.
+#[test]
+fn a_sharded_bf16_checkpoint_is_read_through_its_index_live_and_in_replay() {
+    let scratch = Scratch::new("k_llama_sharded");
+    let dir = scratch.dir.join("model");
+    make_with("tiny", &dir, &["--dtype", "bf16", "--shard", "20KB"]);
+    let index = dir.join("model.safetensors.index.json");
+    assert!(
+        index.exists() && dir.join("model-00003-of-00003.safetensors").exists(),
+        "save_pretrained did not shard the checkpoint"
+    );
+    let layer = llama_layer("k_llama_sharded", &index, true);
+    let report = check(&layer, &scratch, 10_000.0).unwrap_or_else(|f| panic!("{f}"));
+    let snapshot = report.snapshot().expect("every case ran");
+    println!("{snapshot}");
+    assert!(
+        snapshot.contains("model.safetensors.index.json (a whole model"),
+        "{snapshot}"
+    );
+    check(&layer.clone().mode(Mode::Record), &scratch, 10_000.0).unwrap_or_else(|f| panic!("{f}"));
+    check(&layer.clone().mode(Mode::Replay), &scratch, 10_000.0)
+        .unwrap_or_else(|f| panic!("the replay failed: {f}"));
+    // The folder save_pretrained wrote names the same checkpoint.
+    let by_folder = golden::internal::answers::checkpoint::open(&dir).unwrap();
+    let by_index = golden::internal::answers::checkpoint::open(&index).unwrap();
+    assert_eq!(by_folder.hash, by_index.hash);
+    // A wrong port fails on it as on an f32 file.
+    let failure = check(
+        &llama_layer("k_llama_sharded_theta", &index, true),
+        &scratch,
+        500_000.0,
+    )
+    .expect_err("a wrong rope_theta passed on a sharded checkpoint");
+    assert!(failure.to_string().contains("leaf `out`"), "{failure}");
+}
+
+/// The reference's evaluation of a whole model follows the margin: a case inside assert_close's
+/// bound needs the case dtype's answer alone, one outside it gets the float64 answer and, if that
+/// is not enough, the nudged ones; the snapshot says how many cases stopped where, the same live
+/// and in replay. Logits a thousand times larger (the embedding scaled) make the reference's own
+/// rounding exceed assert_close's absolute bound at small logits on some cases, so a right port
+/// needs the rounding term there and not elsewhere.
+#[test]
+fn the_references_evaluations_follow_the_margin_and_the_snapshot_says_so() {
+    let scratch = Scratch::new("k_llama_margin");
+    let dir = scratch.dir.join("model");
+    let weights = make_with("tiny", &dir, &["--scale", "1000"]);
+    let layer = llama_layer("k_llama_margin", &weights, true).cases(8);
+    let live = check(&layer, &scratch, 10_000.0).unwrap_or_else(|f| panic!("{f}"));
+    let snapshot = live.snapshot().expect("every case ran");
+    println!("{snapshot}");
+    assert!(
+        snapshot.contains("reference evaluations (a whole model's"),
+        "{snapshot}"
+    );
+    assert!(
+        snapshot.contains("the case dtype alone (assert_close's bound held)"),
+        "{snapshot}"
+    );
+    assert!(snapshot.contains("with float64"), "{snapshot}");
+    check(&layer.clone().mode(Mode::Record), &scratch, 10_000.0).unwrap_or_else(|f| panic!("{f}"));
+    let replayed = check(&layer.clone().mode(Mode::Replay), &scratch, 10_000.0)
+        .unwrap_or_else(|f| panic!("the replay failed: {f}"));
+    // The block of the snapshot that says where the cases stopped.
+    let line = |s: &str| {
+        let mut block = s
+            .lines()
+            .skip_while(|l| !l.contains("reference evaluations"));
+        let header = block.next().unwrap_or_default().to_string();
+        let counts: Vec<&str> = block.take_while(|l| l.starts_with("    ")).collect();
+        format!("{header}\n{}", counts.join("\n"))
+    };
+    assert_eq!(
+        line(&replayed.snapshot().unwrap()),
+        line(&snapshot),
+        "the replay stopped its cases at other stages"
+    );
 }
 
 #[test]

@@ -574,6 +574,11 @@ impl Live {
         let mut table = TensorTable::default();
         let mut header = self.header(layer, dtype, 0, &[], None, &mut table);
         header["op"] = json!("params");
+        if matches!(layer.params, crate::describe::layer::Params::Weights(_)) {
+            // A checkpoint gives every parameter its value: the worker lists them without
+            // initialising a whole model's worth of them.
+            header["weights"] = json!(true);
+        }
         let mut worker = pool().check_out(&self.key)?;
         let during = format!("constructing `{}` to list its parameters", layer.reference);
         let (response, tensors) = worker.request(header, table.tensors, self.timeout, &during)?;
@@ -717,11 +722,16 @@ impl Live {
                 trace,
                 twice,
                 plan,
+                stage,
                 ..
             } => {
                 let mut h = self.header(layer, dtype, seed, args, state, &mut table);
                 if *trace {
                     h["trace"] = json!(true);
+                }
+                if let Some(stage) = stage {
+                    h["upto"] = json!(stage.token());
+                    h["case_key"] = json!(case_key(layer, dtype, seed, request, state));
                 }
                 if *twice {
                     // Asked again to see whether it answers the same (a failing case): the case
@@ -739,13 +749,21 @@ impl Live {
                 names,
                 wrt,
                 params,
+                along,
             } => {
-                let all: Vec<HostTensor> = args.iter().chain(cotangents.iter()).cloned().collect();
+                let mut all: Vec<HostTensor> =
+                    args.iter().chain(cotangents.iter()).cloned().collect();
+                let at = all.len();
+                all.extend(along.iter().flat_map(|a| a.iter().map(|(_, u)| u.clone())));
                 let mut h = self.header(layer, dtype, seed, &all, state, &mut table);
                 h["op"] = json!("gradients");
                 h["names"] = json!(names);
                 h["wrt"] = json!(wrt);
                 h["params"] = json!(params);
+                if let Some(along) = along {
+                    let targets: Vec<&str> = along.iter().map(|(n, _)| n.as_str()).collect();
+                    h["along"] = json!({"names": targets, "at": at});
+                }
                 h
             }
             Request::Train {
@@ -767,12 +785,15 @@ impl Live {
         if let Some(object) = header.as_object_mut() {
             object.retain(|_, v| !v.is_null());
         }
+        let (response, tensors) = self.send(header, table.tensors, state, self.timeout, during)?;
+        // The scale of the rounding estimate, only where there is one to make (a whole model's
+        // case-dtype answer alone has none: its parameters' largest magnitude is not read).
         let scale = match request {
+            _ if response["precise"].is_null() => 0.0,
             Request::Forward { args, .. }
             | Request::Gradients { args, .. }
             | Request::Train { args, .. } => input_scale(args, state),
         };
-        let (response, tensors) = self.send(header, table.tensors, state, self.timeout, during)?;
         let protocol = |e: wire::WireError| WorkerError::Protocol(e.to_string());
         match request {
             Request::Forward { precise, .. } => {
@@ -837,6 +858,59 @@ impl Live {
     }
 }
 
+/// What names one case of a whole model's staged evaluation to the worker, which keeps the
+/// evaluations of a stage for the next (`Stage`): everything the answer depends on but the stage.
+fn case_key(
+    layer: &Layer,
+    dtype: DType,
+    seed: u64,
+    request: &Request<'_>,
+    state: Option<State<'_>>,
+) -> String {
+    let unstaged = match *request {
+        Request::Forward {
+            args,
+            trace,
+            twice,
+            precise,
+            plan,
+            ..
+        } => Request::Forward {
+            args,
+            trace,
+            twice,
+            precise,
+            plan,
+            stage: None,
+        },
+        other => other,
+    };
+    let (what, tensors) = unstaged.key_parts();
+    let mut bytes = format!(
+        "{}\0{}\0{}\0{}\0{}\0{}\0{seed}\0{what}",
+        layer.reference,
+        dtype_name(dtype),
+        values_json(&layer.consts),
+        values_json(&layer.init),
+        layer
+            .config
+            .as_ref()
+            .map(Config::to_json)
+            .unwrap_or_default(),
+        match state {
+            Some(State::Checkpoint(r)) => r.id_hex(),
+            _ => String::new(),
+        }
+    )
+    .into_bytes();
+    for t in tensors {
+        bytes.extend_from_slice(t.dtype.name().as_bytes());
+        bytes.extend(t.shape.iter().flat_map(|d| (*d as u64).to_le_bytes()));
+        bytes.extend_from_slice(&t.data);
+    }
+    format!("{:016x}", crate::describe::hash::fnv1a(&bytes))
+}
+
 /// A case's schedule in a request's header (`golden_ref/schedule.py` reads it), its padding mask
 /// added to the request's tensors.
 pub(crate) fn add_schedule(header: &mut Json, plan: Option<&Plan>, table: &mut TensorTable) {
@@ -876,6 +950,67 @@ pub(crate) fn input_scale(args: &[HostTensor], state: Option<State<'_>>) -> f64 
     largest(args.iter()).max(state.map_or(0.0, |s| s.largest()))
 }
 
+/// How far the reference's evaluation of a whole model (a checkpoint's case: each evaluation is
+/// seconds) goes in one request, the forward check asking for the next stage only when the port's
+/// comparison needs it (`run/forward.rs`): a case far inside its tolerance needs no further
+/// evaluations. Each stage's answer is complete (the worker keeps the evaluations of the stages
+/// before it: `reference_py/golden_ref/evaluate.py`'s `forward`), and none can make a case fail
+/// that passed at the stage before it, but where the reference is NaN or ±Inf: a rounding term
+/// only widens the tolerance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    /// The case dtype's answer alone: assert_close's bound, no rounding term.
+    Case,
+    /// With the float64 answer: the rounding estimate's first sample, the reference's own error
+    /// at the real inputs (and the case dtype again under an inert TorchFunctionMode, as the
+    /// float64 pass runs under one).
+    Float64,
+    /// With the nudged evaluations: the whole estimate.
+    Nudged,
+}
+
+impl Stage {
+    /// Every stage, in order.
+    pub const ALL: [Stage; 3] = [Stage::Case, Stage::Float64, Stage::Nudged];
+
+    /// Its name in a request and a store key.
+    pub fn token(self) -> &'static str {
+        match self {
+            Stage::Case => "case",
+            Stage::Float64 => "float64",
+            Stage::Nudged => "nudged",
+        }
+    }
+
+    /// The stage after this one.
+    pub fn next(self) -> Option<Stage> {
+        match self {
+            Stage::Case => Some(Stage::Float64),
+            Stage::Float64 => Some(Stage::Nudged),
+            Stage::Nudged => None,
+        }
+    }
+
+    /// The first stage a check in `dtype` can stop at: in float16 and bfloat16 the port is also
+    /// judged against the float64 answer (`compare.rs`'s `Accuracy`), so the case dtype's answer
+    /// alone never suffices there.
+    pub fn first(dtype: DType) -> Stage {
+        match dtype {
+            DType::F16 | DType::BF16 => Stage::Float64,
+            _ => Stage::Case,
+        }
+    }
+
+    /// What a case that stopped here was evaluated with, for the snapshot.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Stage::Case => "the case dtype alone (assert_close's bound held)",
+            Stage::Float64 => "with float64 (the reference's own error at the real inputs)",
+            Stage::Nudged => "with float64 and nudged inputs (the whole rounding estimate)",
+        }
+    }
+}
+
 /// What a check asks of the reference for one case.
 #[derive(Clone, Copy, Debug)]
 pub enum Request<'a> {
@@ -896,6 +1031,9 @@ pub enum Request<'a> {
         /// A check with `decode(...)`: the case's schedule (the answer holds every step's
         /// outputs, `step.<k>.…`, and the one-shot forward's at the same positions).
         plan: Option<&'a Plan>,
+        /// A whole model's evaluation, staged: how far this request goes ([`Stage`]). `None`:
+        /// every evaluation in one request.
+        stage: Option<Stage>,
     },
     /// PyTorch's gradients of `Σ sum(out · cotangent)` with respect to the inputs `wrt` (by
     /// index) and, with `params`, the module's parameters; leaves named `grad.<name>`.
@@ -910,6 +1048,10 @@ pub enum Request<'a> {
         wrt: &'a [usize],
         /// Whether to differentiate the module's parameters too.
         params: bool,
+        /// A layer at size: for these targets (by name), the gradient's derivative along the
+        /// given direction (one scalar each, gradcheck's fast mode), instead of the gradient; the
+        /// other targets are left out.
+        along: Option<&'a [(String, HostTensor)]>,
     },
     /// The overfit check's training steps: leaves `losses` (f64, one per step) and
     /// `final.<parameter>`.
@@ -933,7 +1075,11 @@ impl Request<'_> {
     pub fn key_parts(&self) -> (String, Vec<&HostTensor>) {
         match *self {
             Request::Forward {
-                args, trace, plan, ..
+                args,
+                trace,
+                plan,
+                stage,
+                ..
             } => {
                 let mut text = if trace {
                     "trace".to_string()
@@ -946,6 +1092,9 @@ impl Request<'_> {
                         text.push_str(&format!(" mistake={}", m.token()));
                     }
                 }
+                if let Some(stage) = stage {
+                    text = format!("{text} stage={}", stage.token()).trim().to_string();
+                }
                 (text, args.iter().collect())
             }
             Request::Gradients {
@@ -954,10 +1103,17 @@ impl Request<'_> {
                 names,
                 wrt,
                 params,
-            } => (
-                format!("gradients {names:?} {wrt:?} {params}"),
-                args.iter().chain(cotangents).collect(),
-            ),
+                along,
+            } => {
+                let mut text = format!("gradients {names:?} {wrt:?} {params}");
+                let mut tensors: Vec<&HostTensor> = args.iter().chain(cotangents).collect();
+                if let Some(along) = along {
+                    let targets: Vec<&str> = along.iter().map(|(n, _)| n.as_str()).collect();
+                    text.push_str(&format!(" along {targets:?}"));
+                    tensors.extend(along.iter().map(|(_, u)| u));
+                }
+                (text, tensors)
+            }
             Request::Train {
                 args,
                 targets,

@@ -748,47 +748,25 @@ impl StateDict {
         })
     }
 
-    /// A checkpoint's state (`id`: its resolved state's, `answers/checkpoint.rs`) served as plain
-    /// tensors, made once per process and dtype and shared by every case: a forward check reads
-    /// them and never trains them, so no case copies them (a whole model's checkpoint is gigabytes).
-    /// The caller gives the checkpoint's mapped pages back once they are copied
-    /// (`answers::checkpoint::release_all`).
+    /// A checkpoint's state served as plain tensors: `made`, one per entry of `entries` (the
+    /// state_dict's names), made once per process and dtype by the checkpoint and shared by every
+    /// case (`answers/checkpoint.rs`, `Resolved::port_tensors`): a forward check reads them and
+    /// never trains them, so no case copies them (a whole model's checkpoint is gigabytes).
     pub fn shared(
-        id: u64,
+        made: Arc<Vec<Tensor>>,
         entries: &[(String, HostTensor)],
         aliases: &[Vec<String>],
         rename: &[(String, String)],
         dtype: DType,
         device: &Device,
     ) -> candle_core::Result<Self> {
-        type Made = (u64, DType, Arc<Vec<Tensor>>);
-        static MADE: Mutex<Option<Made>> = Mutex::new(None);
-        let made = {
-            let mut slot = MADE.lock().unwrap();
-            match &*slot {
-                Some((i, d, t)) if *i == id && *d == dtype && t.len() == entries.len() => {
-                    Arc::clone(t)
-                }
-                _ => {
-                    // The previous checkpoint's tensors go first: one at a time in memory.
-                    *slot = None;
-                    let mut tensors: Vec<Tensor> = Vec::with_capacity(entries.len());
-                    for (k, (_, t)) in entries.iter().enumerate() {
-                        // A tied entry is the same bytes: the same tensor.
-                        let same = entries[..k].iter().position(|(_, u)| {
-                            u.data.as_ptr() == t.data.as_ptr() && u.data.len() == t.data.len()
-                        });
-                        tensors.push(match same {
-                            Some(j) => tensors[j].clone(),
-                            None => t.to_candle(device)?.to_dtype(dtype)?,
-                        });
-                    }
-                    let tensors = Arc::new(tensors);
-                    *slot = Some((id, dtype, Arc::clone(&tensors)));
-                    tensors
-                }
-            }
-        };
+        if made.len() != entries.len() {
+            candle_core::bail!(
+                "the checkpoint's tensors ({}) do not match the state_dict ({} entries)",
+                made.len(),
+                entries.len()
+            );
+        }
         let names: Vec<String> = entries.iter().map(|(n, _)| n.clone()).collect();
         let served = |n: &str| renamed(n, rename);
         let aliases: Vec<Vec<String>> = aliases

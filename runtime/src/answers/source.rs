@@ -115,6 +115,9 @@ pub struct Source {
     weights: RefCell<HashMap<String, Arc<Resolved>>>,
     /// The test function of the check, for the commands golden prints.
     test: String,
+    /// A budgeted check (`budget = "60s"`): per dtype, how many cases its golden store says the
+    /// budget held (every run but a recording keeps that count), then what this run's budget held.
+    budgeted: RefCell<Vec<(DType, usize)>>,
 }
 
 /// Why no source could be opened.
@@ -196,6 +199,17 @@ impl Source {
                 }),
                 Via::Record(..) => None,
             };
+            // What a budget held when the store was recorded: the count this run keeps (a
+            // recording times its cases afresh).
+            let budgeted = match &via {
+                _ if layer.budget.is_none() => Vec::new(),
+                Via::Replay(store) | Via::Verify(_, store) => store.budgeted.clone(),
+                Via::Live(_) => store::path(layer, target.store_suffix)
+                    .and_then(|p| Store::load(&p).ok().flatten())
+                    .filter(|store| store.description == target.description)
+                    .map_or(Vec::new(), |store| store.budgeted),
+                Via::Record(..) => Vec::new(),
+            };
             Source {
                 via,
                 spec: RefCell::new(Vec::new()),
@@ -203,6 +217,7 @@ impl Source {
                 stale,
                 weights: RefCell::new(HashMap::new()),
                 test: target.test.to_string(),
+                budgeted: RefCell::new(budgeted),
             }
         };
         if mode == Mode::Replay {
@@ -466,13 +481,10 @@ impl Source {
                 if let (Some((state, _)), Some(spec)) = (&state, spec) {
                     match state {
                         ModuleState::Drawn(named) => outputs.state_dict = named.clone(),
-                        ModuleState::Checkpoint(resolved) => match resolved.named(dtype) {
-                            Ok(named) => {
-                                outputs.state_dict = (*named).clone();
-                                outputs.state_id = Some(resolved.id);
-                            }
-                            Err(e) => return Answer::Failed(remote(RemoteKind::Weights, e)),
-                        },
+                        ModuleState::Checkpoint(resolved) => {
+                            outputs.state_dict = (*resolved.named()).clone();
+                            outputs.state_id = Some(resolved.id);
+                        }
                     }
                     outputs.aliases = spec.aliases.clone();
                     outputs.unsaved = spec.unsaved.clone();
@@ -564,6 +576,24 @@ impl Source {
         self.stale.as_deref()
     }
 
+    /// A budgeted check's number of cases in `dtype` when it is already fixed: the count its
+    /// golden store recorded, or the one this run's budget held (a recording's first pass).
+    pub fn budgeted_cases(&self, dtype: DType) -> Option<usize> {
+        self.budgeted
+            .borrow()
+            .iter()
+            .find(|(d, _)| *d == dtype)
+            .map(|(_, n)| *n)
+    }
+
+    /// Keep `n` as the number of cases the budget held in `dtype` (a recording writes it into the
+    /// store).
+    pub fn hold_budgeted(&self, dtype: DType, n: usize) {
+        let mut held = self.budgeted.borrow_mut();
+        held.retain(|(d, _)| *d != dtype);
+        held.push((dtype, n));
+    }
+
     /// Whether answers come from the store.
     pub fn is_replay(&self) -> bool {
         matches!(self.via, Via::Replay(_))
@@ -586,7 +616,7 @@ impl Source {
                 .map(|(k, s)| (Some(k.clone()), s.clone()))
                 .collect(),
         };
-        let (kept, size) = store::save(
+        let (kept, size) = store::save_budgeted(
             &path,
             target.description,
             &specs,
@@ -594,23 +624,40 @@ impl Source {
             entries,
             limit,
             recording.beyond,
+            &self.budgeted.borrow(),
         )
         .map_err(|e| e.to_string())?;
+        // A whole model's staged evaluation records one answer per stage of each case.
+        let cases = |entries: &[Entry]| {
+            let mut seen: Vec<(DType, &str)> =
+                entries.iter().map(|e| (e.dtype, e.case.as_str())).collect();
+            seen.sort_unstable_by(|a, b| (a.0.as_str(), a.1).cmp(&(b.0.as_str(), b.1)));
+            seen.dedup();
+            seen.len()
+        };
+        let recorded = cases(&entries[..kept]);
+        let answers = if recorded < kept {
+            format!(" ({kept} answers: a stage of a whole model's evaluation each)")
+        } else {
+            String::new()
+        };
         let evaluated = entries.len() + recording.beyond;
         let size = crate::describe::numbers::bytes(size as u128);
         if kept == evaluated {
             return Ok(Some(format!(
-                "golden: `{}`: recorded {kept} cases in {} ({size})",
+                "golden: `{}`: recorded {recorded} cases{answers} in {} ({size})",
                 layer.name,
                 path.display()
             )));
         }
         Ok(Some(format!(
-            "golden: `{}`: recorded {kept} of the {evaluated} cases it evaluated in {} ({size}), \
-             the others beyond its size bound ({}, GOLDEN_STORE_LIMIT): a replay runs those \
-             {kept} and, instead of comparing the snapshot's figures, checks the store's SHA-256 \
-             against the one the snapshot records (its store lines say the store is partial)",
+            "golden: `{}`: recorded {recorded} of the {} cases it evaluated{answers} in {} \
+             ({size}), the others beyond its size bound ({}, GOLDEN_STORE_LIMIT): a replay runs \
+             those {recorded} and, instead of comparing the snapshot's figures, checks the store's \
+             SHA-256 against the one the snapshot records (its store lines say the store is \
+             partial)",
             layer.name,
+            cases(entries) + recording.beyond,
             path.display(),
             crate::describe::numbers::bytes(limit as u128)
         )))
@@ -627,17 +674,18 @@ pub(crate) fn port_state(
 ) -> candle_core::Result<Option<StateDict>> {
     let state = match (layer.form, reference.state_id) {
         (Form::Module, Some(id)) => {
-            let shared = StateDict::shared(
-                id,
+            // One copy of the checkpoint's weights, shared by every case's port.
+            let resolved = crate::answers::checkpoint::resolved(id).ok_or_else(|| {
+                candle_core::Error::Msg(format!("no checkpoint of id {id:016x} is open"))
+            })?;
+            Some(StateDict::shared(
+                resolved.port_tensors(dtype)?,
                 &reference.state_dict,
                 &reference.aliases,
                 &layer.rename,
                 dtype,
                 device,
-            )?;
-            // The port's tensors are copies: the mapped pages go back to the page cache.
-            crate::answers::checkpoint::release_all();
-            Some(shared)
+            )?)
         }
         (Form::Module, None) => Some(StateDict::serve(
             &reference.state_dict,

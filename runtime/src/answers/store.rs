@@ -90,6 +90,9 @@ pub struct Store {
     pub params: Vec<(Option<String>, ParamSpec)>,
     /// What the answers were computed with (`None` in a format-2 store).
     pub provenance: Option<Provenance>,
+    /// A budgeted check's (`budget = "60s"`): per dtype, how many cases its budget held when it
+    /// was recorded, the count every run of it keeps.
+    pub budgeted: Vec<(DType, usize)>,
     entries: Vec<Entry>,
     index: HashMap<u64, usize>,
 }
@@ -453,6 +456,31 @@ pub fn save(
     limit: usize,
     beyond: usize,
 ) -> Result<(usize, usize), StoreError> {
+    save_budgeted(
+        path,
+        description,
+        params,
+        provenance,
+        entries,
+        limit,
+        beyond,
+        &[],
+    )
+}
+
+/// [`save`] a budgeted check's store (`budget = "60s"`): `budgeted` is, per dtype, how many cases
+/// the budget held, which runs after it keep ([`Store::budgeted`]).
+#[allow(clippy::too_many_arguments)]
+pub fn save_budgeted(
+    path: &Path,
+    description: &str,
+    params: &[(Option<String>, ParamSpec)],
+    provenance: Option<&Provenance>,
+    entries: &[Entry],
+    limit: usize,
+    beyond: usize,
+    budgeted: &[(DType, usize)],
+) -> Result<(usize, usize), StoreError> {
     for (i, e) in entries.iter().enumerate() {
         check_names(e).map_err(|why| {
             let why = format!(
@@ -538,6 +566,14 @@ pub fn save(
     }
     if let Some(p) = provenance {
         header["recorded_with"] = p.to_json();
+    }
+    if !budgeted.is_empty() {
+        header["budgeted"] = Json::Object(
+            budgeted
+                .iter()
+                .map(|(d, n)| (dtype_name(*d).to_string(), json!(n)))
+                .collect(),
+        );
     }
     let frame = wire::encode(&Frame {
         id: 0,
@@ -698,9 +734,22 @@ impl Store {
             .enumerate()
             .map(|(i, e)| (e.key, i))
             .collect();
+        let mut budgeted = Vec::new();
+        if let Some(counts) = h["budgeted"].as_object() {
+            for (name, n) in counts {
+                let dtype = parse_dtype(name)
+                    .ok_or_else(|| format!("`budgeted` names the dtype {name:?}"))?;
+                let n = n
+                    .as_u64()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| format!("`budgeted` gives {name} {n}, not a number of cases"))?;
+                budgeted.push((dtype, n as usize));
+            }
+        }
         Ok(Store {
             path: path.to_path_buf(),
             description,
+            budgeted,
             partial: (kept < evaluated).then_some((kept, evaluated)),
             cut,
             params: match (&h["params"], format) {

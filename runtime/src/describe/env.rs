@@ -68,6 +68,7 @@ pub const VARIABLES: &[Variable] = &[
     variable("GOLDEN_SEED", Group::Everyday, "seed of the generated cases (default 0), decimal or `0x` hexadecimal", |v| parse_seed(v).map(drop)),
     variable("GOLDEN_CASES", Group::Everyday, "number of cases (at least 1), overriding `cases = N`", |v| parse_cases(v).map(drop)),
     variable("GOLDEN_CASE", Group::Everyday, "run exactly this one case (as a failure prints it)", any_text),
+    variable("GOLDEN_BUDGET", Group::Everyday, "a time budget for each check (`60s`, `2m`): as many of its cases as fit, overriding `budget = ...`; `off`: every declared case", |v| parse_budget(v).map(drop)),
     variable("GOLDEN_REFERENCE_PATH", Group::Everyday, "extra import roots (`:`-separated)", any_text),
     variable("GOLDEN_RUN", Group::Everyday, "the run a test process's results belong to (default: its `cargo test` or nextest run)", any_text),
     variable("GOLDEN_BOOTSTRAP_PYTHON", Group::Tuning, "the Python `golden setup` creates a missing venv with (default `python3`)", any_text),
@@ -363,6 +364,37 @@ fn parse_speed(v: &str) -> Result<usize, String> {
     }
 }
 
+/// `GOLDEN_BUDGET`, when set: `Some(None)` for `off` (every declared case), else the budget.
+pub fn budget() -> Result<Option<Option<Duration>>, String> {
+    var("GOLDEN_BUDGET").map(|v| parse_budget(&v)).transpose()
+}
+
+/// A time budget: seconds (`60s`) or minutes (`2m`, `1.5min`), positive; `off` or `none` for none.
+pub fn parse_budget(v: &str) -> Result<Option<Duration>, String> {
+    let text = v.trim();
+    if text.eq_ignore_ascii_case("off") || text.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    let (number, scale) = if let Some(n) = text.strip_suffix("min") {
+        (n, 60.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        ("", 0.0)
+    };
+    match number.trim().parse::<f64>() {
+        Ok(x) if (x * scale).is_finite() && x * scale > 0.0 => {
+            Ok(Some(Duration::from_secs_f64(x * scale)))
+        }
+        _ => Err(format!(
+            "GOLDEN_BUDGET={v:?} is not a time budget: write seconds or minutes (`60s`, `2m`), or \
+             `off` for every declared case"
+        )),
+    }
+}
+
 /// Default of `GOLDEN_MEMORY_LIMIT`, in MiB.
 pub const DEFAULT_MEMORY_LIMIT_MIB: u64 = 1024;
 
@@ -637,5 +669,23 @@ mod tests {
     #[test]
     fn golden_looks_for_the_venv_golden_setup_creates() {
         assert_eq!(super::default_venv(), golden_setup::default_venv().ok());
+    }
+
+    #[test]
+    fn a_budget_is_seconds_or_minutes_or_off() {
+        use std::time::Duration;
+        let read = super::parse_budget;
+        assert_eq!(read("60s"), Ok(Some(Duration::from_secs(60))));
+        assert_eq!(read(" 2m "), Ok(Some(Duration::from_secs(120))));
+        assert_eq!(read("1.5min"), Ok(Some(Duration::from_secs(90))));
+        assert_eq!(read("off"), Ok(None));
+        assert_eq!(read("None"), Ok(None));
+        for bad in ["60", "0s", "-5s", "inf s", "soon", "60 seconds"] {
+            let e = read(bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("GOLDEN_BUDGET={bad:?} is not a time budget")),
+                "{e}"
+            );
+        }
     }
 }

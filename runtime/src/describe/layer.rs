@@ -707,6 +707,9 @@ pub struct Layer {
     pub(crate) tol: Option<Tol>,
     /// Number of generated cases per dtype (`GOLDEN_CASES` overrides).
     pub(crate) cases: u32,
+    /// A time budget for the whole check (`budget = "60s"`; `GOLDEN_BUDGET` overrides): as many of
+    /// the `cases` run as fit in it, at least one.
+    pub(crate) budget: Option<std::time::Duration>,
     /// Where the check is declared (set by the macro with [`declared!`](crate::declared)); without
     /// it there is no regression file, no snapshot path and no golden store.
     pub(crate) declared: Option<Declared>,
@@ -824,6 +827,7 @@ impl Layer {
             dtypes: vec![DType::F32],
             tol: None,
             cases: DEFAULT_CASES,
+            budget: None,
             declared: None,
             mode: None,
             grad: None,
@@ -1086,6 +1090,14 @@ impl Layer {
     /// Number of generated cases per dtype.
     pub fn cases(mut self, cases: u32) -> Self {
         self.cases = cases;
+        self
+    }
+
+    /// A time budget for the whole check, in seconds (`budget = "60s"`): the check runs as many
+    /// of its cases as fit, at least one; the golden store keeps the count (see the book's
+    /// whole-models chapter). `GOLDEN_BUDGET` overrides it.
+    pub fn budget(mut self, seconds: f64) -> Self {
+        self.budget = Some(std::time::Duration::from_secs_f64(seconds));
         self
     }
 
@@ -1405,8 +1417,9 @@ impl Layer {
                 Params::Init => writeln!(s, "params: the module's own init (params = init)"),
                 Params::Weights(path) => writeln!(
                     s,
-                    "params: weights from {path} (the reference evaluated six times per case, \
-                     once in float64: rounding sampled at three nudges in the case dtype)"
+                    "params: weights from {path} (a whole model: the reference evaluated in \
+                     the case dtype, then in float64, then at nudged inputs, each stage only where \
+                     the port's comparison needs it)"
                 ),
             };
             if !self.rename.is_empty() {
@@ -1427,7 +1440,18 @@ impl Layer {
             let _ = writeln!(s, "steps: {steps}");
         }
 
-        let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
+        match self.budget {
+            Some(budget) => {
+                let _ = writeln!(
+                    s,
+                    "cases: up to {cases} per dtype, as many as a {} budget holds, seed {seed}",
+                    crate::describe::numbers::budget(budget)
+                );
+            }
+            None => {
+                let _ = writeln!(s, "cases: {cases} per dtype, seed {seed}");
+            }
+        }
         if self.trace {
             let _ = writeln!(s, "trace: the port's taps against every submodule's output");
         }

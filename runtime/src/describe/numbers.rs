@@ -75,6 +75,16 @@ pub fn duration(seconds: f64) -> String {
     format!("{} {unit}", num_sig(value, 3))
 }
 
+/// A duration as a budget is written: whole seconds (`60 s`), or with a tenth (`1.5 s`).
+pub fn budget(d: std::time::Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs.fract() == 0.0 {
+        format!("{secs:.0} s")
+    } else {
+        format!("{} s", num(secs))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -184,8 +184,9 @@ pub fn has_repro(layer: &Layer, kind: Kind) -> bool {
     }
 }
 
-/// `case.json`'s `checkpoint`: the file (path, size, hash) and, per state_dict entry it serves,
-/// the file's name for it and the dtype the case gave it (repro.py loads them from the file).
+/// `case.json`'s `checkpoint`: the checkpoint (path, size, hash, the files hashed) and, per
+/// state_dict entry it serves, its name in the checkpoint, its dtype and the file that holds it
+/// (repro.py loads them from the files).
 fn checkpoint_json(
     layer: &Layer,
     resolved: &crate::answers::checkpoint::Resolved,
@@ -203,9 +204,14 @@ fn checkpoint_json(
         .entries
         .iter()
         .filter_map(|(name, served)| match served {
-            crate::answers::checkpoint::Served::File(f) => {
-                Some((name.clone(), json!([f, dtype_of(name)])))
-            }
+            crate::answers::checkpoint::Served::File(f) => Some((
+                name.clone(),
+                json!([
+                    f,
+                    dtype_of(name),
+                    c.file_holding(f).map(|p| p.display().to_string())
+                ]),
+            )),
             crate::answers::checkpoint::Served::Value(_) => None,
         })
         .collect();
@@ -214,6 +220,8 @@ fn checkpoint_json(
         "path": layer.weights_path().unwrap_or_else(|| c.path.clone()).display().to_string(),
         "size": c.size,
         "hash": c.hash_hex(),
+        // What the hash is of, in order (a sharded checkpoint's index, then its shards).
+        "files": c.files().iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "entries": entries,
     })
 }

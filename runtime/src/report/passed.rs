@@ -18,6 +18,9 @@ pub struct CaseRecord {
     pub figures: Vec<(String, f64)>,
     /// What the case showed that does not fail the check.
     pub notes: Vec<Note>,
+    /// A whole model's reference evaluated in stages (a checkpoint's case): the stage the case
+    /// was judged at (`answers/live.rs`' `Stage`: the case dtype alone, with float64, nudged).
+    pub evaluations: Option<crate::answers::live::Stage>,
 }
 
 /// Something a check noticed that does not fail it: the snapshot records its summary (stable from
@@ -154,6 +157,9 @@ pub struct DTypeRun {
     pub replayed: Vec<CaseRecord>,
     /// Replay of a partial store: generated cases it has no outputs for (not run).
     pub skipped: usize,
+    /// A budgeted check (`budget = "60s"`): how many cases its budget held, of at most how many,
+    /// and the budget.
+    pub budgeted: Option<(usize, u32, std::time::Duration)>,
 }
 
 /// A passing check.

@@ -434,6 +434,14 @@ impl Report {
         }
         for run in &self.runs {
             let _ = writeln!(s, "{}:", dtype_name(run.dtype));
+            if let Some((held, of, budget)) = run.budgeted {
+                let _ = writeln!(
+                    s,
+                    "  cases: {held} of at most {of}, as many as the {} budget held (the golden \
+                     store keeps the count)",
+                    crate::describe::numbers::budget(budget)
+                );
+            }
             let covered = crate::describe::sweep::covered(
                 run.cases.iter().map(|c| c.params.config.as_slice()),
             );
@@ -450,6 +458,7 @@ impl Report {
                 self.write_leaves(&mut s, &run.cases);
             }
             Self::write_figures(&mut s, &run.cases);
+            write_evaluations(&mut s, &run.cases);
             let mut notes: Vec<&str> = Vec::new();
             for note in run.cases.iter().flat_map(|c| &c.notes) {
                 if !notes.contains(&note.summary.as_str()) {
@@ -624,6 +633,40 @@ impl Report {
                 );
             }
         }
+    }
+}
+
+/// A whole model's staged evaluations (a checkpoint's cases): how many cases were judged at each
+/// stage of the reference's evaluation (`answers/live.rs`' `Stage`), the later ones only where the
+/// comparison needed them.
+fn write_evaluations(s: &mut String, cases: &[crate::report::passed::CaseRecord]) {
+    use crate::answers::live::Stage;
+    let counts: Vec<(Stage, usize)> = Stage::ALL
+        .into_iter()
+        .map(|stage| {
+            let n = cases
+                .iter()
+                .filter(|c| c.evaluations == Some(stage))
+                .count();
+            (stage, n)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    if counts.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "  reference evaluations (a whole model's, each further stage only where the comparison \
+         needed it):"
+    );
+    for (stage, n) in counts {
+        let _ = writeln!(
+            s,
+            "    {n} case{} {}",
+            if n == 1 { "" } else { "s" },
+            stage.describe()
+        );
     }
 }
 

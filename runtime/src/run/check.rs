@@ -236,6 +236,19 @@ pub(crate) fn cases(_layer: &Layer, declared: u32) -> u32 {
     env::cases().ok().flatten().unwrap_or(declared)
 }
 
+/// The layer with the time budget its cases run within: `GOLDEN_BUDGET` over the declared
+/// `budget` (`off`: none); an invalid value is reported when the check runs (`env::check_all`).
+pub(crate) fn with_budget(layer: &Layer) -> std::borrow::Cow<'_, Layer> {
+    match env::budget() {
+        Ok(Some(over)) if over != layer.budget => {
+            let mut layer = layer.clone();
+            layer.budget = over;
+            std::borrow::Cow::Owned(layer)
+        }
+        _ => std::borrow::Cow::Borrowed(layer),
+    }
+}
+
 struct Settings {
     mode: env::Mode,
     seed: u64,
@@ -243,6 +256,8 @@ struct Settings {
     explicit_seed: bool,
     cases: u32,
     overridden: bool,
+    /// When the check began (a budget counts from there).
+    started: Instant,
     /// `GOLDEN_CASE`: the one case to run, and in which dtypes.
     case: Option<(CaseParams, Vec<DType>)>,
     /// `GOLDEN_FAILURE_BUDGET`: elements, and the value as set.
@@ -268,7 +283,8 @@ fn settings(layer: &Layer, declared_cases: u32) -> Result<Settings, String> {
         seed: seed.unwrap_or(0),
         explicit_seed: seed.is_some(),
         cases: cases.unwrap_or(declared_cases),
-        overridden: seed.is_some() || cases.is_some() || case.is_some(),
+        overridden: seed.is_some() || cases.is_some() || case.is_some() || env::budget()?.is_some(),
+        started: Instant::now(),
         case,
         failure_budget,
     })
@@ -593,6 +609,7 @@ fn run_one_case(
                 cases: vec![record],
                 replayed: Vec::new(),
                 skipped: 0,
+                budgeted: None,
             }),
             Outcome::Fail(c) => {
                 let after =
@@ -689,6 +706,50 @@ fn runner_config(layer: &Layer, kind: Kind, settings: &Settings) -> (Config, Sav
     (config, saved, regressions)
 }
 
+/// A time budget's clock over a dtype's generated cases (`budget = "60s"`): a case starts only if
+/// the time the check has taken plus the mean time of the cases so far stays within the budget;
+/// the first case always runs.
+struct BudgetClock {
+    budget: Option<std::time::Duration>,
+    started: Instant,
+    first: Cell<Option<Instant>>,
+    ran: Cell<usize>,
+    stopped: Cell<bool>,
+}
+
+impl BudgetClock {
+    fn new(budget: Option<std::time::Duration>, started: Instant) -> Self {
+        BudgetClock {
+            budget,
+            started,
+            first: Cell::new(None),
+            ran: Cell::new(0),
+            stopped: Cell::new(false),
+        }
+    }
+
+    /// Whether another case fits; counts it when it does.
+    fn another(&self) -> bool {
+        let Some(budget) = self.budget else {
+            return true;
+        };
+        if self.stopped.get() {
+            return false;
+        }
+        if let Some(first) = self.first.get() {
+            let mean = first.elapsed() / self.ran.get().max(1) as u32;
+            if self.started.elapsed() + mean > budget {
+                self.stopped.set(true);
+                return false;
+            }
+        } else {
+            self.first.set(Some(Instant::now()));
+        }
+        self.ran.set(self.ran.get() + 1);
+        true
+    }
+}
+
 /// Record mode, first pass: the reference on every case the check will generate, port unseen,
 /// until the store's size bound (`GOLDEN_STORE_LIMIT`) is reached. Returns how many cases were
 /// recorded when the bound stopped it and the check's cases were changed (`GOLDEN_CASES`, ...:
@@ -708,10 +769,16 @@ fn record_generated(
     let mut proptest = TestRunner::new(config);
     let seen = Cell::new(0usize);
     let full: Cell<Option<usize>> = Cell::new(None);
+    // A budget is timed afresh by a recording (its cases cost the reference alone here), and the
+    // store keeps what it held.
+    let clock = BudgetClock::new(layer.budget, settings.started);
     let strategy = inputs::case_strategy_for(layer, kind, replays);
     let _ = proptest.run(&strategy, |params| {
         if full.get().is_some() {
             // The store is full: the rest of the cases are neither evaluated nor checked.
+            return Ok(());
+        }
+        if seen.get() >= replays && !clock.another() {
             return Ok(());
         }
         let result = match runner.reference_only(source, dtype, &params) {
@@ -725,6 +792,20 @@ fn record_generated(
         seen.set(seen.get() + 1);
         result
     });
+    if let Some(budget) = layer.budget {
+        let held = clock.ran.get();
+        source.hold_budgeted(dtype, held);
+        if clock.stopped.get() {
+            eprintln!(
+                "golden: `{}`: the {} budget held {held} of {} {} cases: recording stops there, \
+                 and the golden store keeps that count for the runs after it",
+                layer.name,
+                crate::describe::numbers::budget(budget),
+                settings.cases,
+                dtype_name(dtype)
+            );
+        }
+    }
     let Some(kept) = full.get() else {
         return Ok(None);
     };
@@ -857,9 +938,19 @@ fn run_dtype(
     settings: &Settings,
     recorded: Option<usize>,
 ) -> Result<DTypeRun, Failure> {
-    let (config, saved, persistence) = runner_config(layer, kind, settings);
+    let (mut config, saved, persistence) = runner_config(layer, kind, settings);
     let replays = saved.replayed();
     let partial = matches!(&source.via, Via::Replay(store) | Via::Verify(_, store) if store.partial.is_some());
+    // A budget's count, when the golden store (or this recording) fixed it: exactly those cases;
+    // otherwise timed as the cases go.
+    let pinned = layer
+        .budget
+        .and_then(|_| source.budgeted_cases(dtype))
+        .filter(|_| settings.case.is_none() && !settings.overridden);
+    if let Some(n) = pinned {
+        config.cases = n as u32;
+    }
+    let clock = BudgetClock::new(layer.budget.filter(|_| pinned.is_none()), settings.started);
     let generated = Cell::new(0usize);
     let mut proptest = TestRunner::new(config);
     let records = RefCell::new(Vec::new());
@@ -909,6 +1000,10 @@ fn run_dtype(
             generated.set(generated.get() + 1);
             if recorded.is_some_and(|n| generated.get() > n) {
                 skipped.set(skipped.get() + 1);
+                return Ok(());
+            }
+            // Past the saved failing cases, a budget decides whether another case runs.
+            if generated.get() > replays && !clock.another() {
                 return Ok(());
             }
         }
@@ -1032,11 +1127,17 @@ fn run_dtype(
                 return Err(f);
             }
             let replayed = cases.drain(..replays.min(cases.len())).collect();
+            let budgeted = layer.budget.map(|budget| {
+                let held = pinned.unwrap_or(clock.ran.get());
+                source.hold_budgeted(dtype, held);
+                (held, settings.cases, budget)
+            });
             Ok(DTypeRun {
                 dtype,
                 cases,
                 replayed,
                 skipped: skipped.get(),
+                budgeted,
             })
         }
         Err(TestError::Fail(reason, minimal)) => {

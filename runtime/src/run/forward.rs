@@ -1,12 +1,12 @@
 //! The forward check: the port and the reference on the same inputs, compared leaf by leaf; on a
 //! failure, what golden can tell about it (diagnoses, known variants) and the artifacts it leaves.
 
-use crate::answers::live::{ReferenceOutputs, Request};
+use crate::answers::live::{ReferenceOutputs, Request, Stage};
 use crate::answers::params::StateDict;
 use crate::answers::source::{port_state, Answer, Source};
 use crate::describe::checks::Kind;
 use crate::describe::inputs::{self, CaseParams};
-use crate::describe::layer::{Form, Layer};
+use crate::describe::layer::{Form, Layer, Params};
 use crate::describe::outputs::{Outputs, PortInputs};
 use crate::describe::schedule::PortSchedule;
 use crate::judge::compare::{self, Leaf};
@@ -27,6 +27,7 @@ use golden_files::HostTensor;
 /// Check a port against its reference: `Ok` carries what the snapshot records, `Err` says what
 /// failed on the smallest failing case.
 pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
+    let layer = &*check::with_budget(layer);
     let mut description = layer.description(check::cases(layer, layer.cases), check::seed());
     description.extend(layer.invariants_line());
     let runner = ForwardRunner {
@@ -158,16 +159,29 @@ impl CaseRunner for ForwardRunner<'_> {
     ) -> Option<WorkerError> {
         let args = inputs::make_args(self.layer, params, dtype).ok()?;
         let plan = params.plan(self.layer);
-        let request = Request::Forward {
-            args: &args,
-            trace: self.layer.trace,
-            twice: false,
-            precise: false,
-            plan: plan.as_ref(),
+        // A whole model's staged evaluation: every stage is recorded, so that a replay answers
+        // whichever stage a port's comparison asks for.
+        let stages: Vec<Option<Stage>> = match staged(self.layer, dtype) {
+            Some(first) => Stage::ALL
+                .into_iter()
+                .filter(|s| *s >= first)
+                .map(Some)
+                .collect(),
+            None => vec![None],
         };
-        source
-            .request(self.layer, dtype, params, &request)
-            .dead_worker()
+        stages.into_iter().find_map(|stage| {
+            let request = Request::Forward {
+                args: &args,
+                trace: self.layer.trace,
+                twice: false,
+                precise: false,
+                plan: plan.as_ref(),
+                stage,
+            };
+            source
+                .request(self.layer, dtype, params, &request)
+                .dead_worker()
+        })
     }
 
     fn finish(
@@ -329,14 +343,16 @@ fn run_case_keeping(
             .collect()
     };
     let plan = params.plan(layer);
-    let request = |twice| Request::Forward {
+    let first = staged(layer, dtype);
+    let request = |twice, stage| Request::Forward {
         args: &args,
         trace: layer.trace,
         twice,
         precise: false,
         plan: plan.as_ref(),
+        stage,
     };
-    let answer = source.request(layer, dtype, params, &request(false));
+    let answer = source.request(layer, dtype, params, &request(false, first));
     let reference = match Outcome::reference_outputs(answer, &mut failure) {
         Ok(r) => r,
         Err(Outcome::Fail(mut f)) => {
@@ -345,12 +361,23 @@ fn run_case_keeping(
         }
         Err(outcome) => return outcome,
     };
-    match run_port(layer, dtype, params, port, &args, &reference, trace_to) {
+    // The next stage of a whole model's evaluation, when the comparison needs it.
+    let more = |stage: Stage| {
+        let answer = source.request(layer, dtype, params, &request(false, Some(stage)));
+        Outcome::reference_outputs(answer, &mut CaseFailure::default())
+    };
+    let staging = first.map(|s| Staging {
+        stage: s,
+        more: &more,
+    });
+    match run_port(
+        layer, dtype, params, port, &args, &reference, trace_to, staging,
+    ) {
         Outcome::Fail(mut f) => {
             f.inputs = named_inputs();
             // A failing case is only the port's fault if the reference answers the same again.
             if source.live().is_some() {
-                let again = source.request(layer, dtype, params, &request(true));
+                let again = source.request(layer, dtype, params, &request(true, None));
                 if let Answer::Failed(e @ WorkerError::Remote(_)) = again {
                     f.reference_error = Some(e);
                 }
@@ -365,6 +392,50 @@ fn run_case_keeping(
         }
         other => other,
     }
+}
+
+/// Whether a check's cases evaluate the reference in stages, and from which: a checkpoint's
+/// module is a whole model, each evaluation of it seconds, and a case far inside its tolerance
+/// needs no further evaluations ([`Stage`]).
+pub(crate) fn staged(layer: &Layer, dtype: DType) -> Option<Stage> {
+    (layer.form == Form::Module && matches!(layer.params, Params::Weights(_)))
+        .then(|| Stage::first(dtype))
+}
+
+/// A case whose reference answer is staged: the stage of the answer at hand, and how to ask for a
+/// later one (the same case).
+pub(crate) struct Staging<'a> {
+    stage: Stage,
+    more: &'a dyn Fn(Stage) -> Result<ReferenceOutputs, Outcome>,
+}
+
+/// Whether the next stage of the reference's evaluation can change a comparison at `stage`: a
+/// leaf's values fail (a rounding term only widens the tolerance), or, at the case dtype's answer
+/// alone, the reference has NaN or ±Inf somewhere (the float64 answer says whether the port can be
+/// judged there).
+fn needs_next(stage: Stage, leaves: &[Leaf], reference: &ReferenceOutputs) -> bool {
+    let values_fail = leaves
+        .iter()
+        .any(|l| !l.passes() && matches!(l.verdict, compare::Verdict::Values(_)));
+    let nonfinite = || {
+        reference.expected.iter().any(|(_, t)| {
+            t.dtype.is_float() && {
+                let mut found = false;
+                let mut buffer = [0.0f64; 1024];
+                let n = t.numel();
+                for start in (0..n).step_by(buffer.len()) {
+                    let len = buffer.len().min(n - start);
+                    t.read_f64_into(start, &mut buffer[..len]);
+                    if buffer[..len].iter().any(|x| !x.is_finite()) {
+                        found = true;
+                        break;
+                    }
+                }
+                found
+            }
+        })
+    };
+    values_fail || (stage == Stage::Case && nonfinite())
 }
 
 /// The taps a traced call of the port made, in order.
@@ -408,6 +479,10 @@ pub(crate) fn call_port(
     }
 }
 
+/// Call the port on a case and judge its outputs against `reference`; with `staging`, a
+/// comparison that the reference's next stage could change asks for it and judges the same
+/// outputs again (the port runs once).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_port(
     layer: &Layer,
     dtype: DType,
@@ -416,6 +491,7 @@ pub(crate) fn run_port(
     args: &[HostTensor],
     reference: &ReferenceOutputs,
     trace_to: Option<&std::path::Path>,
+    mut staging: Option<Staging<'_>>,
 ) -> Outcome {
     let mut failure = CaseFailure {
         precise_error: reference.precise_error.clone(),
@@ -500,16 +576,51 @@ pub(crate) fn run_port(
     };
     // A schedule: the steps against the cached run and the one-shot forward (`run/steps.rs`).
     let first_run = schedule.as_ref().map(|_| port_host.clone());
-    let answer = reference;
-    let (reference, schedule_notes) = match &schedule {
-        Some(s) => {
-            let (aligned, notes) = schedule::align(reference, &mut port_host, &s.plan, layer.tol);
-            (std::borrow::Cow::Owned(aligned), notes)
+    // A later stage of the reference's evaluation, when the comparison asked for one.
+    let mut later: Option<ReferenceOutputs> = None;
+    let unaligned = schedule.as_ref().map(|_| port_host.clone());
+    let original = reference;
+    let (reference, schedule_notes) = loop {
+        let answer = later.as_ref().unwrap_or(original);
+        if let Some(unaligned) = &unaligned {
+            port_host = unaligned.clone();
         }
-        None => (std::borrow::Cow::Borrowed(reference), Vec::new()),
+        let (aligned, notes) = match &schedule {
+            Some(s) => {
+                let (aligned, notes) = schedule::align(answer, &mut port_host, &s.plan, layer.tol);
+                (std::borrow::Cow::Owned(aligned), notes)
+            }
+            None => (std::borrow::Cow::Borrowed(answer), Vec::new()),
+        };
+        failure.leaves = aligned.compare(&port_host, layer.tol, compare::ROUNDING_FACTOR);
+        let next = staging
+            .as_ref()
+            .filter(|s| needs_next(s.stage, &failure.leaves, &aligned))
+            .and_then(|s| s.stage.next().map(|n| (n, s.more)));
+        let Some((next, more)) = next else {
+            break (aligned, notes);
+        };
+        match more(next) {
+            Ok(answer) => {
+                later = Some(answer);
+                staging = staging.map(|s| Staging { stage: next, ..s });
+            }
+            Err(Outcome::Fail(mut f)) => {
+                f.port_outputs = port_host;
+                return Outcome::Fail(f);
+            }
+            Err(other) => return other,
+        }
     };
+    // A failing case keeps the answer of the last stage it was judged against.
+    if let (Some(answer), false) = (&later, schedule.is_some()) {
+        failure.reference = Some(answer.clone());
+    }
+    let evaluations = staging.as_ref().map(|s| s.stage);
+    // The reference's answer as it came (unaligned), of the last stage judged: the schedule's
+    // checks compare the steps with it.
+    let answer = later.as_ref().unwrap_or(original);
     let reference = reference.as_ref();
-    failure.leaves = reference.compare(&port_host, layer.tol, compare::ROUNDING_FACTOR);
     // Reference points the port did not tap are listed, not failed.
     let (untapped, leaves): (Vec<Leaf>, Vec<Leaf>) = std::mem::take(&mut failure.leaves)
         .into_iter()
@@ -569,6 +680,7 @@ pub(crate) fn run_port(
             leaves: failure.leaves,
             figures: Vec::new(),
             notes: failure.notes,
+            evaluations,
         })
     } else {
         Outcome::Fail(Box::new(failure))

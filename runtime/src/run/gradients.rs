@@ -48,7 +48,8 @@ use std::sync::Arc;
 /// Check a port's gradients (the layer's `grad` options, or the defaults).
 pub fn check(layer: &Layer, port: &Port<'_>) -> Result<Report, Failure> {
     // Through time, gradients mean something on the prefill: one forward of the whole input.
-    let layer = &layer.without_schedule();
+    let budgeted = check::with_budget(layer);
+    let layer = &budgeted.without_schedule();
     let spec = layer.grad.clone().unwrap_or_default();
     let description = format!(
         "{}{}\n",
@@ -120,6 +121,7 @@ fn forward(
             twice: false,
             precise: true,
             plan: None,
+            stage: None,
         },
     )
 }
@@ -141,6 +143,8 @@ struct PortRun {
     outputs: Outputs,
     /// (name, var) for each differentiated input and parameter.
     vars: Vec<(String, Var)>,
+    /// The port's taps (`golden::tap`), when the run recorded them: where a gradient stops.
+    taps: crate::run::forward::Taps,
 }
 
 /// What gradients are asked for, by name.
@@ -194,6 +198,19 @@ impl GradRunner<'_> {
         dtype: DType,
         targets: &Targets,
     ) -> Result<(PortRun, Option<StateDict>), String> {
+        self.run_port_tapped(args, state_dict, aliases, dtype, targets, false)
+    }
+
+    /// [`GradRunner::run_port`], recording the port's taps when `taps` is set.
+    fn run_port_tapped(
+        &self,
+        args: &[HostTensor],
+        state_dict: &Named,
+        aliases: &[Vec<String>],
+        dtype: DType,
+        targets: &Targets,
+        taps: bool,
+    ) -> Result<(PortRun, Option<StateDict>), String> {
         let device = Device::Cpu;
         let mut vars = Vec::new();
         let mut tensors = Vec::new();
@@ -221,7 +238,7 @@ impl GradRunner<'_> {
                 }
             }
         }
-        let (outputs, _) = call_port(&self.port, tensors, state.as_ref(), false, None).map_err(
+        let (outputs, taps) = call_port(&self.port, tensors, state.as_ref(), taps, None).map_err(
             |PortFailure {
                  message, panicked, ..
              }| {
@@ -232,10 +249,55 @@ impl GradRunner<'_> {
                 }
             },
         )?;
-        Ok((PortRun { outputs, vars }, state))
+        Ok((
+            PortRun {
+                outputs,
+                vars,
+                taps,
+            },
+            state,
+        ))
     }
 
-    /// PyTorch's gradients of `Σ sum(out · cotangent)` on one case, for the same targets.
+    /// The directions of a layer at size (its targets hold [`DIRECTIONAL_AT`] values or more):
+    /// per target, the random unit direction finite differences move it along, which PyTorch's
+    /// gradient is also compared along (one scalar per target: gradcheck's fast mode, vᵀJu)
+    /// instead of value by value; `None` below that size.
+    fn directions(
+        &self,
+        seed: u64,
+        args: &[HostTensor],
+        state_dict: &Named,
+        targets: &Targets,
+    ) -> Option<Named> {
+        let mut shapes: Vec<(String, Vec<usize>)> = targets
+            .args
+            .iter()
+            .map(|&i| (self.layer.args[i].name.clone(), args[i].shape.clone()))
+            .collect();
+        shapes.extend(targets.params.iter().filter_map(|name| {
+            let (_, t) = state_dict.iter().find(|(n, _)| n == name)?;
+            Some((name.clone(), t.shape.clone()))
+        }));
+        let values: usize = shapes
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum();
+        (values >= DIRECTIONAL_AT).then(|| {
+            shapes
+                .into_iter()
+                .map(|(name, shape)| {
+                    let u = Self::direction(seed, &name, shape.iter().product());
+                    let u = HostTensor::from_f64(shape, &u);
+                    (name, u)
+                })
+                .collect()
+        })
+    }
+
+    /// PyTorch's gradients of `Σ sum(out · cotangent)` on one case, for the same targets (along
+    /// `along`'s directions, when given: see [`GradRunner::directions`]).
+    #[allow(clippy::too_many_arguments)]
     fn reference_gradients(
         &self,
         source: &Source,
@@ -244,6 +306,7 @@ impl GradRunner<'_> {
         args: &[HostTensor],
         cotangents: &Named,
         targets: &Targets,
+        along: Option<&Named>,
     ) -> Answer {
         let layer = self.layer;
         let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
@@ -254,6 +317,7 @@ impl GradRunner<'_> {
             names: &names,
             wrt: &targets.args,
             params: layer.form == Form::Module,
+            along: along.map(Vec::as_slice),
         };
         source.request(layer, dtype, params, &request)
     }
@@ -409,8 +473,27 @@ impl CaseRunner for GradRunner<'_> {
         let names: Vec<String> = layer.args.iter().map(|a| a.name.clone()).collect();
         let mut notes = reference_notes(&forward, &names);
         if self.has_autograd() {
-            let answer =
-                self.reference_gradients(source, dtype, params, &args, &cotangents, &targets);
+            let along = self.directions(params.seed, &args, &forward.state_dict, &targets);
+            if let Some(along) = &along {
+                let values: usize = along.iter().map(|(_, u)| u.numel()).sum();
+                let summary = "the gradients are compared with PyTorch's along one random unit \
+                               direction each (gradcheck's fast mode): a layer at size has too many \
+                               values to compare one by one"
+                    .to_string();
+                notes.push(crate::report::passed::Note {
+                    detail: format!("{summary} ({values} values in {} targets)", along.len()),
+                    summary,
+                });
+            }
+            let answer = self.reference_gradients(
+                source,
+                dtype,
+                params,
+                &args,
+                &cotangents,
+                &targets,
+                along.as_ref(),
+            );
             let reference = match Outcome::reference_outputs(answer, &mut failure) {
                 Ok(r) => r,
                 Err(outcome) => return outcome,
@@ -428,6 +511,7 @@ impl CaseRunner for GradRunner<'_> {
                 &cotangents,
                 dtype,
                 &targets,
+                along.as_ref(),
                 &mut failure,
             ) {
                 // The port's own failure (a panic, a call that did not return) as such.
@@ -484,6 +568,7 @@ impl CaseRunner for GradRunner<'_> {
                 leaves: failure.leaves,
                 figures,
                 notes,
+                evaluations: None,
             })
         } else {
             failure.notes = notes;
@@ -508,8 +593,17 @@ impl CaseRunner for GradRunner<'_> {
         }
         let cotangents = cotangents(&forward.expected, params.seed, dtype);
         let targets = self.targets(&forward.state_dict, &forward.buffers, &forward.aliases);
-        self.reference_gradients(source, dtype, params, &args, &cotangents, &targets)
-            .dead_worker()
+        let along = self.directions(params.seed, &args, &forward.state_dict, &targets);
+        self.reference_gradients(
+            source,
+            dtype,
+            params,
+            &args,
+            &cotangents,
+            &targets,
+            along.as_ref(),
+        )
+        .dead_worker()
     }
 
     fn finish(
@@ -625,6 +719,18 @@ fn forward_differs(
     (!differ.is_empty()).then_some(GradientIssue::ForwardDiffers(differ))
 }
 
+/// The most port evaluations fast mode spends on one Jacobian to locate a wrong entry (a backward
+/// per output element, two forward passes per input element): beyond, it halves directional
+/// derivatives instead (`GradRunner::bisect`). `mode = full` asks for every entry, and computes
+/// the Jacobian whatever its size.
+pub const JACOBIAN_EVALUATIONS: usize = 4096;
+
+/// From this many values in its targets (inputs and parameters) on, a layer's gradients are
+/// compared with PyTorch's along one random direction per target (`GradRunner::directions`): a
+/// decoder layer's millions of values, their float64 and rounding estimate, cost a second a case to
+/// send and compare value by value.
+pub const DIRECTIONAL_AT: usize = 1 << 20;
+
 /// The likely cause of a port whose backward is not the derivative of its own forward.
 const BACKWARD_CAUSE: &str = "the port's backward is not the derivative of its own \
     forward (its backward against its own finite differences, above), so the bug is in how it \
@@ -646,10 +752,18 @@ impl GradRunner<'_> {
         cotangents: &Named,
         dtype: DType,
         targets: &Targets,
+        along: Option<&Named>,
         failure: &mut CaseFailure,
     ) -> Result<(), String> {
-        let (run, state) =
-            self.run_port(args, &forward.state_dict, &forward.aliases, dtype, targets)?;
+        // With its taps: where a gradient stops, when one does (`judge/backward.rs`).
+        let (run, state) = self.run_port_tapped(
+            args,
+            &forward.state_dict,
+            &forward.aliases,
+            dtype,
+            targets,
+            true,
+        )?;
         let never_read = state.as_ref().map(|s| s.unused_names()).unwrap_or_default();
         if let Some(state) = &state {
             failure.params = state.request_issues();
@@ -684,19 +798,26 @@ impl GradRunner<'_> {
                          reads it"
                     )))
                 }
-                (None, Some(t)) if !all_zero(t) => {
-                    failure.gradient_issues.push(GradientIssue::Other(format!(
-                        "`{name}` gets a gradient in PyTorch and none in the port: the gradient \
-                         stops somewhere, usually at a fused op without backward (candle's \
-                         LayerNorm::forward, ops::layer_norm, ops::rms_norm, \
-                         ops::softmax_last_dim, ops::sdpa) or at a detach"
-                    )))
-                }
+                (None, Some(t)) if !all_zero(t) => failure.gradient_issues.push(
+                    GradientIssue::Other(crate::judge::backward::why_no_gradient(&name, &run.taps)),
+                ),
                 (Some(g), None) => failure.gradient_issues.push(GradientIssue::Other(format!(
                     "the port produces a gradient for `{name}` (max |g| {}) where PyTorch has none",
                     num(g.to_f64().iter().fold(0.0, |m, v| m.max(v.abs())))
                 ))),
-                (Some(g), Some(_)) => present.push((leaf, g)),
+                (Some(g), Some(_)) => {
+                    // At size, PyTorch's answer is the derivative along a direction: so is the
+                    // port's, summed in float64 from its gradient and given in the gradient's dtype.
+                    let g = match along.and_then(|a| a.iter().find(|(n, _)| *n == name)) {
+                        Some((_, u)) => HostTensor::from_floats(
+                            vec![],
+                            &[dot(&g.to_f64(), &u.to_f64())],
+                            g.dtype,
+                        ),
+                        None => g,
+                    };
+                    present.push((leaf, g))
+                }
                 _ => {}
             }
         }
@@ -940,9 +1061,17 @@ impl GradRunner<'_> {
                             num(spec.rtol),
                             num(spec.eps)
                         );
-                        // The Jacobian says which entry, at the cost of two forward passes per
-                        // input element: only on the case reported (see `locate`).
-                        let located = if self.locate.get() || spec.mode == GradMode::Full {
+                        // The Jacobian says which entry, at the cost of a backward per output
+                        // element and two forward passes per input element: only on the case
+                        // reported (see `locate`), and at size halving directional derivatives
+                        // instead (`bisect`).
+                        let cost = Self::jacobian_cost(&case, leaf, &w);
+                        let located = if self.locate.get()
+                            && spec.mode == GradMode::Fast
+                            && cost > JACOBIAN_EVALUATIONS
+                        {
+                            self.bisect(&case, name, k, &g_leaf, &u, cost, spec)?
+                        } else if self.locate.get() || spec.mode == GradMode::Full {
                             self.jacobian(&case, name, leaf, &w, spec)?
                         } else {
                             None
@@ -1040,6 +1169,89 @@ impl GradRunner<'_> {
             detail: format!("{summary}. {issue} — likely reason: {reason}"),
             summary,
         }
+    }
+
+    /// What the Jacobian of output leaf `leaf` with respect to `w` costs: port evaluations (a
+    /// backward per output element, two forward passes per input element).
+    fn jacobian_cost(case: &Case64, leaf: &str, w: &HostTensor) -> usize {
+        let n_out = case
+            .v
+            .iter()
+            .find(|(n, _)| n == leaf)
+            .map_or(0, |(_, t)| t.numel());
+        n_out + 2 * w.numel()
+    }
+
+    /// Which entry of `name` the port's backward gets wrong, from directional derivatives alone
+    /// (where the Jacobian would take `cost` evaluations): the entries are halved, the half whose
+    /// derivative along `u` restricted to it disagrees more with its central difference kept
+    /// (the disagreement of a block is the sum of its halves', so one half's difference is
+    /// evaluated and the other's follows), until one entry is left, whose partial derivative is
+    /// then compared on its own. Two forward passes per halving: `log2(n)` of them. `leaf`: the
+    /// output leaf (its index in the cotangents), `g`: the port's gradient of that leaf's loss.
+    #[allow(clippy::too_many_arguments)]
+    fn bisect(
+        &self,
+        case: &Case64,
+        name: &str,
+        leaf: usize,
+        g: &[f64],
+        u: &[f64],
+        cost: usize,
+        spec: &GradSpec,
+    ) -> Result<Option<String>, String> {
+        let disagreement = |lo: usize, hi: usize, direction: &[f64]| -> Result<f64, String> {
+            let mut along = vec![0.0; direction.len()];
+            along[lo..hi].copy_from_slice(&direction[lo..hi]);
+            let plus = self.losses_along(case, name, &along, spec.eps)?;
+            let minus = self.losses_along(case, name, &along, -spec.eps)?;
+            let numeric = (plus[leaf] - minus[leaf]) / (2.0 * spec.eps);
+            Ok(dot(&g[lo..hi], &direction[lo..hi]) - numeric)
+        };
+        let (mut lo, mut hi) = (0, g.len());
+        let mut whole = disagreement(lo, hi, u)?;
+        let mut steps = 1;
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let left = disagreement(lo, mid, u)?;
+            let right = whole - left;
+            steps += 1;
+            if left.abs() >= right.abs() {
+                hi = mid;
+                whole = left;
+            } else {
+                lo = mid;
+                whole = right;
+            }
+        }
+        // The one entry, moved alone by eps: its partial derivative both ways.
+        let mut unit = vec![0.0; g.len()];
+        unit[lo] = 1.0;
+        let plus = self.losses_along(case, name, &unit, spec.eps)?;
+        let minus = self.losses_along(case, name, &unit, -spec.eps)?;
+        let numeric = (plus[leaf] - minus[leaf]) / (2.0 * spec.eps);
+        let analytic = g[lo];
+        let allowed = spec.atol + spec.rtol * numeric.abs();
+        let w = self.value_of(case, name);
+        let (leaf_name, _) = &case.v[leaf];
+        let ratio = if numeric != 0.0 {
+            format!(" ({}× the finite difference)", num(analytic / numeric))
+        } else {
+            String::new()
+        };
+        Ok(Some(format!(
+            "∂sum(`{leaf_name}` · cotangent)/∂{name}{:?} is {} in the port's backward, {} by finite \
+             differences{ratio} — {}× outside atol {} + rtol {}·|numeric| (the entry found by \
+             halving directional derivatives, {} pairs of forward passes, where the Jacobian \
+             would take {cost} evaluations)",
+            unravel(lo, &w.shape),
+            num(analytic),
+            num(numeric),
+            num((analytic - numeric).abs() / allowed),
+            num(spec.atol),
+            num(spec.rtol),
+            steps + 1
+        )))
     }
 
     /// The Jacobian of `leaf` with respect to `name`, analytic (a backward per output element)

@@ -432,6 +432,7 @@ fn reference_gradients(
         names: &names,
         wrt: &[],
         params: true,
+        along: None,
     };
     match source.request(layer, dtype, params, &request) {
         Answer::Outputs(o) => Some(o),
@@ -547,6 +548,7 @@ fn check_inner(layer: &Layer, port: &Port<'_>, described: &mut String) -> Result
             cases: vec![record],
             replayed: Vec::new(),
             skipped: 0,
+            budgeted: None,
         }],
         health,
         store: crate::answers::store::path(layer, Kind::Overfit.suffix())
@@ -598,6 +600,7 @@ fn run(
         twice: false,
         precise: false,
         plan: None,
+        stage: None,
     })?;
     let elements = forward
         .expected
@@ -940,6 +943,7 @@ fn run(
                 leaves: Vec::new(),
                 figures,
                 notes: vec![note],
+                evaluations: None,
             },
             health,
         ));
@@ -951,6 +955,7 @@ fn run(
                 leaves: Vec::new(),
                 figures,
                 notes: Vec::new(),
+                evaluations: None,
             },
             health,
         ))

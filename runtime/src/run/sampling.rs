@@ -483,6 +483,7 @@ fn reference_draws(
         twice: false,
         precise: false,
         plan: None,
+        stage: None,
     };
     let Answer::Outputs(r) = source.request(&derived, DType::F32, params, &request) else {
         return None;

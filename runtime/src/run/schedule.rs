@@ -553,6 +553,7 @@ fn mistake_fit(
         twice: false,
         precise: false,
         plan: Some(&plan),
+        stage: None,
     };
     let Answer::Outputs(mutant) = source.request(layer, dtype, params, &request) else {
         return None;

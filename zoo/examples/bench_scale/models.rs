@@ -1,5 +1,5 @@
-//! The two shapes of `cargo xtask bench-scale` (SmolLM2-135M's and Qwen2.5-0.5B's Hugging Face
-//! configs, as `reference_py/scale_ref/make_checkpoint.py` writes them) and candle-transformers'
+//! The shapes of `cargo xtask bench-scale` (SmolLM2-135M's, Qwen2.5-0.5B's and Qwen2.5-1.5B's
+//! Hugging Face configs, as `reference_py/scale_ref/make_checkpoint.py` writes them) and candle-transformers'
 //! models for them, unmodified: what the golden check and the hand-written program both run.
 
 use candle_core::{DType, Device, Result, Tensor};
@@ -15,6 +15,8 @@ pub enum Shape {
     Smollm2,
     /// Qwen2.5-0.5B's config (Qwen2).
     Qwen25,
+    /// Qwen2.5-1.5B's config (Qwen2): checked on a bf16, sharded checkpoint.
+    Qwen15,
 }
 
 impl Shape {
@@ -23,6 +25,7 @@ impl Shape {
             "tiny" => Shape::Tiny,
             "smollm2-135m" => Shape::Smollm2,
             "qwen2.5-0.5b" => Shape::Qwen25,
+            "qwen2.5-1.5b" => Shape::Qwen15,
             _ => return None,
         })
     }
@@ -30,14 +33,14 @@ impl Shape {
     /// The reference: transformers' class, its logits at the last position as candle's returns them.
     pub fn reference(self) -> &'static str {
         match self {
-            Shape::Qwen25 => "scale_ref.Qwen2LastLogits",
+            Shape::Qwen25 | Shape::Qwen15 => "scale_ref.Qwen2LastLogits",
             _ => "scale_ref.LlamaLastLogits",
         }
     }
 
     pub fn config_class(self) -> &'static str {
         match self {
-            Shape::Qwen25 => "transformers.Qwen2Config",
+            Shape::Qwen25 | Shape::Qwen15 => "transformers.Qwen2Config",
             _ => "transformers.LlamaConfig",
         }
     }
@@ -61,7 +64,7 @@ impl Shape {
             ("rope_theta", Float(c.rope_theta as f64)),
             ("tie_word_embeddings", Bool(true)),
         ];
-        if self == Shape::Qwen25 {
+        if matches!(self, Shape::Qwen25 | Shape::Qwen15) {
             v.push(("sliding_window", Int(32768)));
             v.push(("max_window_layers", Int(21)));
             v.push(("use_sliding_window", Bool(false)));
@@ -79,6 +82,7 @@ impl Shape {
             Shape::Tiny => (96, 32, 64, 2, 4, 2, 64, 1e-5, 10_000.0),
             Shape::Smollm2 => (49152, 576, 1536, 30, 9, 3, 8192, 1e-5, 100_000.0),
             Shape::Qwen25 => (151936, 896, 4864, 24, 14, 2, 32768, 1e-6, 1_000_000.0),
+            Shape::Qwen15 => (151936, 1536, 8960, 28, 12, 2, 32768, 1e-6, 1_000_000.0),
         };
         llama::Config {
             hidden_size: hidden,
@@ -129,7 +133,9 @@ impl Model {
     /// candle-transformers' model of `shape`, from `vb`.
     pub fn load(shape: Shape, vb: VarBuilder) -> Result<Model> {
         Ok(match shape {
-            Shape::Qwen25 => Model::Qwen2(qwen2::ModelForCausalLM::new(&shape.qwen2(), vb)?),
+            Shape::Qwen25 | Shape::Qwen15 => {
+                Model::Qwen2(qwen2::ModelForCausalLM::new(&shape.qwen2(), vb)?)
+            }
             _ => Model::Llama(llama::Llama::load(vb, &shape.llama())?, shape.llama()),
         })
     }
