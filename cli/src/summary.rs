@@ -107,6 +107,8 @@ pub struct Check {
     /// How fast the port was beside the reference, per dtype timed (a results file says it; a
     /// snapshot holds no timings).
     pub speed: Vec<golden::internal::judge::speed::Speed>,
+    /// Where its snapshot is committed in the checkout that ran it (a results file says it).
+    pub snapshot_file: Option<PathBuf>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -367,6 +369,7 @@ fn from_results(doc: &Json) -> Check {
         unaccepted,
         worst_ratio: worst,
         speed: crate::speed::read(doc),
+        snapshot_file: doc["snapshot_file"].as_str().map(PathBuf::from),
     }
 }
 
@@ -744,6 +747,19 @@ fn moved(before: Option<f64>, after: Option<f64>) -> bool {
     }
 }
 
+/// Whether a base check this run did not run still has its snapshot in the checkout: in a folder
+/// where the run's own checks keep theirs. Such a check was left to another job (nextest's
+/// `--partition`) or filtered out, not removed.
+fn still_committed(b: &Check, head: &[Check]) -> bool {
+    let ran = head.iter().any(|c| {
+        c.name == b.name && (b.krate.is_none() || c.krate.is_none() || b.krate == c.krate)
+    });
+    !ran && head
+        .iter()
+        .filter_map(|c| c.snapshot_file.as_deref()?.parent())
+        .any(|dir| dir.join(format!("{}.snap", b.name)).is_file())
+}
+
 /// The run's checks against the base's (by crate and name when both say their crate, else by
 /// name), sorted for a reviewer.
 pub fn compare(head: &[Check], base: Option<&[Check]>) -> Vec<Entry> {
@@ -969,18 +985,28 @@ pub struct Summary {
     pub base: Option<PathBuf>,
     /// Results of older runs left out.
     pub stale: usize,
+    /// Checks of the base this run did not run whose snapshots are still in the checkout (a job
+    /// that runs a share of the checks: nextest's `--partition`, a filter): not removed.
+    pub not_run: usize,
 }
 
 impl Summary {
     /// Read the run's results (the last run's) and the base.
     pub fn build(results: &Path, base: Option<&Path>) -> Result<Summary, String> {
         let (head, stale) = load_results(results)?;
-        let base_checks = base.map(load_base).transpose()?;
+        let mut base_checks = base.map(load_base).transpose()?;
+        let mut not_run = 0;
+        if let Some(base_checks) = &mut base_checks {
+            let before = base_checks.len();
+            base_checks.retain(|b| !still_committed(b, &head));
+            not_run = before - base_checks.len();
+        }
         Ok(Summary {
             entries: compare(&head, base_checks.as_deref()),
             results: results.to_path_buf(),
             base: base.map(Path::to_path_buf),
             stale,
+            not_run,
         })
     }
 
@@ -1045,6 +1071,14 @@ impl Summary {
                 }
             )),
             None => facts.push("no base given (`--base`): nothing compared".into()),
+        }
+        if self.not_run > 0 {
+            facts.push(format!(
+                "{} check{} of the base not run here (their snapshots are in the checkout: \
+                 another job's share, or filtered out)",
+                self.not_run,
+                if self.not_run == 1 { "" } else { "s" }
+            ));
         }
         if self.stale > 0 {
             facts.push(format!(
@@ -1312,6 +1346,7 @@ impl Summary {
             "failed": failed,
             "snapshots_not_accepted": unaccepted,
             "older_results_left_out": self.stale,
+            "base_checks_not_run_here": self.not_run,
             "entries": self.entries.iter().map(check).collect::<Vec<_>>(),
         })
     }

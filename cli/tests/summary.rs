@@ -564,3 +564,39 @@ fn speed_that_moved_beyond_both_runs_noise_is_listed_apart_and_fails_nothing() {
         "{markdown}"
     );
 }
+
+/// A job that runs a share of the checks (nextest's `--partition`, or a filter): the base's checks
+/// it did not run are not "removed" while their snapshots are still in the checkout; they are
+/// counted as not run here. A check whose snapshot is gone from the checkout is removed.
+#[test]
+fn a_partition_s_summary_does_not_call_the_other_partition_s_checks_removed() {
+    let d = Dir::new("summary-partition");
+    let results = d.path().join("results");
+    let base = d.path().join("base");
+    let head = d.path().join("head-snapshots");
+    for name in ["mine", "theirs", "gone"] {
+        snap(&base, name, &snapshot_text(name, "r.Port", 0.1));
+    }
+    // The checkout's snapshots: the other partition's check is still there, `gone` is not.
+    for name in ["mine", "theirs"] {
+        snap(&head, name, &snapshot_text(name, "r.Port", 0.1));
+    }
+    result(
+        &results,
+        "krate",
+        json!({"check": "mine", "layer": "mine", "status": "pass",
+               "snapshot": snapshot_text("mine", "r.Port", 0.1),
+               "snapshot_file": head.join("mine.snap")}),
+    );
+    let summary = Summary::build(&results, Some(&base)).unwrap();
+    let md = summary.markdown(GITHUB_LIMIT);
+    let removed: Vec<&str> = summary
+        .entries
+        .iter()
+        .filter(|e| e.changes.iter().any(|c| c.kind == "removed check"))
+        .map(|e| e.check.name.as_str())
+        .collect();
+    assert_eq!(removed, ["gone"], "{md}");
+    assert!(md.contains("1 check of the base not run here"), "{md}");
+    assert!(md.contains("1 check changed"), "{md}");
+}
