@@ -23,40 +23,16 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use candle_transformers::models::llama;
-use common::{declared_with_store, Scratch};
-use golden::{Beam, BeamStep, Beamed, Beams, Decode, DimExpr, Dist, Failure, Layer, Report, Step};
+use common::{declared_with_store, tiny_llama, Scratch};
+use golden::{Beam, BeamStep, Beamed, Beams, Decode, Failure, Layer, Report, Step};
 use std::collections::BTreeMap;
 
-const VOCAB: usize = 32;
-const HIDDEN: usize = 16;
-const INTERMEDIATE: usize = 24;
-const LAYERS: usize = 2;
-const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
-const POSITIONS: usize = 64;
 const BEAMS: usize = 3;
 const LENGTH_PENALTY: f64 = 1.5;
 
 /// A tiny `LlamaForCausalLM` generating 3 tokens by beam search after a prompt of 2 to 5.
 fn beamed_llama(name: &str) -> Layer {
-    Layer::module(name, "transformers.LlamaForCausalLM")
-        .config("transformers.LlamaConfig")
-        .config_value("vocab_size", VOCAB)
-        .config_value("hidden_size", HIDDEN)
-        .config_value("intermediate_size", INTERMEDIATE)
-        .config_value("num_hidden_layers", LAYERS)
-        .config_value("num_attention_heads", HEADS)
-        .config_value("num_key_value_heads", KV_HEADS)
-        .config_value("max_position_embeddings", POSITIONS)
-        .config_value("rms_norm_eps", 1e-6)
-        .config_value("tie_word_embeddings", false)
-        .dim("b", 1, 2)
-        .dim("n", 2, 5)
-        .arg(
-            "input_ids",
-            [DimExpr::from("b"), DimExpr::from("n")],
-            Dist::int(0, VOCAB as i64),
-        )
+    tiny_llama::layer(name)
         .decode(Decode {
             generate: 3,
             beams: Some(Beams::new(BEAMS).length_penalty(LENGTH_PENALTY)),
@@ -65,25 +41,6 @@ fn beamed_llama(name: &str) -> Layer {
         .cases(3)
         // A transformer's first request imports transformers: allow for it on a busy machine.
         .timeout(180.0)
-}
-
-fn llama_config() -> llama::Config {
-    llama::Config {
-        hidden_size: HIDDEN,
-        intermediate_size: INTERMEDIATE,
-        vocab_size: VOCAB,
-        num_hidden_layers: LAYERS,
-        num_attention_heads: HEADS,
-        num_key_value_heads: KV_HEADS,
-        use_flash_attn: false,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10_000.0,
-        bos_token_id: None,
-        eos_token_id: None,
-        rope_scaling: None,
-        max_position_embeddings: POSITIONS,
-        tie_word_embeddings: false,
-    }
 }
 
 /// A porting mistake the test's beam step makes on purpose.
@@ -153,7 +110,7 @@ fn port(
 {
     move |inputs: &golden::PortInputs| {
         golden::drive(inputs, move |inputs| {
-            let config = llama_config();
+            let config = tiny_llama::config();
             let built = (|| -> candle_core::Result<_> {
                 let model = llama::Llama::load(inputs.var_builder(), &config)?;
                 let cache = llama::Cache::new(true, DType::F32, &config, &Device::Cpu)?;

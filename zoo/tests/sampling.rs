@@ -22,17 +22,9 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling as CandleSampling};
 use candle_transformers::models::llama;
-use common::{declared_with_store, Scratch};
-use golden::{Decode, DimExpr, Dist, Draw, Failure, Layer, Report, Sampled, Sampling, Step};
+use common::{declared_with_store, tiny_llama, Scratch};
+use golden::{Decode, Draw, Failure, Layer, Report, Sampled, Sampling, Step};
 use std::collections::BTreeMap;
-
-const VOCAB: usize = 32;
-const HIDDEN: usize = 16;
-const INTERMEDIATE: usize = 24;
-const LAYERS: usize = 2;
-const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
-const POSITIONS: usize = 64;
 
 /// transformers' `generate(do_sample=True)` with every processor of the issue.
 fn full() -> Sampling {
@@ -46,24 +38,7 @@ fn full() -> Sampling {
 
 /// A tiny `LlamaForCausalLM` generating 3 tokens by sampling after a prompt of 2 to 5.
 fn sampled_llama(name: &str, sampling: Sampling) -> Layer {
-    Layer::module(name, "transformers.LlamaForCausalLM")
-        .config("transformers.LlamaConfig")
-        .config_value("vocab_size", VOCAB)
-        .config_value("hidden_size", HIDDEN)
-        .config_value("intermediate_size", INTERMEDIATE)
-        .config_value("num_hidden_layers", LAYERS)
-        .config_value("num_attention_heads", HEADS)
-        .config_value("num_key_value_heads", KV_HEADS)
-        .config_value("max_position_embeddings", POSITIONS)
-        .config_value("rms_norm_eps", 1e-6)
-        .config_value("tie_word_embeddings", false)
-        .dim("b", 1, 2)
-        .dim("n", 2, 5)
-        .arg(
-            "input_ids",
-            [DimExpr::from("b"), DimExpr::from("n")],
-            Dist::int(0, VOCAB as i64),
-        )
+    tiny_llama::layer(name)
         .decode(Decode {
             generate: 3,
             sample: Some(sampling),
@@ -74,25 +49,6 @@ fn sampled_llama(name: &str, sampling: Sampling) -> Layer {
         .timeout(180.0)
 }
 
-fn llama_config() -> llama::Config {
-    llama::Config {
-        hidden_size: HIDDEN,
-        intermediate_size: INTERMEDIATE,
-        vocab_size: VOCAB,
-        num_hidden_layers: LAYERS,
-        num_attention_heads: HEADS,
-        num_key_value_heads: KV_HEADS,
-        use_flash_attn: false,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10_000.0,
-        bos_token_id: None,
-        eos_token_id: None,
-        rope_scaling: None,
-        max_position_embeddings: POSITIONS,
-        tie_word_embeddings: false,
-    }
-}
-
 /// The port: candle-transformers' Llama with the sampler `make` builds, per model built.
 fn port<S: golden::Sampler + 'static>(
     make: impl Fn() -> S + Clone + Send + Sync + 'static,
@@ -101,7 +57,7 @@ fn port<S: golden::Sampler + 'static>(
     move |inputs: &golden::PortInputs| {
         let make = make.clone();
         golden::drive(inputs, move |inputs| {
-            let config = llama_config();
+            let config = tiny_llama::config();
             let built = (|| -> candle_core::Result<_> {
                 let model = llama::Llama::load(inputs.var_builder(), &config)?;
                 let cache = llama::Cache::new(true, DType::F32, &config, &Device::Cpu)?;
@@ -535,7 +491,7 @@ fn false_alarm_rate() {
     let python = golden::internal::describe::env::python().program;
     let mut rng = golden::internal::describe::rng::Rng::new(1, "bench-sampling");
     let logits: Vec<f32> = rng
-        .normals(VOCAB)
+        .normals(tiny_llama::VOCAB)
         .iter()
         .map(|z| (0.8 * z) as f32)
         .collect();
@@ -582,8 +538,9 @@ fn false_alarm_rate() {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let kept: Vec<f64> = probs.iter().copied().filter(|p| *p > 0.0).collect();
+    let vocab = tiny_llama::VOCAB;
     eprintln!(
-        "bench-sampling: transformers' probabilities ({} tokens kept of {VOCAB}; temperature 0.7, \
+        "bench-sampling: transformers' probabilities ({} tokens kept of {vocab}; temperature 0.7, \
          top-k 8, top-p 0.9, min-p 0.05, repetition penalty 1.3); {draws} draws per test \
          (false-alarm rate {}, a difference of {} in total variation missed at most {} of the \
          time)",

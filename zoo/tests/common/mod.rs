@@ -13,6 +13,7 @@ pub mod porter_ports;
 pub mod processes;
 pub mod rotary;
 pub mod sweep_ports;
+pub mod tiny_llama;
 pub mod tiny_lm;
 pub mod unseen_ports;
 pub mod variant_ports;
